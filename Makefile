@@ -1,0 +1,104 @@
+# moeserve build. `make` / `make build` -> build/moeserve; `make test`; `make serve`; `make asan`.
+# The CUDA backend is compiled whenever nvcc is found (CUDA=0 to skip). All output goes to build/.
+
+CC      ?= gcc
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+ifeq ($(NVCC),)
+CUDA := 0
+endif
+CUDA    ?= 1
+# Hopper machine code (wgmma needs sm_90a) plus PTX for other GPUs (JIT-compiled by the driver).
+CUDA_ARCHS ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,code=compute_80
+
+BUILD   ?= build
+OPT     ?= -O2
+SAN     ?=
+DEPS_PKGS := jansson libmicrohttpd oniguruma libutf8proc libcurl
+CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -Wno-sign-compare \
+    -Wno-missing-field-initializers -Wno-format-truncation -fno-strict-aliasing -pthread -g $(OPT) -march=x86-64-v3 -mtune=generic \
+    -Isrc -I/usr/include/x86_64-linux-gnu/openblas-pthread $(SAN)
+LDLIBS  := -ljansson -lmicrohttpd -lonig -lutf8proc -lopenblas -lcurl -lxxhash -lpthread -lm -ldl
+LDFLAGS := $(SAN) -Wl,-rpath,'$$ORIGIN/lib'
+
+ifeq ($(CUDA),1)
+CFLAGS_BASE += -DMS_HAVE_CUDA=1
+CUDA_INC := -I$(CUDA_HOME)/include
+LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+NVFLAGS := -std=c++17 -O3 -lineinfo $(CUDA_ARCHS) -Isrc -Xcompiler -fPIC,-Wall --expt-relaxed-constexpr -Wno-deprecated-gpu-targets
+endif
+CFLAGS ?=
+CFLAGS += $(CFLAGS_BASE)
+
+# Library sources: every .c under src/; files under a cuda/ folder only with CUDA=1.
+ALL_C    := $(shell find src -name '*.c' | sort)
+CUDA_C   := $(filter %/cuda/%,$(ALL_C))
+LIB_C    := $(filter-out %/cuda/%,$(ALL_C))
+LIB_CU   :=
+ifeq ($(CUDA),1)
+LIB_C    += $(CUDA_C)
+LIB_CU   := $(shell find src -name '*.cu' | sort)
+endif
+LIB_OBJ  := $(LIB_C:%.c=$(BUILD)/%.o) $(LIB_CU:%.cu=$(BUILD)/%.cu.o)
+TOOL_C   := $(shell find tools -name '*.c' | sort)
+TOOL_OBJ := $(TOOL_C:%.c=$(BUILD)/%.o)
+CFLAGS_TOOLS := -Itools
+TEST_C   := $(shell find tests -name 'test_*.c' | sort)
+TEST_BIN := $(TEST_C:tests/%.c=$(BUILD)/tests/%)
+
+.PHONY: all build test serve asan format clean deps bench gpu-check
+all: build
+build: $(BUILD)/moeserve $(TEST_BIN)
+
+$(BUILD)/libmoeserve.a: $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/moeserve: $(TOOL_OBJ) $(BUILD)/libmoeserve.a
+	$(CC) $(LDFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libmoeserve.a $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c tests/test.h $(BUILD)/libmoeserve.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -MMD -MP -o $@ $< $(BUILD)/libmoeserve.a $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itools $(if $(findstring /cuda/,$<),$(CUDA_INC)) -MMD -MP -c -o $@ $<
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -MMD -MP -c -o $@ $<
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+deps:
+	@scripts/install-deps.sh
+
+# The README's test command: installs what is missing, builds, runs every test layer.
+test: deps
+	@$(MAKE) --no-print-directory build
+	@tests/run.sh $(BUILD)
+
+# Serves the built-in demo model on 127.0.0.1:8000 (PORT=... to change).
+serve: deps
+	@$(MAKE) --no-print-directory build
+	$(BUILD)/moeserve serve --port $${PORT:-8000}
+
+# Whole test suite under AddressSanitizer + UndefinedBehaviorSanitizer (CPU build).
+asan: deps
+	@$(MAKE) --no-print-directory BUILD=build-asan CUDA=0 OPT=-O1 \
+	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" build
+	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 MS_ASAN=1 tests/run.sh build-asan
+
+bench: build
+	@scripts/bench.sh $(BUILD)
+
+gpu-check:
+	@scripts/gpu-check.sh
+
+format:
+	clang-format -i $$(find src tools tests -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh')
+
+clean:
+	rm -rf build build-asan

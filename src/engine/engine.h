@@ -1,0 +1,110 @@
+/* engine.h - the serving engine: requests in, tokens out, on its own thread.
+ *
+ * The server submits tokenized requests with sampling parameters and a callback; the engine thread
+ * runs schedule -> forward -> sample -> callback in a loop (continuous batching). Callbacks run on
+ * the engine thread and must not block: copy the event and return. The model is reached only
+ * through ms_executor, so the engine and scheduler are testable with a fake model. */
+#ifndef MS_ENGINE_ENGINE_H
+#define MS_ENGINE_ENGINE_H
+
+#include "core/status.h"
+#include "model/batch.h"
+
+#include <stdint.h>
+
+#define MS_MAX_TOP_LOGPROBS 20
+#define MS_MAX_STOP_IDS 64
+
+/* How the model is run. `forward` fills logits [batch->n_logits, vocab] (float32, host). The
+ * executor owns the KV memory (n_pages pages of page_size tokens per layer). */
+typedef struct ms_executor {
+    void *ctx;
+    int vocab;
+    int n_pages;
+    int page_size;
+    int max_batch_tokens; /* most tokens one forward accepts */
+    int (*forward)(void *ctx, const ms_batch *batch, float *logits, ms_err *err);
+} ms_executor;
+
+typedef struct ms_sampling {
+    float temperature;        /* 0 = greedy */
+    float top_p;              /* (0,1], 1 = off */
+    int top_k;                /* <= 0 = off */
+    float min_p;              /* 0 = off */
+    float presence_penalty;   /* OpenAI semantics, over generated tokens */
+    float frequency_penalty;
+    float repetition_penalty; /* 1 = off; HF semantics over prompt + generated */
+    int has_seed;
+    uint64_t seed;
+    int max_tokens;           /* new tokens at most */
+    int ignore_eos;
+    int n_stop_ids;           /* stop token ids: eos from generation_config + request's stop_token_ids */
+    int32_t stop_ids[MS_MAX_STOP_IDS];
+    int logprobs;             /* 1 = report the sampled token's logprob */
+    int top_logprobs;         /* 0..MS_MAX_TOP_LOGPROBS */
+} ms_sampling;
+
+/* Fills the neutral defaults (greedy off: temperature 1, top_p 1, no penalties, max_tokens 16). */
+void ms_sampling_default(ms_sampling *s);
+
+enum ms_finish { MS_FINISH_NONE = 0, MS_FINISH_STOP, MS_FINISH_LENGTH, MS_FINISH_ABORT, MS_FINISH_ERROR };
+
+typedef struct ms_token_event {
+    uint64_t req_id;
+    int32_t token;             /* -1 when the event only reports finish/error */
+    float logprob;
+    int n_top;
+    int32_t top_ids[MS_MAX_TOP_LOGPROBS];
+    float top_logprobs[MS_MAX_TOP_LOGPROBS];
+    int finish;                /* enum ms_finish; != NONE on the request's last event */
+    int n_prompt;              /* prompt tokens (usage) */
+    int n_cached;              /* prompt tokens served from the prefix cache */
+    int n_generated;           /* tokens generated so far, this one included */
+    const char *error;         /* message when finish == MS_FINISH_ERROR, else NULL */
+} ms_token_event;
+
+/* Called on the engine thread for every token and once at the end (finish != NONE). Exactly one
+ * event per request has finish != NONE, after which the engine never calls back for it again. */
+typedef void (*ms_token_cb)(void *user, const ms_token_event *ev);
+
+typedef struct ms_engine_config {
+    int page_size;              /* tokens per KV page (default 16) */
+    int max_running_requests;   /* default 256 */
+    int max_waiting_requests;   /* bounded queue; submit returns MS_ERR_BUSY beyond it (default 1024) */
+    int max_total_tokens;       /* KV tokens usable (<= executor n_pages * page_size) */
+    int chunked_prefill_size;   /* prompt tokens per sequence per step (default 2048) */
+    int max_prefill_tokens;     /* token budget of one step (default 8192) */
+    int context_length;         /* prompt + output limit per request */
+    int enable_prefix_cache;    /* radix prefix cache (default 1) */
+} ms_engine_config;
+
+void ms_engine_config_default(ms_engine_config *c);
+
+typedef struct ms_engine ms_engine;
+
+typedef struct ms_engine_stats {
+    int running, waiting;
+    uint64_t prompt_tokens_total, generated_tokens_total, cached_tokens_total;
+    uint64_t requests_finished, requests_aborted, preemptions;
+    int kv_pages_total, kv_pages_used, kv_pages_cached; /* cached = held only by the prefix cache */
+    uint64_t prefix_hit_tokens, prefix_query_tokens;
+    int healthy;                /* 0 after a forward failure the engine could not recover from */
+} ms_engine_stats;
+
+/* Starts the engine thread. exec is borrowed and must outlive the engine. */
+int ms_engine_create(const ms_engine_config *cfg, const ms_executor *exec, ms_engine **out, ms_err *err);
+/* Stops the thread, aborts pending requests (their callbacks get MS_FINISH_ABORT), frees all. */
+void ms_engine_destroy(ms_engine *e);
+
+/* Queues a request (prompt copied). On success *req_id identifies it. Fails with MS_ERR_BUSY when
+ * the waiting queue is full, MS_ERR_INVALID when prompt + max_tokens exceed the context length or
+ * the prompt is empty. The callback may be called before this returns. */
+int ms_engine_submit(ms_engine *e, const int32_t *prompt, int n_prompt, const ms_sampling *sp,
+                     ms_token_cb cb, void *user, uint64_t *req_id, ms_err *err);
+/* Aborts a request (client went away); its pages are released by the engine thread; a final
+ * MS_FINISH_ABORT event follows unless it already finished. Safe to call for finished ids. */
+void ms_engine_abort(ms_engine *e, uint64_t req_id);
+/* Snapshot of counters (thread-safe). */
+void ms_engine_get_stats(ms_engine *e, ms_engine_stats *out);
+
+#endif
