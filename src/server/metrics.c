@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 void ms_hist_init(ms_hist *h, const double *le, int n) {
@@ -24,6 +25,10 @@ void ms_hist_observe(ms_hist *h, double v) {
 }
 
 static void write_double(ms_sbuf *out, double v) {
+    if (v == floor(v) && fabs(v) < 1e15) {
+        ms_sbuf_printf(out, "%.0f", v);
+        return;
+    }
     char b[64];
     snprintf(b, sizeof b, "%.17g", v);
     /* shortest representation that round-trips */
