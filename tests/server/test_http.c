@@ -778,7 +778,7 @@ static void test_stop_with_inflight(void) {
     fk_engine_free(e3);
 }
 
-static void start_main_server(int port, const char *key) {
+static void start_main_server(int port, const char *key, int ctx) {
     g_eng = fk_engine_new(1024);
     g_ops = fk_ops(g_eng);
     ms_server_config cfg;
@@ -787,7 +787,7 @@ static void start_main_server(int port, const char *key) {
     cfg.api_key = key;
     cfg.lim.model_names[0] = "fake-model";
     cfg.lim.model_names[1] = "fake-alias";
-    cfg.lim.context_length = 256;
+    cfg.lim.context_length = ctx;
     cfg.lim.vocab_size = FK_VOCAB;
     cfg.reasoning_parser = MS_REASONING_GLM45;
     cfg.tool_parser = MS_TOOL_GLM47;
@@ -812,7 +812,7 @@ int main(int argc, char **argv) {
     curl_global_init(CURL_GLOBAL_ALL);
     if (argc >= 3 && !strcmp(argv[1], "--serve")) {
         /* standalone fake server for trying the e2e tests */
-        start_main_server(atoi(argv[2]), argc >= 5 ? argv[4] : NULL);
+        start_main_server(atoi(argv[2]), argc >= 5 ? argv[4] : NULL, 4096);
         g_eng->step_us = 2000;
         printf("fake server on http://127.0.0.1:%d\n", g_port);
         fflush(stdout);
@@ -823,7 +823,7 @@ int main(int argc, char **argv) {
         fk_engine_free(g_eng);
         return 0;
     }
-    start_main_server(0, NULL);
+    start_main_server(0, NULL, 256);
     RUN(test_routes);
     RUN(test_metrics_route);
     RUN(test_chat_reasoning_nonstream);
