@@ -172,6 +172,11 @@ int ms_serve_stack_open(const ms_serve_stack_opts *o, ms_serve_stack *s, ms_err 
     ec.max_total_tokens = o->max_total_tokens > 0 && o->max_total_tokens < pool ? o->max_total_tokens : pool;
     ec.context_length = s->context_length;
     ec.enable_prefix_cache = o->enable_prefix_cache;
+    if (ec.max_total_tokens > 0 && s->context_length > ec.max_total_tokens) {
+        MS_LOGW("context length %d limited to the KV cache capacity of %d tokens", s->context_length, ec.max_total_tokens);
+        s->context_length = ec.max_total_tokens;
+        ec.context_length = s->context_length;
+    }
     s->page_size = ec.page_size;
     s->kv_tokens = ec.max_total_tokens;
     rc = ms_engine_create(&ec, &s->model.exec, &s->eng, err);

@@ -42,7 +42,7 @@ struct ms_server {
     ms_metrics metrics;
     pthread_mutex_t live_mu;
     struct req *live; /* requests whose connection is still open */
-    int stopping;
+    _Atomic int stopping;
     double t_start;
     char fingerprint[64];
 };
@@ -86,6 +86,7 @@ typedef struct req {
     int refs;
     struct MHD_Connection *conn;
     int suspended, mhd_done;
+    int shutdown, force_end;  /* set by ms_server_stop (under mu) */
     ev_item *q;
     int qn, qcap;
     /* fields below are used by the HTTP thread only */
@@ -104,6 +105,7 @@ typedef struct req {
     size_t out_pos;
     int stream_closed;
     int first_token_seen;
+    int shutdown_seen;
     struct req *live_next, *live_prev;
 } req;
 
@@ -437,12 +439,6 @@ static void add_token_logprobs(req *r, choice *c, const ms_token_event *ev) {
     free(tok);
 }
 
-static int is_stop_id(const ms_sampling *sp, int32_t id) {
-    for (int i = 0; i < sp->n_stop_ids; i++)
-        if (sp->stop_ids[i] == id) return 1;
-    return 0;
-}
-
 /* Ends a choice: flushes detokenizer, stop matcher and parsers; records metrics; streams the
  * finish chunk. */
 static void finish_choice(req *r, choice *c, int fr) {
@@ -496,7 +492,8 @@ static void handle_event(req *r, const ev_item *it) {
         }
         c->t_last = it->t;
         if (r->api.logprobs) add_token_logprobs(r, c, ev);
-        int hide = ev->finish == MS_FINISH_STOP && is_stop_id(&r->api.sp, ev->token);
+        /* the token that ended the request by a stop id / eos is never part of the text */
+        int hide = ev->finish == MS_FINISH_STOP;
         if (!hide && token_visible(r, ev->token)) {
             ms_err err = {0};
             ms_sbuf_clear(&c->dt);
@@ -525,8 +522,26 @@ static int all_done(req *r) {
     return 1;
 }
 
+static void abort_all(req *r);
+
+/* Server shutdown, seen from the HTTP thread that owns r: abort the engine requests (their final
+ * events end the response), or when forced, end every choice right away. */
+static void check_shutdown(req *r) {
+    pthread_mutex_lock(&r->mu);
+    int sd = r->shutdown, fe = r->force_end;
+    pthread_mutex_unlock(&r->mu);
+    if (sd && !r->shutdown_seen) {
+        r->shutdown_seen = 1;
+        abort_all(r);
+    }
+    if (fe)
+        for (int i = 0; i < r->n_ch; i++)
+            if (!r->ch[i].done) finish_choice(r, &r->ch[i], MS_FR_ABORT);
+}
+
 /* Takes queued events and processes them on the HTTP thread. */
 static void process_events(req *r) {
+    check_shutdown(r);
     for (;;) {
         pthread_mutex_lock(&r->mu);
         int n = r->qn;
@@ -709,9 +724,9 @@ static enum MHD_Result start_generation(req *r, struct MHD_Connection *conn) {
     int n_inputs = is_chat ? 1 : a->n_prompts;
     if (n_inputs * a->n > 256)
         return fail(s, conn, 400, "invalid_request_error", "n", NULL, "prompts x n must be at most 256.");
-    r->n_ch = n_inputs * a->n;
-    r->ch = calloc((size_t)r->n_ch, sizeof *r->ch);
+    r->ch = calloc((size_t)(n_inputs * a->n), sizeof *r->ch);
     MS_ASSERT(r->ch != NULL);
+    r->n_ch = n_inputs * a->n;
     ms_api_make_id(r->id, sizeof r->id, is_chat ? "chatcmpl-" : "cmpl-");
     r->created = (long)time(NULL);
     int ctx = s->cfg.lim.context_length;
@@ -1067,36 +1082,33 @@ int ms_server_start(const ms_server_config *cfg, const ms_server_ops *ops, ms_se
 
 int ms_server_port(const ms_server *s) { return s->port; }
 
-void ms_server_stop(ms_server *s) {
-    if (!s) return;
-    s->stopping = 1;
-    /* abort everything in flight; final events resume the connections so they can finish */
-    for (int round = 0; round < 500; round++) {
-        pthread_mutex_lock(&s->live_mu);
-        int any = 0;
-        for (req *r = s->live; r; r = r->live_next) {
-            any = 1;
-            if (round == 0)
-                for (int i = 0; i < r->n_ch; i++)
-                    if (r->ch[i].submitted) s->ops.abort(s->ops.ctx, r->ch[i].eid);
-        }
-        pthread_mutex_unlock(&s->live_mu);
-        if (!any) break;
-        usleep(10000);
-    }
-    /* MHD_stop_daemon must not see suspended connections */
+/* Sets a flag on every live request and wakes it (lock order: live_mu, then r->mu). */
+static int flag_live(ms_server *s, int force) {
+    int n = 0;
     pthread_mutex_lock(&s->live_mu);
     for (req *r = s->live; r; r = r->live_next) {
+        n++;
         pthread_mutex_lock(&r->mu);
+        r->shutdown = 1;
+        if (force) r->force_end = 1;
         if (r->suspended) {
             r->suspended = 0;
-            for (int i = 0; i < r->n_ch; i++) r->ch[i].done = 1;
-            r->stream_closed = 1;
             MHD_resume_connection(r->conn);
         }
         pthread_mutex_unlock(&r->mu);
     }
     pthread_mutex_unlock(&s->live_mu);
+    return n;
+}
+
+void ms_server_stop(ms_server *s) {
+    if (!s) return;
+    s->stopping = 1;
+    /* abort everything in flight; the engine's final events end the responses */
+    for (int round = 0; round < 300 && flag_live(s, 0) > 0; round++) usleep(10000);
+    /* still there after 3 s: end them without waiting for the engine */
+    for (int round = 0; round < 100 && flag_live(s, 1) > 0; round++) usleep(10000);
+    /* MHD_stop_daemon must not see suspended connections; none is left suspended above */
     MHD_stop_daemon(s->d);
     pthread_mutex_destroy(&s->live_mu);
     ms_metrics_destroy(&s->metrics);

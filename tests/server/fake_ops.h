@@ -298,8 +298,9 @@ static void *fk_thread(void *arg) {
                 pp = &r->next;
             }
         }
+        int step = e->step_us;
         pthread_mutex_unlock(&e->mu);
-        usleep((useconds_t)e->step_us);
+        usleep((useconds_t)step);
     }
     return NULL;
 }
@@ -312,6 +313,21 @@ static fk_engine *fk_engine_new(int max_reqs) {
     e->step_us = 1000;
     pthread_create(&e->th, NULL, fk_thread, e);
     return e;
+}
+
+/* Test knobs, set under the engine lock. */
+static void fk_set(fk_engine *e, int healthy, int step_us) {
+    pthread_mutex_lock(&e->mu);
+    if (healthy >= 0) e->healthy = healthy;
+    if (step_us > 0) e->step_us = step_us;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static uint64_t fk_aborts(fk_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    uint64_t n = e->aborts;
+    pthread_mutex_unlock(&e->mu);
+    return n;
 }
 
 static void fk_engine_free(fk_engine *e) {

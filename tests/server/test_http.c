@@ -158,11 +158,11 @@ static void test_routes(void) {
     resp r;
     CHECK(http("GET", "/health", NULL, &r) == 0 && r.status == 200);
     resp_free(&r);
-    g_eng->healthy = 0;
+    fk_set(g_eng, 0, 0);
     http("GET", "/health", NULL, &r);
     CHECK(is_error(&r, 503, NULL, "engine_unhealthy"));
     resp_free(&r);
-    g_eng->healthy = 1;
+    fk_set(g_eng, 1, 0);
 
     http("GET", "/v1/models", NULL, &r);
     json_t *j = jbody(&r);
@@ -430,7 +430,7 @@ static void test_stop_strings(void) {
     streamed_free(&s);
     resp_free(&r);
     /* a stop string on an endless generation ends it and aborts the engine request */
-    uint64_t aborts0 = g_eng->aborts;
+    uint64_t aborts0 = fk_aborts(g_eng);
     http("POST", "/v1/completions", "{\"prompt\":\"LONG\",\"stop\":[\"wwww\"],\"max_tokens\":200}", &r);
     j = jbody(&r);
     CHECK_STR(jstr(j, "choices.0.text"), "word ");
@@ -438,7 +438,7 @@ static void test_stop_strings(void) {
     json_decref(j);
     resp_free(&r);
     CHECK(wait_idle());
-    CHECK(g_eng->aborts > aborts0);
+    CHECK(fk_aborts(g_eng) > aborts0);
 }
 
 static void test_completions(void) {
@@ -626,7 +626,7 @@ static void test_body_limit(void) {
 
 /* Client disconnects mid-stream: the engine request is aborted and its pages freed. */
 static void test_disconnect_aborts(void) {
-    uint64_t a0 = g_eng->aborts;
+    uint64_t a0 = fk_aborts(g_eng);
     resp r;
     memset(&r, 0, sizeof r);
     r.abort_after = 600;
@@ -641,7 +641,7 @@ static void test_disconnect_aborts(void) {
     curl_easy_cleanup(c);
     resp_free(&r);
     CHECK(wait_idle());
-    CHECK(g_eng->aborts > a0);
+    CHECK(fk_aborts(g_eng) > a0);
     ms_engine_stats st;
     fk_stats(g_eng, &st);
     CHECK_EQ_INT(st.kv_pages_used, 0);
@@ -747,7 +747,7 @@ static void *slow_client(void *arg) {
 
 static void test_stop_with_inflight(void) {
     fk_engine *e3 = fk_engine_new(8);
-    e3->step_us = 20000;
+    fk_set(e3, -1, 20000);
     ms_server_ops o3 = fk_ops(e3);
     ms_server_config cfg;
     ms_server_config_default(&cfg);
@@ -813,7 +813,7 @@ int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "--serve")) {
         /* standalone fake server for trying the e2e tests */
         start_main_server(atoi(argv[2]), argc >= 5 ? argv[4] : NULL, 4096);
-        g_eng->step_us = 2000;
+        fk_set(g_eng, -1, 2000);
         printf("fake server on http://127.0.0.1:%d\n", g_port);
         fflush(stdout);
         signal(SIGINT, on_sig);
