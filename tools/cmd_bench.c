@@ -181,9 +181,11 @@ int cmd_bench(int argc, char **argv) {
                            .api_key = getenv("OPENAI_API_KEY"), .progress = 0, .max_reply_bytes = (size_t)1 << 20};
     long long sum_in = 0, sum_out = 0;
     for (int i = 0; i < num; i++) { sum_in += prompts[i].prompt_len; sum_out += prompts[i].output_len; }
-    printf("bench: %s %s%s model=%s dataset=%s prompts=%lld mean target in/out=%.1f/%.1f rate=%g max-concurrency=%s%lld\n",
-           backend, base_url, endpoint, model, dataset, num, (double)sum_in / num, (double)sum_out / num, rate,
-           maxc ? "" : "unlimited", maxc ? maxc : 0LL);
+    char conc[32];
+    if (maxc) snprintf(conc, sizeof conc, "%lld", maxc);
+    else snprintf(conc, sizeof conc, "unlimited");
+    printf("bench: %s %s%s model=%s dataset=%s prompts=%lld mean target in/out=%.1f/%.1f rate=%g max-concurrency=%s\n",
+           backend, base_url, endpoint, model, dataset, num, (double)sum_in / num, (double)sum_out / num, rate, conc);
     fflush(stdout);
 
     double tb, te;
