@@ -200,7 +200,7 @@ await test('model from GET /v1/models; warmup requests not counted; Poisson arri
     '--request-rate', '10', '--seed', '7', '--output-file', of2]);
   const j2 = JSON.parse(readFileSync(of2, 'utf8'));
   const off1 = starts.map((s) => s - starts[0]), off2 = j2.requests.map((q) => q.start_s - j2.requests[0].start_s);
-  check(off1.every((o, i) => Math.abs(o - off2[i]) < 0.03), `offsets differ: ${off1} vs ${off2}`);
+  check(off1.every((o, i) => Math.abs(o - off2[i]) < 0.08), `offsets differ: ${off1} vs ${off2}`);
 });
 
 await test('safety: non-loopback hosts refused, bad flags rejected', async (check) => {
