@@ -164,12 +164,14 @@ static int missing(lctx *c, const char *name) {
 static void stats_tensor(lctx *c, int group, const ms_tensor *t) {
     if (!t->data) return;
     size_t n = ms_tensor_nbytes(t);
+    if (group != MS_GROUP_ROUTER || !c->m->stats.plain_dtype[group]) c->m->stats.plain_dtype[group] = (uint8_t)t->dtype;
     c->m->stats.bytes_by_group[group][0] += n;
     c->m->stats.bytes_total += n;
 }
 
 static void stats_linear(lctx *c, int group, const ms_linear *W) {
     size_t n = ms_linear_nbytes(W);
+    if (W->fmt == MS_WFMT_PLAIN) c->m->stats.plain_dtype[group] = (uint8_t)W->w.dtype;
     c->m->stats.bytes_by_group[group][W->fmt] += n;
     c->m->stats.linears_by_group[group][W->fmt]++;
     c->m->stats.bytes_total += n;

@@ -45,6 +45,7 @@ typedef struct ms_weight_stats {
     int n_tensors, n_mtp_tensors_skipped;
     int n_layer_tensors_skipped; /* layers past an overridden num_hidden_layers */
     int n_unexpected_tensors;    /* neither used nor MTP (warned once at load) */
+    uint8_t plain_dtype[8];      /* ms_dtype of the group's unquantized weights (last seen) */
 } ms_weight_stats;
 enum { MS_GROUP_EMBED, MS_GROUP_ATTN, MS_GROUP_INDEXER, MS_GROUP_DENSE_MLP, MS_GROUP_ROUTER, MS_GROUP_EXPERTS,
        MS_GROUP_SHARED, MS_GROUP_LM_HEAD, MS_N_GROUPS };
