@@ -316,36 +316,52 @@ static int parse_root(pctx *c, ms_config *cfg) {
     return MS_OK;
 }
 
-/* jansson rejects NaN/Infinity (Python's json writes them); find the field they belong to so the
- * message names it instead of a byte offset. Returns 1 and fills field when found. */
-static int find_nonfinite_field(const char *s, char *field, size_t cap) {
-    int in_str = 0;
-    const char *last_str = NULL;
-    size_t last_len = 0;
+/* The last object key that starts before byte `pos` (for naming the field at a parse error).
+ * Returns 1 and fills field when found. */
+static int last_key_before(const char *s, size_t len, size_t pos, char *field, size_t cap) {
+    int in_str = 0, found = 0;
     const char *str_start = NULL;
-    for (const char *p = s; *p; p++) {
+    for (size_t i = 0; i < len && i < pos; i++) {
+        const char *p = s + i;
         if (in_str) {
-            if (*p == '\\' && p[1]) { p++; continue; }
-            if (*p == '"') { in_str = 0; last_str = str_start; last_len = (size_t)(p - str_start); }
+            if (*p == '\\' && i + 1 < len) { i++; continue; }
+            if (*p == '"') {
+                in_str = 0;
+                size_t j = i + 1;
+                while (j < len && (s[j] == ' ' || s[j] == '\t' || s[j] == '\n' || s[j] == '\r')) j++;
+                if (j < len && s[j] == ':') { /* it was a key */
+                    size_t kl = (size_t)(p - str_start);
+                    snprintf(field, cap, "%.*s", (int)(kl < 100 ? kl : 100), str_start);
+                    found = 1;
+                }
+            }
             continue;
         }
-        if (*p == '"') { in_str = 1; str_start = p + 1; continue; }
-        if (!strncmp(p, "NaN", 3) || !strncmp(p, "Infinity", 8) || !strncmp(p, "-Infinity", 9)) {
-            if (!last_str) return 0;
-            snprintf(field, cap, "%.*s", (int)(last_len < 100 ? last_len : 100), last_str);
-            return 1;
-        }
+        if (*p == '"') { in_str = 1; str_start = p + 1; }
     }
-    return 0;
+    return found;
 }
 
+/* jansson rejects NaN/Infinity (Python's json writes them) and out-of-range reals; name the field
+ * they belong to instead of a byte offset. */
 static int load_json(const char *text, size_t len, const char *path, json_t **out, ms_err *err) {
     json_error_t je;
     *out = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
     if (*out) return MS_OK;
     char field[128];
-    if (find_nonfinite_field(text, field, sizeof field))
-        return ms_errf(err, MS_ERR_FORMAT, "%s: field '%s' must be a finite number (NaN/Infinity are not allowed)", path, field);
+    size_t pos = je.position > 0 ? (size_t)je.position : 0;
+    /* the bad token may extend past the reported position */
+    size_t scan = pos + 16 < len ? pos + 16 : len;
+    int have = last_key_before(text, len, pos, field, sizeof field);
+    int nonfinite = 0;
+    for (size_t i = pos > 12 ? pos - 12 : 0; i < scan; i++)
+        if (!strncmp(text + i, "NaN", 3) || !strncmp(text + i, "Infinity", 8)) nonfinite = 1;
+    if (have && (nonfinite || strstr(je.text, "overflow")))
+        return ms_errf(err, MS_ERR_FORMAT, "%s: field '%s' must be a finite number (%s)", path, field,
+                       nonfinite ? "NaN/Infinity are not allowed" : "out of range");
+    if (have)
+        return ms_errf(err, MS_ERR_FORMAT, "%s: malformed JSON at line %d column %d (after field '%s'): %s", path, je.line,
+                       je.column, field, je.text);
     return ms_errf(err, MS_ERR_FORMAT, "%s: malformed JSON at line %d column %d: %s", path, je.line, je.column, je.text);
 }
 
