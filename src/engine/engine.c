@@ -198,8 +198,6 @@ static void publish_stats(ms_engine *e) {
     st.prefix_hit_tokens = s->radix.hit_tokens;
     st.prefix_query_tokens = s->radix.query_tokens;
     pthread_mutex_lock(&e->mu);
-    st.waiting += e->n_inbox;
-    st.healthy = e->healthy;
     e->stats = st;
     e->pub_waiting = s->waiting.n;
     pthread_mutex_unlock(&e->mu);
@@ -453,5 +451,7 @@ void ms_engine_abort(ms_engine *e, uint64_t req_id) {
 void ms_engine_get_stats(ms_engine *e, ms_engine_stats *out) {
     pthread_mutex_lock(&e->mu);
     *out = e->stats;
+    out->waiting += e->n_inbox; /* submitted, not yet taken by the engine thread */
+    out->healthy = e->healthy;
     pthread_mutex_unlock(&e->mu);
 }
