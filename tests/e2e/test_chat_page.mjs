@@ -55,16 +55,36 @@ test("Stop aborts a running reply", async ({ page, server }) => {
     const body = JSON.parse(route.request().postData());
     route.continue({ postData: JSON.stringify({ ...body, ignore_eos: true }) });
   });
-  await page.fill("#maxtok", "1500");
+  await page.click("#clear"); // fresh conversation: the prompt stays short
+  await page.fill("#maxtok", "1800");
   await page.fill("#input", "Count from 1 to 1000, one number per line.");
+  // a small model streams faster than a click: throttle the page's network so the reply is still
+  // arriving, and press Stop from inside the page while the stream is being read
+  const cdp = await page.context().newCDPSession(page);
+  await cdp.send("Network.enable");
+  await cdp.send("Network.emulateNetworkConditions", { offline: false, latency: 0, downloadThroughput: 16384, uploadThroughput: -1 });
+  await page.evaluate(() => {
+    const orig = TextDecoder.prototype.decode;
+    let n = 0;
+    TextDecoder.prototype.decode = function (...args) {
+      const s = orig.apply(this, args);
+      if (++n === 3) {
+        TextDecoder.prototype.decode = orig;
+        window.__stopPressed = !document.getElementById("stop").disabled;
+        document.getElementById("stop").click();
+      }
+      return s;
+    };
+  });
   await page.click("#send");
-  await page.waitForFunction(() => !document.getElementById("stop").disabled);
-  await page.waitForFunction(() => { const m = [...document.querySelectorAll(".msg.assistant")].pop(); return m && m.textContent.length > 20; }, null, { timeout: 60000 });
-  await page.click("#stop");
   await page.waitForFunction(() => !document.getElementById("send").disabled);
   const meta = await page.locator(".msg.assistant").last().locator(".meta").textContent();
   assert(/finish: stopped/.test(meta), "meta after stop: " + meta);
+  assert(await page.evaluate(() => window.__stopPressed), "Stop was enabled while streaming");
+  const n = parseInt(meta, 10);
+  assert(n < 1800, "generation was cut short: " + meta);
   await page.unroute("**/v1/chat/completions");
+  await cdp.send("Network.emulateNetworkConditions", { offline: false, latency: 0, downloadThroughput: -1, uploadThroughput: -1 });
   await waitKvEmpty(server.url, 30000);
 });
 
