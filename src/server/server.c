@@ -98,6 +98,7 @@ typedef struct req {
     ms_api_req api;
     choice *ch;
     int n_ch;
+    json_t *parser_tools;     /* tools the parser accepts (only the named one for a named tool_choice) */
     char id[64];
     long created;
     double t0;
@@ -198,6 +199,7 @@ static void choice_free(req *r, choice *c) {
 static void req_free(req *r) {
     for (int i = 0; i < r->n_ch; i++) choice_free(r, &r->ch[i]);
     free(r->ch);
+    json_decref(r->parser_tools);
     ms_api_req_free(&r->api);
     ms_sbuf_free(&r->body);
     ms_sbuf_free(&r->out);
@@ -614,7 +616,7 @@ static int build_response(req *r, ms_sbuf *o) {
             ms_tool_calls calls = {0};
             if (c->use_reasoning) ms_reasoning_parse(ms_sbuf_str(&c->text), c->text.len, r->api.enable_thinking, &reason, &body);
             else ms_sbuf_add(&body, ms_sbuf_str(&c->text), c->text.len);
-            if (c->use_tools) ms_tool_parse(r->srv->cfg.tool_parser, r->api.tools, ms_sbuf_str(&body), body.len, &content, &calls);
+            if (c->use_tools) ms_tool_parse(r->srv->cfg.tool_parser, r->parser_tools, ms_sbuf_str(&body), body.len, &content, &calls);
             else ms_sbuf_add(&content, ms_sbuf_str(&body), body.len);
             if (calls.n > 0 && fr == MS_FR_STOP) fr = MS_FR_TOOL;
             ms_sbuf_adds(o, "\"message\":{\"role\":\"assistant\",\"content\":");
@@ -753,6 +755,21 @@ static enum MHD_Result start_generation(req *r, struct MHD_Connection *conn) {
     }
     int use_reasoning = is_chat && s->cfg.reasoning_parser == MS_REASONING_GLM45 && a->separate_reasoning;
     int use_tools = is_chat && s->cfg.tool_parser >= 0 && a->tools != NULL;
+    if (use_tools) {
+        /* a named tool_choice is not enforced while decoding (no constrained decoding yet), but
+         * calls to any other tool are dropped */
+        r->parser_tools = json_incref(a->tools);
+        if (a->tool_choice == MS_TOOLCHOICE_NAMED) {
+            json_decref(r->parser_tools);
+            r->parser_tools = json_array();
+            size_t k;
+            json_t *t;
+            json_array_foreach(a->tools, k, t) {
+                const char *nm = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+                if (nm && !strcmp(nm, a->tool_choice_name)) json_array_append(r->parser_tools, t);
+            }
+        }
+    }
     for (int i = 0; i < r->n_ch; i++) {
         choice *c = &r->ch[i];
         c->r = r;
@@ -763,7 +780,7 @@ static enum MHD_Result start_generation(req *r, struct MHD_Connection *conn) {
         c->use_reasoning = use_reasoning;
         ms_reasoning_init(&c->rp, a->enable_thinking);
         c->use_tools = use_tools;
-        if (use_tools) c->ts = ms_tool_stream_new(s->cfg.tool_parser, a->tools);
+        if (use_tools) c->ts = ms_tool_stream_new(s->cfg.tool_parser, r->parser_tools);
     }
     r->phase = a->stream ? PH_STREAM : PH_WAIT;
     for (int i = 0; i < r->n_ch; i++) {

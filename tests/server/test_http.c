@@ -399,6 +399,18 @@ static void test_tool_calls(void) {
     streamed_free(&s);
     resp_free(&r);
 
+    /* a named tool_choice drops calls to other tools */
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"TOOL\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"other\"}},"
+             "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"other\"}}}");
+    http("POST", "/v1/chat/completions", body, &r);
+    j = jbody(&r);
+    CHECK_EQ_INT(r.status, 200);
+    CHECK(!jget(j, "choices.0.message.tool_calls"));
+    CHECK_STR(jstr(j, "choices.0.finish_reason"), "stop");
+    json_decref(j);
+    resp_free(&r);
+
     /* tool_choice none: no parsing, raw text is content */
     snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"TOOL\"}],%s,\"tool_choice\":\"none\"}", TOOLS);
     http("POST", "/v1/chat/completions", body, &r);
