@@ -405,10 +405,13 @@ static int load_experts(lctx *c, int L, ms_experts *e) {
         MS_TRY(load_linear(c, nm, I, H, MS_GROUP_EXPERTS, 0, 1, &e->up[x]));
         snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%d.down_proj", L, x);
         MS_TRY(load_linear(c, nm, H, I, MS_GROUP_EXPERTS, 0, 1, &e->down[x]));
-        if (e->gate[x].fmt != e->up[x].fmt || e->gate[x].fmt != e->down[x].fmt || e->gate[x].fmt != e->gate[0].fmt)
-            return ms_errf(c->err, MS_ERR_FORMAT, "%s: expert %d of layer %d mixes formats (%s/%s/%s); all routed experts of a layer must share one",
-                           c->dir, x, L, ms_wfmt_name(e->gate[x].fmt, e->gate[x].w.dtype), ms_wfmt_name(e->up[x].fmt, e->up[x].w.dtype),
-                           ms_wfmt_name(e->down[x].fmt, e->down[x].w.dtype));
+        const ms_linear *ls[3] = {&e->gate[x], &e->up[x], &e->down[x]};
+        for (int k = 0; k < 3; k++)
+            if (ls[k]->fmt != e->gate[0].fmt)
+                return ms_errf(c->err, MS_ERR_FORMAT,
+                               "%s: module '%s' is %s but '%s' is %s; all routed experts of a layer must share one format",
+                               c->dir, ls[k]->name, ms_wfmt_name(ls[k]->fmt, ls[k]->w.dtype), e->gate[0].name,
+                               ms_wfmt_name(e->gate[0].fmt, e->gate[0].w.dtype));
     }
     return MS_OK;
 }
