@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <xxhash.h>
 
 const char *const ms_group_names[MS_N_GROUPS] = {"embed",  "attention", "indexer", "dense_mlp",
@@ -44,6 +45,15 @@ static own_node *own_new(size_t data_bytes) {
     return p;
 }
 
+/* Large blocks come from mmap: zero pages without a memset pass (dummy weights are tens of GB). */
+static own_node *own_new_big(size_t data_bytes) {
+    void *p = mmap(NULL, OWN_HDR + data_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    own_node *b = p;
+    b->cap = OWN_HDR + data_bytes; /* mapping length, for munmap */
+    return b;
+}
+
 void *ms_model_alloc(ms_model *m, size_t n) {
     own_state *o = m->owned;
     if (!o) {
@@ -53,7 +63,7 @@ void *ms_model_alloc(ms_model *m, size_t n) {
     }
     n = (n + 63) & ~(size_t)63;
     if (n >= OWN_SMALL) {
-        own_node *b = own_new(n);
+        own_node *b = own_new_big(n);
         if (!b) return NULL;
         b->next = o->big;
         o->big = b;
@@ -80,7 +90,7 @@ char *ms_model_strdup(ms_model *m, const char *s) {
 
 static void own_free(own_state *o) {
     if (!o) return;
-    for (own_node *b = o->big, *nx; b; b = nx) { nx = b->next; free(b); }
+    for (own_node *b = o->big, *nx; b; b = nx) { nx = b->next; munmap(b, b->cap); }
     for (own_node *b = o->small, *nx; b; b = nx) { nx = b->next; free(b); }
     free(o);
 }
