@@ -383,6 +383,32 @@ static void test_direct_api(void) {
         }
     }
     CHECK(agree);
+    /* the fast encoder equals core's on every code midpoint (+-1 ulp) and on random floats */
+    int fast_ok = 1;
+    for (int c = 0; c < 0x7f; c++) {
+        float mid = (float)((ref_e4m3_val(c) + ref_e4m3_val(c + 1)) / 2);
+        for (int d = -1; d <= 1; d++) {
+            uint32_t u;
+            memcpy(&u, &mid, 4);
+            u += (uint32_t)d;
+            float f;
+            memcpy(&f, &u, 4);
+            fast_ok &= ms_quant_f32_to_e4m3(f) == ms_f32_to_e4m3(f) && ms_quant_f32_to_e4m3(-f) == ms_f32_to_e4m3(-f);
+        }
+    }
+    uint64_t lcg = 12345;
+    for (int i = 0; i < 200000; i++) {
+        lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t u = (uint32_t)(lcg >> 32);
+        float f;
+        memcpy(&f, &u, 4);
+        if (!isfinite(f)) continue;
+        fast_ok &= ms_quant_f32_to_e4m3(f) == ms_f32_to_e4m3(f);
+        float g = f * 1e-30f; /* bring into the interesting range */
+        fast_ok &= ms_quant_f32_to_e4m3(g) == ms_f32_to_e4m3(g);
+    }
+    fast_ok &= ms_quant_f32_to_e4m3(448.0f) == 0x7e && ms_quant_f32_to_e4m3(1e30f) == 0x7e && ms_quant_f32_to_e4m3(-0.0f) == 0x80;
+    CHECK(fast_ok);
 }
 
 int main(void) {
