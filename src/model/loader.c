@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 const char *const ms_group_names[MS_N_GROUPS] = {"embed",  "attention", "indexer", "dense_mlp",
@@ -591,7 +592,15 @@ int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_
                 c.used = calloc((size_t)ms_st_count(m->st) + 1, 1);
                 if (!c.used) rc = ms_errf(err, MS_ERR_NOMEM, "out of memory");
             }
-            if (!rc && opts->progress && opts->prefetch_threads >= 0) rc = ms_st_prefetch(m->st, opts->prefetch_threads, err);
+            if (!rc && opts->prefetch_threads >= 0) {
+                /* read ahead only what fits in free memory; a bigger checkpoint pages in on use */
+                long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+                double avail = pages > 0 && psz > 0 ? (double)pages * (double)psz : 0;
+                if ((double)ms_st_total_bytes(m->st) < 0.8 * avail)
+                    rc = ms_st_prefetch_ex(m->st, opts->prefetch_threads, opts->progress, err);
+                else
+                    MS_LOGI("%s: checkpoint (%.1f GB) exceeds free memory; not prefetching", dir, ms_st_total_bytes(m->st) / 1e9);
+            }
         } else {
             rc = ms_errf(err, MS_ERR_INVALID, "load format '%s' is not one of auto, safetensors, dummy", lf);
         }

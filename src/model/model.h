@@ -72,12 +72,15 @@ typedef struct ms_load_opts {
     const char *dummy_quant;  /* dummy weights: "bf16", "fp8" or "nvfp4" (experts; others bf16) */
     const char *const *overrides; /* config overrides "key=value" */
     int n_overrides;
-    int prefetch_threads;     /* parallel shard readers (0 = auto) */
-    int progress;             /* show loading progress on a terminal */
+    int prefetch_threads;     /* parallel shard readers (0 = auto; < 0: no prefetch, pages load on use).
+                               * Prefetch is skipped when the checkpoint exceeds free memory. */
+    int progress;             /* show loading progress (tensors, GB, MB/s) on a terminal */
     uint64_t seed;            /* dummy weights */
 } ms_load_opts;
 
-/* Loads config + weights from DIR (or just config for dummy). Errors name file and tensor/field. */
+/* Loads config + weights from DIR (or just config for dummy; DIR may then be a config .json path).
+ * opts may be NULL (auto format, prefetch, no progress). Errors name file and tensor/field; on
+ * error *out is NULL. Views point into the mmap (or model memory); free with ms_model_free. */
 int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_err *err);
 /* Releases views, the mapping, model-owned memory and (if placed) the backend copies. NULL is ok. */
 void ms_model_free(ms_model *m);
