@@ -8,6 +8,7 @@
  * generation stops after the model's eos token (which is printed, as transformers' generate does). */
 #include "common/args.h"
 #include "common/model_args.h"
+#include "core/log.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -35,6 +36,7 @@ static int pick(const float *l, int V, double temp, uint64_t *rng) {
 int cmd_generate(int argc, char **argv) {
     ms_args a;
     if (ms_args_init(&a, argc, argv)) return 1;
+    if (!getenv("MS_LOG")) ms_log_set_level(MS_LOG_WARN); /* stdout/stderr stay parseable */
     ms_model_args ma;
     int rc = 1, bad = 0;
     int32_t *ids = NULL, *seq = NULL;

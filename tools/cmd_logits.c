@@ -5,6 +5,7 @@
  * rows n_ids x vocab: the raw numbers the conformance tests compare with transformers. */
 #include "common/args.h"
 #include "common/model_args.h"
+#include "core/log.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 int cmd_logits(int argc, char **argv) {
     ms_args a;
     if (ms_args_init(&a, argc, argv)) return 1;
+    if (!getenv("MS_LOG")) ms_log_set_level(MS_LOG_WARN); /* stdout/stderr stay parseable */
     ms_model_args ma;
     int rc = 1;
     int32_t *ids = NULL;
