@@ -22,6 +22,7 @@ typedef struct ms_exec_opts {
     int max_batch_tokens;     /* most tokens per forward; default 8192 */
     int check_numerics;
     int progress;
+    int record_routing;       /* forward records distinct routed experts per layer (bench-model) */
 } ms_exec_opts;
 
 /* Opens everything; on success *out is ready for ms_engine_create and *model_out (may be NULL)

@@ -53,6 +53,8 @@ static void free_t(ms_forward *f, ms_tensor *t) {
     t->data = NULL;
 }
 
+const int *ms_forward_routed_experts(const ms_forward *f) { return f->routed; }
+
 size_t ms_forward_kv_bytes_per_token(const ms_model *m, const ms_backend *b) {
     const ms_config *c = &m->cfg;
     size_t es = ms_dtype_size(b->act_dtype), n = 0;
@@ -78,6 +80,8 @@ void ms_forward_free(ms_forward *f) {
                         &f->d_tok, &f->d_pos, &f->d_start, &f->d_ctx, &f->d_slot, &f->d_seq, &f->d_lidx, &f->d_bt};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free_t(f, all[i]);
     free(f->h_seq);
+    free(f->routed);
+    free(f->h_ids);
     free(f);
 }
 
@@ -149,6 +153,14 @@ int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_f
         (rc = alloc2(f, &f->d_lidx, MS_I32, 1, T, err)))
         goto fail;
     f->h_seq = malloc(sizeof(int32_t) * (size_t)T);
+    if (o->record_routing) {
+        f->routed = calloc((size_t)c->num_layers, sizeof(int));
+        f->h_ids = malloc(sizeof(int32_t) * (size_t)T * (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1));
+        if (!f->routed || !f->h_ids) {
+            rc = ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
+            goto fail;
+        }
+    }
     f->kc = calloc((size_t)c->num_layers, sizeof(ms_tensor));
     f->vc = calloc((size_t)c->num_layers, sizeof(ms_tensor));
     if (!f->h_seq || !f->kc || !f->vc) {
@@ -194,6 +206,14 @@ static int mlp(ms_forward *f, int L, int T, ms_err *err) {
                        c->norm_topk_prob, c->routed_scaling_factor};
     MS_TRY(op->router(f->b, &a, &l->router, l->router_bias.data ? &l->router_bias : NULL, &rc, f->ids.data, f->rw.data,
                       err));
+    if (f->routed) {
+        MS_TRY(op->download(f->b, f->h_ids, f->ids.data, sizeof(int32_t) * (size_t)T * (size_t)k, err));
+        unsigned char seen[4096] = {0};
+        int n = 0;
+        for (int i = 0; i < T * k; i++)
+            if (f->h_ids[i] >= 0 && f->h_ids[i] < 4096 && !seen[f->h_ids[i]]) seen[f->h_ids[i]] = 1, n++;
+        f->routed[L] = n;
+    }
     ms_moe_shape s = moe_shape(f->m, T);
     const ms_moe_runner *r = ms_moe_pick(f->b, f->forced, &s);
     MS_TRY(r->run(f->b, &l->experts, &a, f->ids.data, f->rw.data, k, &delta, f->moe_ws.data,

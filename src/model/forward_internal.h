@@ -27,6 +27,8 @@ struct ms_forward {
     /* batch arrays in backend memory */
     ms_tensor d_tok, d_pos, d_start, d_ctx, d_slot, d_seq, d_lidx, d_bt;
     int32_t *h_seq; /* host token -> sequence */
+    int *routed;    /* [num_layers] distinct experts of the last step (record_routing) */
+    int32_t *h_ids; /* [max_tokens * topk] host copy of router ids (record_routing) */
     /* per-step state */
     const ms_batch *batch;
     ms_attn_meta meta;

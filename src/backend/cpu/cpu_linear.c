@@ -20,7 +20,7 @@
 ms_pool *ms_cpu_pool(void) { return ms_pool_default(); }
 
 int64_t ms_cpu_grain(double work_per_item) {
-    const double min_work = 32768.0; /* ~10 us of FMAs: below that a wakeup costs more than it saves */
+    const double min_work = 262144.0; /* ~50-100 us of work: below that waking a worker (worse on a loaded machine) costs more than it saves */
     if (work_per_item <= 0) return 1 << 30;
     double g = min_work / work_per_item;
     if (g < 1) g = 1;
