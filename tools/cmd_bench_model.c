@@ -195,7 +195,7 @@ static int run_decode(const ms_executor *ex, ms_forward *fw, const ms_model *m, 
         return ms_errf(err, MS_ERR_NOMEM, "bench-model: batch %d at context %d needs %d KV pages, the cache has %d", B, ctx,
                        B * pps, ex->n_pages);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(ctx + 1));
-    int32_t *arr = malloc(sizeof(int32_t) * (size_t)B * (6 + (size_t)pps));
+    int32_t *arr = malloc(sizeof(int32_t) * ((size_t)B * (6 + (size_t)pps) + 1));
     float *lg = malloc(sizeof(float) * (size_t)B * (size_t)V);
     if (!ids || !arr || !lg) {
         free(ids), free(arr), free(lg);
