@@ -102,6 +102,9 @@ typedef struct ms_forward_opts {
      * stream [T,H] in backend memory; layer == num_layers for the final normed hidden state. */
     void (*on_layer)(void *ctx, int layer, const ms_tensor *hidden);
     void *on_layer_ctx;
+    /* Record, per MoE layer, how many distinct experts the last step routed to (bench-model's byte
+     * count; costs a small device->host copy per layer). */
+    int record_routing;
 } ms_forward_opts;
 
 int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_forward **out, ms_err *err);
@@ -110,6 +113,9 @@ void ms_forward_free(ms_forward *f);
  * logits_host [n_logits, vocab] (float32). With check_numerics, a NaN/Inf fails with
  * MS_ERR_NUMERICS naming the layer, op and token position. */
 int ms_forward_run(ms_forward *f, const ms_batch *batch, float *logits_host, ms_err *err);
+/* With record_routing: distinct experts routed to by the last step, per layer (0 for dense
+ * layers); array of cfg.num_layers owned by f. NULL otherwise. */
+const int *ms_forward_routed_experts(const ms_forward *f);
 /* Bytes of KV cache per token over all layers (for sizing the pool). */
 size_t ms_forward_kv_bytes_per_token(const ms_model *m, const ms_backend *b);
 

@@ -51,5 +51,8 @@ int ms_moe_resolve(const ms_backend *b, const char *name, const ms_moe_shape *s,
 /* Picks the runner for one call: `forced` if non-NULL, else the best supported for s (auto policy,
  * using tuned thresholds when present). Never NULL on success. */
 const ms_moe_runner *ms_moe_pick(const ms_backend *b, const ms_moe_runner *forced, const ms_moe_shape *s);
+/* Sets the auto policy's threshold: calls with at most this many tokens prefer the "decode" runner
+ * (default 16; a tuned value from `moeserve tune` replaces it). */
+void ms_moe_set_auto_threshold(int decode_max_tokens);
 
 #endif
