@@ -8,7 +8,8 @@
  * FILE holds a JSON array of messages or {"messages": [...], "tools": [...]}. The rendering goes to
  * stdout with no added newline. Hidden flags for tests: --template FILE (use this template source
  * instead of DIR's), --jsonl (read JSON lines {"messages","tools","add_generation_prompt","kwargs"}
- * from stdin, write one line {"text": ...} or {"error": ...} per input). */
+ * from stdin, write one line {"text": ...} or {"error": ...} per input; a line may carry its own
+ * "template" source, and then --model/--template are optional). */
 #include "common/args.h"
 #include "core/fileutil.h"
 #include "tokenizer/chat_template.h"
@@ -61,18 +62,29 @@ static int run_jsonl(const ms_template *t, const char *bos, const char *eos) {
             json_t *messages, *tools, *kwargs = json_object_get(in, "kwargs");
             char what[64];
             snprintf(what, sizeof what, "stdin line %ld", lineno);
-            if (!split_doc(in, &messages, &tools, what, &err)) {
+            json_t *tsrc = json_object_get(in, "template");
+            ms_template *own = NULL;
+            const ms_template *use = t;
+            if (json_is_string(tsrc)) {
+                if (ms_template_compile(json_string_value(tsrc), json_string_length(tsrc), &own, &err)) use = NULL;
+                else use = own;
+            } else if (!t) {
+                ms_errf(&err, MS_ERR_INVALID, "%s: no template (give --model/--template or a \"template\" field)", what);
+                use = NULL;
+            }
+            if (use && !split_doc(in, &messages, &tools, what, &err)) {
                 int agp = json_is_true(json_object_get(in, "add_generation_prompt"));
                 if (kwargs && json_is_null(kwargs)) kwargs = NULL;
                 char *out = NULL;
                 size_t len = 0;
-                if (!ms_chat_render(t, messages, tools, agp, kwargs, bos, eos, &out, &len, &err)) {
+                if (!ms_chat_render(use, messages, tools, agp, kwargs, bos, eos, &out, &len, &err)) {
                     json_t *s = json_stringn(out, len);
                     if (s) res = json_pack("{s:o}", "text", s);
                     else ms_errf(&err, MS_ERR_FORMAT, "%s: rendering is not valid UTF-8", what);
                 }
                 free(out);
             }
+            ms_template_free(own);
             json_decref(in);
         }
         if (!res) res = json_pack("{s:s}", "error", err.msg[0] ? err.msg : "unknown error");
@@ -112,7 +124,7 @@ int cmd_template(int argc, char **argv) {
     json_t *doc = NULL, *kwargs = NULL;
     ms_err err = {0};
     if (ms_args_check_unknown(&a, "template")) goto out;
-    if (!model && !tpath) {
+    if (!model && !tpath && !jsonl) {
         fprintf(stderr, "moeserve template: flag --model is required\n");
         usage();
         goto out;
@@ -134,7 +146,7 @@ int cmd_template(int argc, char **argv) {
             goto out;
         }
     }
-    if (ms_template_compile(src, strlen(src), &t, &err)) {
+    if (src && ms_template_compile(src, strlen(src), &t, &err)) {
         fprintf(stderr, "moeserve template: %s: %s\n", tpath ? tpath : model, err.msg);
         goto out;
     }
