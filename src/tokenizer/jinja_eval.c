@@ -18,7 +18,9 @@
 
 /* ---- values --------------------------------------------------------------------------------- */
 
-enum { V_UNDEF, V_NULL, V_BOOL, V_INT, V_FLOAT, V_STR, V_ARR, V_TUPLE, V_OBJ, V_KWARGS, V_NS, V_FUNC };
+/* V_LOOP is the `loop` variable of a for loop, kept unmaterialized (u.a = the items, n = the index)
+ * so iterations allocate nothing; it turns into a V_OBJ when used as a whole value. */
+enum { V_UNDEF, V_NULL, V_BOOL, V_INT, V_FLOAT, V_STR, V_ARR, V_TUPLE, V_OBJ, V_KWARGS, V_NS, V_FUNC, V_LOOP };
 
 typedef struct jarr jarr;
 typedef struct jobj jobj;
@@ -52,6 +54,10 @@ struct jobj {
     jkey *k;
     jv *v;
 };
+
+/* keys of the `loop` object; shared by every loop object and never written */
+static jkey k_loop_keys[9] = {{"index", 5}, {"index0", 6}, {"revindex", 8}, {"revindex0", 9}, {"first", 5},
+                              {"last", 4},  {"length", 6}, {"previtem", 8}, {"nextitem", 8}};
 
 typedef struct jenv jenv;
 
@@ -124,7 +130,7 @@ static jv vcstr(const char *s) { return vstr(s, strlen(s)); }
 static const char *type_name(int t) {
     static const char *n[] = {"UndefinedValue", "NullValue", "BooleanValue", "IntegerValue",
                               "FloatValue", "StringValue", "ArrayValue", "TupleValue", "ObjectValue",
-                              "KeywordArgumentsValue", "NamespaceValue", "FunctionValue"};
+                              "KeywordArgumentsValue", "NamespaceValue", "FunctionValue", "ObjectValue"};
     return n[t];
 }
 
@@ -990,9 +996,47 @@ static int builtin_member(R *r, const jj_node *at, jv obj, jv key, jv *out) {
     return RC_OK;
 }
 
+/* Field k of the loop object at index lv.n over lv.u.a; 0 when k is not a loop field. */
+static int loop_field(jv lv, const char *k, size_t kn, jv *out) {
+    size_t i = lv.n, n = lv.u.a->n;
+    for (int q = 0; q < 9; q++) {
+        if (k_loop_keys[q].n != kn || memcmp(k_loop_keys[q].s, k, kn)) continue;
+        switch (q) {
+        case 0: *out = vnum(V_INT, (double)i + 1); break;
+        case 1: *out = vnum(V_INT, (double)i); break;
+        case 2: *out = vnum(V_INT, (double)(n - i)); break;
+        case 3: *out = vnum(V_INT, (double)(n - i - 1)); break;
+        case 4: *out = vbool(i == 0); break;
+        case 5: *out = vbool(i == n - 1); break;
+        case 6: *out = vnum(V_INT, (double)n); break;
+        case 7: *out = i > 0 ? lv.u.a->v[i - 1] : V(V_UNDEF); break;
+        default: *out = i + 1 < n ? lv.u.a->v[i + 1] : V(V_UNDEF); break;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+static int materialize_loop(R *r, const jj_node *at, jv lv, jv *out) {
+    jobj *o = new_obj(r, 9);
+    if (!o) return oom(r, at);
+    for (int q = 0; q < 9; q++) {
+        o->k[q] = k_loop_keys[q];
+        loop_field(lv, k_loop_keys[q].s, k_loop_keys[q].n, &o->v[q]);
+    }
+    o->n = 9;
+    *out = vobj(o, V_OBJ);
+    return RC_OK;
+}
+
 static int eval_member(R *r, jenv *e, const jj_node *x, jv *out) {
     jv obj, prop;
-    MS_TRY(eval(r, e, x->a, &obj));
+    if (x->a->kind == E_IDENT) obj = env_get(e, x->a->s, x->a->slen); /* may be an unmaterialized loop */
+    else MS_TRY(eval(r, e, x->a, &obj));
+    if (obj.t == V_LOOP) {
+        if (!x->flag && x->b->kind == E_IDENT && loop_field(obj, x->b->s, x->b->slen, out)) return RC_OK;
+        MS_TRY(materialize_loop(r, x, obj, &obj));
+    }
     if (x->flag) {
         if (x->b->kind == E_SLICE) return eval_slice(r, e, obj, x->b, out);
         MS_TRY(eval(r, e, x->b, &prop));
@@ -2000,7 +2044,9 @@ static int eval(R *r, jenv *e, const jj_node *x, jv *out) {
     case E_INT: return *out = vnum(V_INT, x->num), RC_OK;
     case E_FLOAT: return *out = vnum(V_FLOAT, x->num), RC_OK;
     case E_STR: return *out = vstr(x->s, x->slen), RC_OK;
-    case E_IDENT: return *out = env_get(e, x->s, x->slen), RC_OK;
+    case E_IDENT:
+        *out = env_get(e, x->s, x->slen);
+        return out->t == V_LOOP ? materialize_loop(r, x, *out, out) : RC_OK;
     case E_ARRAY: case E_TUPLE: {
         jarr *a = new_arr(r, (size_t)x->n);
         if (!a) return oom(r, x);
@@ -2084,9 +2130,6 @@ static int bind_target(R *r, const jj_node *at, jenv *e, const jj_node *target, 
     return RC_OK;
 }
 
-/* keys of the `loop` object; shared by every loop object and never written */
-static jkey k_loop_keys[9] = {{"index", 5}, {"index0", 6}, {"revindex", 8}, {"revindex0", 9}, {"first", 5},
-                              {"last", 4},  {"length", 6}, {"previtem", 8}, {"nextitem", 8}};
 
 static int exec_for(R *r, jenv *env, const jj_node *x, jj_buf *out) {
     jenv *scope = new_env(r, env);
@@ -2131,22 +2174,10 @@ static int exec_for(R *r, jenv *env, const jj_node *x, jj_buf *out) {
     size_t n = items->n;
     for (size_t i = 0; i < n; i++) {
         MS_TRY(step(r, x, 1));
-        jobj *lo = ralloc(r, sizeof *lo);
-        jv *vals = ralloc(r, 9 * sizeof(jv));
-        if (!lo || !vals) return oom(r, x);
-        lo->n = lo->cap = 9;
-        lo->k = k_loop_keys;
-        lo->v = vals;
-        vals[0] = vnum(V_INT, (double)i + 1);
-        vals[1] = vnum(V_INT, (double)i);
-        vals[2] = vnum(V_INT, (double)(n - i));
-        vals[3] = vnum(V_INT, (double)(n - i - 1));
-        vals[4] = vbool(i == 0);
-        vals[5] = vbool(i == n - 1);
-        vals[6] = vnum(V_INT, (double)n);
-        vals[7] = i > 0 ? items->v[i - 1] : V(V_UNDEF);
-        vals[8] = i + 1 < n ? items->v[i + 1] : V(V_UNDEF);
-        if (env_set(r, scope, "loop", 4, vobj(lo, V_OBJ))) return oom(r, x);
+        jv lv = V(V_LOOP);
+        lv.u.a = items;
+        lv.n = i;
+        if (env_set(r, scope, "loop", 4, lv)) return oom(r, x);
         MS_TRY(bind_target(r, x, scope, x->a, items->v[i], 1));
         size_t mark = out->n;
         int rc = exec_block(r, scope, x->list, x->n, out);
