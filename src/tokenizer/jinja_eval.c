@@ -99,9 +99,12 @@ typedef struct R {
     jj_arena ar;
     const jj_limits *lim;
     long long steps;
-    int depth;
+    int depth; /* nested macro calls */
+    int nest;  /* nested evaluations (expressions and blocks): bounds C stack use */
     ms_err *err;
 } R;
+
+#define MAX_EVAL_NEST 1000
 
 static jv V(int t) {
     jv v;
@@ -2039,7 +2042,21 @@ static int eval_binary(R *r, jenv *e, const jj_node *x, jv *out) {
     return rerr(r, x, "unknown operator \"%s\" between %s and %s", opn[op], type_name(a.t), type_name(b.t));
 }
 
+static int eval_inner(R *r, jenv *e, const jj_node *x, jv *out);
+
 static int eval(R *r, jenv *e, const jj_node *x, jv *out) {
+    if (++r->nest > MAX_EVAL_NEST) {
+        r->nest--;
+        rerr(r, x, "template evaluation nested deeper than %d levels", MAX_EVAL_NEST);
+        r->err->code = MS_ERR_NOMEM;
+        return RC_ERR;
+    }
+    int rc = eval_inner(r, e, x, out);
+    r->nest--;
+    return rc;
+}
+
+static int eval_inner(R *r, jenv *e, const jj_node *x, jv *out) {
     switch (x->kind) {
     case E_INT: return *out = vnum(V_INT, x->num), RC_OK;
     case E_FLOAT: return *out = vnum(V_FLOAT, x->num), RC_OK;
@@ -2288,12 +2305,20 @@ static int exec_node(R *r, jenv *e, const jj_node *x, jj_buf *out) {
 }
 
 static int exec_block(R *r, jenv *e, jj_node *const *list, int n, jj_buf *out) {
-    for (int i = 0; i < n; i++) {
-        MS_TRY(exec_node(r, e, list[i], out));
-        if (out->over) return buf_check(r, list[i], out);
-        if (r->ar.over) return oom(r, list[i]);
+    if (++r->nest > MAX_EVAL_NEST) {
+        r->nest--;
+        rerr(r, n ? list[0] : NULL, "template evaluation nested deeper than %d levels", MAX_EVAL_NEST);
+        r->err->code = MS_ERR_NOMEM;
+        return RC_ERR;
     }
-    return RC_OK;
+    int rc = RC_OK;
+    for (int i = 0; i < n && !rc; i++) {
+        rc = exec_node(r, e, list[i], out);
+        if (!rc && out->over) rc = buf_check(r, list[i], out);
+        if (!rc && r->ar.over) rc = oom(r, list[i]);
+    }
+    r->nest--;
+    return rc;
 }
 
 int jj_render(const jj_program *prog, json_t *ctx, const jj_limits *lim, char **out, size_t *len, ms_err *err) {

@@ -11,13 +11,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_NEST 200
+#define MAX_NEST 200   /* parentheses, brackets and blocks inside each other */
+#define MAX_CHAIN 1000 /* operators, filters, tests and member accesses along one path of the tree */
 
 typedef struct {
     jj_arena *ar;
     jj_tok *t;
     int n, cur;
     int depth;
+    int chain;
     ms_err *err;
 } parser;
 
@@ -47,6 +49,12 @@ static jj_node *mk(parser *P, int kind, int line) {
         x->line = line;
     }
     return x;
+}
+
+/* Counts one more link of an operator/filter/member chain; fails when the tree gets too deep. */
+static int chain_link(parser *P) {
+    if (++P->chain > MAX_CHAIN) return perr(P, "expression nested too deeply (more than %d chained operations)", MAX_CHAIN);
+    return 0;
 }
 
 static int oom(parser *P) { return ms_errf(P->err, MS_ERR_NOMEM, "chat template: out of memory while parsing"); }
@@ -307,7 +315,9 @@ static int parse_subscript(parser *P, jj_node **out) {
 }
 
 static int parse_member(parser *P, jj_node *obj, jj_node **out) {
+    int saved_chain = P->chain;
     while (is(P, T_DOT) || is(P, T_LBRACKET)) {
+        MS_TRY(chain_link(P));
         int computed = is(P, T_LBRACKET);
         int line = P->t[P->cur].line;
         P->cur++;
@@ -327,11 +337,13 @@ static int parse_member(parser *P, jj_node *obj, jj_node **out) {
         m->flag = (uint8_t)computed;
         obj = m;
     }
+    P->chain = saved_chain;
     *out = obj;
     return 0;
 }
 
 static int parse_call(parser *P, jj_node *callee, jj_node **out) {
+    MS_TRY(chain_link(P));
     jj_node *c = mk(P, E_CALL, callee->line);
     if (!c) return oom(P);
     c->a = callee;
@@ -386,9 +398,11 @@ static int parse_filter_ref(parser *P, jj_node *target, int line) {
 }
 
 static int parse_filter(parser *P, jj_node **out) {
+    int saved_chain = P->chain;
     jj_node *x = NULL;
     MS_TRY(parse_unary_sign(P, &x));
     while (is(P, T_PIPE)) {
+        MS_TRY(chain_link(P));
         int line = P->t[P->cur].line;
         P->cur++;
         jj_node *f = mk(P, E_FILTER, line);
@@ -397,14 +411,17 @@ static int parse_filter(parser *P, jj_node **out) {
         MS_TRY(parse_filter_ref(P, f, line));
         x = f;
     }
+    P->chain = saved_chain;
     *out = x;
     return 0;
 }
 
 static int parse_test(parser *P, jj_node **out) {
+    int saved_chain = P->chain;
     jj_node *x = NULL;
     MS_TRY(parse_filter(P, &x));
     while (is_ident(P, "is")) {
+        MS_TRY(chain_link(P));
         int line = P->t[P->cur].line;
         P->cur++;
         int neg = 0;
@@ -423,6 +440,7 @@ static int parse_test(parser *P, jj_node **out) {
         t->slen = name->slen;
         x = t;
     }
+    P->chain = saved_chain;
     *out = x;
     return 0;
 }
@@ -463,47 +481,58 @@ static int mk_bin(parser *P, int op, jj_node *l, jj_node *r, int line, jj_node *
 }
 
 static int parse_pow(parser *P, jj_node **out) {
+    int saved_chain = P->chain;
     jj_node *l = NULL, *r = NULL;
     MS_TRY(parse_test(P, &l));
     while (is(P, T_POW)) {
+        MS_TRY(chain_link(P));
         int line = P->t[P->cur++].line;
         MS_TRY(parse_test(P, &r));
         MS_TRY(mk_bin(P, OP_POW, l, r, line, &l));
     }
+    P->chain = saved_chain;
     *out = l;
     return 0;
 }
 
 static int parse_mul(parser *P, jj_node **out) {
+    int saved_chain = P->chain;
     jj_node *l = NULL, *r = NULL;
     MS_TRY(parse_pow(P, &l));
     while (is(P, T_MUL)) {
+        MS_TRY(chain_link(P));
         int op = binop_of(&P->t[P->cur]);
         int line = P->t[P->cur++].line;
         MS_TRY(parse_pow(P, &r));
         MS_TRY(mk_bin(P, op, l, r, line, &l));
     }
+    P->chain = saved_chain;
     *out = l;
     return 0;
 }
 
 static int parse_add(parser *P, jj_node **out) {
+    int saved_chain = P->chain;
     jj_node *l = NULL, *r = NULL;
     MS_TRY(parse_mul(P, &l));
     while (is(P, T_ADD)) {
+        MS_TRY(chain_link(P));
         int op = binop_of(&P->t[P->cur]);
         int line = P->t[P->cur++].line;
         MS_TRY(parse_mul(P, &r));
         MS_TRY(mk_bin(P, op, l, r, line, &l));
     }
+    P->chain = saved_chain;
     *out = l;
     return 0;
 }
 
 static int parse_cmp(parser *P, jj_node **out) {
+    int saved_chain = P->chain;
     jj_node *l = NULL, *r = NULL;
     MS_TRY(parse_add(P, &l));
     while (1) {
+        MS_TRY(chain_link(P));
         int op, line = P->cur < P->n ? P->t[P->cur].line : 0;
         if (is_ident(P, "not") && tok_is_ident(P, P->cur + 1, "in")) {
             op = OP_NOTIN;
@@ -520,6 +549,7 @@ static int parse_cmp(parser *P, jj_node **out) {
         MS_TRY(parse_add(P, &r));
         MS_TRY(mk_bin(P, op, l, r, line, &l));
     }
+    P->chain = saved_chain;
     *out = l;
     return 0;
 }
@@ -540,25 +570,31 @@ static int parse_not(parser *P, jj_node **out) {
 }
 
 static int parse_and(parser *P, jj_node **out) {
+    int saved_chain = P->chain;
     jj_node *l = NULL, *r = NULL;
     MS_TRY(parse_not(P, &l));
     while (is_ident(P, "and")) {
+        MS_TRY(chain_link(P));
         int line = P->t[P->cur++].line;
         MS_TRY(parse_not(P, &r));
         MS_TRY(mk_bin(P, OP_AND, l, r, line, &l));
     }
+    P->chain = saved_chain;
     *out = l;
     return 0;
 }
 
 static int parse_or(parser *P, jj_node **out) {
+    int saved_chain = P->chain;
     jj_node *l = NULL, *r = NULL;
     MS_TRY(parse_and(P, &l));
     while (is_ident(P, "or")) {
+        MS_TRY(chain_link(P));
         int line = P->t[P->cur++].line;
         MS_TRY(parse_and(P, &r));
         MS_TRY(mk_bin(P, OP_OR, l, r, line, &l));
     }
+    P->chain = saved_chain;
     *out = l;
     return 0;
 }
@@ -909,7 +945,7 @@ static int parse_any(parser *P, jj_node **out) {
 }
 
 int jj_parse(jj_arena *arena, jj_tok *toks, int ntok, jj_node ***body, int *n, ms_err *err) {
-    parser P = {arena, toks, ntok, 0, 0, err};
+    parser P = {arena, toks, ntok, 0, 0, 0, err};
     nlist l = {0};
     while (P.cur < P.n) {
         jj_node *x;

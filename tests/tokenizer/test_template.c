@@ -167,6 +167,51 @@ static void test_hostile_parse(void) {
     free(src);
 }
 
+/* Hostile nesting must fail cleanly even on a small thread stack (1 MiB; sanitizers need more). */
+#if defined(__SANITIZE_ADDRESS__)
+#define SMALL_STACK (6u << 20)
+#else
+#define SMALL_STACK (1u << 20)
+#endif
+static void *render_on_small_stack(void *arg) {
+    const char *src = arg;
+    ms_err err;
+    char *out = render(src, NULL, &err);
+    int ok = out == NULL && strstr(err.msg, "nested") != NULL;
+    free(out);
+    return ok ? (void *)1 : NULL;
+}
+
+static void test_hostile_nesting_small_stack(void) {
+    /* deep block nesting inside deep macro recursion */
+    size_t cap = 1 << 16;
+    char *src = malloc(cap);
+    size_t k = (size_t)snprintf(src, cap, "{%% macro f(n) %%}");
+    for (int i = 0; i < 150; i++) k += (size_t)snprintf(src + k, cap - k, "{%% if true %%}");
+    k += (size_t)snprintf(src + k, cap - k, "{{ f(n + 1) }}");
+    for (int i = 0; i < 150; i++) k += (size_t)snprintf(src + k, cap - k, "{%% endif %%}");
+    snprintf(src + k, cap - k, "{%% endmacro %%}{{ f(0) }}");
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setstacksize(&at, SMALL_STACK);
+    pthread_t th;
+    void *res = NULL;
+    CHECK(pthread_create(&th, &at, render_on_small_stack, src) == 0);
+    pthread_join(th, &res);
+    CHECK(res == (void *)1);
+    /* a 5000-term expression chain is refused by the parser */
+    k = (size_t)snprintf(src, cap, "{{ 1");
+    for (int i = 0; i < 5000; i++) k += (size_t)snprintf(src + k, cap - k, " ~ 1");
+    snprintf(src + k, cap - k, " }}");
+    check_fails(src, NULL, "chained");
+    k = (size_t)snprintf(src, cap, "{{ x");
+    for (int i = 0; i < 5000; i++) k += (size_t)snprintf(src + k, cap - k, "()");
+    snprintf(src + k, cap - k, " }}");
+    check_fails(src, NULL, "chained");
+    pthread_attr_destroy(&at);
+    free(src);
+}
+
 static void test_syntax_errors_name_the_line(void) {
     check_fails("line one\n{% if x %}\n{{ 1 + }}\n{% endif %}", NULL, "line 3");
     check_fails("a\nb\n{% frobnicate %}", NULL, "line 3");
@@ -312,6 +357,7 @@ int main(void) {
     RUN(test_hostile_loops);
     RUN(test_hostile_output);
     RUN(test_hostile_parse);
+    RUN(test_hostile_nesting_small_stack);
     RUN(test_syntax_errors_name_the_line);
     RUN(test_runtime_errors);
     RUN(test_semantics_basics);
