@@ -65,7 +65,7 @@ enum { F_MACRO, F_CALLER, F_BUILTIN, F_METHOD };
 enum { B_RAISE, B_RANGE, B_STRFTIME, B_NAMESPACE };
 enum {
     M_UPPER, M_LOWER, M_STRIP, M_TITLE, M_CAPITALIZE, M_RSTRIP, M_LSTRIP, M_STARTSWITH, M_ENDSWITH,
-    M_SPLIT, M_REPLACE, M_GET, M_ITEMS, M_KEYS, M_VALUES, M_DICTSORT
+    M_SPLIT, M_REPLACE, M_GET, M_ITEMS, M_KEYS, M_VALUES, M_DICTSORT, M_FIND, M_COUNT, M_RSPLIT, M_JOIN
 };
 
 struct jfn {
@@ -986,6 +986,11 @@ static int builtin_member(R *r, const jj_node *at, jv obj, jv key, jv *out) {
         else if (IS("endswith")) return method(r, at, obj, M_ENDSWITH, out);
         else if (IS("split")) return method(r, at, obj, M_SPLIT, out);
         else if (IS("replace")) return method(r, at, obj, M_REPLACE, out);
+        /* Python str methods the oracle lacks (it fails on them): extensions with Python semantics */
+        else if (IS("find")) return method(r, at, obj, M_FIND, out);
+        else if (IS("count")) return method(r, at, obj, M_COUNT, out);
+        else if (IS("rsplit")) return method(r, at, obj, M_RSPLIT, out);
+        else if (IS("join")) return method(r, at, obj, M_JOIN, out);
     } else if (obj.t == V_ARR || obj.t == V_TUPLE) {
         if (IS("length")) *out = vnum(V_INT, (double)obj.u.a->n);
     } else if (obj.t == V_OBJ || obj.t == V_KWARGS) {
@@ -1275,11 +1280,216 @@ static int obj_items(R *r, const jj_node *at, jv o, jv *out) {
 
 static int call_method(R *r, const jj_node *at, int id, jv self, jv *args, size_t n, jv *out);
 
+
+static long long str_find_ll(jv hay, size_t from, jv needle);
+
+/* ---- extensions: Python jinja2 filters the oracle does not have (it fails on them) ----------- */
+
+static int ext_filter(R *r, jenv *e, const jj_node *f, jv v, jv *out) {
+    const char *name = f->s;
+    size_t nl = f->slen;
+    const jj_node *at = f;
+#define IS(lit) (nl == sizeof(lit) - 1 && !memcmp(name, lit, nl))
+    jv *args = NULL;
+    size_t na = 0;
+    jobj *kw = NULL;
+    if (f->flag) MS_TRY(eval_args(r, e, f->list, f->n, &args, &na, &kw));
+    if (IS("count")) { /* = length */
+        if (v.t == V_STR) return *out = vnum(V_INT, (double)jj_utf16_len(v.u.s, v.n)), RC_OK;
+        if (v.t == V_ARR || v.t == V_TUPLE) return *out = vnum(V_INT, (double)v.u.a->n), RC_OK;
+        if (v.t == V_OBJ || v.t == V_KWARGS || v.t == V_NS) return *out = vnum(V_INT, (double)v.u.o->n), RC_OK;
+        return rerr(r, at, "cannot apply filter \"count\" to type %s", type_name(v.t));
+    }
+    if (IS("d")) { /* = default(value='', boolean=false) */
+        jv def = na > 0 ? args[0] : vcstr("");
+        jv boolean = arg_or(args, na, 1, kw, "boolean", vbool(0));
+        if (v.t == V_UNDEF || (is_truthy(boolean) && !is_truthy(v))) return *out = def, RC_OK;
+        return *out = v, RC_OK;
+    }
+    if (IS("select") || IS("reject")) {
+        if (v.t != V_ARR && v.t != V_TUPLE) return rerr(r, at, "cannot apply filter \"%.*s\" to type %s", (int)nl, name, type_name(v.t));
+        if (na > 0 && args[0].t != V_STR) return rerr(r, at, "the test name of \"%.*s\" must be a string", (int)nl, name);
+        int sel = IS("select");
+        jarr *b = new_arr(r, v.u.a->n);
+        if (!b) return oom(r, at);
+        size_t k = 0;
+        for (size_t i = 0; i < v.u.a->n; i++) {
+            int res;
+            if (na == 0) res = is_truthy(v.u.a->v[i]);
+            else MS_TRY(run_test(r, at, args[0].u.s, args[0].n, v.u.a->v[i], na > 1 ? &args[1] : NULL, &res));
+            if (sel ? res : !res) b->v[k++] = v.u.a->v[i];
+        }
+        b->n = k;
+        return *out = varr(b, V_ARR), RC_OK;
+    }
+    if (IS("round")) {
+        if (v.t != V_INT && v.t != V_FLOAT) return rerr(r, at, "cannot apply filter \"round\" to type %s", type_name(v.t));
+        jv prec = arg_or(args, na, 0, kw, "precision", vnum(V_INT, 0));
+        jv meth = arg_or(args, na, 1, kw, "method", vcstr("common"));
+        if (prec.t != V_INT || meth.t != V_STR) return rerr(r, at, "round(precision, method): bad arguments");
+        double p = pow(10, prec.u.d), x = v.u.d * p, y;
+        if (str_eq(meth, vcstr("common"))) { /* Python's round(): ties to even; ints stay ints */
+            if (v.t == V_INT && prec.u.d >= 0) return *out = v, RC_OK;
+            y = nearbyint(x);
+        }
+        else if (str_eq(meth, vcstr("ceil"))) y = ceil(x);
+        else if (str_eq(meth, vcstr("floor"))) y = floor(x);
+        else return rerr(r, at, "round method must be 'common', 'ceil' or 'floor'");
+        return *out = vnum(V_FLOAT, y / p), RC_OK;
+    }
+    if (IS("wordcount")) { /* len(re.findall(r"\w+", s)) */
+        if (v.t != V_STR) return rerr(r, at, "cannot apply filter \"wordcount\" to type %s", type_name(v.t));
+        double words = 0;
+        int in = 0;
+        for (size_t i = 0; i < v.n;) {
+            uint32_t cp;
+            i += (size_t)jj_utf8_dec(v.u.s + i, v.n - i, &cp);
+            utf8proc_category_t c = utf8proc_category((utf8proc_int32_t)cp);
+            int w = cp == '_' || (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_LO) ||
+                    (c >= UTF8PROC_CATEGORY_ND && c <= UTF8PROC_CATEGORY_NO);
+            if (w && !in) words++;
+            in = w;
+        }
+        return *out = vnum(V_INT, words), RC_OK;
+    }
+    /* escape / e: HTML-escape the text */
+    jv sv;
+    MS_TRY(print_to_str(r, at, v, &sv));
+    jj_buf b = new_buf(r);
+    for (size_t i = 0; i < sv.n; i++) {
+        char c = sv.u.s[i];
+        if (c == '&') jj_buf_puts(&b, "&amp;");
+        else if (c == '<') jj_buf_puts(&b, "&lt;");
+        else if (c == '>') jj_buf_puts(&b, "&gt;");
+        else if (c == '"') jj_buf_puts(&b, "&#34;");
+        else if (c == '\'') jj_buf_puts(&b, "&#39;");
+        else jj_buf_putc(&b, c);
+    }
+    if (buf_check(r, at, &b)) {
+        jj_buf_free(&b);
+        return RC_ERR;
+    }
+    return buf_to_str(r, at, &b, out);
+#undef IS
+}
+
+/* Code-point index of byte offset off in s. */
+static double cp_index(jv s, size_t off) {
+    double n = 0;
+    for (size_t i = 0; i < off && i < s.n;) {
+        uint32_t cp;
+        i += (size_t)jj_utf8_dec(s.u.s + i, s.n - i, &cp);
+        n++;
+    }
+    return n;
+}
+
+/* Python str.find / str.count / str.rsplit / str.join (extensions: the oracle has none of them). */
+static int py_str_method(R *r, const jj_node *at, int id, jv self, jv *args, size_t n, jv *out) {
+    if (n > 0 && args[n - 1].t == V_KWARGS) n--;
+    if (id == M_FIND || id == M_COUNT) {
+        if (n < 1 || args[0].t != V_STR) return rerr(r, at, "%s() needs a string argument", id == M_FIND ? "find" : "count");
+        jv sub = args[0];
+        if (id == M_FIND) {
+            long long p = str_find_ll(self, 0, sub);
+            return *out = vnum(V_INT, p < 0 ? -1 : cp_index(self, (size_t)p)), RC_OK;
+        }
+        double c = 0;
+        if (sub.n == 0) c = cp_index(self, self.n) + 1;
+        else
+            for (long long p = str_find_ll(self, 0, sub); p >= 0; p = str_find_ll(self, (size_t)p + sub.n, sub)) c++;
+        return *out = vnum(V_INT, c), RC_OK;
+    }
+    if (id == M_JOIN) {
+        if (n < 1 || (args[0].t != V_ARR && args[0].t != V_TUPLE)) return rerr(r, at, "join() needs a list");
+        jj_buf b = new_buf(r);
+        for (size_t i = 0; i < args[0].u.a->n; i++) {
+            jv x = args[0].u.a->v[i];
+            if (x.t != V_STR) {
+                jj_buf_free(&b);
+                return rerr(r, at, "join(): sequence item %zu is %s, not a string", i, type_name(x.t));
+            }
+            if (i) jj_buf_put(&b, self.u.s, self.n);
+            jj_buf_put(&b, x.u.s, x.n);
+        }
+        if (buf_check(r, at, &b)) {
+            jj_buf_free(&b);
+            return RC_ERR;
+        }
+        return buf_to_str(r, at, &b, out);
+    }
+    /* rsplit(sep=None, maxsplit=-1) */
+    jv sep = n > 0 ? args[0] : V(V_NULL);
+    double maxsplit = n > 1 && args[1].t == V_INT ? args[1].u.d : -1;
+    if (sep.t != V_STR && sep.t != V_NULL) return rerr(r, at, "rsplit() sep must be a string or none");
+    if (sep.t == V_STR && sep.n == 0) return rerr(r, at, "rsplit(): empty separator");
+    size_t cap = 16, cnt = 0;
+    jv *parts = malloc(cap * sizeof *parts);
+    if (!parts) return oom(r, at);
+    size_t end = self.n;
+    while (1) {
+        if (cnt == cap) {
+            jv *np = realloc(parts, 2 * cap * sizeof *parts);
+            if (!np) {
+                free(parts);
+                return oom(r, at);
+            }
+            parts = np;
+            cap *= 2;
+        }
+        if (sep.t == V_NULL) {
+            jv rest = js_trim(vstr(self.u.s, end), 2);
+            end = rest.n;
+            if (end == 0) break;
+            if (maxsplit >= 0 && (double)cnt >= maxsplit) {
+                parts[cnt++] = vstr(self.u.s, end);
+                break;
+            }
+            size_t st = end;
+            while (st > 0) {
+                size_t q = st - 1;
+                while (q > 0 && ((unsigned char)self.u.s[q] & 0xC0) == 0x80) q--;
+                uint32_t cp;
+                jj_utf8_dec(self.u.s + q, st - q, &cp);
+                if (jj_is_js_space(cp)) break;
+                st = q;
+            }
+            parts[cnt++] = vstr(self.u.s + st, end - st);
+            end = st;
+        } else {
+            long long found = -1;
+            if (!(maxsplit >= 0 && (double)cnt >= maxsplit))
+                for (size_t q = end >= sep.n ? end - sep.n + 1 : 0; q-- > 0;)
+                    if (!memcmp(self.u.s + q, sep.u.s, sep.n)) {
+                        found = (long long)q;
+                        break;
+                    }
+            if (found < 0) {
+                parts[cnt++] = vstr(self.u.s, end);
+                break;
+            }
+            parts[cnt++] = vstr(self.u.s + found + sep.n, end - (size_t)found - sep.n);
+            end = (size_t)found;
+        }
+    }
+    jarr *a = new_arr(r, cnt);
+    if (!a) {
+        free(parts);
+        return oom(r, at);
+    }
+    for (size_t i = 0; i < cnt; i++) a->v[i] = parts[cnt - 1 - i];
+    free(parts);
+    return *out = varr(a, V_ARR), RC_OK;
+}
+
 static int apply_filter(R *r, jenv *e, const jj_node *f, jv v, jv *out) {
     const char *name = f->s;
     size_t nl = f->slen;
     const jj_node *at = f;
 #define IS(lit) (nl == sizeof(lit) - 1 && !memcmp(name, lit, nl))
+    if (IS("count") || IS("d") || IS("select") || IS("reject") || IS("round") || IS("wordcount") || IS("escape") ||
+        IS("e"))
+        return ext_filter(r, e, f, v, out);
     if (!f->flag) { /* bare name */
         if (IS("safe")) return *out = v, RC_OK;
         if (IS("tojson")) {
@@ -1723,6 +1933,7 @@ static int call_method(R *r, const jj_node *at, int id, jv self, jv *args, size_
             a->v[i] = id == M_KEYS ? vstr(self.u.o->k[i].s, self.u.o->k[i].n) : self.u.o->v[i];
         return *out = varr(a, V_ARR), RC_OK;
     }
+    case M_FIND: case M_COUNT: case M_RSPLIT: case M_JOIN: return py_str_method(r, at, id, self, args, n, out);
     case M_DICTSORT: {
         jobj *kw = NULL;
         jv pos[3];
