@@ -125,13 +125,11 @@ int cmd_template(int argc, char **argv) {
     ms_err err = {0};
     if (ms_args_check_unknown(&a, "template")) goto out;
     if (!model && !tpath && !jsonl) {
-        fprintf(stderr, "moeserve template: flag --model is required\n");
-        usage();
+        fprintf(stderr, "moeserve template: flag --model is required (see --help)\n");
         goto out;
     }
     if (!jsonl && !mpath) {
-        fprintf(stderr, "moeserve template: flag --messages is required\n");
-        usage();
+        fprintf(stderr, "moeserve template: flag --messages is required (see --help)\n");
         goto out;
     }
     if (model && ms_chat_template_load(model, &src, &bos, &eos, &err) && !tpath) {

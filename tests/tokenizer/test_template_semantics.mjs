@@ -100,6 +100,10 @@ const CASES = [
   "{%if true%}y{%endif%}", "{% if true -%}\n  x\n{%- endif %}", "{{ '%}' }}", "  {% if true %}\n  indented\n  {% endif %}\n",
   "{# a #}\n{% if true %}\nx\n{% endif %}", "{{- ' lead' }}", "{{ 1.5e3 }}", "{{ 0.1 + 0.2 }}", "{{ 100000000000000000000 }} {{ 1000000000000000000000 }} {{ 0.000001 }} {{ 0.0000001 }}",
   "{{ strftime_now('%Y') | length }}", "{{ '%d' | length }}",
+  // line endings and unusual whitespace in the template source
+  "a\r\n  {% if true %}\r\n  b\r\n  {% endif %}\r\nc", "x\u2028  {% if true %}y{% endif %}\u2029\t{% if true %}z{% endif %}",
+  "\t\t{%- if true %}\n\tv\n{% endif -%}\n\n end", "{% for x in arr -%}\n  {{ x }}\n{%- endfor %}\n", "  {#- c -#}  \n  {# d #}\n e",
+  "a\n{%- generation %}\n b \n{% endgeneration -%}\n c", "50%}\ntext {- not a tag", "{{ '\u3000x\u3000' | trim }}|{{ '\ufeffy' | trim }}",
 ];
 
 // Extensions: Python jinja2 filters/methods the oracle lacks (it fails on every one of these). The
