@@ -23,7 +23,9 @@ void ms_template_free(ms_template *t);
  * error; raise_exception() fails with the template's message. */
 int ms_template_render(const ms_template *t, json_t *context, char **out, size_t *len, ms_err *err);
 
-/* Convenience for the server: builds the context from its parts (any may be NULL) and renders. */
+/* Convenience for the server: builds the context as transformers' apply_chat_template does and
+ * renders. messages NULL = []; tools NULL = None (as transformers passes it); bos/eos NULL = not set;
+ * kwargs (chat_template_kwargs, an object or NULL) are merged last and override. All borrowed. */
 int ms_chat_render(const ms_template *t, json_t *messages, json_t *tools, int add_generation_prompt,
                    json_t *kwargs, const char *bos_token, const char *eos_token, char **out,
                    size_t *len, ms_err *err);

@@ -4,8 +4,10 @@
  * JavaScript loose equality, `~`/`+` stringify floats like JavaScript (1.0 -> "1") while `{{ }}`
  * prints them Python-style (1.0 -> "1.0"), strip()/lstrip()/rstrip() ignore their argument, string
  * lengths count UTF-16 units, macros see the caller's variables, and a break/continue drops the
- * output of the current iteration. Rendering is bounded by jj_limits (output bytes, arena bytes,
- * steps = loop iterations + macro calls + range() elements, macro nesting). */
+ * output of the current iteration. Filters and str methods the oracle lacks (count, d, select, reject,
+ * round, wordcount, escape, find, rsplit, ...) are extensions with Python jinja2 semantics; the oracle
+ * fails on them. Rendering is bounded by jj_limits (output bytes, arena bytes, steps = loop
+ * iterations + macro calls + range() elements, macro nesting) and by a cap on evaluation nesting. */
 #include "tokenizer/jinja.h"
 
 #include <math.h>
