@@ -48,6 +48,7 @@ typedef struct ms_config {
     int norm_topk_prob;
     float routed_scaling_factor;
     int num_nextn_predict_layers; /* MTP layers present in the checkpoint (recognised, skipped) */
+    int num_layers_ckpt;      /* num_hidden_layers before overrides: MTP layers start at this index */
     /* tokens */
     int n_eos;
     int32_t eos_token_ids[MS_MAX_EOS];
@@ -65,5 +66,39 @@ int ms_config_load_with_overrides(const char *path_or_dir, const char *const *ov
                                   ms_config *cfg, ms_err *err);
 /* "glm4_moe, glm_moe_dsa" - for error messages. */
 const char *ms_config_supported_types(void);
+
+/* ---- quantization declaration (hf_quant_config.json or config.json quantization_config) ----
+ * What the checkpoint says about itself. The loader decides each module's format by the tensors
+ * present and uses this only to cross-check (spec 4.1, 4.2). */
+typedef enum ms_quant_algo {
+    MS_QUANT_NONE = 0,  /* no declaration */
+    MS_QUANT_FP8_BLOCK, /* quant_method fp8, weight_block_size [128,128] */
+    MS_QUANT_NVFP4,     /* ModelOpt NVFP4, group_size 16 */
+    MS_QUANT_MIXED,     /* ModelOpt MIXED_PRECISION: per-module, no cross-check possible */
+    MS_QUANT_OTHER,     /* a declaration we do not check (e.g. FP8 per-tensor); tensors decide */
+} ms_quant_algo;
+
+typedef struct ms_quant_decl {
+    ms_quant_algo algo;
+    char source[48];     /* "hf_quant_config.json" or "config.json quantization_config" */
+    char algo_name[32];  /* as declared: "NVFP4", "fp8", ... */
+    int group_size;      /* NVFP4 (16) */
+    int block_n, block_k; /* FP8 weight_block_size */
+    char kv_cache_quant_algo[16]; /* "" when null/absent */
+    char **exclude;      /* exclude_modules / ignore / modules_to_not_convert patterns (owned) */
+    int n_exclude;
+} ms_quant_decl;
+
+/* Reads DIR/hf_quant_config.json if present, else DIR/config.json's quantization_config. No
+ * declaration is MS_OK with algo NONE. Malformed ones fail naming the file and field. Free with
+ * ms_quant_decl_free. */
+int ms_quant_decl_load(const char *dir, ms_quant_decl *q, ms_err *err);
+void ms_quant_decl_free(ms_quant_decl *q);
+/* 1 when a module name (dotted, without ".weight") matches an exclude pattern the way vLLM
+ * matches them: exact, substring, fnmatch glob, or a trailing "name*" meaning name or name.*.
+ * *pattern (may be NULL) gets the matching pattern. */
+int ms_quant_excluded(const ms_quant_decl *q, const char *module, const char **pattern);
+/* Same matching for one pattern. */
+int ms_quant_pattern_match(const char *pattern, const char *module);
 
 #endif

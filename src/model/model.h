@@ -43,6 +43,9 @@ typedef struct ms_weight_stats {
     uint64_t bytes_by_group[8][3]; /* group x format(plain/fp8/nvfp4) */
     int linears_by_group[8][3];
     int n_tensors, n_mtp_tensors_skipped;
+    int n_layer_tensors_skipped; /* layers past an overridden num_hidden_layers */
+    int n_unexpected_tensors;    /* neither used nor MTP (warned once at load) */
+    uint8_t plain_dtype[8];      /* ms_dtype of the group's unquantized weights (last seen) */
 } ms_weight_stats;
 enum { MS_GROUP_EMBED, MS_GROUP_ATTN, MS_GROUP_INDEXER, MS_GROUP_DENSE_MLP, MS_GROUP_ROUTER, MS_GROUP_EXPERTS,
        MS_GROUP_SHARED, MS_GROUP_LM_HEAD, MS_N_GROUPS };
@@ -59,6 +62,7 @@ typedef struct ms_model {
     ms_weight_stats stats;
     char quant_desc[64];  /* "bf16", "fp8 (block 128)", "nvfp4 (group 16)", "mixed" */
     void *owned;          /* model-owned host memory (names, dummy data, converted tensors) */
+    int tied_lm_head;     /* lm_head.w is the embedding (tie_word_embeddings, no lm_head.weight) */
     int placed;           /* weights moved to a backend */
     ms_backend *placed_on;
 } ms_model;
@@ -75,8 +79,11 @@ typedef struct ms_load_opts {
 
 /* Loads config + weights from DIR (or just config for dummy). Errors name file and tensor/field. */
 int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_err *err);
+/* Releases views, the mapping, model-owned memory and (if placed) the backend copies. NULL is ok. */
 void ms_model_free(ms_model *m);
-/* Moves all weights into backend memory and prepares MoE runners' forms. */
+/* Moves all weights into backend memory (place_tensor / place_linear on each). MoE runner
+ * preparation happens in ms_forward_create. ms_model_free releases the placement, so free the
+ * model before destroying the backend. */
 int ms_model_place(ms_model *m, ms_backend *b, ms_err *err);
 
 /* ---- forward ---- */

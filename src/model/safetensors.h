@@ -50,6 +50,12 @@ typedef struct ms_st_writer ms_st_writer;
 ms_st_writer *ms_st_writer_new(void);
 int ms_st_writer_add(ms_st_writer *w, const char *name, ms_dtype dtype, int ndim, const int64_t *shape,
                      const void *data, size_t nbytes, ms_err *err);
+/* Like ms_st_writer_add, but the data is produced at write time: fill(ctx, name, buf, nbytes, err)
+ * writes exactly nbytes into buf (a temporary buffer), so a writer of a big checkpoint holds only
+ * one tensor in memory at a time. ctx is borrowed until ms_st_writer_finish returns. */
+typedef int (*ms_st_fill_fn)(void *ctx, const char *name, void *buf, size_t nbytes, ms_err *err);
+int ms_st_writer_add_fill(ms_st_writer *w, const char *name, ms_dtype dtype, int ndim, const int64_t *shape,
+                          size_t nbytes, ms_st_fill_fn fill, void *ctx, ms_err *err);
 /* Optional __metadata__ entries (string -> string). */
 int ms_st_writer_meta(ms_st_writer *w, const char *key, const char *value, ms_err *err);
 int ms_st_writer_finish(ms_st_writer *w, const char *path, ms_err *err);
