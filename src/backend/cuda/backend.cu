@@ -291,10 +291,24 @@ static void cu_unplace_linear(ms_backend *b, ms_linear *W) {
 
 int cu_wdesc_of(const ms_linear *W, cu_wdesc *d, ms_err *err) {
     const cu_linear_prep *p = (const cu_linear_prep *)W->prepared;
-    if (!p) return ms_errf(err, MS_ERR_INVALID, "%s: weight was not placed on the CUDA backend",
-                           W->name ? W->name : "(linear)");
-    *d = p->d;
-    return MS_OK;
+    if (p) {
+        *d = p->d;
+        return MS_OK;
+    }
+    /* a plain view of placed memory that never went through place_linear (a tied lm_head is the
+     * placed embedding) */
+    if (W->fmt == MS_WFMT_PLAIN && W->w.data && (W->w.dtype == MS_BF16 || W->w.dtype == MS_F32) &&
+        W->n_out > 0 && W->n_in > 0 && W->n_out <= INT32_MAX && W->n_in <= INT32_MAX && !W->bias.data) {
+        memset(d, 0, sizeof *d);
+        d->w = W->w.data;
+        d->fmt = MS_WFMT_PLAIN;
+        d->dtype = W->w.dtype;
+        d->n = (int)W->n_out;
+        d->k = (int)W->n_in;
+        return MS_OK;
+    }
+    return ms_errf(err, MS_ERR_INVALID, "%s: weight was not placed on the CUDA backend (or is a %s view it cannot use)",
+                   W->name ? W->name : "(linear)", ms_dtype_name(W->w.dtype));
 }
 
 int cu_weight_bf16(ms_backend *b, const ms_linear *W, int keep, const bf16 **out, ms_err *err) {
@@ -305,6 +319,7 @@ int cu_weight_bf16(ms_backend *b, const ms_linear *W, int keep, const bf16 **out
         return MS_OK;
     }
     cu_linear_prep *p = (cu_linear_prep *)W->prepared;
+    if (!p) keep = 0;
     if (keep && p->deq) {
         *out = p->deq;
         return MS_OK;
