@@ -4,10 +4,14 @@
  * driver/runtime versions, NCCL's version when libnccl loads, which MoE runners and attention paths
  * are supported here (with the reason when not), then self-tests each supported GPU runner against
  * the CPU runner on a small random layer in every weight format. Exit code 1 when a self-test fails.
- * Flags: --device N (GPU ordinal, default 0), --no-selftest. */
+ * With --bench, also times the GPU runners on a GLM-5-sized expert layer (hidden 6144, inter 2048,
+ * 64 experts, top-8): decode at small batches (GB/s of distinct expert weights read) and grouped /
+ * naive at a prefill batch (TFLOP/s).
+ * Flags: --device N (GPU ordinal, default 0), --no-selftest, --bench. */
 #include "backend/backend.h"
 #include "common/args.h"
 #include "core/dtype.h"
+#include "core/fileutil.h"
 #include "moe/moe.h"
 #ifdef MS_HAVE_CUDA
 #include "backend/cuda/backend_cuda.h"
@@ -221,12 +225,109 @@ static int selftest(ms_backend *cpu, ms_backend *gpu) {
     return failures;
 }
 
+
+/* ---- micro-benchmarks ---- */
+
+static double bench_one(ms_backend *gpu, const ms_moe_runner *r, ms_experts *e, int T, int H, int I, int topk,
+                        ms_wfmt fmt, int iters, int *distinct, ms_err *err) {
+    ms_moe_shape s = {T, H, I, e->n, topk, fmt, MS_BF16};
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * topk);
+    float *w = malloc(sizeof(float) * (size_t)T * topk);
+    uint16_t *x = malloc(2 * (size_t)T * H);
+    char *used = calloc((size_t)e->n, 1);
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < topk; k++) {
+            int ex;
+            for (;;) {
+                ex = (int)(d_u32() % (uint32_t)e->n);
+                int dup = 0;
+                for (int j = 0; j < k; j++) dup |= ids[t * topk + j] == ex;
+                if (!dup) break;
+            }
+            ids[t * topk + k] = ex;
+            used[ex] = 1;
+            w[t * topk + k] = 0.1f;
+        }
+    *distinct = 0;
+    for (int i = 0; i < e->n; i++) *distinct += used[i];
+    for (size_t i = 0; i < (size_t)T * H; i++) x[i] = ms_f32_to_bf16(d_f());
+    ms_tensor tx = {0}, ti = {0}, tw = {0}, to = {0}, tws = {0};
+    size_t wsb = r->workspace_size(gpu, &s);
+    double dt = -1;
+    int rc = up_t(gpu, &tx, MS_BF16, T, H, x, err);
+    if (!rc) rc = up_t(gpu, &ti, MS_I32, T, topk, ids, err);
+    if (!rc) rc = up_t(gpu, &tw, MS_F32, T, topk, w, err);
+    if (!rc) rc = up_t(gpu, &to, MS_BF16, T, H, NULL, err);
+    if (!rc) rc = up_t(gpu, &tws, MS_U8, 1, (int64_t)wsb + 1, NULL, err);
+    for (int i = 0; !rc && i < 3; i++) rc = r->run(gpu, e, &tx, ti.data, tw.data, topk, &to, tws.data, wsb, err);
+    if (!rc) rc = gpu->ops->sync(gpu, err);
+    double t0 = ms_now();
+    for (int i = 0; !rc && i < iters; i++) rc = r->run(gpu, e, &tx, ti.data, tw.data, topk, &to, tws.data, wsb, err);
+    if (!rc) rc = gpu->ops->sync(gpu, err);
+    if (!rc) dt = (ms_now() - t0) / iters;
+    ms_tensor *all[5] = {&tx, &ti, &tw, &to, &tws};
+    for (int i = 0; i < 5; i++)
+        if (all[i]->data) gpu->ops->free(gpu, all[i]);
+    free(ids); free(w); free(x); free(used);
+    return dt;
+}
+
+static void bench(ms_backend *gpu) {
+    const int H = 6144, I = 2048, topk = 8;
+    const ms_wfmt fmts[2] = {MS_WFMT_NVFP4, MS_WFMT_FP8};
+    const int nexp[2] = {64, 24};
+    printf("\nmicro-benchmarks (expert layer hidden %d, inter %d, top-%d; times include routing stages):\n", H, I, topk);
+    for (int f = 0; f < 2; f++) {
+        int n = nexp[f];
+        hlayer L = {0};
+        L.lin = calloc((size_t)n * 3, sizeof(ms_linear));
+        L.bufs = calloc((size_t)n * 6, sizeof(void *));
+        for (int i = 0; i < n; i++) {
+            fill(&L, &L.lin[i], fmts[f], I, H);
+            fill(&L, &L.lin[n + i], fmts[f], I, H);
+            fill(&L, &L.lin[2 * n + i], fmts[f], H, I);
+        }
+        ms_err err = {0};
+        ms_experts eg;
+        if (place_experts(gpu, L.lin, n, &eg, &err) != MS_OK) {
+            printf("  %s: placing weights failed: %s\n", ms_wfmt_name(fmts[f], MS_BF16), err.msg);
+        } else {
+            double per_expert = (double)ms_linear_nbytes(&eg.gate[0]) * 2 + (double)ms_linear_nbytes(&eg.down[0]);
+            for (const ms_moe_runner *const *rp = ms_moe_runners(); *rp; rp++) {
+                const ms_moe_runner *r = *rp;
+                if (strcmp(r->backend, "cuda") != 0) continue;
+                if (r->prepare && r->prepare(gpu, &eg, &err) != MS_OK) continue;
+                const int Ts[5] = {1, 4, 16, 64, 2048};
+                for (int ti = 0; ti < 5; ti++) {
+                    int T = Ts[ti];
+                    if (!strcmp(r->name, "naive") && T < 2048 && T != 1) continue;
+                    int distinct = 0;
+                    double dt = bench_one(gpu, r, &eg, T, H, I, topk, fmts[f], T >= 2048 ? 5 : 30, &distinct, &err);
+                    if (dt < 0) {
+                        printf("  %-6s %-8s T=%-5d failed: %s\n", ms_wfmt_name(fmts[f], MS_BF16), r->name, T, err.msg);
+                        continue;
+                    }
+                    double gbs = distinct * per_expert / dt / 1e9;
+                    double tfl = 2.0 * T * topk * 3.0 * H * I / dt / 1e12;
+                    printf("  %-6s %-8s T=%-5d %8.1f us  %7.1f GB/s weights (%d experts)  %6.1f TFLOP/s\n",
+                           ms_wfmt_name(fmts[f], MS_BF16), r->name, T, dt * 1e6, gbs, distinct, tfl);
+                }
+            }
+            unplace_experts(gpu, &eg);
+        }
+        for (int i = 0; i < L.nb; i++) free(L.bufs[i]);
+        free(L.bufs);
+        free(L.lin);
+    }
+}
+
 int cmd_doctor(int argc, char **argv) {
     ms_args a;
     if (ms_args_init(&a, argc, argv)) return 1;
     int bad = 0;
     int dev = (int)ms_args_int(&a, "device", 0, &bad);
     int no_self = ms_args_flag(&a, "no-selftest");
+    int do_bench = ms_args_flag(&a, "bench");
     if (bad || ms_args_check_unknown(&a, "doctor")) {
         ms_args_free(&a);
         return 2;
@@ -275,7 +376,7 @@ int cmd_doctor(int argc, char **argv) {
         printf("  %-8s (%s)  %s%s%s\n", r->name, r->backend, ok ? "supported" : "not supported: ", ok ? "" : why, "");
     }
     printf("\nattention paths:\n");
-    printf("  cpu   gqa, mla dense, mla sparse (dsa), indexer top-k: supported\n");
+    printf("  cpu   gqa, mla dense, mla sparse (dsa), indexer top-k: %s\n", cpu ? "supported" : "cpu backend unavailable");
     if (gpu) {
         int ok = gpu->gpu.cc_major >= 8;
         printf("  cuda  gqa, mla dense, mla sparse (dsa), indexer top-k: %s", ok ? "supported\n" : "");
@@ -289,6 +390,7 @@ int cmd_doctor(int argc, char **argv) {
     if (!no_self && gpu && cpu) failures = selftest(cpu, gpu);
     else if (!no_self) printf("\nself-test: skipped (needs both the cpu and a cuda backend)\n");
     if (!no_self && gpu && cpu) printf("\nself-test: %s\n", failures ? "FAILED" : "all ok");
+    if (do_bench && gpu) bench(gpu);
     ms_backend_destroy(gpu);
     ms_backend_destroy(cpu);
     return failures ? 1 : 0;
