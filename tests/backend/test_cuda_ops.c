@@ -219,6 +219,12 @@ static void test_elementwise(void) {
     R(GPU->ops->copy_cols(GPU, &B.g, 101, 37, &Cc.g, &E));
     R(CPU->ops->copy_cols(CPU, &B.c, 101, 37, &Cc.c, &E));
     CMP(Cc.g, Cc.c, 0);
+    R(GPU->ops->set_cols(GPU, &Cc.g, 3, &B.g, &E));
+    R(CPU->ops->set_cols(CPU, &Cc.c, 3, &B.c, &E));
+    CMP(B.g, B.c, 0);
+    R(GPU->ops->scale(GPU, &A.g, -0.37f, &E));
+    R(CPU->ops->scale(CPU, &A.c, -0.37f, &E));
+    CMP(A.g, A.c, 1e-2);
     int32_t idx[4] = {4, 0, 4, 2};
     ms_tensor ig = mk_i32(GPU, 4, idx), ic = mk_i32(CPU, 4, idx);
     int64_t gs[2] = {4, C};

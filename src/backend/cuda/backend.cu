@@ -18,6 +18,8 @@ int cu_op_add(ms_backend *, ms_tensor *, const ms_tensor *, ms_err *);
 int cu_op_silu_mul(ms_backend *, const ms_tensor *, const ms_tensor *, ms_tensor *, ms_err *);
 int cu_op_copy_cols(ms_backend *, const ms_tensor *, int, int, ms_tensor *, ms_err *);
 int cu_op_gather_rows(ms_backend *, const ms_tensor *, const int32_t *, int, ms_tensor *, ms_err *);
+int cu_op_set_cols(ms_backend *, const ms_tensor *, int, ms_tensor *, ms_err *);
+int cu_op_scale(ms_backend *, ms_tensor *, float, ms_err *);
 int cu_op_rope(ms_backend *, ms_tensor *, const int32_t *, const ms_rope_cfg *, ms_err *);
 int cu_op_kv_store(ms_backend *, ms_tensor *, const ms_tensor *, const int32_t *, ms_err *);
 int cu_op_find_nonfinite(ms_backend *, const ms_tensor *, int64_t *, ms_err *);
@@ -548,37 +550,44 @@ static int cu_mla_v_up(ms_backend *b, const ms_linear *kv_b, const ms_tensor *o_
 
 /* ---- ops table and constructor ---- */
 
-static const ms_backend_ops cu_ops = {
-    cu_destroy,
-    cu_alloc,
-    cu_free,
-    cu_upload,
-    cu_download,
-    cu_sync,
-    cu_place_tensor,
-    cu_place_linear,
-    cu_unplace_tensor,
-    cu_unplace_linear,
-    cu_op_embed,
-    cu_op_rmsnorm,
-    cu_op_add_rmsnorm,
-    cu_op_layernorm,
-    cu_op_add,
-    cu_op_silu_mul,
-    cu_op_copy_cols,
-    cu_op_gather_rows,
-    cu_op_rope,
-    cu_linear,
-    cu_op_kv_store,
-    cu_op_attn_gqa,
-    cu_op_mla_attn,
-    cu_mla_absorb_q,
-    cu_mla_v_up,
-    cu_op_indexer_topk,
-    cu_router,
-    cu_op_find_nonfinite,
-    cu_op_argmax,
-};
+/* Filled by name at first use so the table follows backend.h whatever its field order. */
+static ms_backend_ops cu_ops;
+
+static void cu_ops_init(void) {
+    if (cu_ops.destroy) return;
+    cu_ops.destroy = cu_destroy;
+    cu_ops.alloc = cu_alloc;
+    cu_ops.free = cu_free;
+    cu_ops.upload = cu_upload;
+    cu_ops.download = cu_download;
+    cu_ops.sync = cu_sync;
+    cu_ops.place_tensor = cu_place_tensor;
+    cu_ops.place_linear = cu_place_linear;
+    cu_ops.unplace_tensor = cu_unplace_tensor;
+    cu_ops.unplace_linear = cu_unplace_linear;
+    cu_ops.embed = cu_op_embed;
+    cu_ops.rmsnorm = cu_op_rmsnorm;
+    cu_ops.add_rmsnorm = cu_op_add_rmsnorm;
+    cu_ops.layernorm = cu_op_layernorm;
+    cu_ops.add = cu_op_add;
+    cu_ops.silu_mul = cu_op_silu_mul;
+    cu_ops.copy_cols = cu_op_copy_cols;
+    cu_ops.gather_rows = cu_op_gather_rows;
+    cu_ops.rope = cu_op_rope;
+    cu_ops.linear = cu_linear;
+    cu_ops.kv_store = cu_op_kv_store;
+    cu_ops.attn_gqa = cu_op_attn_gqa;
+    cu_ops.mla_attn = cu_op_mla_attn;
+    cu_ops.mla_absorb_q = cu_mla_absorb_q;
+    cu_ops.mla_v_up = cu_mla_v_up;
+    cu_ops.indexer_topk = cu_op_indexer_topk;
+    cu_ops.router = cu_router;
+    cu_ops.find_nonfinite = cu_op_find_nonfinite;
+    cu_ops.argmax = cu_op_argmax;
+    cu_ops.set_cols = cu_op_set_cols;
+    cu_ops.scale = cu_op_scale;
+}
+
 
 extern "C" int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err) {
     *out = NULL;
@@ -599,6 +608,7 @@ extern "C" int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err)
         free(c);
         return ms_errf(err, MS_ERR_NOMEM, "cuda backend: out of host memory");
     }
+    cu_ops_init();
     b->ops = &cu_ops;
     b->name = "cuda";
     b->act_dtype = MS_BF16;

@@ -227,6 +227,35 @@ int cu_op_gather_rows(ms_backend *b, const ms_tensor *src, const int32_t *idx_d,
     return MS_OK;
 }
 
+__global__ void k_set_cols(const void *src, int st, int64_t nc, void *dst, int dt, int64_t C, int64_t c0) {
+    int64_t r = blockIdx.x;
+    for (int64_t c = threadIdx.x; c < nc; c += blockDim.x)
+        cu_st(dst, dt, (size_t)r * C + c0 + c, cu_ld(src, st, (size_t)r * nc + c));
+}
+
+int cu_op_set_cols(ms_backend *b, const ms_tensor *src, int c0, ms_tensor *dst, ms_err *err) {
+    int64_t nc = last_dim(src), C = last_dim(dst);
+    int64_t T = nc ? ms_tensor_numel(src) / nc : 0;
+    MS_ASSERT(c0 >= 0 && c0 + nc <= C && ms_tensor_numel(dst) == T * C);
+    if (T == 0 || nc == 0) return MS_OK;
+    k_set_cols<<<(unsigned)T, 256, 0, stream_of(b)>>>(src->data, src->dtype, nc, dst->data, dst->dtype, C, c0);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+__global__ void k_scale(void *x, int xt, float alpha, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        cu_st(x, xt, i, cu_ld(x, xt, i) * alpha);
+}
+
+int cu_op_scale(ms_backend *b, ms_tensor *x, float alpha, ms_err *err) {
+    size_t n = (size_t)ms_tensor_numel(x);
+    if (!n) return MS_OK;
+    k_scale<<<grid_for(n), 256, 0, stream_of(b)>>>(x->data, x->dtype, alpha, n);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
 /* ---- RoPE ---- */
 
 __global__ void k_rope(void *x, int xt, int nh, int d, const int32_t *pos, const float *inv_freq, int rot_off,
