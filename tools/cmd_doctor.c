@@ -328,6 +328,7 @@ int cmd_doctor(int argc, char **argv) {
     int dev = (int)ms_args_int(&a, "device", 0, &bad);
     int no_self = ms_args_flag(&a, "no-selftest");
     int do_bench = ms_args_flag(&a, "bench");
+    (void)dev; /* only used when the build has CUDA */
     if (bad || ms_args_check_unknown(&a, "doctor")) {
         ms_args_free(&a);
         return 2;
