@@ -16,7 +16,10 @@
 #define MS_MAX_STOP_IDS 64
 
 /* How the model is run. `forward` fills logits [batch->n_logits, vocab] (float32, host). The
- * executor owns the KV memory (n_pages pages of page_size tokens per layer). */
+ * executor owns the KV memory (n_pages pages of page_size tokens per layer). A forward that fails
+ * returns non-zero with err set: the requests of that batch finish with MS_FINISH_ERROR and the
+ * message; the engine then asks `healthy` (when set) whether it can go on, and if not marks itself
+ * unhealthy, fails every pending request and refuses new ones. */
 typedef struct ms_executor {
     void *ctx;
     int vocab;
@@ -24,6 +27,12 @@ typedef struct ms_executor {
     int page_size;
     int max_batch_tokens; /* most tokens one forward accepts */
     int (*forward)(void *ctx, const ms_batch *batch, float *logits, ms_err *err);
+    /* optional: 1 when the executor can run another forward after a failure (NULL = always) */
+    int (*healthy)(void *ctx);
+    /* end-of-sequence ids (generation_config eos_token_id); they stop a request like its own
+     * stop_ids unless ignore_eos */
+    int n_eos;
+    int32_t eos_ids[MS_MAX_STOP_IDS];
 } ms_executor;
 
 typedef struct ms_sampling {
@@ -38,20 +47,25 @@ typedef struct ms_sampling {
     uint64_t seed;
     int max_tokens;           /* new tokens at most */
     int ignore_eos;
-    int n_stop_ids;           /* stop token ids: eos from generation_config + request's stop_token_ids */
+    int n_stop_ids;           /* stop token ids: the request's stop_token_ids (the server may add eos;
+                               * the executor's eos_ids are added by the engine). With ignore_eos no
+                               * token id stops the request: only max_tokens does. */
     int32_t stop_ids[MS_MAX_STOP_IDS];
     int logprobs;             /* 1 = report the sampled token's logprob */
     int top_logprobs;         /* 0..MS_MAX_TOP_LOGPROBS */
 } ms_sampling;
 
-/* Fills the neutral defaults (greedy off: temperature 1, top_p 1, no penalties, max_tokens 16). */
+/* Fills the neutral defaults (greedy off: temperature 1, top_p 1, no penalties, max_tokens 16).
+ * max_tokens <= 0 means "until the context length". Sampling semantics (order of penalties and
+ * filters, what logprobs are) are documented in engine/sampler.h. */
 void ms_sampling_default(ms_sampling *s);
 
 enum ms_finish { MS_FINISH_NONE = 0, MS_FINISH_STOP, MS_FINISH_LENGTH, MS_FINISH_ABORT, MS_FINISH_ERROR };
 
 typedef struct ms_token_event {
     uint64_t req_id;
-    int32_t token;             /* -1 when the event only reports finish/error */
+    int32_t token;             /* -1 when the event only reports finish/error; a stop token that
+                                * ends the request (finish STOP) is reported like any other */
     float logprob;
     int n_top;
     int32_t top_ids[MS_MAX_TOP_LOGPROBS];
@@ -68,14 +82,18 @@ typedef struct ms_token_event {
 typedef void (*ms_token_cb)(void *user, const ms_token_event *ev);
 
 typedef struct ms_engine_config {
-    int page_size;              /* tokens per KV page (default 16) */
-    int max_running_requests;   /* default 256 */
+    int page_size;              /* tokens per KV page (default 16); must equal the executor's (0 = take it) */
+    int max_running_requests;   /* default 256 (capped to the executor's max_batch_tokens) */
     int max_waiting_requests;   /* bounded queue; submit returns MS_ERR_BUSY beyond it (default 1024) */
-    int max_total_tokens;       /* KV tokens usable (<= executor n_pages * page_size) */
+    int max_total_tokens;       /* KV tokens usable (<= executor n_pages * page_size; 0 = all) */
     int chunked_prefill_size;   /* prompt tokens per sequence per step (default 2048) */
-    int max_prefill_tokens;     /* token budget of one step (default 8192) */
-    int context_length;         /* prompt + output limit per request */
+    int max_prefill_tokens;     /* prefill token budget of one step (default 8192); decode tokens
+                                 * and prefill together never exceed the executor's max_batch_tokens */
+    int context_length;         /* prompt + output limit per request (0 = max_total_tokens) */
     int enable_prefix_cache;    /* radix prefix cache (default 1) */
+    int check_integrity;        /* run the KV / cache / scheduler checkers whenever the engine goes
+                                 * idle (default 0, or 1 when the environment sets MS_CHECK_INTEGRITY=1);
+                                 * failures are logged and counted in stats */
 } ms_engine_config;
 
 void ms_engine_config_default(ms_engine_config *c);
@@ -89,6 +107,9 @@ typedef struct ms_engine_stats {
     int kv_pages_total, kv_pages_used, kv_pages_cached; /* cached = held only by the prefix cache */
     uint64_t prefix_hit_tokens, prefix_query_tokens;
     int healthy;                /* 0 after a forward failure the engine could not recover from */
+    uint64_t requests_failed;   /* finished with MS_FINISH_ERROR */
+    uint64_t forward_errors, steps;
+    uint64_t integrity_failures; /* checker failures seen when idle (check_integrity) */
 } ms_engine_stats;
 
 /* Starts the engine thread. exec is borrowed and must outlive the engine. */
@@ -96,9 +117,11 @@ int ms_engine_create(const ms_engine_config *cfg, const ms_executor *exec, ms_en
 /* Stops the thread, aborts pending requests (their callbacks get MS_FINISH_ABORT), frees all. */
 void ms_engine_destroy(ms_engine *e);
 
-/* Queues a request (prompt copied). On success *req_id identifies it. Fails with MS_ERR_BUSY when
- * the waiting queue is full, MS_ERR_INVALID when prompt + max_tokens exceed the context length or
- * the prompt is empty. The callback may be called before this returns. */
+/* Queues a request (prompt and sampling copied). On success *req_id identifies it. Fails with
+ * MS_ERR_BUSY when the waiting queue is full, MS_ERR_INVALID when prompt + max_tokens exceed the
+ * context length or the KV capacity, the prompt is empty or holds ids outside the vocabulary, or a
+ * sampling field is out of range (the message names the field), MS_ERR_RUNTIME when the engine is
+ * unhealthy. The callback may be called before this returns. */
 int ms_engine_submit(ms_engine *e, const int32_t *prompt, int n_prompt, const ms_sampling *sp,
                      ms_token_cb cb, void *user, uint64_t *req_id, ms_err *err);
 /* Aborts a request (client went away); its pages are released by the engine thread; a final

@@ -1,0 +1,457 @@
+/* engine.c - the serving loop on its own thread: schedule -> forward -> sample -> callbacks.
+ *
+ * Other threads only touch the inbox (new requests), the abort list and the published stats, all
+ * under one mutex; everything else (scheduler, KV pool, prefix cache, sampler, requests once
+ * taken from the inbox) belongs to the engine thread, so the hot loop takes the lock once per step.
+ * An idle engine sleeps on a condition variable. */
+#include "engine/engine.h"
+
+#include "core/log.h"
+#include "engine/sampler.h"
+#include "sched/sched.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct ms_engine {
+    ms_engine_config cfg;
+    ms_executor exec;
+    ms_sched sched;
+    ms_sampler sampler;
+    float *logits;
+    int logits_rows;
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    /* under mu */
+    ms_request *inbox_head, *inbox_tail;
+    int n_inbox;
+    uint64_t *aborts;
+    int n_aborts, cap_aborts;
+    int stop;
+    uint64_t next_id;
+    uint64_t seed_rng[4];   /* draws seeds for unseeded requests */
+    int pub_waiting;        /* scheduler waiting count as of the last step */
+    int healthy;
+    char fatal_msg[MS_ERR_MSG_MAX];
+    ms_engine_stats stats;
+    /* engine thread only */
+    uint64_t *abort_work;
+    int cap_abort_work;
+    ms_engine_stats acc;    /* counters accumulated by the thread, published into stats */
+    int need_check;
+};
+
+void ms_sampling_default(ms_sampling *s) {
+    memset(s, 0, sizeof *s);
+    s->temperature = 1.0f;
+    s->top_p = 1.0f;
+    s->repetition_penalty = 1.0f;
+    s->max_tokens = 16;
+}
+
+void ms_engine_config_default(ms_engine_config *c) {
+    memset(c, 0, sizeof *c);
+    c->page_size = 16;
+    c->max_running_requests = 256;
+    c->max_waiting_requests = 1024;
+    c->chunked_prefill_size = 2048;
+    c->max_prefill_tokens = 8192;
+    c->enable_prefix_cache = 1;
+    const char *ck = getenv("MS_CHECK_INTEGRITY");
+    c->check_integrity = ck && ck[0] == '1';
+}
+
+/* ---- events ---- */
+
+static void emit_final(ms_engine *e, ms_request *r, int finish, const char *error) {
+    ms_token_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.req_id = r->id;
+    ev.token = -1;
+    ev.finish = finish;
+    ev.n_prompt = r->n_prompt;
+    ev.n_cached = r->n_cached;
+    ev.n_generated = ms_request_n_generated(r);
+    ev.error = error;
+    if (r->cb) r->cb(r->user, &ev);
+    if (finish == MS_FINISH_ABORT) e->acc.requests_aborted++;
+    else if (finish == MS_FINISH_ERROR) e->acc.requests_failed++;
+    else e->acc.requests_finished++;
+}
+
+/* Ends r with a final event and frees it; it must already be out of the scheduler. */
+static void end_request(ms_engine *e, ms_request *r, int finish, const char *error) {
+    emit_final(e, r, finish, error);
+    ms_request_free(r);
+}
+
+static int is_stop(const ms_engine *e, const ms_request *r, int32_t tok) {
+    if (r->sp.ignore_eos) return 0;
+    for (int i = 0; i < r->sp.n_stop_ids; i++) if (r->sp.stop_ids[i] == tok) return 1;
+    for (int i = 0; i < e->exec.n_eos; i++) if (e->exec.eos_ids[i] == tok) return 1;
+    return 0;
+}
+
+/* ---- one step ---- */
+
+static void fail_all(ms_engine *e, const char *msg) {
+    ms_sched *s = &e->sched;
+    while (s->running.head) {
+        ms_request *r = s->running.head;
+        ms_sched_release(s, r, 0);
+        end_request(e, r, MS_FINISH_ERROR, msg);
+    }
+    while (s->waiting.head) {
+        ms_request *r = s->waiting.head;
+        ms_sched_release(s, r, 0);
+        end_request(e, r, MS_FINISH_ERROR, msg);
+    }
+}
+
+static void run_step(ms_engine *e) {
+    ms_sched *s = &e->sched;
+    const ms_batch *b = ms_sched_step(s);
+    if (!b) return;
+    e->acc.steps++;
+    e->need_check = 1;
+    ms_err err = {0};
+    int rc = MS_OK;
+    if (b->n_logits > e->logits_rows) {
+        float *nl = realloc(e->logits, (size_t)b->n_logits * (size_t)e->exec.vocab * sizeof(float));
+        if (nl) {
+            e->logits = nl;
+            e->logits_rows = b->n_logits;
+        } else {
+            rc = ms_errf(&err, MS_ERR_NOMEM, "engine: out of memory for %d logits rows of %d", b->n_logits, e->exec.vocab);
+        }
+    }
+    if (rc == MS_OK) {
+        rc = e->exec.forward(e->exec.ctx, b, e->logits, &err);
+        if (rc != MS_OK && err.msg[0] == '\0') ms_errf(&err, rc, "forward failed (%s)", ms_code_name(rc));
+    }
+    if (rc != MS_OK) {
+        e->acc.forward_errors++;
+        MS_LOGE("engine: forward of %d tokens / %d sequences failed: %s", b->n_tokens, b->n_seqs, err.msg);
+        for (int i = 0; i < b->n_seqs; i++) {
+            ms_request *r = s->seq_req[i];
+            ms_sched_release(s, r, 0);
+            end_request(e, r, MS_FINISH_ERROR, err.msg);
+        }
+        if (e->exec.healthy && !e->exec.healthy(e->exec.ctx)) {
+            pthread_mutex_lock(&e->mu);
+            e->healthy = 0;
+            snprintf(e->fatal_msg, sizeof e->fatal_msg, "the engine stopped after a failed forward: %s", err.msg);
+            pthread_mutex_unlock(&e->mu);
+            MS_LOGE("engine: executor cannot continue; failing all requests");
+            fail_all(e, e->fatal_msg);
+        }
+        return;
+    }
+    ms_sched_commit(s);
+    for (int row = 0; row < b->n_logits; row++) {
+        ms_request *r = s->logit_req[row];
+        ms_token_event ev;
+        memset(&ev, 0, sizeof ev);
+        int32_t tok = ms_sampler_sample(&e->sampler, &r->sp, e->logits + (size_t)row * e->exec.vocab, r->tokens,
+                                        r->n_prompt, r->n_tokens, r->rng, &ev);
+        ms_sched_append_token(s, r, tok);
+        e->acc.generated_tokens_total++;
+        int n_gen = ms_request_n_generated(r);
+        int finish = is_stop(e, r, tok) ? MS_FINISH_STOP : n_gen >= r->max_new ? MS_FINISH_LENGTH : MS_FINISH_NONE;
+        ev.req_id = r->id;
+        ev.finish = finish;
+        ev.n_prompt = r->n_prompt;
+        ev.n_cached = r->n_cached;
+        ev.n_generated = n_gen;
+        if (r->cb) r->cb(r->user, &ev);
+        if (finish != MS_FINISH_NONE) {
+            ms_sched_release(s, r, 1);
+            e->acc.requests_finished++;
+            ms_request_free(r);
+        }
+    }
+}
+
+static ms_request *find_request(ms_sched *s, uint64_t id) {
+    for (ms_request *r = s->running.head; r; r = r->next) if (r->id == id) return r;
+    for (ms_request *r = s->waiting.head; r; r = r->next) if (r->id == id) return r;
+    return NULL;
+}
+
+static void publish_stats(ms_engine *e) {
+    ms_sched *s = &e->sched;
+    ms_engine_stats st = e->acc;
+    st.running = s->running.n;
+    st.waiting = s->waiting.n;
+    st.prompt_tokens_total = s->prompt_tokens;
+    st.cached_tokens_total = s->cached_tokens;
+    st.preemptions = s->preemptions;
+    st.kv_pages_total = s->pool.n_pages;
+    st.kv_pages_used = ms_sched_pages_used(s);
+    st.kv_pages_cached = ms_sched_pages_cached(s);
+    st.prefix_hit_tokens = s->radix.hit_tokens;
+    st.prefix_query_tokens = s->radix.query_tokens;
+    pthread_mutex_lock(&e->mu);
+    e->stats = st;
+    e->pub_waiting = s->waiting.n;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void idle_check(ms_engine *e) {
+    ms_err err = {0};
+    if (ms_sched_check(&e->sched, &err) != MS_OK) {
+        e->acc.integrity_failures++;
+        MS_LOGE("engine: integrity check failed: %s", err.msg);
+    }
+}
+
+static void *engine_main(void *arg) {
+    ms_engine *e = arg;
+    ms_sched *s = &e->sched;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        while (!e->stop && !e->inbox_head && e->n_aborts == 0 && s->running.n == 0 && s->waiting.n == 0) {
+            if (e->need_check && e->cfg.check_integrity) {
+                e->need_check = 0;
+                pthread_mutex_unlock(&e->mu);
+                idle_check(e);
+                publish_stats(e);
+                pthread_mutex_lock(&e->mu);
+                continue;
+            }
+            pthread_cond_wait(&e->cv, &e->mu);
+        }
+        if (e->stop) break;
+        ms_request *in = e->inbox_head;
+        e->inbox_head = e->inbox_tail = NULL;
+        e->n_inbox = 0;
+        /* swap the abort list with the thread's work array */
+        uint64_t *ab = e->aborts;
+        int n_ab = e->n_aborts, cap_ab = e->cap_aborts;
+        e->aborts = e->abort_work;
+        e->cap_aborts = e->cap_abort_work;
+        e->n_aborts = 0;
+        e->abort_work = ab;
+        e->cap_abort_work = cap_ab;
+        int healthy = e->healthy;
+        pthread_mutex_unlock(&e->mu);
+
+        while (in) {
+            ms_request *r = in;
+            in = in->next;
+            r->next = r->prev = NULL;
+            ms_err err = {0};
+            if (!healthy) end_request(e, r, MS_FINISH_ERROR, e->fatal_msg);
+            else if (ms_sched_add(s, r, &err) != MS_OK) end_request(e, r, MS_FINISH_ERROR, err.msg);
+        }
+        for (int i = 0; i < n_ab; i++) {
+            ms_request *r = find_request(s, ab[i]);
+            if (!r) continue;
+            ms_sched_release(s, r, 1);
+            end_request(e, r, MS_FINISH_ABORT, NULL);
+            e->need_check = 1;
+        }
+        if (healthy) run_step(e);
+        else fail_all(e, e->fatal_msg);
+        publish_stats(e);
+        pthread_mutex_lock(&e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* ---- public API ---- */
+
+int ms_engine_create(const ms_engine_config *cfg_in, const ms_executor *exec, ms_engine **out, ms_err *err) {
+    *out = NULL;
+    ms_engine_config cfg = *cfg_in;
+    if (!exec || !exec->forward || exec->vocab < 1 || exec->n_pages < 1 || exec->page_size < 1 || exec->max_batch_tokens < 1)
+        return ms_errf(err, MS_ERR_INVALID, "engine: the executor needs forward, vocab, n_pages, page_size and max_batch_tokens >= 1");
+    if (exec->n_eos < 0 || exec->n_eos > MS_MAX_STOP_IDS)
+        return ms_errf(err, MS_ERR_INVALID, "engine: executor n_eos %d out of [0, %d]", exec->n_eos, MS_MAX_STOP_IDS);
+    if (cfg.page_size == 0) cfg.page_size = exec->page_size;
+    if (cfg.page_size != exec->page_size)
+        return ms_errf(err, MS_ERR_INVALID, "engine: page_size %d differs from the executor's KV page size %d", cfg.page_size,
+                       exec->page_size);
+    long long exec_tokens = (long long)exec->n_pages * exec->page_size;
+    if (cfg.max_total_tokens <= 0 || cfg.max_total_tokens > exec_tokens)
+        cfg.max_total_tokens = exec_tokens > INT32_MAX ? INT32_MAX : (int)exec_tokens;
+    if (cfg.context_length <= 0) cfg.context_length = cfg.max_total_tokens;
+    if (cfg.max_running_requests > exec->max_batch_tokens) cfg.max_running_requests = exec->max_batch_tokens;
+    if (cfg.max_running_requests < 1 || cfg.max_waiting_requests < 1 || cfg.chunked_prefill_size < 1 ||
+        cfg.max_prefill_tokens < 1 || cfg.max_total_tokens < cfg.page_size)
+        return ms_errf(err, MS_ERR_INVALID,
+                       "engine config: max_running_requests %d, max_waiting_requests %d, chunked_prefill_size %d, "
+                       "max_prefill_tokens %d must be >= 1 and max_total_tokens %d >= page_size",
+                       cfg.max_running_requests, cfg.max_waiting_requests, cfg.chunked_prefill_size,
+                       cfg.max_prefill_tokens, cfg.max_total_tokens);
+    ms_engine *e = calloc(1, sizeof *e);
+    if (!e) return ms_errf(err, MS_ERR_NOMEM, "engine: out of memory");
+    e->cfg = cfg;
+    e->exec = *exec;
+    e->healthy = 1;
+    e->next_id = 1;
+    ms_sched_config sc = {0};
+    sc.n_pages = cfg.max_total_tokens / cfg.page_size;
+    sc.page_size = cfg.page_size;
+    sc.max_running_requests = cfg.max_running_requests;
+    sc.max_waiting_requests = INT32_MAX; /* the engine bounds the queue at submit */
+    sc.max_batch_tokens = exec->max_batch_tokens;
+    sc.max_prefill_tokens = cfg.max_prefill_tokens;
+    sc.chunked_prefill_size = cfg.chunked_prefill_size;
+    sc.context_length = cfg.context_length;
+    sc.enable_prefix_cache = cfg.enable_prefix_cache;
+    int rc = ms_sched_init(&e->sched, &sc, err);
+    if (rc == MS_OK) rc = ms_sampler_init(&e->sampler, exec->vocab, err);
+    if (rc != MS_OK) {
+        ms_sched_destroy(&e->sched);
+        free(e);
+        return rc;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ms_rng_seed(e->seed_rng, (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^ (uint64_t)(uintptr_t)e);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    publish_stats(e);
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        ms_engine_destroy(e);
+        return ms_errf(err, MS_ERR_RUNTIME, "engine: cannot start the engine thread");
+    }
+    e->thread_started = 1;
+    *out = e;
+    return MS_OK;
+}
+
+void ms_engine_destroy(ms_engine *e) {
+    if (!e) return;
+    if (e->thread_started) {
+        pthread_mutex_lock(&e->mu);
+        e->stop = 1;
+        pthread_cond_signal(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    /* the thread is gone: everything is ours */
+    while (e->inbox_head) {
+        ms_request *r = e->inbox_head;
+        e->inbox_head = r->next;
+        end_request(e, r, MS_FINISH_ABORT, NULL);
+    }
+    ms_sched *s = &e->sched;
+    while (s->running.head) {
+        ms_request *r = s->running.head;
+        ms_sched_release(s, r, 0);
+        end_request(e, r, MS_FINISH_ABORT, NULL);
+    }
+    while (s->waiting.head) {
+        ms_request *r = s->waiting.head;
+        ms_sched_release(s, r, 0);
+        end_request(e, r, MS_FINISH_ABORT, NULL);
+    }
+    ms_sched_destroy(s);
+    ms_sampler_destroy(&e->sampler);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e->logits);
+    free(e->aborts);
+    free(e->abort_work);
+    free(e);
+}
+
+static int check_sampling(const ms_sampling *sp, int vocab, ms_err *err) {
+    if (!(sp->temperature >= 0.0f) || !isfinite(sp->temperature))
+        return ms_errf(err, MS_ERR_INVALID, "temperature %g must be a finite number >= 0", (double)sp->temperature);
+    if (!(sp->top_p > 0.0f && sp->top_p <= 1.0f)) return ms_errf(err, MS_ERR_INVALID, "top_p %g must be in (0, 1]", (double)sp->top_p);
+    if (!(sp->min_p >= 0.0f && sp->min_p <= 1.0f)) return ms_errf(err, MS_ERR_INVALID, "min_p %g must be in [0, 1]", (double)sp->min_p);
+    if (!isfinite(sp->presence_penalty) || !isfinite(sp->frequency_penalty))
+        return ms_errf(err, MS_ERR_INVALID, "presence_penalty and frequency_penalty must be finite");
+    if (!(sp->repetition_penalty > 0.0f) || !isfinite(sp->repetition_penalty))
+        return ms_errf(err, MS_ERR_INVALID, "repetition_penalty %g must be > 0", (double)sp->repetition_penalty);
+    if (sp->top_logprobs < 0 || sp->top_logprobs > MS_MAX_TOP_LOGPROBS)
+        return ms_errf(err, MS_ERR_INVALID, "top_logprobs %d must be in [0, %d]", sp->top_logprobs, MS_MAX_TOP_LOGPROBS);
+    if (sp->n_stop_ids < 0 || sp->n_stop_ids > MS_MAX_STOP_IDS)
+        return ms_errf(err, MS_ERR_INVALID, "stop_token_ids: %d ids, at most %d", sp->n_stop_ids, MS_MAX_STOP_IDS);
+    for (int i = 0; i < sp->n_stop_ids; i++)
+        if (sp->stop_ids[i] < 0 || sp->stop_ids[i] >= vocab)
+            return ms_errf(err, MS_ERR_INVALID, "stop_token_ids[%d] = %d is outside the vocabulary (%d)", i, sp->stop_ids[i], vocab);
+    return MS_OK;
+}
+
+int ms_engine_submit(ms_engine *e, const int32_t *prompt, int n_prompt, const ms_sampling *sp, ms_token_cb cb, void *user,
+                     uint64_t *req_id, ms_err *err) {
+    const ms_engine_config *c = &e->cfg;
+    if (n_prompt < 1 || !prompt) return ms_errf(err, MS_ERR_INVALID, "the prompt is empty");
+    if (n_prompt > c->context_length)
+        return ms_errf(err, MS_ERR_INVALID, "the prompt has %d tokens, more than the context length %d", n_prompt, c->context_length);
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->exec.vocab)
+            return ms_errf(err, MS_ERR_INVALID, "prompt token %d at position %d is outside the vocabulary (%d)", prompt[i], i, e->exec.vocab);
+    MS_TRY(check_sampling(sp, e->exec.vocab, err));
+    int max_new = sp->max_tokens > 0 ? sp->max_tokens : c->context_length - n_prompt;
+    if (max_new < 1 || (long long)n_prompt + max_new > c->context_length)
+        return ms_errf(err, MS_ERR_INVALID, "prompt (%d tokens) + max_tokens (%d) exceed the context length %d", n_prompt,
+                       sp->max_tokens, c->context_length);
+    int ps = c->page_size, n_pages = c->max_total_tokens / ps;
+    if ((n_prompt + max_new - 1 + ps - 1) / ps > n_pages)
+        return ms_errf(err, MS_ERR_INVALID, "prompt (%d tokens) + max_tokens (%d) exceed the KV cache capacity (%d tokens)",
+                       n_prompt, max_new, n_pages * ps);
+    ms_request *r = ms_request_create(0, prompt, n_prompt, max_new, ps);
+    if (!r) return ms_errf(err, MS_ERR_NOMEM, "out of memory for a request of %d + %d tokens", n_prompt, max_new);
+    r->sp = *sp;
+    r->cb = cb;
+    r->user = user;
+    pthread_mutex_lock(&e->mu);
+    if (!e->healthy) {
+        pthread_mutex_unlock(&e->mu);
+        ms_request_free(r);
+        return ms_errf(err, MS_ERR_RUNTIME, "%s", e->fatal_msg);
+    }
+    if (e->n_inbox + e->pub_waiting >= c->max_waiting_requests) {
+        pthread_mutex_unlock(&e->mu);
+        ms_request_free(r);
+        return ms_errf(err, MS_ERR_BUSY, "the waiting queue is full (%d requests, max_waiting_requests)", c->max_waiting_requests);
+    }
+    r->id = e->next_id++;
+    ms_rng_seed(r->rng, sp->has_seed ? sp->seed : ms_rng_next(e->seed_rng));
+    if (e->inbox_tail) e->inbox_tail->next = r;
+    else e->inbox_head = r;
+    e->inbox_tail = r;
+    e->n_inbox++;
+    if (req_id) *req_id = r->id;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return MS_OK;
+}
+
+void ms_engine_abort(ms_engine *e, uint64_t req_id) {
+    pthread_mutex_lock(&e->mu);
+    if (e->n_aborts == e->cap_aborts) {
+        int cap = e->cap_aborts ? e->cap_aborts * 2 : 64;
+        uint64_t *na = realloc(e->aborts, (size_t)cap * sizeof *na);
+        if (!na) { /* cannot queue it; the request will finish on its own */
+            pthread_mutex_unlock(&e->mu);
+            MS_LOGE("engine: out of memory queueing abort of request %llu", (unsigned long long)req_id);
+            return;
+        }
+        e->aborts = na;
+        e->cap_aborts = cap;
+    }
+    e->aborts[e->n_aborts++] = req_id;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void ms_engine_get_stats(ms_engine *e, ms_engine_stats *out) {
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    out->waiting += e->n_inbox; /* submitted, not yet taken by the engine thread */
+    out->healthy = e->healthy;
+    pthread_mutex_unlock(&e->mu);
+}

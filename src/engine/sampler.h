@@ -1,0 +1,56 @@
+/* sampler.h - next-token choice from one logits row, with OpenAI/HF sampling semantics.
+ *
+ * Order of processing (documented contract; tests compare it with a brute-force computation):
+ *   1. repetition_penalty (HF): for each distinct token in prompt + generated, a positive logit is
+ *      divided by the penalty, a negative one multiplied;
+ *   2. frequency/presence penalties (OpenAI): logit -= frequency * count + presence * (count > 0),
+ *      counting generated tokens only;
+ *   3. temperature 0 (or top_k == 1): greedy argmax, lowest id on ties; otherwise logits / T;
+ *   4. top_k, then top_p, then min_p, each on the distribution left by the previous one
+ *      (renormalized): top_k keeps the k largest; top_p keeps the shortest run of largest
+ *      probabilities whose sum reaches top_p; min_p keeps probabilities >= min_p * max;
+ *   5. one uniform draw from the request's own RNG stream picks from what is left.
+ * Ties in ordering are broken by the lower token id, so results never depend on sort stability.
+ * Reported logprobs are the log-softmax of the raw logits (before penalties and temperature), as
+ * vLLM reports by default; top_logprobs are the largest of those.
+ *
+ * A sampler owns vocab-sized scratch and is used by one thread; nothing is allocated per token. */
+#ifndef MS_ENGINE_SAMPLER_H
+#define MS_ENGINE_SAMPLER_H
+
+#include "core/status.h"
+#include "engine/engine.h"
+
+#include <stdint.h>
+
+typedef struct ms_sampler {
+    int vocab;
+    float *work;      /* [vocab] processed logits */
+    int32_t *cand;    /* [vocab] candidate ids */
+    float *prob;      /* [vocab] candidate probabilities */
+    int32_t *count;   /* [vocab] occurrence counts, all zero between calls */
+    int32_t *touched; /* [vocab] ids with a non-zero count */
+} ms_sampler;
+
+int ms_sampler_init(ms_sampler *s, int vocab, ms_err *err);
+void ms_sampler_destroy(ms_sampler *s);
+
+/* Seeds a xoshiro256** state (4 words) from one 64-bit seed through splitmix64. */
+void ms_rng_seed(uint64_t st[4], uint64_t seed);
+uint64_t ms_rng_next(uint64_t st[4]);
+/* Uniform double in [0, 1) with 53 random bits. */
+double ms_rng_uniform(uint64_t st[4]);
+
+/* The final sampling distribution for one logits row [vocab]: tokens[0..n_tokens) is the
+ * sequence so far (the first n_prompt are the prompt). Returns the number of candidates n and
+ * sets *ids / *probs to sampler-owned arrays [n] (probabilities summing to 1, largest first unless
+ * no filter needed sorting, in which case in id order). Valid until the next call. */
+int ms_sampler_dist(ms_sampler *s, const ms_sampling *sp, const float *logits, const int32_t *tokens, int n_prompt,
+                    int n_tokens, const int32_t **ids, const float **probs);
+
+/* Picks the next token (drawing from rng when temperature > 0) and fills ev->token, and when
+ * asked for, ev->logprob and ev->n_top / top_ids / top_logprobs (largest first). Returns the token. */
+int32_t ms_sampler_sample(ms_sampler *s, const ms_sampling *sp, const float *logits, const int32_t *tokens, int n_prompt,
+                          int n_tokens, uint64_t rng[4], ms_token_event *ev);
+
+#endif

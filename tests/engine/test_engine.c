@@ -1,0 +1,637 @@
+/* test_engine.c - the engine thread end to end with the fake model (tests/sched/fake_exec.h):
+ * outputs against the cache-free oracle under concurrency, seeded reproducibility regardless of
+ * batching / chunking / preemption, stop ids, bounded queue, abort, forward failures, invalid
+ * requests, stats, and an idle engine that does not spin. */
+#include "engine/engine.h"
+#include "sched/fake_exec.h"
+#include "test.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+
+enum { VOCAB = 32, MAXR = 48, MAXLEN = 256 };
+
+/* ---- executor wrapper with a gate (to hold the engine inside a forward) ---- */
+
+typedef struct gated {
+    fake_exec f;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int open, in_forward, healthy;
+} gated;
+
+static int gated_forward(void *ctx, const ms_batch *b, float *logits, ms_err *err) {
+    gated *g = ctx;
+    pthread_mutex_lock(&g->mu);
+    g->in_forward++;
+    pthread_cond_broadcast(&g->cv);
+    while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+    return fake_forward(&g->f, b, logits, err);
+}
+
+static int gated_healthy(void *ctx) { return ((gated *)ctx)->healthy; }
+
+static ms_executor gated_init(gated *g, int n_pages, int page_size, int max_batch_tokens) {
+    memset(g, 0, sizeof *g);
+    fake_init(&g->f, VOCAB, n_pages, page_size, max_batch_tokens);
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->open = 1;
+    g->healthy = 1;
+    ms_executor e = fake_executor(&g->f);
+    e.ctx = g;
+    e.forward = gated_forward;
+    e.healthy = gated_healthy;
+    return e;
+}
+
+static void gated_set(gated *g, int open) {
+    pthread_mutex_lock(&g->mu);
+    g->open = open;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gated_wait_forward(gated *g, int n) {
+    pthread_mutex_lock(&g->mu);
+    while (g->in_forward < n) pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gated_free(gated *g) {
+    fake_free(&g->f);
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+}
+
+/* ---- event collector ---- */
+
+typedef struct coll coll;
+typedef struct slot {
+    coll *c;
+    uint64_t id;
+    int32_t toks[MAXLEN];
+    float logprob[MAXLEN];
+    int n_top[MAXLEN];
+    int n, finish, n_final, bad_order, n_cached, n_generated_last;
+    char err[256];
+} slot;
+struct coll {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n_final;
+    slot s[MAXR];
+};
+
+static void on_event(void *user, const ms_token_event *ev) {
+    slot *s = user;
+    coll *c = s->c;
+    pthread_mutex_lock(&c->mu);
+    if (s->n_final) s->bad_order = 1; /* an event after the final one */
+    if (ev->token >= 0) {
+        if (s->n < MAXLEN) {
+            s->toks[s->n] = ev->token;
+            s->logprob[s->n] = ev->logprob;
+            s->n_top[s->n] = ev->n_top;
+        }
+        s->n++;
+        if (ev->n_generated != s->n) s->bad_order = 1;
+    }
+    s->n_generated_last = ev->n_generated;
+    s->n_cached = ev->n_cached;
+    if (ev->finish != MS_FINISH_NONE) {
+        s->finish = ev->finish;
+        s->n_final++;
+        if (ev->error) snprintf(s->err, sizeof s->err, "%s", ev->error);
+        c->n_final++;
+        pthread_cond_broadcast(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void coll_init(coll *c) {
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    for (int i = 0; i < MAXR; i++) c->s[i].c = c;
+}
+
+/* Waits until n requests have their final event; 0 on timeout (30 s). */
+static int coll_wait(coll *c, int n) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 30;
+    pthread_mutex_lock(&c->mu);
+    int rc = 0;
+    while (c->n_final < n && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&c->cv, &c->mu, &dl);
+    int ok = c->n_final >= n;
+    pthread_mutex_unlock(&c->mu);
+    CHECK_MSG(ok, "timed out waiting for %d final events (have %d)", n, c->n_final);
+    return ok;
+}
+
+static void coll_free(coll *c) {
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+}
+
+/* ---- workloads ---- */
+
+static uint64_t rng_state = 31337;
+static uint32_t rnd(uint32_t n) {
+    rng_state = fake_mix(rng_state);
+    return (uint32_t)(rng_state >> 20) % n;
+}
+
+static int32_t prompts[MAXR][MAXLEN];
+static int n_prompts[MAXR];
+
+static void make_prompts(int n, int max_len) {
+    int32_t stem[MAXLEN];
+    for (int j = 0; j < MAXLEN; j++) stem[j] = (int32_t)rnd(VOCAB);
+    for (int i = 0; i < n; i++) {
+        n_prompts[i] = 1 + (int)rnd((uint32_t)max_len);
+        int shared = rnd(2) ? (int)rnd((uint32_t)n_prompts[i]) : 0;
+        for (int j = 0; j < n_prompts[i]; j++) prompts[i][j] = j < shared ? stem[j] : (int32_t)rnd(VOCAB);
+    }
+}
+
+static ms_engine_config small_cfg(int page_size) {
+    ms_engine_config c;
+    ms_engine_config_default(&c);
+    c.page_size = page_size;
+    c.max_running_requests = 8;
+    c.max_waiting_requests = MAXR;
+    c.context_length = 512;
+    c.check_integrity = 1;
+    return c;
+}
+
+static void check_clean(ms_engine *e) {
+    ms_engine_stats st;
+    /* stats are published after each step; the idle check runs once the engine goes idle */
+    for (int i = 0; i < 200; i++) {
+        ms_engine_get_stats(e, &st);
+        if (st.running == 0 && st.waiting == 0 && st.kv_pages_used == st.kv_pages_cached) break;
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    CHECK_EQ_INT(st.running, 0);
+    CHECK_EQ_INT(st.waiting, 0);
+    CHECK_EQ_INT(st.kv_pages_used, st.kv_pages_cached);
+    CHECK_EQ_INT(st.integrity_failures, 0);
+}
+
+static void test_greedy_concurrent_matches_oracle(void) {
+    gated g;
+    ms_executor ex = gated_init(&g, 30, 4, 64);
+    ms_engine_config cfg = small_cfg(4);
+    ms_engine *e;
+    ms_err err = {0};
+    CHECK_EQ_INT(ms_engine_create(&cfg, &ex, &e, &err), MS_OK);
+    coll c;
+    coll_init(&c);
+    enum { N = 24 };
+    make_prompts(N, 60);
+    int max_new[N];
+    uint64_t total_gen = 0;
+    for (int i = 0; i < N; i++) {
+        ms_sampling sp;
+        ms_sampling_default(&sp);
+        sp.temperature = 0;
+        sp.max_tokens = max_new[i] = 1 + (int)rnd(40);
+        total_gen += (uint64_t)max_new[i];
+        CHECK_EQ_INT(ms_engine_submit(e, prompts[i], n_prompts[i], &sp, on_event, &c.s[i], &c.s[i].id, &err), MS_OK);
+    }
+    if (coll_wait(&c, N)) {
+        for (int i = 0; i < N; i++) {
+            int32_t ref[MAXLEN];
+            fake_greedy_ref(prompts[i], n_prompts[i], max_new[i], VOCAB, 4.0f, ref);
+            CHECK_EQ_INT(c.s[i].n, max_new[i]);
+            CHECK_EQ_INT(c.s[i].finish, MS_FINISH_LENGTH);
+            CHECK_EQ_INT(c.s[i].n_final, 1);
+            CHECK_EQ_INT(c.s[i].bad_order, 0);
+            CHECK_MSG(memcmp(ref, c.s[i].toks, (size_t)max_new[i] * sizeof(int32_t)) == 0, "request %d differs from the oracle", i);
+        }
+    }
+    check_clean(e);
+    ms_engine_stats st;
+    ms_engine_get_stats(e, &st);
+    CHECK_EQ_INT(st.requests_finished, N);
+    CHECK_EQ_INT(st.generated_tokens_total, total_gen);
+    CHECK(st.preemptions > 0); /* 30 pages of 4 tokens for 8 running requests of up to 100 tokens */
+    CHECK_EQ_INT(st.healthy, 1);
+    CHECK_MSG(g.f.errors == 0, "fake model: %s", g.f.first_error);
+    ms_engine_destroy(e);
+    coll_free(&c);
+    gated_free(&g);
+}
+
+/* Runs request X (seeded, temperature sampling) alone or among others; returns its tokens. */
+static int run_seeded(int crowd, int n_pages, int chunk, int32_t *out, uint64_t seed, uint64_t *preempts) {
+    gated g;
+    ms_executor ex = gated_init(&g, n_pages, 2, 48);
+    ms_engine_config cfg = small_cfg(2);
+    cfg.chunked_prefill_size = chunk;
+    cfg.max_prefill_tokens = chunk * 2;
+    ms_engine *e;
+    ms_err err = {0};
+    CHECK_EQ_INT(ms_engine_create(&cfg, &ex, &e, &err), MS_OK);
+    coll c;
+    coll_init(&c);
+    int32_t px[40];
+    for (int j = 0; j < 40; j++) px[j] = (int32_t)((j * 13 + 5) % VOCAB);
+    ms_sampling sx;
+    ms_sampling_default(&sx);
+    sx.temperature = 0.9f;
+    sx.top_p = 0.95f;
+    sx.top_k = 20;
+    sx.frequency_penalty = 0.3f;
+    sx.has_seed = 1;
+    sx.seed = seed;
+    sx.max_tokens = 60;
+    sx.logprobs = 1;
+    make_prompts(crowd, 50);
+    int n = 0;
+    for (int i = 0; i <= crowd; i++) {
+        if (i == crowd / 2) { /* X goes in the middle of the crowd */
+            CHECK_EQ_INT(ms_engine_submit(e, px, 40, &sx, on_event, &c.s[MAXR - 1], NULL, &err), MS_OK);
+            n++;
+        }
+        if (i == crowd) break;
+        ms_sampling sp;
+        ms_sampling_default(&sp);
+        sp.temperature = 1.0f;
+        sp.has_seed = i % 2; /* half of them unseeded */
+        sp.seed = (uint64_t)i;
+        sp.max_tokens = 1 + (int)rnd(40);
+        CHECK_EQ_INT(ms_engine_submit(e, prompts[i], n_prompts[i], &sp, on_event, &c.s[i], NULL, &err), MS_OK);
+        n++;
+    }
+    coll_wait(&c, n);
+    int nx = c.s[MAXR - 1].n;
+    memcpy(out, c.s[MAXR - 1].toks, (size_t)nx * sizeof *out);
+    check_clean(e);
+    ms_engine_stats st;
+    ms_engine_get_stats(e, &st);
+    *preempts = st.preemptions;
+    CHECK_MSG(g.f.errors == 0, "fake model: %s", g.f.first_error);
+    ms_engine_destroy(e);
+    coll_free(&c);
+    gated_free(&g);
+    return nx;
+}
+
+static void test_seed_reproducible_regardless_of_batching(void) {
+    int32_t a[MAXLEN], b[MAXLEN], d[MAXLEN], x[MAXLEN];
+    uint64_t pa, pb, pd, px;
+    int na = run_seeded(0, 512, 512, a, 1234, &pa);
+    int nb = run_seeded(20, 512, 512, b, 1234, &pb);
+    int nd = run_seeded(20, 60, 3, d, 1234, &pd); /* tiny pool + tiny chunks: preemption + chunking */
+    int nx = run_seeded(0, 512, 512, x, 999, &px);
+    CHECK_EQ_INT(na, 60);
+    CHECK_EQ_INT(nb, na);
+    CHECK_EQ_INT(nd, na);
+    CHECK(memcmp(a, b, (size_t)na * sizeof *a) == 0);
+    CHECK(memcmp(a, d, (size_t)na * sizeof *a) == 0);
+    CHECK(pd > 0);
+    CHECK(nx == na && memcmp(a, x, (size_t)na * sizeof *a) != 0); /* another seed, another sample */
+}
+
+static void test_stop_ids_and_ignore_eos(void) {
+    int32_t p[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, ref[40];
+    fake_greedy_ref(p, 10, 40, VOCAB, 4.0f, ref);
+    int k = 2; /* first position >= 2 whose token did not appear before */
+    for (;; k++) {
+        int seen = 0;
+        for (int j = 0; j < k; j++) seen |= ref[j] == ref[k];
+        if (!seen) break;
+    }
+    for (int mode = 0; mode < 3; mode++) { /* request stop id, executor eos, eos with ignore_eos */
+        gated g;
+        ms_executor ex = gated_init(&g, 64, 4, 64);
+        if (mode > 0) { ex.n_eos = 1; ex.eos_ids[0] = ref[k]; }
+        ms_engine_config cfg = small_cfg(4);
+        ms_engine *e;
+        ms_err err = {0};
+        CHECK_EQ_INT(ms_engine_create(&cfg, &ex, &e, &err), MS_OK);
+        coll c;
+        coll_init(&c);
+        ms_sampling sp;
+        ms_sampling_default(&sp);
+        sp.temperature = 0;
+        sp.max_tokens = 40;
+        if (mode == 0) { sp.n_stop_ids = 2; sp.stop_ids[0] = VOCAB - 1 == ref[k] ? 0 : VOCAB - 1; sp.stop_ids[1] = ref[k]; }
+        if (mode == 2) sp.ignore_eos = 1;
+        if (sp.n_stop_ids && sp.stop_ids[0] != ref[k]) {
+            int used = 0;
+            for (int j = 0; j <= k; j++) used |= ref[j] == sp.stop_ids[0];
+            if (used) sp.n_stop_ids = 1, sp.stop_ids[0] = ref[k];
+        }
+        CHECK_EQ_INT(ms_engine_submit(e, p, 10, &sp, on_event, &c.s[0], NULL, &err), MS_OK);
+        coll_wait(&c, 1);
+        if (mode < 2) {
+            CHECK_EQ_INT(c.s[0].finish, MS_FINISH_STOP);
+            CHECK_EQ_INT(c.s[0].n, k + 1);
+            CHECK_EQ_INT(c.s[0].toks[k], ref[k]); /* the stop token is reported with the final event */
+        } else {
+            CHECK_EQ_INT(c.s[0].finish, MS_FINISH_LENGTH);
+            CHECK_EQ_INT(c.s[0].n, 40);
+        }
+        CHECK(memcmp(c.s[0].toks, ref, (size_t)(c.s[0].n < 40 ? c.s[0].n : 40) * sizeof(int32_t)) == 0);
+        ms_engine_destroy(e);
+        coll_free(&c);
+        gated_free(&g);
+    }
+}
+
+static void test_bounded_queue_busy(void) {
+    gated g;
+    ms_executor ex = gated_init(&g, 64, 4, 64);
+    ms_engine_config cfg = small_cfg(4);
+    cfg.max_running_requests = 1;
+    cfg.max_waiting_requests = 2;
+    ms_engine *e;
+    ms_err err = {0};
+    CHECK_EQ_INT(ms_engine_create(&cfg, &ex, &e, &err), MS_OK);
+    coll c;
+    coll_init(&c);
+    int32_t p[5] = {1, 2, 3, 4, 5};
+    ms_sampling sp;
+    ms_sampling_default(&sp);
+    sp.temperature = 0;
+    sp.max_tokens = 3;
+    gated_set(&g, 0);
+    CHECK_EQ_INT(ms_engine_submit(e, p, 5, &sp, on_event, &c.s[0], NULL, &err), MS_OK);
+    gated_wait_forward(&g, 1); /* request 0 is running, the engine is held in its forward */
+    CHECK_EQ_INT(ms_engine_submit(e, p, 5, &sp, on_event, &c.s[1], NULL, &err), MS_OK);
+    CHECK_EQ_INT(ms_engine_submit(e, p, 5, &sp, on_event, &c.s[2], NULL, &err), MS_OK);
+    CHECK_EQ_INT(ms_engine_submit(e, p, 5, &sp, on_event, &c.s[3], NULL, &err), MS_ERR_BUSY);
+    CHECK(strstr(err.msg, "max_waiting_requests") != NULL);
+    ms_engine_stats st;
+    ms_engine_get_stats(e, &st);
+    CHECK_EQ_INT(st.waiting, 2);
+    gated_set(&g, 1);
+    coll_wait(&c, 3);
+    for (int i = 0; i < 3; i++) CHECK_EQ_INT(c.s[i].finish, MS_FINISH_LENGTH);
+    CHECK_EQ_INT(c.s[3].n_final, 0);
+    CHECK_EQ_INT(ms_engine_submit(e, p, 5, &sp, on_event, &c.s[3], NULL, &err), MS_OK);
+    coll_wait(&c, 4);
+    check_clean(e);
+    ms_engine_destroy(e);
+    coll_free(&c);
+    gated_free(&g);
+}
+
+static void test_abort(void) {
+    gated g;
+    ms_executor ex = gated_init(&g, 128, 4, 64);
+    ms_engine_config cfg = small_cfg(4);
+    cfg.max_running_requests = 4;
+    ms_engine *e;
+    ms_err err = {0};
+    CHECK_EQ_INT(ms_engine_create(&cfg, &ex, &e, &err), MS_OK);
+    coll c;
+    coll_init(&c);
+    enum { N = 8 };
+    make_prompts(N, 30);
+    ms_sampling sp;
+    ms_sampling_default(&sp);
+    sp.temperature = 0;
+    sp.max_tokens = 100;
+    gated_set(&g, 0);
+    for (int i = 0; i < N; i++)
+        CHECK_EQ_INT(ms_engine_submit(e, prompts[i], n_prompts[i], &sp, on_event, &c.s[i], &c.s[i].id, &err), MS_OK);
+    gated_wait_forward(&g, 1); /* four running (one held in its first forward), four waiting */
+    for (int i = 0; i < N; i += 2) ms_engine_abort(e, c.s[i].id);
+    ms_engine_abort(e, c.s[0].id);   /* twice: harmless */
+    ms_engine_abort(e, 987654321);   /* unknown id: harmless */
+    gated_set(&g, 1);
+    coll_wait(&c, N);
+    for (int i = 0; i < N; i++) {
+        CHECK_EQ_INT(c.s[i].n_final, 1);
+        CHECK_EQ_INT(c.s[i].finish, i % 2 == 0 ? MS_FINISH_ABORT : MS_FINISH_LENGTH);
+        if (i % 2 == 0) CHECK(c.s[i].n <= 1);
+        else {
+            int32_t ref[100];
+            fake_greedy_ref(prompts[i], n_prompts[i], 100, VOCAB, 4.0f, ref);
+            CHECK(c.s[i].n == 100 && memcmp(ref, c.s[i].toks, sizeof ref) == 0);
+        }
+    }
+    ms_engine_abort(e, c.s[1].id); /* finished: harmless, no event */
+    check_clean(e);
+    ms_engine_stats st;
+    ms_engine_get_stats(e, &st);
+    CHECK_EQ_INT(st.requests_aborted, N / 2);
+    CHECK_EQ_INT(st.requests_finished, N / 2);
+    CHECK_EQ_INT(c.s[1].n_final, 1);
+    ms_engine_destroy(e);
+    coll_free(&c);
+    gated_free(&g);
+}
+
+static void test_forward_error(void) {
+    for (int fatal = 0; fatal < 2; fatal++) {
+        gated g;
+        ms_executor ex = gated_init(&g, 128, 4, 64);
+        g.f.fail_at_call = 3;
+        ms_engine_config cfg = small_cfg(4);
+        ms_engine *e;
+        ms_err err = {0};
+        CHECK_EQ_INT(ms_engine_create(&cfg, &ex, &e, &err), MS_OK);
+        coll c;
+        coll_init(&c);
+        int32_t p[6] = {3, 1, 4, 1, 5, 9};
+        ms_sampling sp;
+        ms_sampling_default(&sp);
+        sp.temperature = 0;
+        sp.max_tokens = 20;
+        g.healthy = !fatal;
+        gated_set(&g, 0);
+        for (int i = 0; i < 3; i++) CHECK_EQ_INT(ms_engine_submit(e, p, 6, &sp, on_event, &c.s[i], NULL, &err), MS_OK);
+        gated_wait_forward(&g, 1);
+        gated_set(&g, 1);
+        coll_wait(&c, 3);
+        for (int i = 0; i < 3; i++) {
+            CHECK_EQ_INT(c.s[i].finish, MS_FINISH_ERROR);
+            CHECK(strstr(c.s[i].err, "injected failure") != NULL);
+            CHECK_EQ_INT(c.s[i].n, 2); /* tokens from forwards 1 and 2 arrived */
+        }
+        ms_engine_stats st;
+        ms_engine_get_stats(e, &st);
+        CHECK_EQ_INT(st.forward_errors, 1);
+        CHECK_EQ_INT(st.requests_failed, 3);
+        CHECK_EQ_INT(st.healthy, !fatal);
+        int rc = ms_engine_submit(e, p, 6, &sp, on_event, &c.s[3], NULL, &err);
+        if (!fatal) {
+            CHECK_EQ_INT(rc, MS_OK);
+            coll_wait(&c, 4);
+            CHECK_EQ_INT(c.s[3].finish, MS_FINISH_LENGTH);
+            int32_t ref[20];
+            fake_greedy_ref(p, 6, 20, VOCAB, 4.0f, ref);
+            CHECK(memcmp(ref, c.s[3].toks, sizeof ref) == 0);
+            check_clean(e);
+        } else {
+            CHECK_EQ_INT(rc, MS_ERR_RUNTIME);
+            CHECK(strstr(err.msg, "injected failure") != NULL);
+        }
+        ms_engine_destroy(e);
+        coll_free(&c);
+        gated_free(&g);
+    }
+}
+
+static void test_invalid_submits(void) {
+    gated g;
+    ms_executor ex = gated_init(&g, 16, 4, 64); /* 64 KV tokens */
+    ms_engine_config cfg = small_cfg(4);
+    cfg.context_length = 100;
+    ms_engine *e;
+    ms_err err = {0};
+    CHECK_EQ_INT(ms_engine_create(&cfg, &ex, &e, &err), MS_OK);
+    coll c;
+    coll_init(&c);
+    int32_t p[120] = {0};
+    ms_sampling sp;
+    ms_sampling_default(&sp);
+    CHECK_EQ_INT(ms_engine_submit(e, p, 0, &sp, on_event, &c.s[0], NULL, &err), MS_ERR_INVALID);
+    CHECK(strstr(err.msg, "empty") != NULL);
+    sp.max_tokens = 10;
+    CHECK_EQ_INT(ms_engine_submit(e, p, 95, &sp, on_event, &c.s[0], NULL, &err), MS_ERR_INVALID);
+    CHECK(strstr(err.msg, "context length") != NULL);
+    CHECK_EQ_INT(ms_engine_submit(e, p, 60, &sp, on_event, &c.s[0], NULL, &err), MS_ERR_INVALID);
+    CHECK(strstr(err.msg, "KV cache") != NULL);
+    p[3] = VOCAB;
+    CHECK_EQ_INT(ms_engine_submit(e, p, 5, &sp, on_event, &c.s[0], NULL, &err), MS_ERR_INVALID);
+    CHECK(strstr(err.msg, "vocabulary") != NULL);
+    p[3] = 0;
+    sp.temperature = -1;
+    CHECK_EQ_INT(ms_engine_submit(e, p, 5, &sp, on_event, &c.s[0], NULL, &err), MS_ERR_INVALID);
+    CHECK(strstr(err.msg, "temperature") != NULL);
+    ms_sampling_default(&sp);
+    sp.top_p = 0;
+    CHECK_EQ_INT(ms_engine_submit(e, p, 5, &sp, on_event, &c.s[0], NULL, &err), MS_ERR_INVALID);
+    CHECK(strstr(err.msg, "top_p") != NULL);
+    ms_sampling_default(&sp);
+    sp.top_logprobs = 21;
+    CHECK_EQ_INT(ms_engine_submit(e, p, 5, &sp, on_event, &c.s[0], NULL, &err), MS_ERR_INVALID);
+    CHECK(strstr(err.msg, "top_logprobs") != NULL);
+    ms_sampling_default(&sp);
+    sp.max_tokens = 0; /* until the context length, which the KV cache cannot hold */
+    CHECK_EQ_INT(ms_engine_submit(e, p, 5, &sp, on_event, &c.s[0], NULL, &err), MS_ERR_INVALID);
+    ms_engine_config bad = cfg;
+    bad.page_size = 8;
+    ms_engine *e2 = NULL;
+    CHECK_EQ_INT(ms_engine_create(&bad, &ex, &e2, &err), MS_ERR_INVALID);
+    CHECK(strstr(err.msg, "page_size") != NULL);
+    CHECK_EQ_INT(c.n_final, 0);
+    ms_engine_destroy(e);
+    coll_free(&c);
+    gated_free(&g);
+}
+
+static void test_prefix_cache_stats_and_logprobs(void) {
+    gated g;
+    ms_executor ex = gated_init(&g, 64, 4, 64);
+    ms_engine_config cfg = small_cfg(4);
+    ms_engine *e;
+    ms_err err = {0};
+    CHECK_EQ_INT(ms_engine_create(&cfg, &ex, &e, &err), MS_OK);
+    coll c;
+    coll_init(&c);
+    int32_t p[30];
+    for (int j = 0; j < 30; j++) p[j] = (int32_t)((j * 5) % VOCAB);
+    ms_sampling sp;
+    ms_sampling_default(&sp);
+    sp.temperature = 0;
+    sp.max_tokens = 8;
+    sp.logprobs = 1;
+    sp.top_logprobs = 3;
+    CHECK_EQ_INT(ms_engine_submit(e, p, 30, &sp, on_event, &c.s[0], NULL, &err), MS_OK);
+    coll_wait(&c, 1);
+    CHECK_EQ_INT(ms_engine_submit(e, p, 30, &sp, on_event, &c.s[1], NULL, &err), MS_OK);
+    coll_wait(&c, 2);
+    CHECK_EQ_INT(c.s[0].n_cached, 0);
+    CHECK_EQ_INT(c.s[1].n_cached, 28);
+    CHECK(memcmp(c.s[0].toks, c.s[1].toks, 8 * sizeof(int32_t)) == 0);
+    /* logprob of each greedy token = raw log-softmax at it */
+    int32_t seq[40];
+    memcpy(seq, p, sizeof p);
+    float lg[VOCAB];
+    for (int k = 0; k < 8; k++) {
+        fake_logits(seq, 30 + k, VOCAB, 4.0f, lg);
+        double z = 0;
+        for (int v = 0; v < VOCAB; v++) z += exp(lg[v]);
+        seq[30 + k] = c.s[1].toks[k];
+        CHECK_CLOSE(c.s[1].logprob[k], lg[c.s[1].toks[k]] - log(z), 1e-4);
+        CHECK_EQ_INT(c.s[1].n_top[k], 3);
+    }
+    check_clean(e);
+    ms_engine_stats st;
+    ms_engine_get_stats(e, &st);
+    CHECK_EQ_INT(st.prefix_hit_tokens, 28);
+    CHECK_EQ_INT(st.prefix_query_tokens, 60);
+    CHECK_EQ_INT(st.cached_tokens_total, 28);
+    CHECK_EQ_INT(st.prompt_tokens_total, 60);
+    CHECK(st.kv_pages_cached > 0);
+    ms_engine_destroy(e);
+    coll_free(&c);
+    gated_free(&g);
+}
+
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* An idle engine sleeps; destroy with pending requests aborts each exactly once. */
+static void test_idle_and_destroy(void) {
+    gated g;
+    ms_executor ex = gated_init(&g, 64, 4, 64);
+    ms_engine_config cfg = small_cfg(4);
+    ms_engine *e;
+    ms_err err = {0};
+    CHECK_EQ_INT(ms_engine_create(&cfg, &ex, &e, &err), MS_OK);
+    double t0 = cpu_seconds();
+    struct timespec ts = {0, 300 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    double used = cpu_seconds() - t0;
+    CHECK_MSG(used < 0.05, "idle engine used %.3f s of CPU in 0.3 s", used);
+    coll c;
+    coll_init(&c);
+    int32_t p[5] = {1, 2, 3, 4, 5};
+    ms_sampling sp;
+    ms_sampling_default(&sp);
+    sp.max_tokens = 200;
+    gated_set(&g, 0);
+    for (int i = 0; i < 12; i++) CHECK_EQ_INT(ms_engine_submit(e, p, 5, &sp, on_event, &c.s[i], NULL, &err), MS_OK);
+    gated_wait_forward(&g, 1);
+    gated_set(&g, 1);
+    ms_engine_destroy(e);
+    CHECK_EQ_INT(c.n_final, 12);
+    for (int i = 0; i < 12; i++) {
+        CHECK_EQ_INT(c.s[i].n_final, 1);
+        CHECK_EQ_INT(c.s[i].finish, MS_FINISH_ABORT);
+        CHECK_EQ_INT(c.s[i].bad_order, 0);
+    }
+    coll_free(&c);
+    gated_free(&g);
+}
+
+int main(void) {
+    RUN(test_greedy_concurrent_matches_oracle);
+    RUN(test_seed_reproducible_regardless_of_batching);
+    RUN(test_stop_ids_and_ignore_eos);
+    RUN(test_bounded_queue_busy);
+    RUN(test_abort);
+    RUN(test_forward_error);
+    RUN(test_invalid_submits);
+    RUN(test_prefix_cache_stats_and_logprobs);
+    RUN(test_idle_and_destroy);
+    return TEST_SUMMARY();
+}
