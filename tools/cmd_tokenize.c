@@ -102,7 +102,7 @@ static int run_jsonl(const ms_tokenizer *t) {
         lineno++;
         if (n == 1 && line[0] == '\n') continue;
         json_error_t je;
-        json_t *in = json_loadb(line, (size_t)n, 0, &je);
+        json_t *in = json_loadb(line, (size_t)n, JSON_ALLOW_NUL, &je);
         if (!in) {
             fprintf(stderr, "tokenize --jsonl: stdin line %ld: %s\n", lineno, je.text);
             free(line);

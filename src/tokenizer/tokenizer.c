@@ -810,7 +810,7 @@ static int load_config(ms_tokenizer *t, const char *dir, ms_err *err) {
         size_t len = 0;
         MS_TRY(ms_read_file(path, MAX_CONFIG_JSON, &buf, &len, err));
         json_error_t je;
-        json_t *c = json_loadb(buf, len, 0, &je);
+        json_t *c = json_loadb(buf, len, JSON_DECODE_INT_AS_REAL, &je);
         free(buf);
         if (!c) return ms_errf(err, MS_ERR_FORMAT, "%s: line %d: %s", path, je.line, je.text);
         int rc = 0;
