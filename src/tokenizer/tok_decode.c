@@ -196,7 +196,9 @@ static int wp_cleanup(const char *s, size_t n, tk_buf *out) {
 }
 
 /* Applies one decoder to in, producing out. */
-static int dec_step(const tk_dec *d, plist *in, plist *out, int first, int more) {
+/* joined: an earlier step (Fuse, ByteLevel) made the list one string, so Strip's start and stop
+ * apply to the whole text: only at the true start (first) and end (!more) of the sequence. */
+static int dec_step(const tk_dec *d, plist *in, plist *out, int first, int more, int *joined) {
     tk_buf tmp = {0};
     int rc = 0;
     switch (d->kind) {
@@ -226,6 +228,7 @@ static int dec_step(const tk_dec *d, plist *in, plist *out, int first, int more)
         if (!rc) rc = tk_utf8_lossy_append(&tmp, (const unsigned char *)(bytes.p ? bytes.p : ""), bytes.len);
         tk_buf_free(&bytes);
         if (!rc) rc = pl_add(out, tmp.p ? tmp.p : "", tmp.len);
+        *joined = 1;
         break;
     }
     case TK_D_BYTEFALLBACK: {
@@ -251,13 +254,15 @@ static int dec_step(const tk_dec *d, plist *in, plist *out, int first, int more)
     case TK_D_FUSE:
         for (int i = 0; i < in->n && !rc; i++) rc = tk_buf_put(&tmp, PS(in, i), in->p[i].len);
         if (!rc) rc = pl_add(out, tmp.p ? tmp.p : "", tmp.len);
+        *joined = 1;
         break;
     case TK_D_STRIP:
         for (int i = 0; i < in->n && !rc; i++) {
             const char *s = PS(in, i);
             size_t n = in->p[i].len, a = 0, z = n, cl = d->content_len;
-            for (int k = 0; k < d->start && a + cl <= n && !memcmp(s + a, d->content, cl); k++) a += cl;
-            for (int k = 0; k < d->stop && z >= a + cl && !memcmp(s + z - cl, d->content, cl); k++) z -= cl;
+            int start = !*joined || first ? d->start : 0, stop = !*joined || !more ? d->stop : 0;
+            for (int k = 0; k < start && a + cl <= n && !memcmp(s + a, d->content, cl); k++) a += cl;
+            for (int k = 0; k < stop && z >= a + cl && !memcmp(s + z - cl, d->content, cl); k++) z -= cl;
             rc = pl_add(out, s + a, z - a);
         }
         break;
@@ -318,10 +323,11 @@ int tk_decode_raw(const ms_tokenizer *t, const int32_t *ids, int n, int skip_spe
             if ((i && tk_buf_put(out, " ", 1)) || tk_buf_put(out, PS(&a, i), a.p[i].len)) goto oom;
         goto out;
     }
+    int joined = 0;
     for (int k = 0; k < t->n_decs; k++) {
         b.n = 0;
         b.text.len = 0;
-        if (dec_step(&t->decs[k], &a, &b, first, more)) goto oom;
+        if (dec_step(&t->decs[k], &a, &b, first, more, &joined)) goto oom;
         plist x = a;
         a = b;
         b = x;
@@ -371,7 +377,7 @@ struct ms_detok {
     int nwin, capwin;
     int started;    /* a kept token exists before the window */
     size_t emitted; /* bytes of the window's raw decode already passed on */
-    int has_bytefb, has_bpe;
+    int has_bytefb, has_bpe, last_sensitive;
     tk_cleanup cl;
     tk_buf full, hold;
 };
@@ -384,6 +390,7 @@ ms_detok *ms_detok_new(const ms_tokenizer *t, int skip_special) {
     for (int i = 0; i < t->n_decs; i++) {
         if (t->decs[i].kind == TK_D_BYTEFALLBACK) d->has_bytefb = 1;
         if (t->decs[i].kind == TK_D_BPE) d->has_bpe = 1;
+        if (t->decs[i].kind == TK_D_BPE || (t->decs[i].kind == TK_D_STRIP && t->decs[i].stop > 0)) d->last_sensitive = 1;
     }
     return d;
 }
@@ -435,12 +442,15 @@ int ms_detok_push(ms_detok *d, int32_t id, char **buf, size_t *len, size_t *cap,
     }
     /* (skipped tokens at the very end are harmless but counting them keeps the window simple) */
     size_t stable = d->full.len;
-    if (unstable) {
+    int same = 1;
+    if (unstable || d->last_sensitive) {
+        /* what is certain: the text without the unstable tail, decoded as if more followed */
         d->hold.len = 0;
         MS_TRY(tk_decode_raw(t, d->win, d->nwin - unstable, d->skip_special, !d->started, 1, &d->hold, err));
         size_t k = 0;
         while (k < d->hold.len && k < d->full.len && d->hold.p[k] == d->full.p[k]) k++;
         stable = k;
+        same = d->hold.len == d->full.len && k == d->full.len;
     }
     while (stable >= 3 && !memcmp(d->full.p + stable - 3, "\xEF\xBF\xBD", 3)) stable -= 3;
     while (stable > d->emitted && ((unsigned char)d->full.p[stable - 1] & 0xC0) == 0x80) {
@@ -456,7 +466,7 @@ int ms_detok_push(ms_detok *d, int32_t id, char **buf, size_t *len, size_t *cap,
     } else if (!*buf) {
         MS_TRY(out_append(d, "", 0, buf, len, cap, err));
     }
-    if (stable == d->full.len && !unstable) {
+    if (stable == d->full.len && !unstable && same) {
         for (int i = 0; i < d->nwin; i++) d->started |= is_kept(d, d->win[i]);
         d->nwin = 0;
         d->emitted = 0;
