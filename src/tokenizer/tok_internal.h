@@ -170,8 +170,8 @@ struct ms_tokenizer {
     size_t arena_len;
     uint32_t *tok_off, *tok_len;
     int n_ids;
-    /* model vocab lookup: open addressing, slot = id + 1 */
-    uint32_t *vslots;
+    /* model vocab lookup: open addressing, slot = hash32 << 32 | (id + 1) */
+    uint64_t *vslots;
     uint32_t vmask;
     /* merges: key (a << 32 | b), value (rank << 32 | new id) */
     uint64_t *mkeys, *mvals;

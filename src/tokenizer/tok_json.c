@@ -22,7 +22,13 @@ typedef struct {
     ms_err *err;
 } js;
 
+/* Index of the array element being read, appended to field names in errors (-1: none). */
+static _Thread_local long g_field_idx = -1;
+
 static int js_fail(js *j, const char *field, const char *what) {
+    if (g_field_idx >= 0)
+        return ms_errf(j->err, MS_ERR_FORMAT, "%s: %s[%ld]: %s at byte %zu", j->path, field, g_field_idx, what,
+                       (size_t)(j->p - j->b));
     return ms_errf(j->err, MS_ERR_FORMAT, "%s: %s: %s at byte %zu", j->path, field, what,
                    (size_t)(j->p - j->b));
 }
@@ -31,17 +37,17 @@ static inline void js_ws(js *j) {
     while (j->p < j->e && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t')) j->p++;
 }
 
-/* Skips a string (j->p at the opening quote). */
+/* Skips a string (j->p at the opening quote): memchr to the next quote, which ends the string
+ * unless an odd run of backslashes escapes it. */
 static int js_skip_str(js *j, const char *field) {
-    j->p++;
+    const char *q = j->p + 1;
     while (1) {
-        const char *q = j->p;
-        while (q < j->e && *q != '"' && *q != '\\') q++;
-        if (q >= j->e) { j->p = q; return js_fail(j, field, "unterminated string"); }
-        if (*q == '"') { j->p = q + 1; return 0; }
-        q += 2; /* escape */
-        j->p = q;
-        if (q > j->e) return js_fail(j, field, "unterminated string");
+        q = memchr(q, '"', (size_t)(j->e - q));
+        if (!q) { j->p = j->e; return js_fail(j, field, "unterminated string"); }
+        const char *b = q;
+        while (b > j->p + 1 && b[-1] == '\\') b--;
+        if (((q - b) & 1) == 0) { j->p = q + 1; return 0; }
+        q++;
     }
 }
 
@@ -74,7 +80,9 @@ static int js_skip(js *j, const char *field, int depth) {
     }
     /* number, true, false, null */
     const char *s = j->p;
-    while (j->p < j->e && (strchr("+-.eE0123456789", *j->p) || (*j->p >= 'a' && *j->p <= 'z'))) j->p++;
+    while (j->p < j->e && ((*j->p >= '0' && *j->p <= '9') || (*j->p >= 'a' && *j->p <= 'z') || *j->p == '-' ||
+                           *j->p == '+' || *j->p == '.' || *j->p == 'E'))
+        j->p++;
     if (j->p == s) return js_fail(j, field, "unexpected character");
     return 0;
 }
@@ -184,12 +192,12 @@ static uint32_t slot_hash(const char *s, size_t n) { return (uint32_t)tk_hash(s,
 
 int32_t tk_vocab_find(const ms_tokenizer *t, const char *s, size_t n) {
     if (!t->vslots) return -1;
-    uint32_t h = slot_hash(s, n) & t->vmask;
+    uint32_t hv = slot_hash(s, n), h = hv & t->vmask;
     while (1) {
-        uint32_t v = t->vslots[h];
+        uint64_t v = t->vslots[h];
         if (!v) return -1;
-        uint32_t id = v - 1;
-        if (t->tok_len[id] == n && !memcmp(t->arena + t->tok_off[id], s, n)) return (int32_t)id;
+        uint32_t id = (uint32_t)v - 1;
+        if ((uint32_t)(v >> 32) == hv && t->tok_len[id] == n && !memcmp(t->arena + t->tok_off[id], s, n)) return (int32_t)id;
         h = (h + 1) & t->vmask;
     }
 }
@@ -260,17 +268,12 @@ static int merge_put(ms_tokenizer *t, int32_t a, int32_t b, uint32_t rank, int32
 }
 
 static int parse_merges(ms_tokenizer *t, js *j) {
-    char F[64];
-    snprintf(F, sizeof F, "model.merges");
+    char F[64] = "model.merges";
     js_ws(j);
     if (j->p >= j->e || *j->p != '[') return js_fail(j, F, "expected an array");
-    /* Count elements roughly for the table size: one per top-level comma. */
+    /* Table size from the commas in the span (an over-count when tokens hold commas: harmless). */
     size_t est = 1;
-    {
-        js k = *j;
-        if (js_skip(&k, F, 0)) return -1;
-        for (const char *q = j->p; q < k.p; q++) est += *q == ',';
-    }
+    for (const char *q = j->p; (q = memchr(q, ',', (size_t)(j->e - q))); q++) est++;
     uint64_t cap = 1024;
     while (cap < est * 2) cap *= 2;
     t->mkeys = malloc(cap * sizeof *t->mkeys);
@@ -283,15 +286,17 @@ static int parse_merges(ms_tokenizer *t, js *j) {
     if (j->p < j->e && *j->p == ']') { j->p++; return 0; }
     tk_buf a = {0}, b = {0}, ab = {0};
     int rc = -1;
+#define MF() (snprintf(F, sizeof F, "model.merges[%u]", rank), F)
+    g_field_idx = 0;
     for (uint32_t rank = 0;; rank++) {
-        snprintf(F, sizeof F, "model.merges[%u]", rank);
+        g_field_idx = rank;
         js_ws(j);
         a.len = b.len = 0;
         if (j->p < j->e && *j->p == '"') {
-            if (js_str(j, F, &a)) goto out;
+            if (js_str(j, "model.merges", &a)) goto out;
             char *sp = memchr(a.p, ' ', a.len);
             if (!sp || memchr(sp + 1, ' ', a.len - (size_t)(sp + 1 - a.p))) {
-                js_fail(j, F, "expected \"left right\" with exactly one space");
+                js_fail(j, "model.merges", "expected \"left right\" with exactly one space");
                 goto out;
             }
             size_t l = (size_t)(sp - a.p);
@@ -300,17 +305,17 @@ static int parse_merges(ms_tokenizer *t, js *j) {
         } else if (j->p < j->e && *j->p == '[') {
             j->p++;
             js_ws(j);
-            if (js_str(j, F, &a)) goto out;
+            if (js_str(j, "model.merges", &a)) goto out;
             js_ws(j);
-            if (j->p >= j->e || *j->p != ',') { js_fail(j, F, "expected a pair [left, right]"); goto out; }
+            if (j->p >= j->e || *j->p != ',') { js_fail(j, "model.merges", "expected a pair [left, right]"); goto out; }
             j->p++;
             js_ws(j);
-            if (js_str(j, F, &b)) goto out;
+            if (js_str(j, "model.merges", &b)) goto out;
             js_ws(j);
-            if (j->p >= j->e || *j->p != ']') { js_fail(j, F, "expected a pair [left, right]"); goto out; }
+            if (j->p >= j->e || *j->p != ']') { js_fail(j, "model.merges", "expected a pair [left, right]"); goto out; }
             j->p++;
         } else {
-            js_fail(j, F, "expected a string or a [left, right] pair");
+            js_fail(j, "model.merges", "expected a string or a [left, right] pair");
             goto out;
         }
         int32_t ia = tk_vocab_find(t, a.p, a.len), ib = tk_vocab_find(t, b.p, b.len);
@@ -318,28 +323,31 @@ static int parse_merges(ms_tokenizer *t, js *j) {
         if (tk_buf_put(&ab, a.p, a.len) || tk_buf_put(&ab, b.p, b.len)) goto oom;
         int32_t iab = tk_vocab_find(t, ab.p, ab.len);
         if (ia < 0 || ib < 0) {
-            ms_errf(j->err, MS_ERR_FORMAT, "%s: %s: token \"%.*s\" is not in model.vocab", j->path, F,
+            ms_errf(j->err, MS_ERR_FORMAT, "%s: %s: token \"%.*s\" is not in model.vocab", j->path, MF(),
                     ia < 0 ? (int)a.len : (int)b.len, ia < 0 ? a.p : b.p);
             goto out;
         }
         if (iab < 0) {
-            ms_errf(j->err, MS_ERR_FORMAT, "%s: %s: merged token \"%.*s\" is not in model.vocab", j->path, F,
+            ms_errf(j->err, MS_ERR_FORMAT, "%s: %s: merged token \"%.*s\" is not in model.vocab", j->path, MF(),
                     (int)ab.len, ab.p);
             goto out;
         }
-        if ((uint64_t)rank * 2 >= cap) { js_fail(j, F, "too many merges"); goto out; }
+        if ((uint64_t)rank * 2 >= cap) { js_fail(j, "model.merges", "too many merges"); goto out; }
         merge_put(t, ia, ib, rank, iab);
         js_ws(j);
         if (j->p < j->e && *j->p == ',') { j->p++; continue; }
         if (j->p < j->e && *j->p == ']') { j->p++; break; }
+        g_field_idx = -1;
         js_fail(j, "model.merges", "expected ',' or ']'");
         goto out;
     }
+    #undef MF
     rc = 0;
     goto out;
 oom:
     ms_errf(j->err, MS_ERR_NOMEM, "%s: out of memory", j->path);
 out:
+    g_field_idx = -1;
     tk_buf_free(&a);
     tk_buf_free(&b);
     tk_buf_free(&ab);
@@ -1038,13 +1046,13 @@ int tk_load_json(ms_tokenizer *t, const char *path, const char *buf, size_t len,
         vent *e = &ents[i];
         if (t->tok_off[e->id] != e->off) continue; /* two strings with one id: the last one wins */
         const char *s = t->arena + e->off;
-        uint32_t h = slot_hash(s, e->len) & t->vmask;
+        uint32_t hv = slot_hash(s, e->len), h = hv & t->vmask;
         while (t->vslots[h]) {
-            uint32_t o = t->vslots[h] - 1;
-            if (t->tok_len[o] == e->len && !memcmp(t->arena + t->tok_off[o], s, e->len)) break;
+            uint32_t o = (uint32_t)t->vslots[h] - 1;
+            if ((uint32_t)(t->vslots[h] >> 32) == hv && t->tok_len[o] == e->len && !memcmp(t->arena + t->tok_off[o], s, e->len)) break;
             h = (h + 1) & t->vmask;
         }
-        t->vslots[h] = (uint32_t)e->id + 1;
+        t->vslots[h] = ((uint64_t)hv << 32) | ((uint32_t)e->id + 1);
     }
     /* Added tokens override id -> text (the reference's added vocabulary comes first). */
     for (int i = 0; i < t->n_added; i++) {
