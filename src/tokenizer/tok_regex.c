@@ -43,8 +43,15 @@ typedef struct {
     int first, count;
 } rx_span;
 
+/* What can start a match of a sequence: ASCII bytes, any non-ASCII char, or nothing (empty). */
+typedef struct {
+    uint64_t ascii[2];
+    int nonascii, empty;
+} rx_first;
+
 struct tk_regex {
     int native;
+    rx_first *top_first; /* per top-level alternative */
     regex_t *onig;
     rx_node *nodes;
     int n_nodes, cap_nodes;
@@ -575,6 +582,47 @@ static long m_seq(const rx_m *m, int seq, int idx, size_t pos, const rx_k *k) {
     return m_cont(m, pos, k);
 }
 
+/* ---------------- first-character sets ---------------- */
+
+static void first_of_seq(const tk_regex *r, int seq, int idx, rx_first *f, int depth) {
+    const rx_span *sp = &r->seqs[seq];
+    for (; idx < sp->count; idx++) {
+        const rx_node *nd = &r->nodes[sp->first + idx];
+        if (nd->kind == N_CLASS) {
+            const rx_class *c = &r->classes[nd->arg];
+            f->ascii[0] |= c->ascii[0];
+            f->ascii[1] |= c->ascii[1];
+            int na = c->neg || c->cat || c->n_ncat;
+            for (int i = 0; i < c->rcount && !na; i++) na = r->ranges[c->rfirst + i].hi >= 128;
+            f->nonascii |= na;
+            if (nd->min >= 1) return;
+        } else if (nd->kind == N_GROUP) {
+            const rx_span *a = &r->alts[nd->arg];
+            int any_empty = nd->min == 0;
+            for (int i = 0; i < a->count; i++) {
+                rx_first g = {{0, 0}, 0, 0};
+                if (depth > 32) { g.ascii[0] = g.ascii[1] = ~0ull; g.nonascii = 1; g.empty = 1; }
+                else first_of_seq(r, r->altseq[a->first + i], 0, &g, depth + 1);
+                f->ascii[0] |= g.ascii[0];
+                f->ascii[1] |= g.ascii[1];
+                f->nonascii |= g.nonascii;
+                any_empty |= g.empty;
+            }
+            if (!any_empty) return;
+        }
+        /* lookahead consumes nothing: look past it */
+    }
+    f->empty = 1;
+}
+
+static int build_first(tk_regex *r) {
+    const rx_span *a = &r->alts[r->top];
+    r->top_first = calloc((size_t)a->count + 1, sizeof *r->top_first);
+    if (!r->top_first) return -1;
+    for (int i = 0; i < a->count; i++) first_of_seq(r, r->altseq[a->first + i], 0, &r->top_first[i], 0);
+    return 0;
+}
+
 /* ---------------- Oniguruma ---------------- */
 
 static pthread_once_t g_onig_once = PTHREAD_ONCE_INIT;
@@ -611,6 +659,7 @@ int tk_regex_new(const char *pat, size_t len, tk_regex **out, char *why, size_t 
     if (top >= 0) {
         r->native = 1;
         r->top = top;
+        if (build_first(r)) { tk_regex_free(r); snprintf(why, why_cap, "out of memory"); return -1; }
         *out = r;
         return 0;
     }
@@ -630,6 +679,7 @@ void tk_regex_free(tk_regex *r) {
     free(r->alts);
     free(r->classes);
     free(r->ranges);
+    free(r->top_first);
     free(r);
 }
 
@@ -638,9 +688,18 @@ int tk_regex_is_native(const tk_regex *r) { return r->native; }
 int tk_regex_find(const tk_regex *r, const char *s, size_t n, size_t from, size_t *ms, size_t *me) {
     if (r->native) {
         rx_m m = {r, (const unsigned char *)s, n};
+        const rx_span *a = &r->alts[r->top];
         for (size_t p = from; p <= n;) {
-            long e = m_alt(&m, r->top, p, NULL);
-            if (e >= 0) { *ms = p; *me = (size_t)e; return 1; }
+            unsigned c = p < n ? (unsigned char)s[p] : 0;
+            for (int i = 0; i < a->count; i++) {
+                const rx_first *f = &r->top_first[i];
+                if (!f->empty) {
+                    if (p == n) continue;
+                    if (c < 128 ? !((f->ascii[c >> 6] >> (c & 63)) & 1) : !f->nonascii) continue;
+                }
+                long e = m_seq(&m, r->altseq[a->first + i], 0, p, NULL);
+                if (e >= 0) { *ms = p; *me = (size_t)e; return 1; }
+            }
             if (p == n) break;
             p += (size_t)tk_utf8_len((unsigned char)s[p]);
         }
