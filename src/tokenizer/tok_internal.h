@@ -173,8 +173,8 @@ struct ms_tokenizer {
     /* model vocab lookup: open addressing, slot = hash32 << 32 | (id + 1) */
     uint64_t *vslots;
     uint32_t vmask;
-    /* merges: key (a << 32 | b), value (rank << 32 | new id) */
-    uint64_t *mkeys, *mvals;
+    /* merges, interleaved pairs: key (a << 32 | b), value (rank << 32 | new id) */
+    uint64_t *mkeys;
     uint64_t mmask;
     int32_t byte_id[256];  /* byte-level: id of the token for a byte's mapped char */
     int32_t bfb_id[256];   /* byte fallback: id of "<0xXX>" */

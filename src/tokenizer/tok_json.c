@@ -261,9 +261,9 @@ static inline uint64_t mhash(uint64_t k) { return (k * 0x9E3779B97F4A7C15ull) >>
 static int merge_put(ms_tokenizer *t, int32_t a, int32_t b, uint32_t rank, int32_t id) {
     uint64_t k = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
     uint64_t h = mhash(k) & t->mmask;
-    while (t->mkeys[h] != UINT64_MAX && t->mkeys[h] != k) h = (h + 1) & t->mmask;
-    t->mkeys[h] = k;
-    t->mvals[h] = ((uint64_t)rank << 32) | (uint32_t)id;
+    while (t->mkeys[2 * h] != UINT64_MAX && t->mkeys[2 * h] != k) h = (h + 1) & t->mmask;
+    t->mkeys[2 * h] = k;
+    t->mkeys[2 * h + 1] = ((uint64_t)rank << 32) | (uint32_t)id;
     return 0;
 }
 
@@ -276,10 +276,9 @@ static int parse_merges(ms_tokenizer *t, js *j) {
     for (const char *q = j->p; (q = memchr(q, ',', (size_t)(j->e - q))); q++) est++;
     uint64_t cap = 1024;
     while (cap < est * 2) cap *= 2;
-    t->mkeys = malloc(cap * sizeof *t->mkeys);
-    t->mvals = malloc(cap * sizeof *t->mvals);
-    if (!t->mkeys || !t->mvals) return ms_errf(j->err, MS_ERR_NOMEM, "%s: out of memory for merges", j->path);
-    memset(t->mkeys, 0xFF, cap * sizeof *t->mkeys);
+    t->mkeys = malloc(2 * cap * sizeof *t->mkeys);
+    if (!t->mkeys) return ms_errf(j->err, MS_ERR_NOMEM, "%s: out of memory for merges", j->path);
+    memset(t->mkeys, 0xFF, 2 * cap * sizeof *t->mkeys);
     t->mmask = cap - 1;
     j->p++;
     js_ws(j);

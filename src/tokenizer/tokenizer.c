@@ -131,8 +131,8 @@ typedef struct {
 } sym;
 
 typedef struct {
-    uint64_t h;
-    uint32_t koff, klen, voff, vlen;
+    uint32_t h, off; /* hash tag; arena offset of key bytes then ids (4-aligned) */
+    uint16_t klen, vlen; /* klen 0: empty slot */
 } centry;
 
 typedef struct {
@@ -172,8 +172,8 @@ static inline int merge_get(const ms_tokenizer *t, int32_t a, int32_t b, uint64_
     uint64_t k = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
     uint64_t h = ((k * 0x9E3779B97F4A7C15ull) >> 20) & t->mmask;
     while (1) {
-        uint64_t kk = t->mkeys[h];
-        if (kk == k) { *val = t->mvals[h]; return 1; }
+        uint64_t kk = t->mkeys[2 * h];
+        if (kk == k) { *val = t->mkeys[2 * h + 1]; return 1; }
         if (kk == UINT64_MAX) return 0;
         h = (h + 1) & t->mmask;
     }
@@ -217,20 +217,26 @@ static uint64_t heap_pop(enc *e) {
 
 /* ---- word cache (per encode call: no locks, bounded) ---- */
 #define CACHE_MAX_KEY 96
-#define CACHE_MAX_ENTRIES (1u << 17)
+#define CACHE_MAX_ENTRIES (1u << 16)
 #define CACHE_MAX_ARENA (16u << 20)
 
 static int cache_get(enc *e, uint64_t h, const char *k, size_t kl) {
     wcache *c = &e->cache;
     if (!c->cap) return 0;
-    uint32_t i = (uint32_t)h & (c->cap - 1);
+    uint32_t i = (uint32_t)(h >> 32) & (c->cap - 1);
     while (c->tab[i].klen) {
         centry *ce = &c->tab[i];
-        if (ce->h == h && ce->klen == kl && !memcmp(c->arena.p + ce->koff, k, kl)) {
-            for (uint32_t j = 0; j < ce->vlen; j++) {
-                int32_t id;
-                memcpy(&id, c->arena.p + ce->voff + 4 * j, 4);
-                if (emit(e, id)) return -1;
+        if (ce->h == (uint32_t)h && ce->klen == kl && !memcmp(c->arena.p + ce->off, k, kl)) {
+            const char *v = c->arena.p + ce->off + ((kl + 3) & ~(size_t)3);
+            if (e->n + ce->vlen > e->cap) {
+                for (uint32_t j = 0; j < ce->vlen; j++) {
+                    int32_t id;
+                    memcpy(&id, v + 4 * j, 4);
+                    if (emit(e, id)) return -1;
+                }
+            } else {
+                memcpy(e->ids + e->n, v, 4 * (size_t)ce->vlen);
+                e->n += ce->vlen;
             }
             return 1;
         }
@@ -241,6 +247,7 @@ static int cache_get(enc *e, uint64_t h, const char *k, size_t kl) {
 
 static void cache_put(enc *e, uint64_t h, const char *k, size_t kl, const int32_t *ids, size_t n) {
     wcache *c = &e->cache;
+    if (n > 0xFFFF || kl == 0) return;
     if (c->n * 2 >= c->cap || c->arena.len > CACHE_MAX_ARENA) {
         uint32_t nc = c->cap ? c->cap : 1024;
         if (c->n * 2 >= c->cap && nc < CACHE_MAX_ENTRIES) nc *= 2;
@@ -255,25 +262,26 @@ static void cache_put(enc *e, uint64_t h, const char *k, size_t kl, const int32_
             if (!nt) return;
             for (uint32_t i = 0; i < c->cap; i++) {
                 if (!c->tab[i].klen) continue;
-                uint32_t j = (uint32_t)c->tab[i].h & (nc - 1);
+                const centry *o = &c->tab[i];
+                uint32_t j = (uint32_t)(tk_hash(c->arena.p + o->off, o->klen) >> 32) & (nc - 1);
                 while (nt[j].klen) j = (j + 1) & (nc - 1);
-                nt[j] = c->tab[i];
+                nt[j] = *o;
             }
             free(c->tab);
             c->tab = nt;
             c->cap = nc;
         }
     }
-    size_t pad = (4 - ((c->arena.len + kl) & 3)) & 3;
-    if (tk_buf_reserve(&c->arena, kl + pad + 4 * n)) return;
-    uint32_t koff = (uint32_t)c->arena.len;
-    memcpy(c->arena.p + koff, k, kl);
-    uint32_t voff = koff + (uint32_t)(kl + pad);
-    memcpy(c->arena.p + voff, ids, 4 * n);
-    c->arena.len = voff + 4 * n;
-    uint32_t i = (uint32_t)h & (c->cap - 1);
+    size_t ka = (kl + 3) & ~(size_t)3;
+    if (tk_buf_reserve(&c->arena, ka + 4 * n + 4)) return;
+    c->arena.len = (c->arena.len + 3) & ~(size_t)3;
+    uint32_t off = (uint32_t)c->arena.len;
+    memcpy(c->arena.p + off, k, kl);
+    memcpy(c->arena.p + off + ka, ids, 4 * n);
+    c->arena.len = off + ka + 4 * n;
+    uint32_t i = (uint32_t)(h >> 32) & (c->cap - 1);
     while (c->tab[i].klen) i = (i + 1) & (c->cap - 1);
-    c->tab[i] = (centry){h, koff, (uint32_t)kl, voff, (uint32_t)n};
+    c->tab[i] = (centry){(uint32_t)h, off, (uint16_t)kl, (uint16_t)n};
     c->n++;
 }
 
@@ -783,7 +791,6 @@ void ms_tokenizer_free(ms_tokenizer *t) {
     free(t->tok_len);
     free(t->vslots);
     free(t->mkeys);
-    free(t->mvals);
     free(t->cont_prefix);
     free(t->eow_suffix);
     free(t->added);
