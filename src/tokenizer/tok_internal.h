@@ -179,6 +179,7 @@ struct ms_tokenizer {
     int32_t byte_id[256];  /* byte-level: id of the token for a byte's mapped char */
     int32_t bfb_id[256];   /* byte fallback: id of "<0xXX>" */
     int byte_direct;       /* byte_id complete and no subword prefix/suffix */
+    int32_t *char_id;      /* char mode without prefix/suffix: vocab id of each BMP char, -1 none */
     int byte_fallback, fuse_unk, ignore_merges;
     int32_t unk_id;
     char *cont_prefix, *eow_suffix;

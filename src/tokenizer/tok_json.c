@@ -1077,6 +1077,16 @@ int tk_load_json(ms_tokenizer *t, const char *path, const char *buf, size_t len,
         snprintf(fb, sizeof fb, "<0x%02X>", b);
         t->bfb_id[b] = tk_vocab_find(t, fb, 6);
     }
+    /* char mode: a direct table for BMP characters saves a hash lookup per character */
+    if (!t->byte_direct && !t->cont_prefix_len && !t->eow_suffix_len) {
+        t->char_id = malloc(65536 * sizeof *t->char_id);
+        if (!t->char_id) { rc = ms_errf(err, MS_ERR_NOMEM, "out of memory"); goto out; }
+        for (uint32_t cp = 0; cp < 65536; cp++) {
+            char enc[4];
+            int k = tk_utf8_enc(cp, enc);
+            t->char_id[cp] = (cp >= 0xD800 && cp <= 0xDFFF) ? -1 : tk_vocab_find(t, enc, (size_t)k);
+        }
+    }
     /* components */
     static const char *const names[] = {"", "", "normalizer", "pre_tokenizer", "post_processor", "decoder"};
     for (int k = 2; k <= 5; k++) {

@@ -318,6 +318,17 @@ static int char_symbols(enc *e, const char *s, size_t n, size_t *nsym) {
         const char *ks = s + i;
         size_t kl = l;
         int last = i + l >= n;
+        if (t->char_id && l <= 3) {
+            uint32_t cp;
+            tk_utf8_dec((const unsigned char *)s + i, l, &cp);
+            int32_t cid = t->char_id[cp];
+            if (cid >= 0) {
+                if (unk >= 0) { e->syms[k++].id = unk; unk = -1; }
+                e->syms[k++].id = cid;
+                i += l;
+                continue;
+            }
+        }
         if ((i > 0 && t->cont_prefix_len) || (last && t->eow_suffix_len)) {
             key->len = 0;
             if ((i > 0 && tk_buf_put(key, t->cont_prefix, t->cont_prefix_len)) || tk_buf_put(key, s + i, l) ||
@@ -791,6 +802,7 @@ void ms_tokenizer_free(ms_tokenizer *t) {
     free(t->tok_len);
     free(t->vslots);
     free(t->mkeys);
+    free(t->char_id);
     free(t->cont_prefix);
     free(t->eow_suffix);
     free(t->added);
