@@ -103,7 +103,8 @@ uint64_t tk_hash(const void *p, size_t n);
 
 typedef struct tk_added {
     int32_t id;
-    uint32_t off, len; /* content in t->arena */
+    uint32_t off, len;           /* content in t->arena (normalized when `normalized`, as the reference stores it) */
+    uint32_t orig_off, orig_len; /* content as written in tokenizer.json */
     uint8_t special, normalized, lstrip, rstrip, single_word;
 } tk_added;
 

