@@ -8,53 +8,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* TODO(coordinator): the tokenizer, chat-template, engine and model-executor implementations are
- * being written in parallel with this file. Until they are all on main, these references are weak
- * so `make build` links; `serve` then refuses to start with a sentence naming what is missing.
- * Once they are merged, delete this block (a weak reference does not pull an archive member, so
- * keeping it would only work while some other tool references the same symbols strongly). */
-#ifndef MS_SERVE_DEPS_STRONG
-#pragma weak ms_model_executor_open
-#pragma weak ms_tokenizer_load
-#pragma weak ms_tokenizer_free
-#pragma weak ms_tokenizer_chat_template
-#pragma weak ms_tokenizer_vocab_size
-#pragma weak ms_template_compile
-#pragma weak ms_template_free
-#pragma weak ms_engine_config_default
-#pragma weak ms_engine_create
-#pragma weak ms_engine_destroy
-#pragma weak ms_model_executor_close
-#pragma weak ms_tokenizer_encode
-#pragma weak ms_tokenizer_decode
-#pragma weak ms_tokenizer_is_special
-#pragma weak ms_tokenizer_id_to_token
-#pragma weak ms_detok_new
-#pragma weak ms_detok_free
-#pragma weak ms_detok_push
-#pragma weak ms_detok_flush
-#pragma weak ms_tokenizer_bos_token
-#pragma weak ms_tokenizer_eos_token
-#pragma weak ms_chat_render
-#pragma weak ms_engine_submit
-#pragma weak ms_engine_abort
-#pragma weak ms_engine_get_stats
-#endif
 
 int ms_serve_deps_linked(char *why, size_t cap) {
-    const char *missing = !ms_model_executor_open ? "model executor (ms_model_executor_open)"
-                        : !ms_tokenizer_load || !ms_detok_new ? "tokenizer (ms_tokenizer_load, ms_detok_new)"
-                        : !ms_template_compile || !ms_chat_render ? "chat template engine (ms_chat_render)"
-                        : !ms_engine_create || !ms_engine_submit ? "engine (ms_engine_create)"
-                                                  : NULL;
-    if (missing && why) snprintf(why, cap, "this build does not include the %s yet", missing);
-    return missing == NULL;
+    (void)why;
+    (void)cap;
+    return 1; /* every dependency is linked strongly; kept so callers need no #ifdef */
 }
 
 int ms_serve_model_open(const ms_exec_opts *o, ms_serve_model *out, ms_err *err) {
     memset(out, 0, sizeof *out);
-    if (!ms_model_executor_open)
-        return ms_errf(err, MS_ERR_UNSUPPORTED, "serve: this build does not include the model executor yet");
     MS_TRY(ms_model_executor_open(o, &out->exec, &out->model, err));
     if (out->model) {
         const ms_config *c = &out->model->cfg;
@@ -65,7 +27,7 @@ int ms_serve_model_open(const ms_exec_opts *o, ms_serve_model *out, ms_err *err)
 }
 
 void ms_serve_model_close(ms_serve_model *m) {
-    if (ms_model_executor_close) ms_model_executor_close(&m->exec);
+    ms_model_executor_close(&m->exec);
     memset(m, 0, sizeof *m);
 }
 
