@@ -8,6 +8,7 @@
 #include "server/serve_deps.h"
 #include "server/server.h"
 #include "server/toolcall.h"
+#include "tokenizer/tokenizer.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -162,13 +163,13 @@ int cmd_serve(int argc, char **argv) {
         }
         model_path = demo_dir;
     }
-    int reasoning = demo ? MS_REASONING_GLM45 : MS_REASONING_NONE;
+    int reasoning = -2; /* auto: decided from the tokenizer once it is loaded */
     if (rparser) {
         if (!strcmp(rparser, "glm45")) reasoning = MS_REASONING_GLM45;
         else if (!strcmp(rparser, "none")) reasoning = MS_REASONING_NONE;
         else { fprintf(stderr, "flag --reasoning-parser: '%s' is not glm45 or none\n", rparser); return 2; }
     }
-    int tools = demo ? MS_TOOL_GLM47 : -1;
+    int tools = -2; /* auto */
     if (tparser) {
         if (!strcmp(tparser, "none")) tools = -1;
         else if ((tools = ms_tool_format_parse(tparser)) < 0) {
@@ -202,6 +203,24 @@ int cmd_serve(int argc, char **argv) {
     if (ms_serve_stack_open(&so, &st, &err) != MS_OK) {
         fprintf(stderr, "serve: %s\n", err.msg);
         return 1;
+    }
+
+    /* Parsers default to what the model speaks: GLM reasoning tags in the vocabulary turn on the glm45
+     * reasoning parser; GLM tool-call tags the glm47 parser, or glm45 when the template's tool
+     * preamble puts a newline after the function name (GLM-4.5/4.6). Explicit flags win. */
+    if (reasoning == -2) {
+        reasoning = ms_tokenizer_token_to_id(st.tok, "<think>") >= 0 && ms_tokenizer_token_to_id(st.tok, "</think>") >= 0
+                        ? MS_REASONING_GLM45 : MS_REASONING_NONE;
+        if (reasoning == MS_REASONING_GLM45) fprintf(stderr, "serve: --reasoning-parser glm45 (auto: <think> tags in the vocabulary)\n");
+    }
+    if (tools == -2) {
+        tools = -1;
+        if (ms_tokenizer_token_to_id(st.tok, "<tool_call>") >= 0 && ms_tokenizer_token_to_id(st.tok, "<arg_key>") >= 0) {
+            const char *ct = ms_tokenizer_chat_template(st.tok);
+            tools = ct && strstr(ct, "{function-name}\n") ? ms_tool_format_parse("glm45") : MS_TOOL_GLM47;
+            fprintf(stderr, "serve: --tool-call-parser %s (auto: GLM tool-call tags in the vocabulary)\n",
+                    tools == MS_TOOL_GLM47 ? "glm47" : "glm45");
+        }
     }
 
     /* model names: served name, then the directory's base name and the path as given */
