@@ -30,13 +30,13 @@ static int clean_pass(int k, char *pend, int *pend_len, const char *s, size_t n,
     if (*pend_len) {
         if (*pend_len + n <= sizeof small) {
             memcpy(small, pend, (size_t)*pend_len);
-            memcpy(small + *pend_len, s, n);
+            if (n) memcpy(small + *pend_len, s, n);
             b = small;
         } else {
             heap = malloc((size_t)*pend_len + n);
             if (!heap) return -1;
             memcpy(heap, pend, (size_t)*pend_len);
-            memcpy(heap + *pend_len, s, n);
+            if (n) memcpy(heap + *pend_len, s, n);
             b = heap;
         }
         bn = (size_t)*pend_len + n;
@@ -81,7 +81,7 @@ static int clean_run(tk_cleanup *c, const char *s, size_t n, tk_buf *out, int fi
         dst->len = 0;
         tk_buf *o = k == 9 ? out : dst;
         rc = clean_pass(k, c->pend[k], &c->pend_len[k], cur, cl, o, final);
-        cur = dst->p;
+        cur = dst->p ? dst->p : "";
         cl = dst->len;
     }
     tk_buf_free(&a);

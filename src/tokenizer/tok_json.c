@@ -1115,7 +1115,7 @@ int tk_load_json(ms_tokenizer *t, const char *path, const char *buf, size_t len,
             char *na = realloc(t->arena, t->arena_len + nb.len + 1);
             if (!na) { tk_buf_free(&nb); rc = ms_errf(err, MS_ERR_NOMEM, "out of memory"); goto out; }
             t->arena = na;
-            memcpy(t->arena + off, nb.p, nb.len);
+            if (nb.len) memcpy(t->arena + off, nb.p, nb.len);
             t->arena[off + nb.len] = 0;
             t->arena_len += nb.len + 1;
             /* the trie matches the normalized text, and the reference's id -> token gives it too */

@@ -228,6 +228,7 @@ static int cache_get(enc *e, uint64_t h, const char *k, size_t kl) {
         centry *ce = &c->tab[i];
         if (ce->h == (uint32_t)h && ce->klen == kl && !memcmp(c->arena.p + ce->off, k, kl)) {
             const char *v = c->arena.p + ce->off + ((kl + 3) & ~(size_t)3);
+            if (!ce->vlen) return 1;
             if (e->n + ce->vlen > e->cap) {
                 for (uint32_t j = 0; j < ce->vlen; j++) {
                     int32_t id;
@@ -247,7 +248,7 @@ static int cache_get(enc *e, uint64_t h, const char *k, size_t kl) {
 
 static void cache_put(enc *e, uint64_t h, const char *k, size_t kl, const int32_t *ids, size_t n) {
     wcache *c = &e->cache;
-    if (n > 0xFFFF || kl == 0) return;
+    if (n == 0 || n > 0xFFFF || kl == 0) return;
     if (c->n * 2 >= c->cap || c->arena.len > CACHE_MAX_ARENA) {
         uint32_t nc = c->cap ? c->cap : 1024;
         if (c->n * 2 >= c->cap && nc < CACHE_MAX_ENTRIES) nc *= 2;
@@ -434,7 +435,7 @@ static int model_word(enc *e, const char *s, size_t n, int bl) {
             return ms_errf(e->err, MS_ERR_NOMEM, "tokenizer: out of memory");
     }
     for (int32_t i = 0; i >= 0; i = y[i].next) MS_TRY(emit(e, y[i].id));
-    if (cacheable) cache_put(e, h, s, n, e->ids + first_out, e->n - first_out);
+    if (cacheable && e->n > first_out) cache_put(e, h, s, n, e->ids + first_out, e->n - first_out);
     return 0;
 }
 
@@ -731,9 +732,9 @@ int ms_tokenizer_encode(const ms_tokenizer *t, const char *text, size_t len, int
             if (!add) continue;
             int32_t *ni = malloc((e.n + add + 1) * sizeof *ni);
             if (!ni) { rc = ms_errf(err, MS_ERR_NOMEM, "tokenizer: out of memory"); break; }
-            memcpy(ni, pp->pre, (size_t)pp->n_pre * sizeof *ni);
+            if (pp->n_pre) memcpy(ni, pp->pre, (size_t)pp->n_pre * sizeof *ni);
             if (e.n) memcpy(ni + pp->n_pre, e.ids, e.n * sizeof *ni);
-            memcpy(ni + pp->n_pre + e.n, pp->post, (size_t)pp->n_post * sizeof *ni);
+            if (pp->n_post) memcpy(ni + pp->n_pre + e.n, pp->post, (size_t)pp->n_post * sizeof *ni);
             free(e.ids);
             e.ids = ni;
             e.n += add;
