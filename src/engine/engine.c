@@ -138,19 +138,21 @@ static void run_step(ms_engine *e) {
     if (rc != MS_OK) {
         e->acc.forward_errors++;
         MS_LOGE("engine: forward of %d tokens / %d sequences failed: %s", b->n_tokens, b->n_seqs, err.msg);
-        for (int i = 0; i < b->n_seqs; i++) {
-            ms_request *r = s->seq_req[i];
-            ms_sched_release(s, r, 0);
-            end_request(e, r, MS_FINISH_ERROR, err.msg);
-        }
-        if (e->exec.healthy && !e->exec.healthy(e->exec.ctx)) {
+        /* decide first, so that nothing is accepted once the failed requests hear about it */
+        int fatal = e->exec.healthy && !e->exec.healthy(e->exec.ctx);
+        if (fatal) {
             pthread_mutex_lock(&e->mu);
             e->healthy = 0;
             snprintf(e->fatal_msg, sizeof e->fatal_msg, "the engine stopped after a failed forward: %s", err.msg);
             pthread_mutex_unlock(&e->mu);
             MS_LOGE("engine: executor cannot continue; failing all requests");
-            fail_all(e, e->fatal_msg);
         }
+        for (int i = 0; i < b->n_seqs; i++) {
+            ms_request *r = s->seq_req[i];
+            ms_sched_release(s, r, 0);
+            end_request(e, r, MS_FINISH_ERROR, err.msg);
+        }
+        if (fatal) fail_all(e, e->fatal_msg);
         return;
     }
     ms_sched_commit(s);
