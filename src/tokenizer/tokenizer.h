@@ -46,7 +46,7 @@ const char *ms_tokenizer_eos_token(const ms_tokenizer *t);
 typedef struct ms_detok ms_detok;
 ms_detok *ms_detok_new(const ms_tokenizer *t, int skip_special);
 void ms_detok_free(ms_detok *d);
-/* Appends the new text to *buf (malloc'd, grown as needed; *cap/*len track it). Returns MS_OK. */
+/* Appends the new text to *buf (malloc'd, grown as needed; *cap and *len track it). Returns MS_OK. */
 int ms_detok_push(ms_detok *d, int32_t id, char **buf, size_t *len, size_t *cap, ms_err *err);
 int ms_detok_flush(ms_detok *d, char **buf, size_t *len, size_t *cap, ms_err *err);
 

@@ -1,0 +1,165 @@
+/* backend.h - the ops every backend implements; the model forward is written once against it.
+ *
+ * A backend owns a memory space (host for "cpu", one GPU for "cuda") and a stream of ops on it.
+ * Ops may run asynchronously (CUDA); sync() waits. All tensors are contiguous views in the
+ * backend's memory (model/tensor.h). Activations use the backend's act_dtype (F32 on the CPU, BF16
+ * on CUDA) unless an op says otherwise; reductions accumulate in float32 everywhere.
+ *
+ * Shapes below use T = tokens in the step, H = hidden size, nh = heads, d = head dim. Every op
+ * returns MS_OK or an error status with a message (never aborts on bad data; asserts on shape
+ * mismatches, which are bugs). Pointer arguments suffixed _d are backend memory (device arrays). */
+#ifndef MS_BACKEND_BACKEND_H
+#define MS_BACKEND_BACKEND_H
+
+#include "core/status.h"
+#include "model/batch.h"
+#include "model/tensor.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ms_backend ms_backend;
+
+/* Per-step attention metadata: the batch arrays copied into backend memory once per forward
+ * (host copies kept for launch sizing). token_seq_d[t] = sequence index of token t. */
+typedef struct ms_attn_meta {
+    const ms_batch *host;
+    int max_ctx;                 /* max over ctx_len */
+    const int32_t *positions_d;  /* [T] */
+    const int32_t *seq_start_d;  /* [n_seqs+1] */
+    const int32_t *ctx_len_d;    /* [n_seqs] */
+    const int32_t *slot_mapping_d; /* [T] */
+    const int32_t *block_table_d;  /* [n_seqs*max_blocks] */
+    const int32_t *token_seq_d;    /* [T] */
+} ms_attn_meta;
+
+/* Routing parameters of noaux_tc (spec 3.9). */
+typedef struct ms_route_cfg {
+    int n_experts, topk, n_group, topk_group;
+    int norm_topk_prob;
+    float routed_scaling_factor;
+} ms_route_cfg;
+
+/* Rotary embedding of dims [rot_off, rot_off+rot_dim) of each head: inv_freq_i = theta^(-2i/rot_dim),
+ * angle = pos * inv_freq_i computed in float32 as transformers does. interleaved=1: GPT-J pairs
+ * (2i, 2i+1); 0: NeoX pairs (i, i+rot_dim/2). */
+typedef struct ms_rope_cfg {
+    int rot_off, rot_dim, interleaved;
+    double theta;
+} ms_rope_cfg;
+
+typedef struct ms_backend_ops {
+    void (*destroy)(ms_backend *b);
+
+    /* ---- memory ---- */
+    /* Allocates t->data for t's dtype/shape (uninitialised). */
+    int (*alloc)(ms_backend *b, ms_tensor *t, ms_err *err);
+    void (*free)(ms_backend *b, ms_tensor *t);
+    int (*upload)(ms_backend *b, void *dst_d, const void *src_host, size_t n, ms_err *err);
+    int (*download)(ms_backend *b, void *dst_host, const void *src_d, size_t n, ms_err *err);
+    int (*sync)(ms_backend *b, ms_err *err);
+    /* Moves a host-memory weight view into backend memory (CPU: keeps the view, no copy). After
+     * this t->data is backend memory. place_linear may also build a prepared form (W->prepared). */
+    int (*place_tensor)(ms_backend *b, ms_tensor *t, ms_err *err);
+    int (*place_linear)(ms_backend *b, ms_linear *W, ms_err *err);
+    /* Releases what place_* made (CPU: nothing). */
+    void (*unplace_tensor)(ms_backend *b, ms_tensor *t);
+    void (*unplace_linear)(ms_backend *b, ms_linear *W);
+
+    /* ---- elementwise / norms ---- */
+    /* out[t,:] = table[ids_d[t],:] converted to out's dtype. table [V,H] (any float dtype). */
+    int (*embed)(ms_backend *b, const ms_tensor *table, const int32_t *ids_d, int n, ms_tensor *out, ms_err *err);
+    /* out = x / sqrt(mean(x²)+eps) * w over the last dim D of x [R,D]; out may alias x. */
+    int (*rmsnorm)(ms_backend *b, const ms_tensor *x, const ms_tensor *w, float eps, ms_tensor *out, ms_err *err);
+    /* resid += delta (when delta != NULL), then out = rmsnorm(resid). */
+    int (*add_rmsnorm)(ms_backend *b, ms_tensor *resid, const ms_tensor *delta, const ms_tensor *w, float eps,
+                       ms_tensor *out, ms_err *err);
+    /* LayerNorm over last dim with weight and bias; out may alias x. */
+    int (*layernorm)(ms_backend *b, const ms_tensor *x, const ms_tensor *w, const ms_tensor *bias, float eps,
+                     ms_tensor *out, ms_err *err);
+    /* y += x (same shape). */
+    int (*add)(ms_backend *b, ms_tensor *y, const ms_tensor *x, ms_err *err);
+    /* out = silu(g) * u, all [T,I]. */
+    int (*silu_mul)(ms_backend *b, const ms_tensor *g, const ms_tensor *u, ms_tensor *out, ms_err *err);
+    /* dst[t, :] = src[t, c0:c0+nc] for src [T,C], dst [T,nc]. */
+    int (*copy_cols)(ms_backend *b, const ms_tensor *src, int c0, int nc, ms_tensor *dst, ms_err *err);
+    /* dst[r,:] = src[idx_d[r],:] for r < n. */
+    int (*gather_rows)(ms_backend *b, const ms_tensor *src, const int32_t *idx_d, int n, ms_tensor *dst, ms_err *err);
+    /* dst[t, c0:c0+nc] = src[t, :] for src [T,nc], dst [T,C] (inverse of copy_cols). */
+    int (*set_cols)(ms_backend *b, const ms_tensor *src, int c0, ms_tensor *dst, ms_err *err);
+    /* x *= alpha elementwise (in place). */
+    int (*scale)(ms_backend *b, ms_tensor *x, float alpha, ms_err *err);
+    /* x [T, nh, d] rotated in place at positions pos_d[T]. */
+    int (*rope)(ms_backend *b, ms_tensor *x, const int32_t *pos_d, const ms_rope_cfg *rc, ms_err *err);
+
+    /* ---- GEMM ---- */
+    /* y [T,N] = x [T,K] · Wᵀ (+ bias). y may be act_dtype or F32. Any weight format. */
+    int (*linear)(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_tensor *y, ms_err *err);
+
+    /* ---- KV cache and attention ---- */
+    /* cache [S, W] row slot_d[t] = x [T, W] row t (converting dtype). */
+    int (*kv_store)(ms_backend *b, ms_tensor *cache, const ms_tensor *x, const int32_t *slot_d, ms_err *err);
+    /* Paged causal GQA. q [T, nh, d]; kcache/vcache [S, nkv, d]; token t of sequence s attends
+     * positions 0..positions[t] of s, found via block_table. out [T, nh, d]. */
+    int (*attn_gqa)(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, const ms_tensor *vcache,
+                    const ms_attn_meta *m, float scale, ms_tensor *out, ms_err *err);
+    /* MLA in absorbed form (spec 3.6) over the latent cache [S, kvl + dr] (c ; k_rope). q [T, nh, kvl+dr]
+     * = (q_abs ; q_rope). topk_d [T, topk] lists the key positions each query may attend (-1 =
+     * unused); NULL = dense causal. out [T, nh, kvl] = softmax-weighted sum of c. */
+    int (*mla_attn)(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, const ms_attn_meta *m,
+                    const int32_t *topk_d, int topk, int kvl, float scale, ms_tensor *out, ms_err *err);
+    /* q [T, nh, dn+dr] -> out [T, nh, kvl+dr]: out[:,h,:kvl] = q_nope_h · W_UK_h, out[:,h,kvl:] = q_rope_h.
+     * kv_b is kv_b_proj [nh*(dn+dv), kvl] in any format. */
+    int (*mla_absorb_q)(ms_backend *b, const ms_linear *kv_b, const ms_tensor *q, int nh, int dn, int dr, int dv,
+                        ms_tensor *out, ms_err *err);
+    /* o_lat [T, nh, kvl] -> out [T, nh*dv]: out[:,h,:] = o_lat_h · W_UV_hᵀ. */
+    int (*mla_v_up)(ms_backend *b, const ms_linear *kv_b, const ms_tensor *o_lat, int nh, int dn, int dv,
+                    ms_tensor *out, ms_err *err);
+    /* DSA indexer (spec 3.8): score I(s,t) = sum_j w[s,j] * relu(qI[s,j]·kI(t) * d^-1/2) over causal keys
+     * t (positions 0..positions[s] of s's sequence, read from idx_cache [S, d] via block_table); writes
+     * the positions of the top-k scores to out_d [T, topk] (any order; -1 pads when fewer keys).
+     * qI [T, nih, d], w [T, nih] (already multiplied by nih^-1/2). */
+    int (*indexer_topk)(ms_backend *b, const ms_tensor *qI, const ms_tensor *w, const ms_tensor *idx_cache,
+                        const ms_attn_meta *m, int topk, int32_t *out_d, ms_err *err);
+
+    /* ---- MoE routing ---- */
+    /* logits = x [T,H] · gateᵀ in float32; s = sigmoid; choose by s + bias (bias may be NULL) with
+     * group-limited top-k; weights = s[idx] (normalized if asked) * scale. ids_d [T,k] int32,
+     * w_d [T,k] float32. */
+    int (*router)(ms_backend *b, const ms_tensor *x, const ms_linear *gate, const ms_tensor *bias,
+                  const ms_route_cfg *rc, int32_t *ids_d, float *w_d, ms_err *err);
+
+    /* ---- checks and sampling helpers ---- */
+    /* Finds the first row of x [R, C] holding NaN/Inf: *bad_row = row or -1. */
+    int (*find_nonfinite)(ms_backend *b, const ms_tensor *x, int64_t *bad_row, ms_err *err);
+    /* out_d[r] = argmax of logits row r (F32 [R, V]). */
+    int (*argmax)(ms_backend *b, const ms_tensor *logits, int32_t *out_d, ms_err *err);
+} ms_backend_ops;
+
+typedef struct ms_gpu_info {
+    char name[128];
+    int cc_major, cc_minor;
+    size_t mem_total, mem_free;
+    int n_sm;
+} ms_gpu_info;
+
+struct ms_backend {
+    const ms_backend_ops *ops;
+    const char *name;     /* "cpu" or "cuda" */
+    ms_dtype act_dtype;   /* F32 (cpu) or BF16 (cuda) */
+    int device;           /* GPU ordinal, -1 for cpu */
+    ms_gpu_info gpu;      /* filled by cuda */
+    void *impl;
+};
+
+/* Creates a backend by name: "cpu" or "cuda" (device = GPU ordinal). A build without CUDA or a
+ * machine without a GPU gives a clear MS_ERR_UNSUPPORTED. */
+int ms_backend_create(const char *name, int device, ms_backend **out, ms_err *err);
+void ms_backend_destroy(ms_backend *b);
+/* 1 when this build has the CUDA backend compiled in. */
+int ms_backend_cuda_compiled(void);
+
+/* Convenience: allocate a tensor of dtype/shape in backend memory. */
+int ms_backend_alloc(ms_backend *b, ms_tensor *t, ms_dtype dtype, int ndim, const int64_t *shape, ms_err *err);
+
+#endif

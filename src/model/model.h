@@ -1,0 +1,122 @@
+/* model.h - a loaded model: config plus weight views per layer, and the forward pass.
+ *
+ * Loading maps the checkpoint (safetensors) and builds ms_linear views in each tensor's own format
+ * (plain, FP8 block, NVFP4 — decided per module by the scale tensors present, cross-checked against
+ * the quantization config's exclude list). Nothing is expanded to float32: the CPU backend reads the
+ * mmap directly; other backends copy at placement. `--load-format dummy` builds random weights of the
+ * real shapes instead (host or device). */
+#ifndef MS_MODEL_MODEL_H
+#define MS_MODEL_MODEL_H
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "model/batch.h"
+#include "model/config.h"
+#include "model/tensor.h"
+#include "moe/moe.h"
+
+typedef struct ms_layer {
+    ms_tensor attn_norm, ffn_norm;
+    /* glm4_moe GQA */
+    ms_linear q_proj, k_proj, v_proj, o_proj; /* o_proj is shared with MLA */
+    ms_tensor q_norm, k_norm;                 /* per-head RMSNorm weights [d] or data NULL */
+    /* glm_moe_dsa MLA */
+    ms_linear q_a_proj, q_b_proj, kv_a_proj, kv_b_proj;
+    ms_tensor q_a_norm, kv_a_norm;
+    /* DSA indexer (full layers only) */
+    int has_indexer;
+    ms_linear idx_wq_b, idx_wk, idx_wproj;
+    ms_tensor idx_k_norm_w, idx_k_norm_b;
+    /* MLP */
+    int is_moe;
+    ms_linear gate_proj, up_proj, down_proj; /* dense MLP */
+    ms_linear router;                        /* [E, H] */
+    ms_tensor router_bias;                   /* [E] F32 e_score_correction_bias, or data NULL */
+    ms_experts experts;
+    int has_shared;
+    ms_linear sh_gate, sh_up, sh_down;
+} ms_layer;
+
+/* Bytes and tensor counts per module group and format, for `inspect` and bench byte counts. */
+typedef struct ms_weight_stats {
+    uint64_t bytes_total;
+    uint64_t bytes_by_group[8][3]; /* group x format(plain/fp8/nvfp4) */
+    int linears_by_group[8][3];
+    int n_tensors, n_mtp_tensors_skipped;
+    int n_layer_tensors_skipped; /* layers past an overridden num_hidden_layers */
+    int n_unexpected_tensors;    /* neither used nor MTP (warned once at load) */
+    uint8_t plain_dtype[8];      /* ms_dtype of the group's unquantized weights (last seen) */
+} ms_weight_stats;
+enum { MS_GROUP_EMBED, MS_GROUP_ATTN, MS_GROUP_INDEXER, MS_GROUP_DENSE_MLP, MS_GROUP_ROUTER, MS_GROUP_EXPERTS,
+       MS_GROUP_SHARED, MS_GROUP_LM_HEAD, MS_N_GROUPS };
+extern const char *const ms_group_names[MS_N_GROUPS];
+
+typedef struct ms_model {
+    ms_config cfg;
+    char dir[1024];
+    struct ms_st_set *st; /* mmap'd checkpoint (NULL for dummy weights) */
+    ms_tensor embed;      /* [V, H] */
+    ms_tensor final_norm; /* [H] */
+    ms_linear lm_head;    /* [V, H] (views embed when tied) */
+    ms_layer *layers;     /* [cfg.num_layers] */
+    ms_weight_stats stats;
+    char quant_desc[64];  /* "bf16", "fp8 (block 128)", "nvfp4 (group 16)", "mixed" */
+    void *owned;          /* model-owned host memory (names, dummy data, converted tensors) */
+    int tied_lm_head;     /* lm_head.w is the embedding (tie_word_embeddings, no lm_head.weight) */
+    int placed;           /* weights moved to a backend */
+    ms_backend *placed_on;
+} ms_model;
+
+typedef struct ms_load_opts {
+    const char *load_format;  /* "auto" (default) or "dummy" */
+    const char *dummy_quant;  /* dummy weights: "bf16", "fp8" or "nvfp4" (experts; others bf16) */
+    const char *const *overrides; /* config overrides "key=value" */
+    int n_overrides;
+    int prefetch_threads;     /* parallel shard readers (0 = auto; < 0: no prefetch, pages load on use).
+                               * Prefetch is skipped when the checkpoint exceeds free memory. */
+    int progress;             /* show loading progress (tensors, GB, MB/s) on a terminal */
+    uint64_t seed;            /* dummy weights */
+} ms_load_opts;
+
+/* Loads config + weights from DIR (or just config for dummy; DIR may then be a config .json path).
+ * opts may be NULL (auto format, prefetch, no progress). Errors name file and tensor/field; on
+ * error *out is NULL. Views point into the mmap (or model memory); free with ms_model_free. */
+int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_err *err);
+/* Releases views, the mapping, model-owned memory and (if placed) the backend copies. NULL is ok. */
+void ms_model_free(ms_model *m);
+/* Moves all weights into backend memory (place_tensor / place_linear on each). MoE runner
+ * preparation happens in ms_forward_create. ms_model_free releases the placement, so free the
+ * model before destroying the backend. */
+int ms_model_place(ms_model *m, ms_backend *b, ms_err *err);
+
+/* ---- forward ---- */
+
+typedef struct ms_forward ms_forward; /* per-backend forward state: workspace, KV memory, runner */
+
+typedef struct ms_forward_opts {
+    int max_tokens;          /* most tokens per step (workspace size) */
+    int n_pages, page_size;  /* KV cache geometry (pages per layer) */
+    const char *moe_runner;  /* "auto" or a runner name */
+    int check_numerics;      /* check every op's output for NaN/Inf */
+    /* Optional per-layer hook (moeserve compare): called after each decoder layer with the residual
+     * stream [T,H] in backend memory; layer == num_layers for the final normed hidden state. */
+    void (*on_layer)(void *ctx, int layer, const ms_tensor *hidden);
+    void *on_layer_ctx;
+    /* Record, per MoE layer, how many distinct experts the last step routed to (bench-model's byte
+     * count; costs a small device->host copy per layer). */
+    int record_routing;
+} ms_forward_opts;
+
+int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_forward **out, ms_err *err);
+void ms_forward_free(ms_forward *f);
+/* Runs one step: writes the batch's K/V into the cache, computes logits for batch->logit_idx into
+ * logits_host [n_logits, vocab] (float32). With check_numerics, a NaN/Inf fails with
+ * MS_ERR_NUMERICS naming the layer, op and token position. */
+int ms_forward_run(ms_forward *f, const ms_batch *batch, float *logits_host, ms_err *err);
+/* With record_routing: distinct experts routed to by the last step, per layer (0 for dense
+ * layers); array of cfg.num_layers owned by f. NULL otherwise. */
+const int *ms_forward_routed_experts(const ms_forward *f);
+/* Bytes of KV cache per token over all layers (for sizing the pool). */
+size_t ms_forward_kv_bytes_per_token(const ms_model *m, const ms_backend *b);
+
+#endif

@@ -1,0 +1,58 @@
+/* moe.h - MoE expert computation behind one interface, with named runners.
+ *
+ * Routing (backend router op) produces per token the top-k expert ids and weights; a runner then
+ * computes out[t] = sum_k w[t,k] * expert_{ids[t,k]}(x[t]) with SwiGLU experts
+ * (down(silu(gate(x)) * up(x))). The shared expert is not part of the runner (the forward adds it).
+ * Runners declare what they support; `auto` picks among those that do; a forced runner that cannot
+ * run fails at start-up with a sentence naming the GPU, compute capability, reason and the runners
+ * that can. */
+#ifndef MS_MOE_MOE_H
+#define MS_MOE_MOE_H
+
+#include "backend/backend.h"
+
+/* Routed experts of one layer: n experts, each three linears in the same format. */
+typedef struct ms_experts {
+    int n;
+    ms_linear *gate; /* [n], each [I, H] */
+    ms_linear *up;   /* [n], each [I, H] */
+    ms_linear *down; /* [n], each [H, I] */
+    void *prepared;  /* runner/backend-private form (e.g. device pointer tables); may be NULL */
+} ms_experts;
+
+/* What a runner is asked to do in one call (for supports/workspace/auto choice). */
+typedef struct ms_moe_shape {
+    int n_tokens, hidden, inter, n_experts, topk;
+    ms_wfmt fmt;
+    ms_dtype plain_dtype; /* weight dtype when fmt == PLAIN */
+} ms_moe_shape;
+
+typedef struct ms_moe_runner {
+    const char *name;    /* "cpu", "naive", "grouped", "decode" */
+    const char *backend; /* backend name it runs on */
+    /* 1 if it can run this shape on b; otherwise 0 and a reason in why (one clause). */
+    int (*supports)(const ms_backend *b, const ms_moe_shape *s, char *why, size_t why_cap);
+    /* Scratch bytes run() needs for this shape (backend memory). */
+    size_t (*workspace_size)(const ms_backend *b, const ms_moe_shape *s);
+    /* One-time preparation of a layer's experts after placement (may be NULL). */
+    int (*prepare)(ms_backend *b, ms_experts *e, ms_err *err);
+    /* out [T,H] = routed MoE of x [T,H] (overwrites out). ids_d/w_d [T,topk] from the router. */
+    int (*run)(ms_backend *b, const ms_experts *e, const ms_tensor *x, const int32_t *ids_d, const float *w_d,
+               int topk, ms_tensor *out, void *workspace, size_t ws_bytes, ms_err *err);
+} ms_moe_runner;
+
+/* All runners compiled into this build (NULL-terminated). */
+const ms_moe_runner *const *ms_moe_runners(void);
+/* Finds a runner by name for backend b; "auto" returns NULL in *out with MS_OK (choose per call
+ * with ms_moe_pick). An unknown name or one that does not run on b fails with the one-sentence
+ * explanation required above. `s` is a representative shape (model's). */
+int ms_moe_resolve(const ms_backend *b, const char *name, const ms_moe_shape *s, const ms_moe_runner **out,
+                   ms_err *err);
+/* Picks the runner for one call: `forced` if non-NULL, else the best supported for s (auto policy,
+ * using tuned thresholds when present). Never NULL on success. */
+const ms_moe_runner *ms_moe_pick(const ms_backend *b, const ms_moe_runner *forced, const ms_moe_shape *s);
+/* Sets the auto policy's threshold: calls with at most this many tokens prefer the "decode" runner
+ * (default 16; a tuned value from `moeserve tune` replaces it). */
+void ms_moe_set_auto_threshold(int decode_max_tokens);
+
+#endif

@@ -1,0 +1,80 @@
+/* server.h - the OpenAI-compatible HTTP server (libmicrohttpd).
+ *
+ * The server reaches the tokenizer, chat template and engine only through ms_server_ops, a table
+ * of function pointers: server_ops_real.c adapts the real ms_tokenizer / ms_template / ms_engine,
+ * and tests drive the whole HTTP layer with fakes.
+ *
+ * Threads: libmicrohttpd's internal pool (epoll where available) runs all HTTP work, including
+ * detokenization and the reasoning/tool parsers. Engine callbacks only queue the event and wake
+ * the (suspended) connection, so they never block the engine thread. */
+#ifndef MS_SERVER_SERVER_H
+#define MS_SERVER_SERVER_H
+
+#include "core/status.h"
+#include "engine/engine.h"
+#include "server/api.h"
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ms_server_ops {
+    void *ctx;
+    /* Tokenizer. encode: *ids malloc'd (caller frees). */
+    int (*encode)(void *ctx, const char *text, size_t len, int add_special, int32_t **ids, int *n,
+                  ms_err *err);
+    /* Renders the chat template with add_generation_prompt; *out malloc'd. tools/kwargs may be NULL. */
+    int (*render_chat)(void *ctx, json_t *messages, json_t *tools, json_t *kwargs, char **out,
+                       size_t *len, ms_err *err);
+    /* Decodes ids with special tokens kept (logprob token strings); *out malloc'd. */
+    int (*decode)(void *ctx, const int32_t *ids, int n, char **out, size_t *len, ms_err *err);
+    int (*is_special)(void *ctx, int32_t id);
+    const char *(*token_content)(void *ctx, int32_t id); /* vocab/added-token string or NULL */
+    /* Incremental detokenizer that keeps special tokens (the server filters ids before pushing). */
+    void *(*detok_new)(void *ctx);
+    int (*detok_push)(void *detok, int32_t id, char **buf, size_t *len, size_t *cap, ms_err *err);
+    int (*detok_flush)(void *detok, char **buf, size_t *len, size_t *cap, ms_err *err);
+    void (*detok_free)(void *detok);
+    /* Engine (same contracts as ms_engine_submit / abort / get_stats). */
+    int (*submit)(void *ctx, const int32_t *prompt, int n_prompt, const ms_sampling *sp,
+                  ms_token_cb cb, void *user, uint64_t *req_id, ms_err *err);
+    void (*abort)(void *ctx, uint64_t req_id);
+    void (*stats)(void *ctx, ms_engine_stats *out);
+} ms_server_ops;
+
+enum { MS_REASONING_NONE = 0, MS_REASONING_GLM45 = 1 };
+
+typedef struct ms_server_config {
+    const char *host;          /* default "127.0.0.1" */
+    int port;                  /* 0 = pick a free port (see ms_server_port) */
+    const char *api_key;       /* NULL/"" = no authentication */
+    ms_api_limits lim;         /* model names, context length, vocab, sampling defaults */
+    const char *model_path;    /* for /v1/models and /get_server_info */
+    int reasoning_parser;      /* MS_REASONING_* */
+    int tool_parser;           /* MS_TOOL_* or -1 = none */
+    size_t max_request_bytes;  /* request body limit (default 10 MB) */
+    int n_threads;             /* HTTP worker threads (default 4) */
+    int n_eos;                 /* default stop ids (generation_config eos) */
+    int32_t eos_ids[16];
+    const char *info_json;     /* JSON object text shown under "flags" in /get_server_info */
+    const char *version;       /* moeserve version string */
+} ms_server_config;
+
+/* Fills defaults (host 127.0.0.1, port 8000, 10 MB body limit, 4 threads, no parsers). */
+void ms_server_config_default(ms_server_config *c);
+
+typedef struct ms_server ms_server;
+
+/* Starts listening. cfg strings and ops (and what they point to) are borrowed and must outlive
+ * the server; the engine behind ops must outlive it too (destroy the engine after the server). */
+int ms_server_start(const ms_server_config *cfg, const ms_server_ops *ops, ms_server **out,
+                    ms_err *err);
+/* The bound TCP port. */
+int ms_server_port(const ms_server *s);
+/* Aborts in-flight requests, waits briefly for their responses to end, stops and frees. */
+void ms_server_stop(ms_server *s);
+
+/* The chat page served at GET / (chat_page.c). */
+extern const char ms_chat_page_html[];
+
+#endif

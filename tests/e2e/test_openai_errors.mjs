@@ -1,0 +1,118 @@
+// test_openai_errors.mjs - malformed and hostile input over raw HTTP against a real server: each
+// gets the OpenAI error object with the right status and the server keeps serving; API key (401,
+// constant-time compare), body limit (413), unknown model (404), client disconnect mid-stream
+// (engine request aborted, KV pages freed), and at the end the KV pool is back to empty.
+import { assert, checkError, eq, metrics, post, run, startServer, test, waitKvEmpty } from "./lib.mjs";
+
+const M = [{ role: "user", content: "hi" }];
+const chat = (o) => ({ messages: M, max_tokens: 4, ...o });
+
+const BAD = [
+  ["not JSON", "{nope", 400],
+  ["not an object", "[1]", 400],
+  ["invalid UTF-8", new Uint8Array([...Buffer.from('{"messages":[{"role":"user","content":"'), 0xff, 0xfe, ...Buffer.from('"}]}')]), 400],
+  ["messages missing", {}, 400, "messages"],
+  ["messages empty", { messages: [] }, 400, "messages"],
+  ["bad role", { messages: [{ role: "robot", content: "x" }] }, 400, "messages[0].role"],
+  ["content wrong type", { messages: [{ role: "user", content: 3 }] }, 400, "messages[0].content"],
+  ["temperature wrong type", chat({ temperature: "warm" }), 400, "temperature"],
+  ["temperature < 0", chat({ temperature: -1 }), 400, "temperature"],
+  ["top_p 0", chat({ top_p: 0 }), 400, "top_p"],
+  ["top_p > 1", chat({ top_p: 1.01 }), 400, "top_p"],
+  ["negative max_tokens", chat({ max_tokens: -1 }), 400, "max_tokens"],
+  ["absurd max_tokens", chat({ max_tokens: 1e12 }), 400, "max_tokens"],
+  ["n too large", chat({ n: 100 }), 400, "n"],
+  ["too many stop strings", chat({ stop: Array.from({ length: 17 }, (_, i) => "s" + i) }), 400, "stop"],
+  ["stop wrong type", chat({ stop: 5 }), 400, "stop"],
+  ["stream wrong type", chat({ stream: "yes" }), 400, "stream"],
+  ["tools wrong type", chat({ tools: "calc" }), 400, "tools"],
+  ["named tool not offered", chat({ tool_choice: { type: "function", function: { name: "nope" } } }), 400, "tool_choice"],
+  ["unknown model", chat({ model: "no-such-model" }), 404, "model", "model_not_found"],
+];
+
+for (const [name, body, status, param, code] of BAD) {
+  test("bad input: " + name, async ({ server }) => {
+    checkError(await post(server.url + "/v1/chat/completions", body), status, param, code);
+  });
+}
+
+test("completions bad input", async ({ server }) => {
+  checkError(await post(server.url + "/v1/completions", {}), 400, "prompt");
+  checkError(await post(server.url + "/v1/completions", { prompt: [1, -5] }), 400, "prompt");
+  checkError(await post(server.url + "/v1/completions", { prompt: "x", max_tokens: 0 }), 400, "max_tokens");
+});
+
+test("prompt longer than the context", async ({ server }) => {
+  const info = await (await fetch(server.url + "/get_server_info")).json();
+  const ctx = info.context_length;
+  assert(ctx > 0, "context_length in server info");
+  const prompt = "hello ".repeat(ctx + 10);
+  const r = await post(server.url + "/v1/completions", { prompt, max_tokens: 1 });
+  checkError(r, 400, "prompt", "context_length_exceeded");
+});
+
+test("body over the limit: 413", async ({ server }) => {
+  const big = JSON.stringify({ prompt: "x".repeat(300 * 1024) }); // server started with --max-request-bytes 262144
+  checkError(await post(server.url + "/v1/completions", big), 413, null, "request_too_large");
+});
+
+test("unknown route 404, wrong method 405", async ({ server }) => {
+  const r = await fetch(server.url + "/v2/whatever");
+  eq(r.status, 404, "status");
+  assert((await r.json()).error, "error object");
+  const g = await fetch(server.url + "/v1/chat/completions");
+  eq(g.status, 405, "GET on a POST route");
+});
+
+test("server keeps serving after all that", async ({ server }) => {
+  const r = await post(server.url + "/v1/chat/completions", chat({}));
+  eq(r.status, 200, "status");
+  eq(r.json.object, "chat.completion", "object");
+  eq((await fetch(server.url + "/health")).status, 200, "health");
+});
+
+test("client disconnect mid-stream aborts the request and frees its pages", async ({ server }) => {
+  const before = await metrics(server.url);
+  const ac = new AbortController();
+  const r = await fetch(server.url + "/v1/completions", { method: "POST", headers: { "Content-Type": "application/json" }, signal: ac.signal,
+    body: JSON.stringify({ prompt: "Count:", max_tokens: 400, ignore_eos: true, stream: true }) });
+  const reader = r.body.getReader();
+  let got = 0;
+  while (got < 3) { const { value, done } = await reader.read(); if (done) break; got += new TextDecoder().decode(value).split("data:").length - 1; }
+  ac.abort();
+  await reader.cancel().catch(() => {});
+  const m = await waitKvEmpty(server.url);
+  assert(m["moeserve:requests_aborted_total"] > before["moeserve:requests_aborted_total"], "engine counted an aborted request");
+  assert(m["moeserve:generation_tokens_total"] - before["moeserve:generation_tokens_total"] < 400, "generation stopped early");
+});
+
+test("API key: 401 without or with a wrong key, 200 with it", async ({ keyed }) => {
+  const url = keyed.url + "/v1/chat/completions";
+  checkError(await post(url, chat({})), 401, null, "invalid_api_key");
+  checkError(await post(url, chat({}), { Authorization: "Bearer wrong-key-0" }), 401, null, "invalid_api_key");
+  checkError(await post(url, chat({}), { Authorization: "Bearer sk-test-key" + "x" }), 401, null, "invalid_api_key");
+  checkError(await post(url, chat({}), { Authorization: "sk-test-key" }), 401, null, "invalid_api_key");
+  const ok = await post(url, chat({}), { Authorization: "Bearer sk-test-key" });
+  eq(ok.status, 200, "with the key");
+  eq((await fetch(keyed.url + "/health")).status, 200, "health stays open");
+});
+
+test("metrics exposition and KV pool back to empty", async ({ server }) => {
+  const text = await (await fetch(server.url + "/metrics")).text();
+  for (const name of ["moeserve:num_requests_running", "moeserve:num_requests_waiting", "moeserve:prompt_tokens_total",
+                      "moeserve:generation_tokens_total", "moeserve:time_to_first_token_seconds", "moeserve:inter_token_latency_seconds",
+                      "moeserve:e2e_request_latency_seconds", "moeserve:kv_cache_usage_ratio", "moeserve:prefix_cache_hit_rate",
+                      "moeserve:num_preemptions_total"])
+    assert(text.includes("# TYPE " + name + " "), "TYPE line for " + name);
+  const m = await waitKvEmpty(server.url);
+  assert(m["moeserve:e2e_request_latency_seconds_count"] >= 1, "requests observed");
+});
+
+run(import.meta.url, {
+  setup: async () => {
+    const server = await startServer(["--max-request-bytes", "262144"]);
+    const keyed = server.external ? server : await startServer(["--api-key", "sk-test-key"]);
+    return { server, keyed };
+  },
+  teardown: async ({ server, keyed }) => { await server.stop(); if (keyed !== server) await keyed.stop(); },
+});
