@@ -91,9 +91,10 @@ static void end_request(ms_engine *e, ms_request *r, int finish, const char *err
     ms_request_free(r);
 }
 
+/* vLLM semantics: the request's stop ids always stop; the executor's eos ids unless ignore_eos. */
 static int is_stop(const ms_engine *e, const ms_request *r, int32_t tok) {
-    if (r->sp.ignore_eos) return 0;
     for (int i = 0; i < r->sp.n_stop_ids; i++) if (r->sp.stop_ids[i] == tok) return 1;
+    if (r->sp.ignore_eos) return 0;
     for (int i = 0; i < e->exec.n_eos; i++) if (e->exec.eos_ids[i] == tok) return 1;
     return 0;
 }

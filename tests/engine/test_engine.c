@@ -324,10 +324,12 @@ static void test_stop_ids_and_ignore_eos(void) {
         for (int j = 0; j < k; j++) seen |= ref[j] == ref[k];
         if (!seen) break;
     }
-    for (int mode = 0; mode < 3; mode++) { /* request stop id, executor eos, eos with ignore_eos */
+    /* 0: request stop id; 1: executor eos; 2: eos with ignore_eos (ignored); 3: request stop id
+     * with ignore_eos (still stops, as in vLLM) */
+    for (int mode = 0; mode < 4; mode++) {
         gated g;
         ms_executor ex = gated_init(&g, 64, 4, 64);
-        if (mode > 0) { ex.n_eos = 1; ex.eos_ids[0] = ref[k]; }
+        if (mode == 1 || mode == 2) { ex.n_eos = 1; ex.eos_ids[0] = ref[k]; }
         ms_engine_config cfg = small_cfg(4);
         ms_engine *e;
         ms_err err = {0};
@@ -338,8 +340,8 @@ static void test_stop_ids_and_ignore_eos(void) {
         ms_sampling_default(&sp);
         sp.temperature = 0;
         sp.max_tokens = 40;
-        if (mode == 0) { sp.n_stop_ids = 2; sp.stop_ids[0] = VOCAB - 1 == ref[k] ? 0 : VOCAB - 1; sp.stop_ids[1] = ref[k]; }
-        if (mode == 2) sp.ignore_eos = 1;
+        if (mode == 0 || mode == 3) { sp.n_stop_ids = 2; sp.stop_ids[0] = VOCAB - 1 == ref[k] ? 0 : VOCAB - 1; sp.stop_ids[1] = ref[k]; }
+        if (mode >= 2) sp.ignore_eos = 1;
         if (sp.n_stop_ids && sp.stop_ids[0] != ref[k]) {
             int used = 0;
             for (int j = 0; j <= k; j++) used |= ref[j] == sp.stop_ids[0];
@@ -347,7 +349,7 @@ static void test_stop_ids_and_ignore_eos(void) {
         }
         CHECK_EQ_INT(ms_engine_submit(e, p, 10, &sp, on_event, &c.s[0], NULL, &err), MS_OK);
         coll_wait(&c, 1);
-        if (mode < 2) {
+        if (mode != 2) {
             CHECK_EQ_INT(c.s[0].finish, MS_FINISH_STOP);
             CHECK_EQ_INT(c.s[0].n, k + 1);
             CHECK_EQ_INT(c.s[0].toks[k], ref[k]); /* the stop token is reported with the final event */
