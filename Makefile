@@ -59,22 +59,27 @@ build: $(BUILD)/moeserve $(TEST_BIN)
 $(BUILD)/libmoeserve.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@rm -f $@
-	ar rcs $@ $^
+	@echo "  AR      $@"
+	@ar rcs $@ $^
 
 $(BUILD)/moeserve: $(TOOL_OBJ) $(BUILD)/libmoeserve.a
-	$(CC) $(LDFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libmoeserve.a $(LDLIBS)
+	@echo "  LINK    $@"
+	@$(CC) $(LDFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libmoeserve.a $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c tests/test.h $(BUILD)/libmoeserve.a $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests -MMD -MP -o $@ $< $(BUILD)/libmoeserve.a $(LDFLAGS) $(LDLIBS)
+	@echo "  TEST    $@"
+	@$(CC) $(CFLAGS) -Itests -MMD -MP -o $@ $< $(BUILD)/libmoeserve.a $(LDFLAGS) $(LDLIBS)
 
 $(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itools $(if $(findstring /cuda/,$<),$(CUDA_INC)) -MMD -MP -c -o $@ $<
+	@echo "  CC      $<"
+	@$(CC) $(CFLAGS) -Itools $(if $(findstring /cuda/,$<),$(CUDA_INC)) -MMD -MP -c -o $@ $<
 
 $(BUILD)/%.cu.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -MMD -MP -c -o $@ $<
+	@echo "  NVCC    $<"
+	@$(NVCC) $(NVFLAGS) -MMD -MP -c -o $@ $<
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
