@@ -1,8 +1,11 @@
 /* cmd_logits.c - `moeserve logits --model DIR --ids 3,1,4 --out FILE [--device cpu|cuda]
- * [--moe-runner-backend X] [--check-numerics]`
+ * [--moe-runner-backend X] [--check-numerics] [--record-decisions FILE | --replay-decisions FILE]`
  *
  * Writes the logits of every position of one prompt, one prefill step, as float32 little-endian
- * rows n_ids x vocab: the raw numbers the conformance tests compare with transformers. */
+ * rows n_ids x vocab: the raw numbers the conformance tests compare with transformers.
+ * --record-decisions saves the step's discrete choices (MoE experts with their margins, DSA key
+ * selections); --replay-decisions makes this run take those instead of choosing, so two backends
+ * can be compared op for op even where a near-tie makes them choose differently. */
 #include "common/args.h"
 #include "common/model_args.h"
 #include "core/log.h"
@@ -21,6 +24,8 @@ int cmd_logits(int argc, char **argv) {
     float *lg = NULL;
     ms_executor ex = {0};
     const char *ids_s = ms_args_str(&a, "ids", NULL), *outp = ms_args_str(&a, "out", NULL);
+    const char *recp = ms_args_str(&a, "record-decisions", NULL), *repp = ms_args_str(&a, "replay-decisions", NULL);
+    ms_decisions dec = {0};
     if (ms_model_args_parse(&a, "logits", &ma) || ms_args_check_unknown(&a, "logits")) goto done;
     int n = 0;
     if (!ids_s || ms_parse_ids(ids_s, &ids, &n) || n < 1) {
@@ -35,6 +40,27 @@ int cmd_logits(int argc, char **argv) {
     if (!ma.ex.max_batch_tokens) ma.ex.max_batch_tokens = n;
     if (!ma.ex.max_total_tokens) ma.ex.max_total_tokens = n + ma.ex.page_size;
     ms_err err = {0};
+    if (repp) {
+        if (ms_decisions_load(repp, &dec, &err)) {
+            fprintf(stderr, "moeserve logits: flag --replay-decisions: %s\n", err.msg);
+            goto done;
+        }
+        if (dec.n_tokens != n) {
+            fprintf(stderr, "moeserve logits: flag --replay-decisions: %s holds %d tokens, --ids has %d\n", repp,
+                    dec.n_tokens, n);
+            goto done;
+        }
+        ma.ex.replay_decisions = &dec;
+    } else if (recp) {
+        ms_config cfg;
+        if (ms_config_load_with_overrides(ma.ex.model_path, ma.ex.overrides, ma.ex.n_overrides, &cfg, &err) ||
+            ms_decisions_alloc(&dec, cfg.num_layers, n, cfg.num_experts_per_tok > 0 ? cfg.num_experts_per_tok : 1,
+                               cfg.index_topk > 0 ? cfg.index_topk : 1, &err)) {
+            fprintf(stderr, "moeserve logits: flag --record-decisions: %s\n", err.msg);
+            goto done;
+        }
+        ma.ex.record_decisions = &dec;
+    }
     if (ms_model_executor_open(&ma.ex, &ex, NULL, &err)) {
         fprintf(stderr, "moeserve logits: %s\n", err.msg);
         goto done;
@@ -60,8 +86,13 @@ int cmd_logits(int argc, char **argv) {
         fprintf(stderr, "moeserve logits: writing %s failed\n", outp);
         goto done;
     }
+    if (recp && !repp && ms_decisions_save(&dec, recp, &err)) {
+        fprintf(stderr, "moeserve logits: flag --record-decisions: %s\n", err.msg);
+        goto done;
+    }
     rc = 0;
 done:
+    ms_decisions_free(&dec);
     ms_model_executor_close(&ex);
     free(lg);
     free(ids);

@@ -100,6 +100,8 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
         fo.moe_runner = o->moe_runner ? o->moe_runner : "auto";
         fo.check_numerics = o->check_numerics;
         fo.record_routing = o->record_routing;
+        fo.record = o->record_decisions;
+        fo.replay = o->replay_decisions;
         rc = ms_forward_create(x->m, x->b, &fo, &x->f, err);
         if (!rc) {
             out->ctx = x;

@@ -23,6 +23,8 @@ typedef struct ms_exec_opts {
     int check_numerics;
     int progress;
     int record_routing;       /* forward records distinct routed experts per layer (bench-model) */
+    ms_decisions *record_decisions;        /* single-step record/replay (logits, compare); see model.h */
+    const ms_decisions *replay_decisions;
 } ms_exec_opts;
 
 /* Opens everything; on success *out is ready for ms_engine_create and *model_out (may be NULL)

@@ -110,6 +110,7 @@ int fw_attn_dsa(ms_forward *f, int L, int T, int *topk_valid, ms_err *err) {
     if (c->indexer_full[L]) {
         MS_TRY(indexer(f, L, T, &cq, dense, err));
         *topk_valid = !dense;
+        if (!dense) MS_TRY(fw_decide_index(f, L, T, err));
     }
     const int32_t *topk = *topk_valid ? f->topk.data : NULL;
     ms_tensor olat = fw_view3(&f->olat, T, nh, kvl);

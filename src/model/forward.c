@@ -76,12 +76,14 @@ void ms_forward_free(ms_forward *f) {
     free(f->vc);
     ms_tensor *all[] = {&f->x, &f->a, &f->delta, &f->g, &f->u, &f->moe_out, &f->sh_out, &f->q, &f->k, &f->v,
                         &f->attn, &f->qa, &f->qb, &f->qabs, &f->kva, &f->c, &f->olat, &f->vout, &f->qI, &f->kI,
-                        &f->iw, &f->topk, &f->ids, &f->rw, &f->lrows, &f->lnorm, &f->logits, &f->moe_ws,
+                        &f->iw, &f->topk, &f->ids, &f->rw, &f->rlog, &f->lrows, &f->lnorm, &f->logits, &f->moe_ws,
                         &f->d_tok, &f->d_pos, &f->d_start, &f->d_ctx, &f->d_slot, &f->d_seq, &f->d_lidx, &f->d_bt};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free_t(f, all[i]);
     free(f->h_seq);
     free(f->routed);
     free(f->h_ids);
+    free(f->h_rlog);
+    free(f->h_rw);
     free(f);
 }
 
@@ -161,6 +163,16 @@ int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_f
             goto fail;
         }
     }
+    if (o->record || o->replay) {
+        const int E = c->n_routed_experts > 0 ? c->n_routed_experts : 1, k = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1;
+        if ((rc = alloc2(f, &f->rlog, MS_F32, T, E, err))) goto fail;
+        f->h_rlog = malloc(sizeof(float) * (size_t)T * (size_t)E);
+        f->h_rw = malloc(sizeof(float) * (size_t)T * (size_t)k);
+        if (!f->h_rlog || !f->h_rw) {
+            rc = ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
+            goto fail;
+        }
+    }
     f->kc = calloc((size_t)c->num_layers, sizeof(ms_tensor));
     f->vc = calloc((size_t)c->num_layers, sizeof(ms_tensor));
     if (!f->h_seq || !f->kc || !f->vc) {
@@ -206,6 +218,7 @@ static int mlp(ms_forward *f, int L, int T, ms_err *err) {
                        c->norm_topk_prob, c->routed_scaling_factor};
     MS_TRY(op->router(f->b, &a, &l->router, l->router_bias.data ? &l->router_bias : NULL, &rc, f->ids.data, f->rw.data,
                       err));
+    MS_TRY(fw_decide_experts(f, L, T, &rc, err));
     if (f->routed) {
         MS_TRY(op->download(f->b, f->h_ids, f->ids.data, sizeof(int32_t) * (size_t)T * (size_t)k, err));
         unsigned char seen[4096] = {0};

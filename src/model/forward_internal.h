@@ -22,6 +22,9 @@ struct ms_forward {
     ms_tensor qa, qb, qabs, kva, c, olat, vout; /* glm_moe_dsa */
     ms_tensor qI, kI, iw, topk;                 /* DSA indexer (topk: I32 [T, index_topk]) */
     ms_tensor ids, rw;                          /* router out: I32/F32 [T, topk] */
+    ms_tensor rlog;                             /* F32 [T, E] router logits (record/replay only) */
+    float *h_rlog, *h_rw;                       /* host copies for record/replay */
+    int32_t *h_sel;                             /* host [T, index_topk] (record/replay only) */
     ms_tensor lrows, lnorm, logits;             /* [lchunk, H], [lchunk, H], F32 [lchunk, V] */
     ms_tensor moe_ws;                           /* U8 */
     /* batch arrays in backend memory */
@@ -45,6 +48,12 @@ int fw_check(ms_forward *f, const ms_tensor *t, const char *op, int logit_rows, 
 /* Attention of one layer: reads f->a [T,H], writes f->delta [T,H], stores this step's keys. */
 int fw_attn_glm4(ms_forward *f, int L, int T, ms_err *err);
 int fw_attn_dsa(ms_forward *f, int L, int T, int *topk_valid, ms_err *err);
+
+/* Record / replay of this step's DSA selection of layer L in f->topk (no-op without the options). */
+int fw_decide_index(ms_forward *f, int L, int T, ms_err *err);
+/* Record / replay of layer L's expert choice: replay overwrites f->ids / f->rw with the recorded ids
+ * and their weights from this backend's router logits; record stores ids and margins. */
+int fw_decide_experts(ms_forward *f, int L, int T, const ms_route_cfg *rc, ms_err *err);
 
 /* Bytes of activation workspace the architecture's attention needs per token (for sizing). */
 int fw_alloc_glm4(ms_forward *f, ms_err *err);

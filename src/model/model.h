@@ -93,6 +93,28 @@ int ms_model_place(ms_model *m, ms_backend *b, ms_err *err);
 
 typedef struct ms_forward ms_forward; /* per-backend forward state: workspace, KV memory, runner */
 
+/* The discrete choices of one forward step: MoE expert ids per layer and token, and the DSA key
+ * selection per full indexer layer and token. Recorded on one backend and replayed on another, they
+ * let `compare` and the GPU conformance check every op of two backends against each other even
+ * where a near-tie (a router or indexer margin below bf16 resolution) makes them choose
+ * differently; the recorded margins show whether a differing choice was such a near-tie. */
+typedef struct ms_decisions {
+    int n_layers, n_tokens, topk, index_topk;
+    int32_t *expert_ids;  /* [n_layers, n_tokens, topk]; -1 on dense layers */
+    float *expert_margin; /* [n_layers, n_tokens]: how far the k-th choice beat the best excluded one
+                             (biased sigmoid score; group-limited routing takes the smaller of the
+                             expert and group margins); +inf on dense layers */
+    int32_t *index_sel;   /* [n_layers, n_tokens, index_topk] selected key positions, ascending, -1
+                             padded; all -1 where the layer made no sparse selection */
+} ms_decisions;
+
+/* Allocates zeroed decision arrays (all ids -1, margins +inf). */
+int ms_decisions_alloc(ms_decisions *d, int n_layers, int n_tokens, int topk, int index_topk, ms_err *err);
+void ms_decisions_free(ms_decisions *d);
+/* Saves / loads as a small safetensors file (tensors expert_ids, expert_margin, index_sel). */
+int ms_decisions_save(const ms_decisions *d, const char *path, ms_err *err);
+int ms_decisions_load(const char *path, ms_decisions *d, ms_err *err);
+
 typedef struct ms_forward_opts {
     int max_tokens;          /* most tokens per step (workspace size) */
     int n_pages, page_size;  /* KV cache geometry (pages per layer) */
@@ -102,6 +124,11 @@ typedef struct ms_forward_opts {
      * stream [T,H] in backend memory; layer == num_layers for the final normed hidden state. */
     void (*on_layer)(void *ctx, int layer, const ms_tensor *hidden);
     void *on_layer_ctx;
+    /* Optional: record this step's decisions into *record (allocated by the caller for the step's
+     * token count), or replay *replay's instead of choosing. Single-step debugging aids (logits,
+     * compare); the step's token count must equal the decisions' n_tokens. */
+    ms_decisions *record;
+    const ms_decisions *replay;
     /* Record, per MoE layer, how many distinct experts the last step routed to (bench-model's byte
      * count; costs a small device->host copy per layer). */
     int record_routing;
