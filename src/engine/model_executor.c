@@ -91,6 +91,12 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
     /* backend first: dummy weights for a GPU are generated in its memory, never on the host */
     int rc = ms_backend_create(o->device ? o->device : "cpu", o->device_index, &x->b, err);
     if (!rc && !strcmp(lo.load_format, "dummy")) lo.dummy_device = x->b;
+    if (!rc && x->b->device >= 0) {
+        /* measured decode-vs-grouped crossover for this GPU, when `moeserve tune` left one */
+        const char *td = getenv("MS_TUNED_DIR");
+        if (ms_moe_apply_tuned(x->b, td && td[0] ? td : "configs/tuned"))
+            MS_LOGI("MoE auto policy: tuned threshold %d tokens for %s", ms_moe_auto_threshold(), x->b->gpu.name);
+    }
     if (!rc) rc = ms_model_load(o->model_path, &lo, &x->m, err);
     if (!rc) rc = ms_model_place(x->m, x->b, err);
 #ifdef MS_HAVE_CUDA
