@@ -159,8 +159,36 @@ static double prefill_flops(const ms_model *m, const weight_model *w, int P) {
 typedef struct {
     int batch, ctx, steps;
     double tok_s, ms_step, bytes_step, gbs, pct;
+    double flops_step, tflops, pct_gemm; /* FLOPs the step needs; achieved rate; share of the GEMM ceiling */
     double routed_avg; /* distinct experts per MoE layer per step */
+    char skipped[160]; /* non-empty: not run, and why (e.g. the KV cache cannot hold it) */
 } decode_res;
+
+#define MAX_STEPS 200
+/* Private KV pages per sequence for the decode steps (positions ctx .. ctx + MAX_STEPS + warm-up). */
+static int priv_pages(int ps) { return (MAX_STEPS + 8 + ps - 1) / ps + 1; }
+/* KV pages a (batch, context) run needs: when ctx is a whole number of pages all sequences share one
+ * prefilled context (read-only pages, as a prefix cache would) and only their decode pages are
+ * private; otherwise each sequence is prefilled into its own pages. */
+static int64_t pages_needed(int B, int ctx, int ps) {
+    if (ctx % ps == 0) return (int64_t)ctx / ps + (int64_t)B * priv_pages(ps);
+    return (int64_t)B * ((ctx + MAX_STEPS + 8 + ps - 1) / ps);
+}
+
+/* Attention FLOPs of one decode token that sees ctx positions (all layers). */
+static double attn_flops_tok(const ms_model *m, int ctx) {
+    const ms_config *c = &m->cfg;
+    double f = 0;
+    for (int L = 0; L < c->num_layers; L++) {
+        if (c->arch == MS_ARCH_GLM4_MOE) f += 4.0 * c->num_heads * c->head_dim * ctx;
+        else {
+            double keys = ctx < c->index_topk ? ctx : c->index_topk;
+            f += 2.0 * c->num_heads * (2.0 * c->kv_lora_rank + c->qk_rope_head_dim) * keys;
+            if (c->indexer_full[L] && ctx > c->index_topk) f += 2.0 * c->index_n_heads * c->index_head_dim * ctx;
+        }
+    }
+    return f;
+}
 
 /* Prefills ctx tokens of sequence s (pages s*pps..) in chunks. */
 static int fill_seq(const ms_executor *ex, int s, int pps, const int32_t *ids, int ctx, float *logits, ms_err *err) {
@@ -190,10 +218,20 @@ static int fill_seq(const ms_executor *ex, int s, int pps, const int32_t *ids, i
 
 static int run_decode(const ms_executor *ex, ms_forward *fw, const ms_model *m, const ms_backend *be,
                       const weight_model *w, const ceilings *ce, int B, int ctx, decode_res *r, ms_err *err) {
-    const int ps = ex->page_size, max_steps = 200, pps = (ctx + max_steps + 2 + ps - 1) / ps, V = ex->vocab;
-    if ((int64_t)B * pps > ex->n_pages)
-        return ms_errf(err, MS_ERR_NOMEM, "bench-model: batch %d at context %d needs %d KV pages, the cache has %d", B, ctx,
-                       B * pps, ex->n_pages);
+    const int ps = ex->page_size, V = ex->vocab, shared = ctx % ps == 0;
+    const int pps = shared ? ctx / ps + priv_pages(ps) : (ctx + MAX_STEPS + 8 + ps - 1) / ps;
+    memset(r, 0, sizeof *r);
+    r->batch = B;
+    r->ctx = ctx;
+    int64_t need = pages_needed(B, ctx, ps);
+    if (need > ex->n_pages) {
+        snprintf(r->skipped, sizeof r->skipped, "needs %lld KV pages, the cache has %d", (long long)need, ex->n_pages);
+        return MS_OK;
+    }
+    if (B > ex->max_batch_tokens) {
+        snprintf(r->skipped, sizeof r->skipped, "batch exceeds %d tokens per step", ex->max_batch_tokens);
+        return MS_OK;
+    }
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(ctx + 1));
     int32_t *arr = malloc(sizeof(int32_t) * ((size_t)B * (6 + (size_t)pps) + 1));
     float *lg = malloc(sizeof(float) * (size_t)B * (size_t)V);
@@ -206,16 +244,27 @@ static int run_decode(const ms_executor *ex, ms_forward *fw, const ms_model *m, 
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         ids[i] = (int32_t)((rng >> 33) % (uint64_t)V);
     }
-    int rc = MS_OK;
-    for (int s = 0; s < B && !rc; s++) rc = fill_seq(ex, s, pps, ids, ctx, lg, err);
     int32_t *tok = arr, *pos = tok + B, *slot = pos + B, *lidx = slot + B, *ctxl = lidx + B, *st = ctxl + B,
             *bt = st + B + 1;
-    for (int s = 0; s < B; s++)
-        for (int j = 0; j < pps; j++) bt[s * pps + j] = s * pps + j;
-    double t_total = 0, bytes_total = 0, routed_total = 0;
-    int steps = 0, n_moe = 0;
+    int rc = MS_OK;
+    if (shared) {
+        /* one prefill of the context into pages 0 .. ctx/ps-1; every sequence's table starts with them */
+        rc = fill_seq(ex, 0, pps, ids, ctx, lg, err);
+        for (int s = 0; s < B; s++)
+            for (int j = 0; j < pps; j++)
+                bt[s * pps + j] = j < ctx / ps ? j : ctx / ps + s * priv_pages(ps) + (j - ctx / ps);
+    } else {
+        for (int s = 0; s < B && !rc; s++) rc = fill_seq(ex, s, pps, ids, ctx, lg, err);
+        for (int s = 0; s < B; s++)
+            for (int j = 0; j < pps; j++) bt[s * pps + j] = s * pps + j;
+    }
+    double t_total = 0, routed_total = 0;
+    int steps = 0, n_moe = 0, routed_steps = 0;
     for (int L = 0; L < m->cfg.num_layers; L++) n_moe += m->layers[L].is_moe;
-    for (int it = 0; !rc && it < max_steps; it++) {
+    /* steps 0-1: warm-up; then timed steps with the routing record paused (its per-layer copy would
+     * be timed too); then 3 untimed steps that record which experts the batch routes to */
+    int timing_done = 0, extra = 0;
+    for (int it = 0; !rc && it < MAX_STEPS + 5 && extra < 3; it++) {
         int p = ctx + it;
         for (int s = 0; s < B; s++) {
             tok[s] = ids[(s + it) % (ctx + 1)];
@@ -227,32 +276,43 @@ static int run_decode(const ms_executor *ex, ms_forward *fw, const ms_model *m, 
         }
         st[B] = B;
         ms_batch b = {B, B, tok, pos, st, ctxl, slot, bt, pps, ps, B, lidx};
+        int timed = it >= 2 && !timing_done;
+        if (fw) ms_forward_set_record_routing(fw, !timed);
         double t0 = ms_now();
         rc = ex->forward(ex->ctx, &b, lg, err);
         double dt = ms_now() - t0;
-        if (rc || it < 2) continue; /* warm-up steps are not timed */
-        const int *routed = ms_forward_routed_experts(fw);
-        double routed_bytes = 0, routed_n = 0;
-        for (int L = 0; routed && L < m->cfg.num_layers; L++) routed_bytes += routed[L] * w->expert_each, routed_n += routed[L];
-        double bytes = w->attn + w->dense + w->router + w->shared + routed_bytes + w->lm_head +
-                       w->indexer +
-                       B * kv_read_bytes(m, be, p + 1);
-        t_total += dt;
-        bytes_total += bytes;
-        routed_total += n_moe ? routed_n / n_moe : 0;
-        steps++;
-        if (steps >= 10 && t_total > 0.5) break;
+        if (rc) break;
+        if (timed) {
+            t_total += dt;
+            steps++;
+            if ((steps >= 10 && t_total > 0.3) || it + 4 >= MAX_STEPS) timing_done = 1;
+        } else if (timing_done) {
+            extra++;
+        }
+        if (!timed && it >= 1) {
+            const int *routed = fw ? ms_forward_routed_experts(fw) : NULL;
+            double routed_n = 0;
+            for (int L = 0; routed && L < m->cfg.num_layers; L++) routed_n += routed[L];
+            routed_total += n_moe ? routed_n / n_moe : 0;
+            routed_steps++;
+        }
     }
+    if (fw) ms_forward_set_record_routing(fw, 1);
+    if (!rc && steps == 0) rc = ms_errf(err, MS_ERR_RUNTIME, "bench-model: no decode step was timed");
     if (!rc) {
-        r->batch = B;
-        r->ctx = ctx;
+        const int p_mid = ctx + 2 + steps / 2 + 1; /* context of the middle timed step */
         r->steps = steps;
+        r->routed_avg = routed_steps ? routed_total / routed_steps : 0;
         r->ms_step = t_total / steps * 1e3;
         r->tok_s = B * steps / t_total;
-        r->bytes_step = bytes_total / steps;
-        r->gbs = bytes_total / t_total / 1e9;
+        r->bytes_step = w->attn + w->dense + w->router + w->shared + n_moe * r->routed_avg * w->expert_each +
+                        w->lm_head + w->indexer + B * kv_read_bytes(m, be, p_mid);
+        r->gbs = r->bytes_step / (t_total / steps) / 1e9;
         r->pct = ce->mem_gbs > 0 ? 100.0 * r->gbs / ce->mem_gbs : 0;
-        r->routed_avg = routed_total / steps;
+        r->flops_step = B * (2.0 * (w->p_attn + w->p_indexer + w->p_dense + w->p_router + w->p_shared + w->p_lm) +
+                             2.0 * n_moe * m->cfg.num_experts_per_tok * w->p_expert + attn_flops_tok(m, p_mid));
+        r->tflops = r->flops_step / (t_total / steps) / 1e12;
+        r->pct_gemm = ce->gemm_tflops > 0 ? 100.0 * r->tflops / ce->gemm_tflops : 0;
     }
     free(ids);
     free(arr);
@@ -301,13 +361,17 @@ int cmd_bench_model(int argc, char **argv) {
     int maxb = 1, maxc = 1;
     for (int i = 0; i < nb; i++) maxb = batches[i] > maxb ? batches[i] : maxb;
     for (int i = 0; i < nc; i++) maxc = ctxs[i] > maxc ? ctxs[i] : maxc;
-    const int ps = ma.ex.page_size;
-    const int64_t pps = (maxc + 202 + ps - 1) / ps;
+    (void)maxc;
+    const int ps = ma.ex.page_size > 0 ? ma.ex.page_size : 16;
+    ma.ex.page_size = ps;
     if (!ma.ex.max_batch_tokens) ma.ex.max_batch_tokens = (int)(prefill > maxb ? prefill : maxb);
     if (!ma.ex.max_total_tokens) {
-        int64_t need = maxb * pps * ps;
-        if (need < prefill + ps) need = prefill + ps;
-        ma.ex.max_total_tokens = (int)need;
+        /* pages for the largest (batch, context) run; runs that memory cannot hold are skipped */
+        int64_t need = prefill + ps;
+        for (int ci = 0; ci < nc; ci++)
+            for (int bi = 0; bi < nb; bi++)
+                if (pages_needed(batches[bi], ctxs[ci], ps) * ps > need) need = pages_needed(batches[bi], ctxs[ci], ps) * ps;
+        ma.ex.max_total_tokens = need > (1 << 30) ? 1 << 30 : (int)need;
     }
     ma.ex.record_routing = 1;
     ms_err err = {0};
@@ -329,7 +393,7 @@ int cmd_bench_model(int argc, char **argv) {
             fprintf(stderr, "moeserve bench-model: %s\n", err.msg);
             goto done;
         }
-        ce.mem_what = "device copy bandwidth";
+        ce.mem_what = "device-to-device copy (bytes read + written)";
     } else {
         ce.mem_what = "not measured (no GPU ceiling probe in this build)";
     }
@@ -339,6 +403,7 @@ int cmd_bench_model(int argc, char **argv) {
     int nres = 0;
     for (int ci = 0; ci < nc; ci++)
         for (int bi = 0; bi < nb; bi++) {
+            if (!json) fprintf(stderr, "bench-model: decode batch %d ctx %d ...\n", batches[bi], ctxs[ci]);
             if (run_decode(&ex, fw, m, be, &w, &ce, batches[bi], ctxs[ci], &res[nres], &err)) {
                 fprintf(stderr, "moeserve bench-model: decode batch %d ctx %d: %s\n", batches[bi], ctxs[ci], err.msg);
                 goto done;
@@ -376,11 +441,18 @@ int cmd_bench_model(int argc, char **argv) {
                "\"load_s\":%.3f,\"mem_bw_gbs\":%.3f,\"gemm_tflops\":%.3f,\"decode\":[",
                be->name, nth, m->cfg.model_type, m->cfg.num_layers, m->quant_desc, total_bytes, t_load, ce.mem_gbs,
                ce.gemm_tflops);
-        for (int i = 0; i < nres; i++)
+        for (int i = 0; i < nres; i++) {
+            if (res[i].skipped[0]) {
+                printf("%s{\"batch\":%d,\"ctx\":%d,\"skipped\":\"%s\"}", i ? "," : "", res[i].batch, res[i].ctx,
+                       res[i].skipped);
+                continue;
+            }
             printf("%s{\"batch\":%d,\"ctx\":%d,\"steps\":%d,\"tok_s\":%.3f,\"ms_per_step\":%.4f,\"bytes_per_step\":%.0f,"
-                   "\"achieved_gbs\":%.4f,\"pct_of_bw\":%.2f,\"experts_per_layer\":%.2f}",
+                   "\"achieved_gbs\":%.4f,\"pct_of_bw\":%.2f,\"flops_per_step\":%.0f,\"achieved_tflops\":%.4f,"
+                   "\"pct_of_gemm\":%.2f,\"experts_per_layer\":%.2f}",
                    i ? "," : "", res[i].batch, res[i].ctx, res[i].steps, res[i].tok_s, res[i].ms_step, res[i].bytes_step,
-                   res[i].gbs, res[i].pct, res[i].routed_avg);
+                   res[i].gbs, res[i].pct, res[i].flops_step, res[i].tflops, res[i].pct_gemm, res[i].routed_avg);
+        }
         printf("],\"prefill\":{\"tokens\":%lld,\"tok_s\":%.3f,\"gflops\":%.3f,\"pct_of_gemm\":%.2f}}\n", prefill, pf_tok_s,
                pf_flops / 1e9, ce.gemm_tflops > 0 ? 100.0 * pf_flops / (ce.gemm_tflops * 1e12) : 0.0);
     } else {
@@ -390,11 +462,16 @@ int cmd_bench_model(int argc, char **argv) {
         printf("ceiling:    %.2f GB/s %s", ce.mem_gbs, ce.mem_what);
         if (ce.gemm_tflops > 0) printf(", %.1f TFLOP/s bf16 GEMM", ce.gemm_tflops);
         printf("\n");
-        for (int i = 0; i < nres; i++)
-            printf("decode      batch %3d ctx %5d: %9.2f tok/s  %8.3f ms/step  %8.2f MB/step  %7.2f GB/s (%5.1f%% of ceiling), "
-                   "%.1f experts/layer\n",
+        for (int i = 0; i < nres; i++) {
+            if (res[i].skipped[0]) {
+                printf("decode      batch %3d ctx %5d: skipped (%s)\n", res[i].batch, res[i].ctx, res[i].skipped);
+                continue;
+            }
+            printf("decode      batch %3d ctx %5d: %9.2f tok/s  %8.3f ms/step  %8.2f MB/step  %7.2f GB/s (%5.1f%% of ceiling)  "
+                   "%8.2f GFLOP/step %6.2f TFLOP/s, %.1f experts/layer\n",
                    res[i].batch, res[i].ctx, res[i].tok_s, res[i].ms_step, res[i].bytes_step / 1e6, res[i].gbs, res[i].pct,
-                   res[i].routed_avg);
+                   res[i].flops_step / 1e9, res[i].tflops, res[i].routed_avg);
+        }
         printf("prefill     %lld tokens: %.1f tok/s, %.2f GFLOP/s", prefill, pf_tok_s, pf_flops / 1e9);
         if (ce.gemm_tflops > 0) printf(" (%.1f%% of GEMM ceiling)", 100.0 * pf_flops / (ce.gemm_tflops * 1e12));
         printf("\n");

@@ -9,6 +9,9 @@
 #include "engine/model_executor.h"
 
 #include "core/log.h"
+#ifdef MS_HAVE_CUDA
+#include "backend/cuda/backend_cuda.h"
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,9 +88,23 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
     lo.n_overrides = o->n_overrides;
     lo.progress = o->progress;
     lo.seed = 1;
-    int rc = ms_model_load(o->model_path, &lo, &x->m, err);
-    if (!rc) rc = ms_backend_create(o->device ? o->device : "cpu", o->device_index, &x->b, err);
+    /* backend first: dummy weights for a GPU are generated in its memory, never on the host */
+    int rc = ms_backend_create(o->device ? o->device : "cpu", o->device_index, &x->b, err);
+    if (!rc && !strcmp(lo.load_format, "dummy")) lo.dummy_device = x->b;
+    if (!rc && x->b->device >= 0) {
+        /* measured decode-vs-grouped crossover for this GPU, when `moeserve tune` left one */
+        const char *td = getenv("MS_TUNED_DIR");
+        if (ms_moe_apply_tuned(x->b, td && td[0] ? td : "configs/tuned"))
+            MS_LOGI("MoE auto policy: tuned threshold %d tokens for %s", ms_moe_auto_threshold(), x->b->gpu.name);
+    }
+    if (!rc) rc = ms_model_load(o->model_path, &lo, &x->m, err);
     if (!rc) rc = ms_model_place(x->m, x->b, err);
+#ifdef MS_HAVE_CUDA
+    /* KV sizing needs the free memory after the weights are in (the backend's figure is from its
+     * creation) */
+    if (!rc && !strcmp(x->b->name, "cuda")) rc = x->b->ops->sync(x->b, err);
+    if (!rc && !strcmp(x->b->name, "cuda")) rc = ms_cuda_device_info(x->b->device, &x->b->gpu, err);
+#endif
     const int page_size = o->page_size > 0 ? o->page_size : 16;
     const int max_batch = o->max_batch_tokens > 0 ? o->max_batch_tokens : 8192;
     int64_t total = 0;

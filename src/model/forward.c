@@ -55,6 +55,8 @@ static void free_t(ms_forward *f, ms_tensor *t) {
 
 const int *ms_forward_routed_experts(const ms_forward *f) { return f->routed; }
 
+void ms_forward_set_record_routing(ms_forward *f, int on) { f->routing_paused = !on; }
+
 size_t ms_forward_kv_bytes_per_token(const ms_model *m, const ms_backend *b) {
     const ms_config *c = &m->cfg;
     size_t es = ms_dtype_size(b->act_dtype), n = 0;
@@ -219,7 +221,7 @@ static int mlp(ms_forward *f, int L, int T, ms_err *err) {
     MS_TRY(op->router(f->b, &a, &l->router, l->router_bias.data ? &l->router_bias : NULL, &rc, f->ids.data, f->rw.data,
                       err));
     MS_TRY(fw_decide_experts(f, L, T, &rc, err));
-    if (f->routed) {
+    if (f->routed && !f->routing_paused) {
         MS_TRY(op->download(f->b, f->h_ids, f->ids.data, sizeof(int32_t) * (size_t)T * (size_t)k, err));
         unsigned char seen[4096] = {0};
         int n = 0;

@@ -31,6 +31,7 @@ struct ms_forward {
     ms_tensor d_tok, d_pos, d_start, d_ctx, d_slot, d_seq, d_lidx, d_bt;
     int32_t *h_seq; /* host token -> sequence */
     int *routed;    /* [num_layers] distinct experts of the last step (record_routing) */
+    int routing_paused; /* record_routing switched off for timed steps (no per-layer download) */
     int32_t *h_ids; /* [max_tokens * topk] host copy of router ids (record_routing) */
     /* per-step state */
     const ms_batch *batch;

@@ -11,6 +11,9 @@
 #include "core/log.h"
 #include "model/model_internal.h"
 #include "model/safetensors.h"
+#ifdef MS_HAVE_CUDA
+#include "backend/cuda/backend_cuda.h"
+#endif
 
 #include <stdint.h>
 #include <stdio.h>
@@ -110,6 +113,7 @@ typedef struct lctx {
     int dummy;
     ms_wfmt dummy_fmt;
     uint64_t seed;
+    ms_backend *dev; /* dummy weights generated in this GPU backend's memory (NULL: host) */
 } lctx;
 
 enum { DT_FLOAT = (1 << MS_F32) | (1 << MS_F16) | (1 << MS_BF16) };
@@ -196,6 +200,15 @@ static int load_tensor(lctx *c, const char *name, int ndim, const int64_t *shape
     if (c->dummy) {
         if (!required) return MS_OK;
         *out = ms_tensor_make(kind == MS_DUMMY_BIAS && group == MS_GROUP_ROUTER ? MS_F32 : MS_BF16, ndim, shape);
+        if (c->dev) {
+#ifdef MS_HAVE_CUDA
+            /* same value ranges as ms_dummy_fill_tensor */
+            float off = kind == MS_DUMMY_NORM ? 1.0f : 0.0f, amp = kind == MS_DUMMY_EMBED ? 1.7320508f : 0.1f;
+            MS_TRY(ms_cuda_dummy_tensor(c->dev, out, off, amp, seed_of(c, name), c->err));
+            stats_tensor(c, group, out);
+            return MS_OK;
+#endif
+        }
         out->data = ms_model_alloc(c->m, ms_tensor_nbytes(out));
         if (!out->data) return ms_errf(c->err, MS_ERR_NOMEM, "out of memory for dummy tensor '%s'", name);
         ms_dummy_fill_tensor(out, kind, seed_of(c, name));
@@ -262,6 +275,13 @@ static int load_linear(lctx *c, const char *module, int64_t N, int64_t K, int gr
     if (c->dummy) {
         W->fmt = (group == MS_GROUP_EXPERTS || group == MS_GROUP_SHARED) ? c->dummy_fmt : MS_WFMT_PLAIN;
         if (W->fmt == MS_WFMT_NVFP4 && K % 16) W->fmt = MS_WFMT_PLAIN;
+        if (c->dev) {
+#ifdef MS_HAVE_CUDA
+            MS_TRY(ms_cuda_dummy_linear(c->dev, W, bias == 2, seed_of(c, module), c->err));
+            stats_linear(c, group, W);
+            return MS_OK;
+#endif
+        }
         MS_TRY(ms_dummy_linear(c->m, W, seed_of(c, module), c->err));
         if (bias == 2) {
             snprintf(nm, sizeof nm, "%s.bias", module);
@@ -584,6 +604,18 @@ int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_
             else if (!strcmp(q, "fp8")) c.dummy_fmt = MS_WFMT_FP8;
             else if (!strcmp(q, "nvfp4")) c.dummy_fmt = MS_WFMT_NVFP4;
             else rc = ms_errf(err, MS_ERR_INVALID, "dummy weight format '%s' is not one of bf16, fp8, nvfp4", q);
+            ms_backend *d = opts->dummy_device;
+            if (!rc && d && strcmp(d->name, "cpu") != 0) {
+#ifdef MS_HAVE_CUDA
+                /* placed while built: ms_model_free unplaces whatever was made, also after an error */
+                c.dev = d;
+                m->placed = 1;
+                m->placed_on = d;
+                m->placed_at_load = 1;
+#else
+                rc = ms_errf(err, MS_ERR_UNSUPPORTED, "dummy weights on device %s: this build has no CUDA", d->name);
+#endif
+            }
         } else if (!strcmp(lf, "auto") || !strcmp(lf, "safetensors")) {
             rc = ms_quant_decl_load(dir, &c.q, err);
             if (!rc) rc = ms_st_open(dir, &m->st, err);
@@ -608,6 +640,7 @@ int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_
     if (!rc) rc = build(&c);
     free(c.used);
     ms_quant_decl_free(&c.q);
+    if (!rc && c.dev) rc = c.dev->ops->sync(c.dev, err); /* fill kernels finished (and succeeded) */
     if (rc) {
         ms_model_free(m);
         return rc;
@@ -653,6 +686,7 @@ static int unplace_t(visit *v, ms_tensor *t) { v->b->ops->unplace_tensor(v->b, t
 static int unplace_l(visit *v, ms_linear *W) { v->b->ops->unplace_linear(v->b, W); return MS_OK; }
 
 int ms_model_place(ms_model *m, ms_backend *b, ms_err *err) {
+    if (m->placed && m->placed_at_load && m->placed_on == b) return MS_OK;
     if (m->placed) return ms_errf(err, MS_ERR_INVALID, "model %s is already placed on backend %s", m->dir, m->placed_on->name);
     visit v = {place_t, place_l, b, err};
     m->placed_on = b;

@@ -64,6 +64,7 @@ typedef struct ms_model {
     void *owned;          /* model-owned host memory (names, dummy data, converted tensors) */
     int tied_lm_head;     /* lm_head.w is the embedding (tie_word_embeddings, no lm_head.weight) */
     int placed;           /* weights moved to a backend */
+    int placed_at_load;   /* dummy weights generated on placed_on's device by ms_model_load */
     ms_backend *placed_on;
 } ms_model;
 
@@ -76,6 +77,10 @@ typedef struct ms_load_opts {
                                * Prefetch is skipped when the checkpoint exceeds free memory. */
     int progress;             /* show loading progress (tensors, GB, MB/s) on a terminal */
     uint64_t seed;            /* dummy weights */
+    /* Dummy weights only: when this is a GPU backend, every tensor is generated directly in its
+     * memory in its own format (no host copy of the model) and the model comes back already placed
+     * on it (ms_model_place on the same backend is then a no-op). NULL or cpu: host generation. */
+    ms_backend *dummy_device;
 } ms_load_opts;
 
 /* Loads config + weights from DIR (or just config for dummy; DIR may then be a config .json path).
@@ -86,7 +91,7 @@ int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_
 void ms_model_free(ms_model *m);
 /* Moves all weights into backend memory (place_tensor / place_linear on each). MoE runner
  * preparation happens in ms_forward_create. ms_model_free releases the placement, so free the
- * model before destroying the backend. */
+ * model before destroying the backend. A model generated on b at load (dummy_device) is left as is. */
 int ms_model_place(ms_model *m, ms_backend *b, ms_err *err);
 
 /* ---- forward ---- */
@@ -143,6 +148,9 @@ int ms_forward_run(ms_forward *f, const ms_batch *batch, float *logits_host, ms_
 /* With record_routing: distinct experts routed to by the last step, per layer (0 for dense
  * layers); array of cfg.num_layers owned by f. NULL otherwise. */
 const int *ms_forward_routed_experts(const ms_forward *f);
+/* With record_routing: on = 0 pauses the record (its per-layer device->host copy and sync stay out
+ * of timed steps; the array keeps the last recorded step), on = 1 resumes it. */
+void ms_forward_set_record_routing(ms_forward *f, int on);
 /* Bytes of KV cache per token over all layers (for sizing the pool). */
 size_t ms_forward_kv_bytes_per_token(const ms_model *m, const ms_backend *b);
 

@@ -32,6 +32,8 @@ void ms_moe_set_auto_threshold(int decode_max_tokens) {
     if (decode_max_tokens >= 0) g_decode_max_tokens = decode_max_tokens;
 }
 
+int ms_moe_auto_threshold(void) { return g_decode_max_tokens; }
+
 static void where(const ms_backend *b, char *buf, size_t cap) {
     if (b->device >= 0 && b->gpu.name[0])
         snprintf(buf, cap, "%s (compute capability %d.%d)", b->gpu.name, b->gpu.cc_major, b->gpu.cc_minor);

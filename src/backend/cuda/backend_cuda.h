@@ -27,6 +27,17 @@ void ms_cuda_versions(int *driver, int *runtime);
 int ms_cuda_fill_random(ms_backend *b, void *dst_d, ms_dtype dtype, size_t n_elems, float amp, uint64_t seed,
                         ms_err *err);
 
+/* --load-format dummy on the GPU without a host copy: allocates t->data in device memory for t's
+ * dtype (F32 or BF16) and shape and fills it with offset + amp * U(-1,1), seeded (same seed, same
+ * values). The memory is released by the backend's unplace_tensor. */
+int ms_cuda_dummy_tensor(ms_backend *b, ms_tensor *t, float offset, float amp, uint64_t seed, ms_err *err);
+/* Makes W (name, fmt, n_out, n_in set; w/scale unset) a placed weight of random values generated in
+ * device memory in its own format, scaled like model/dummy.c (dequantized variance ~ 1/n_in):
+ * PLAIN -> BF16, FP8 -> e4m3 codes + F32 128x128 block scales, NVFP4 -> E2M1 nibbles + e4m3 group
+ * scales + scale2. with_bias adds an F32 bias of U(-0.1, 0.1). Sets W->prepared exactly as
+ * place_linear would, so the weight is used and released (unplace_linear) like any placed one. */
+int ms_cuda_dummy_linear(ms_backend *b, ms_linear *W, int with_bias, uint64_t seed, ms_err *err);
+
 #ifdef __cplusplus
 }
 #endif
