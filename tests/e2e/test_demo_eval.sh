@@ -17,8 +17,11 @@ for variant in demo demo-nvfp4; do
   port=$(free_port)
   "$BIN" serve --model-path "models/$variant" --port "$port" >"$tmp/$variant.log" 2>&1 &
   pid=$!
-  for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.1; done
-  if node tools/eval_demo.mjs --base-url "http://127.0.0.1:$port/v1" --n 300 --json "$tmp/$variant.json"; then
+  up=0
+  for _ in $(seq 1 600); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && { up=1; break; }; kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if [ $up = 0 ]; then
+    fail=$((fail + 1)); echo "FAIL $variant: server did not become healthy"; cat "$tmp/$variant.log"
+  elif node tools/eval_demo.mjs --base-url "http://127.0.0.1:$port/v1" --n 300 --json "$tmp/$variant.json"; then
     pass=$((pass + 1)); echo "ok   $variant meets the accuracy targets"
   else
     fail=$((fail + 1)); echo "FAIL $variant misses an accuracy target"; tail -5 "$tmp/$variant.log"
