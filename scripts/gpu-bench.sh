@@ -76,7 +76,9 @@ fi
 if "$BIN" serve --help >/dev/null 2>&1; then
   PORT=${PORT:-18731}
   t=$(date +%s)
+  # dummy weights have no tokenizer: use a 150k-vocabulary one when given (TOKENIZER=DIR)
   "$BIN" serve --model configs/glm-4.5-air.json --load-format dummy --dummy-quant nvfp4 --device cuda \
+    ${TOKENIZER:+--tokenizer-path "$TOKENIZER"} \
     --override num_hidden_layers=$AIR_LAYERS --port "$PORT" >"$OUT/serve.log" 2>&1 &
   spid=$!
   up=0

@@ -36,6 +36,7 @@ static void usage(void) {
             "  --enable-thinking-default true|false  enable_thinking when a request does not say\n"
             "  --device cpu|cuda           (default cpu)   --tp N (only 1 for now)\n"
             "  --moe-runner-backend auto|NAME   --load-format auto|dummy   --dummy-quant bf16|fp8|nvfp4\n"
+            "  --override KEY=VALUE        config override with dummy weights, e.g. num_hidden_layers=12\n"
             "  --mem-fraction-static F     --max-total-tokens N   --context-length N\n"
             "  --max-running-requests N    --max-queued-requests N   --chunked-prefill-size N\n"
             "  --max-request-bytes N       request body limit (default 10485760)\n"
@@ -92,6 +93,9 @@ int cmd_serve(int argc, char **argv) {
     if (ms_args_init(&a, argc, argv) != 0) return 1;
     int bad = 0;
     const char *model_path = ms_args_str(&a, "model-path", NULL);
+    if (!model_path) model_path = ms_args_str(&a, "model", NULL); /* alias, as other commands spell it */
+    const char *overrides[64];
+    int n_overrides = ms_args_multi(&a, "override", overrides, 64);
     const char *tokenizer_path = ms_args_str(&a, "tokenizer-path", NULL);
     const char *host = ms_args_str(&a, "host", "127.0.0.1");
     long long port = ms_args_int(&a, "port", 8000, &bad);
@@ -187,6 +191,8 @@ int cmd_serve(int argc, char **argv) {
     so.exec.moe_runner = runner;
     so.exec.load_format = load_format;
     so.exec.dummy_quant = dummy_quant;
+    so.exec.overrides = overrides;
+    so.exec.n_overrides = n_overrides;
     so.exec.mem_fraction_static = mem_frac;
     so.exec.max_total_tokens = (int)max_total;
     so.exec.progress = isatty(2);
