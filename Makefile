@@ -46,29 +46,40 @@ CFLAGS_TOOLS := -Itools
 TEST_C   := $(shell find tests -name 'test_*.c' | sort)
 TEST_BIN := $(TEST_C:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all build test serve asan format clean deps bench gpu-check
+.PHONY: all build test serve asan format clean deps bench gpu-check FORCE
+
+# Rebuild everything when the compile flags change (e.g. CUDA=0 then CUDA=1 in one build dir).
+FLAGS_STAMP := $(BUILD)/.flags
+$(FLAGS_STAMP): FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(CC) $(CFLAGS) $(NVFLAGS) $(LDLIBS)' | cmp -s - $@ || echo '$(CC) $(CFLAGS) $(NVFLAGS) $(LDLIBS)' > $@
 all: build
 build: $(BUILD)/moeserve $(TEST_BIN)
 
 $(BUILD)/libmoeserve.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	@rm -f $@
-	ar rcs $@ $^
+	@echo "  AR      $@"
+	@ar rcs $@ $^
 
 $(BUILD)/moeserve: $(TOOL_OBJ) $(BUILD)/libmoeserve.a
-	$(CC) $(LDFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libmoeserve.a $(LDLIBS)
+	@echo "  LINK    $@"
+	@$(CC) $(LDFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libmoeserve.a $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c tests/test.h $(BUILD)/libmoeserve.a
+$(BUILD)/tests/%: tests/%.c tests/test.h $(BUILD)/libmoeserve.a $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests -MMD -MP -o $@ $< $(BUILD)/libmoeserve.a $(LDFLAGS) $(LDLIBS)
+	@echo "  TEST    $@"
+	@$(CC) $(CFLAGS) -Itests -MMD -MP -o $@ $< $(BUILD)/libmoeserve.a $(LDFLAGS) $(LDLIBS)
 
-$(BUILD)/%.o: %.c
+$(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itools $(if $(findstring /cuda/,$<),$(CUDA_INC)) -MMD -MP -c -o $@ $<
+	@echo "  CC      $<"
+	@$(CC) $(CFLAGS) -Itools $(if $(findstring /cuda/,$<),$(CUDA_INC)) -MMD -MP -c -o $@ $<
 
-$(BUILD)/%.cu.o: %.cu
+$(BUILD)/%.cu.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -MMD -MP -c -o $@ $<
+	@echo "  NVCC    $<"
+	@$(NVCC) $(NVFLAGS) -MMD -MP -c -o $@ $<
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 

@@ -7,10 +7,7 @@
 #include "common/args.h"
 #include "core/status.h"
 /* tokenizer.h has a nested comment opener in a contract comment (-Wcomment); its owner fixes it. */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wcomment"
 #include "tokenizer/tokenizer.h"
-#pragma GCC diagnostic pop
 
 #include <curl/curl.h>
 #include <math.h>
@@ -22,12 +19,6 @@
 
 /* The tokenizer layer is linked when another command (tokenize, serve) pulls it in; until it is
  * present these resolve to NULL and --tokenizer reports that, instead of failing the link. */
-#pragma weak ms_tokenizer_load
-#pragma weak ms_tokenizer_free
-#pragma weak ms_tokenizer_encode
-#pragma weak ms_tokenizer_decode
-#pragma weak ms_tokenizer_vocab_size
-#pragma weak ms_tokenizer_is_special
 
 static void usage(void) {
     fprintf(stderr,
@@ -146,7 +137,6 @@ int cmd_bench(int argc, char **argv) {
     tok_adapter ad = {0};
     ms_bench_tok btok = {0};
     if (tok_dir) {
-        if (!ms_tokenizer_load) { ms_errf(&err, MS_ERR_UNSUPPORTED, "flag --tokenizer: this build has no tokenizer library"); goto fail; }
         if (ms_tokenizer_load(tok_dir, &tk, &err)) goto fail;
         ad.t = tk;
         btok.ctx = &ad;

@@ -139,7 +139,8 @@ static void usage(void) {
             "  nvfp4: quantizes routed + shared experts and dense MLP (ModelOpt layout, group 16); attention stays bf16\n"
             "  never: embeddings, lm_head, norms, router, DSA indexer, MTP layers\n"
             "  --exclude GLOB keeps matching modules unquantized (exact, substring, glob, or name* as vLLM)\n"
-            "  --input-scale X: NVFP4 input_scale written for every module (uncalibrated; default 1.0; W4A16 ignores it)\n");
+            "  --input-scale X: NVFP4 input_scale of every module (uncalibrated; default 1/448, i.e. |x| up to 6;\n"
+            "                   W4A16 paths ignore it, W4A4 engines use it as the static activation scale)\n");
 }
 
 struct qjob {
@@ -375,7 +376,7 @@ int cmd_quantize(int argc, char **argv) {
     memset(&j, 0, sizeof j);
     const char *to = ms_args_str(&a, "to", NULL), *in = ms_args_str(&a, "in", NULL), *out = ms_args_str(&a, "out", NULL);
     int badnum = 0;
-    double is = ms_args_float(&a, "input-scale", 1.0, &badnum);
+    double is = ms_args_float(&a, "input-scale", 1.0 / 448.0, &badnum);
     j.n_user = ms_args_multi(&a, "exclude", j.user_excl, MAX_EXCL);
     if (ms_args_check_unknown(&a, "quantize") || badnum || !to || !in || !out) {
         if (!to || !in || !out) fprintf(stderr, "moeserve quantize: --to, --in and --out are required\n");

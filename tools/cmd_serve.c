@@ -8,6 +8,7 @@
 #include "server/serve_deps.h"
 #include "server/server.h"
 #include "server/toolcall.h"
+#include "tokenizer/tokenizer.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -35,6 +36,7 @@ static void usage(void) {
             "  --enable-thinking-default true|false  enable_thinking when a request does not say\n"
             "  --device cpu|cuda           (default cpu)   --tp N (only 1 for now)\n"
             "  --moe-runner-backend auto|NAME   --load-format auto|dummy   --dummy-quant bf16|fp8|nvfp4\n"
+            "  --override KEY=VALUE        config override with dummy weights, e.g. num_hidden_layers=12\n"
             "  --mem-fraction-static F     --max-total-tokens N   --context-length N\n"
             "  --max-running-requests N    --max-queued-requests N   --chunked-prefill-size N\n"
             "  --max-request-bytes N       request body limit (default 10485760)\n"
@@ -91,6 +93,9 @@ int cmd_serve(int argc, char **argv) {
     if (ms_args_init(&a, argc, argv) != 0) return 1;
     int bad = 0;
     const char *model_path = ms_args_str(&a, "model-path", NULL);
+    if (!model_path) model_path = ms_args_str(&a, "model", NULL); /* alias, as other commands spell it */
+    const char *overrides[64];
+    int n_overrides = ms_args_multi(&a, "override", overrides, 64);
     const char *tokenizer_path = ms_args_str(&a, "tokenizer-path", NULL);
     const char *host = ms_args_str(&a, "host", "127.0.0.1");
     long long port = ms_args_int(&a, "port", 8000, &bad);
@@ -162,13 +167,13 @@ int cmd_serve(int argc, char **argv) {
         }
         model_path = demo_dir;
     }
-    int reasoning = demo ? MS_REASONING_GLM45 : MS_REASONING_NONE;
+    int reasoning = -2; /* auto: decided from the tokenizer once it is loaded */
     if (rparser) {
         if (!strcmp(rparser, "glm45")) reasoning = MS_REASONING_GLM45;
         else if (!strcmp(rparser, "none")) reasoning = MS_REASONING_NONE;
         else { fprintf(stderr, "flag --reasoning-parser: '%s' is not glm45 or none\n", rparser); return 2; }
     }
-    int tools = demo ? MS_TOOL_GLM47 : -1;
+    int tools = -2; /* auto */
     if (tparser) {
         if (!strcmp(tparser, "none")) tools = -1;
         else if ((tools = ms_tool_format_parse(tparser)) < 0) {
@@ -186,6 +191,8 @@ int cmd_serve(int argc, char **argv) {
     so.exec.moe_runner = runner;
     so.exec.load_format = load_format;
     so.exec.dummy_quant = dummy_quant;
+    so.exec.overrides = overrides;
+    so.exec.n_overrides = n_overrides;
     so.exec.mem_fraction_static = mem_frac;
     so.exec.max_total_tokens = (int)max_total;
     so.exec.progress = isatty(2);
@@ -202,6 +209,24 @@ int cmd_serve(int argc, char **argv) {
     if (ms_serve_stack_open(&so, &st, &err) != MS_OK) {
         fprintf(stderr, "serve: %s\n", err.msg);
         return 1;
+    }
+
+    /* Parsers default to what the model speaks: GLM reasoning tags in the vocabulary turn on the glm45
+     * reasoning parser; GLM tool-call tags the glm47 parser, or glm45 when the template's tool
+     * preamble puts a newline after the function name (GLM-4.5/4.6). Explicit flags win. */
+    if (reasoning == -2) {
+        reasoning = ms_tokenizer_token_to_id(st.tok, "<think>") >= 0 && ms_tokenizer_token_to_id(st.tok, "</think>") >= 0
+                        ? MS_REASONING_GLM45 : MS_REASONING_NONE;
+        if (reasoning == MS_REASONING_GLM45) fprintf(stderr, "serve: --reasoning-parser glm45 (auto: <think> tags in the vocabulary)\n");
+    }
+    if (tools == -2) {
+        tools = -1;
+        if (ms_tokenizer_token_to_id(st.tok, "<tool_call>") >= 0 && ms_tokenizer_token_to_id(st.tok, "<arg_key>") >= 0) {
+            const char *ct = ms_tokenizer_chat_template(st.tok);
+            tools = ct && strstr(ct, "{function-name}\n") ? ms_tool_format_parse("glm45") : MS_TOOL_GLM47;
+            fprintf(stderr, "serve: --tool-call-parser %s (auto: GLM tool-call tags in the vocabulary)\n",
+                    tools == MS_TOOL_GLM47 ? "glm47" : "glm45");
+        }
     }
 
     /* model names: served name, then the directory's base name and the path as given */

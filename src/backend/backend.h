@@ -85,6 +85,10 @@ typedef struct ms_backend_ops {
     int (*copy_cols)(ms_backend *b, const ms_tensor *src, int c0, int nc, ms_tensor *dst, ms_err *err);
     /* dst[r,:] = src[idx_d[r],:] for r < n. */
     int (*gather_rows)(ms_backend *b, const ms_tensor *src, const int32_t *idx_d, int n, ms_tensor *dst, ms_err *err);
+    /* dst[t, c0:c0+nc] = src[t, :] for src [T,nc], dst [T,C] (inverse of copy_cols). */
+    int (*set_cols)(ms_backend *b, const ms_tensor *src, int c0, ms_tensor *dst, ms_err *err);
+    /* x *= alpha elementwise (in place). */
+    int (*scale)(ms_backend *b, ms_tensor *x, float alpha, ms_err *err);
     /* x [T, nh, d] rotated in place at positions pos_d[T]. */
     int (*rope)(ms_backend *b, ms_tensor *x, const int32_t *pos_d, const ms_rope_cfg *rc, ms_err *err);
 

@@ -1,5 +1,12 @@
-/* threads.c - see threads.h. A generation counter wakes workers for each job; chunks are claimed
- * with an atomic fetch-add. Rejected: OpenMP (its runtime spins and fights the engine threads and
+/* threads.c - see threads.h.
+ *
+ * Design: the caller publishes a job (under a mutex, bumping a generation number) and works on it
+ * itself; sleeping workers are woken by a broadcast. Chunks are claimed from one 64-bit atomic that
+ * packs (generation << 40 | next index) with a compare-and-swap, so a worker that wakes late, after
+ * the job it was woken for is over, can never claim an item of a later job. The caller returns as
+ * soon as every item is done (an atomic count), never waiting for workers that have not woken yet:
+ * on a loaded 2-core machine a wake-up can take milliseconds, and waiting for it made small ops
+ * cost more than the work. Rejected: OpenMP (its runtime spins and fights the engine threads and
  * libmicrohttpd's pool for the two cores CI has). */
 #include "core/threads.h"
 
@@ -10,29 +17,48 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#define GEN_SHIFT 40
+#define IDX_MASK ((1ull << GEN_SHIFT) - 1)
+
+typedef struct job {
+    ms_range_fn fn;
+    void *ctx;
+    int64_t n, chunk;
+    uint64_t gen;
+} job;
+
 struct ms_pool {
     int n;
     pthread_t *th;
-    pthread_mutex_t mu;      /* guards the job fields and generation */
+    pthread_mutex_t mu;      /* guards `cur`, `gen`, `stop` */
     pthread_cond_t cv_start; /* workers wait for a new generation */
-    pthread_cond_t cv_done;
-    pthread_mutex_t run_mu; /* serializes ms_pool_run callers */
+    pthread_cond_t cv_done;  /* the caller waits for the last item */
+    pthread_mutex_t run_mu;  /* serializes ms_pool_run callers */
     uint64_t gen;
     int stop;
-    int active; /* workers still inside the current job */
-    /* current job */
-    ms_range_fn fn;
-    void *ctx;
-    int64_t n_items, chunk;
-    atomic_llong next;
+    job cur;
+    _Atomic uint64_t next;   /* gen << GEN_SHIFT | next item index */
+    _Atomic int64_t done;    /* items finished in the current job */
 };
 
-static void run_chunks(ms_pool *p, int worker) {
+/* Claims and runs chunks of job j until none are left or the pool moved to another job. */
+static void run_chunks(ms_pool *p, const job *j, int worker) {
+    uint64_t g = (j->gen & ((1ull << (64 - GEN_SHIFT)) - 1)) << GEN_SHIFT;
     for (;;) {
-        int64_t b = atomic_fetch_add(&p->next, p->chunk);
-        if (b >= p->n_items) break;
-        int64_t e = b + p->chunk < p->n_items ? b + p->chunk : p->n_items;
-        p->fn(p->ctx, b, e, worker);
+        uint64_t v = atomic_load(&p->next);
+        int64_t b;
+        do {
+            if ((v & ~IDX_MASK) != g) return;
+            b = (int64_t)(v & IDX_MASK);
+            if (b >= j->n) return;
+        } while (!atomic_compare_exchange_weak(&p->next, &v, v + (uint64_t)j->chunk));
+        int64_t e = b + j->chunk < j->n ? b + j->chunk : j->n;
+        j->fn(j->ctx, b, e, worker);
+        if (atomic_fetch_add(&p->done, e - b) + (e - b) == j->n) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->cv_done);
+            pthread_mutex_unlock(&p->mu);
+        }
     }
 }
 
@@ -47,12 +73,10 @@ static void *worker_main(void *arg) {
         pthread_mutex_lock(&p->mu);
         while (!p->stop && p->gen == seen) pthread_cond_wait(&p->cv_start, &p->mu);
         if (p->stop) { pthread_mutex_unlock(&p->mu); return NULL; }
+        job j = p->cur; /* a private copy: the caller may publish the next job while we run */
         seen = p->gen;
         pthread_mutex_unlock(&p->mu);
-        run_chunks(p, wa.id);
-        pthread_mutex_lock(&p->mu);
-        if (--p->active == 0) pthread_cond_signal(&p->cv_done);
-        pthread_mutex_unlock(&p->mu);
+        run_chunks(p, &j, wa.id);
     }
 }
 
@@ -99,23 +123,22 @@ void ms_pool_run(ms_pool *p, int64_t n, int64_t grain, ms_range_fn fn, void *ctx
     if (n <= 0) return;
     if (grain < 1) grain = 1;
     if (!p || p->n == 1 || n <= grain) { fn(ctx, 0, n, 0); return; }
+    MS_ASSERT((uint64_t)n < IDX_MASK / 2);
     pthread_mutex_lock(&p->run_mu);
     /* ~4 chunks per worker balances uneven items without much counter traffic */
     int64_t chunk = n / ((int64_t)p->n * 4);
     if (chunk < grain) chunk = grain;
     pthread_mutex_lock(&p->mu);
-    p->fn = fn;
-    p->ctx = ctx;
-    p->n_items = n;
-    p->chunk = chunk;
-    atomic_store(&p->next, 0);
-    p->active = p->n - 1;
     p->gen++;
+    p->cur = (job){.fn = fn, .ctx = ctx, .n = n, .chunk = chunk, .gen = p->gen};
+    atomic_store(&p->done, 0);
+    atomic_store(&p->next, (p->gen & ((1ull << (64 - GEN_SHIFT)) - 1)) << GEN_SHIFT);
+    job j = p->cur;
     pthread_cond_broadcast(&p->cv_start);
     pthread_mutex_unlock(&p->mu);
-    run_chunks(p, 0);
+    run_chunks(p, &j, 0);
     pthread_mutex_lock(&p->mu);
-    while (p->active > 0) pthread_cond_wait(&p->cv_done, &p->mu);
+    while (atomic_load(&p->done) < n) pthread_cond_wait(&p->cv_done, &p->mu);
     pthread_mutex_unlock(&p->mu);
     pthread_mutex_unlock(&p->run_mu);
 }

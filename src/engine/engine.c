@@ -91,9 +91,10 @@ static void end_request(ms_engine *e, ms_request *r, int finish, const char *err
     ms_request_free(r);
 }
 
+/* vLLM semantics: the request's stop ids always stop; the executor's eos ids unless ignore_eos. */
 static int is_stop(const ms_engine *e, const ms_request *r, int32_t tok) {
-    if (r->sp.ignore_eos) return 0;
     for (int i = 0; i < r->sp.n_stop_ids; i++) if (r->sp.stop_ids[i] == tok) return 1;
+    if (r->sp.ignore_eos) return 0;
     for (int i = 0; i < e->exec.n_eos; i++) if (e->exec.eos_ids[i] == tok) return 1;
     return 0;
 }
@@ -138,19 +139,21 @@ static void run_step(ms_engine *e) {
     if (rc != MS_OK) {
         e->acc.forward_errors++;
         MS_LOGE("engine: forward of %d tokens / %d sequences failed: %s", b->n_tokens, b->n_seqs, err.msg);
-        for (int i = 0; i < b->n_seqs; i++) {
-            ms_request *r = s->seq_req[i];
-            ms_sched_release(s, r, 0);
-            end_request(e, r, MS_FINISH_ERROR, err.msg);
-        }
-        if (e->exec.healthy && !e->exec.healthy(e->exec.ctx)) {
+        /* decide first, so that nothing is accepted once the failed requests hear about it */
+        int fatal = e->exec.healthy && !e->exec.healthy(e->exec.ctx);
+        if (fatal) {
             pthread_mutex_lock(&e->mu);
             e->healthy = 0;
             snprintf(e->fatal_msg, sizeof e->fatal_msg, "the engine stopped after a failed forward: %s", err.msg);
             pthread_mutex_unlock(&e->mu);
             MS_LOGE("engine: executor cannot continue; failing all requests");
-            fail_all(e, e->fatal_msg);
         }
+        for (int i = 0; i < b->n_seqs; i++) {
+            ms_request *r = s->seq_req[i];
+            ms_sched_release(s, r, 0);
+            end_request(e, r, MS_FINISH_ERROR, err.msg);
+        }
+        if (fatal) fail_all(e, e->fatal_msg);
         return;
     }
     ms_sched_commit(s);

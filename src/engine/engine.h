@@ -29,8 +29,8 @@ typedef struct ms_executor {
     int (*forward)(void *ctx, const ms_batch *batch, float *logits, ms_err *err);
     /* optional: 1 when the executor can run another forward after a failure (NULL = always) */
     int (*healthy)(void *ctx);
-    /* end-of-sequence ids (generation_config eos_token_id); they stop a request like its own
-     * stop_ids unless ignore_eos */
+    /* end-of-sequence ids (generation_config eos_token_id); they stop a request unless its
+     * ignore_eos is set (optional: the server may instead put eos into each request's stop_ids) */
     int n_eos;
     int32_t eos_ids[MS_MAX_STOP_IDS];
 } ms_executor;
@@ -47,9 +47,9 @@ typedef struct ms_sampling {
     uint64_t seed;
     int max_tokens;           /* new tokens at most */
     int ignore_eos;
-    int n_stop_ids;           /* stop token ids: the request's stop_token_ids (the server may add eos;
-                               * the executor's eos_ids are added by the engine). With ignore_eos no
-                               * token id stops the request: only max_tokens does. */
+    int n_stop_ids;           /* stop token ids: the request's stop_token_ids, always honoured (the
+                               * server adds eos here unless ignore_eos). The executor's eos_ids also
+                               * stop the request unless ignore_eos (vLLM semantics). */
     int32_t stop_ids[MS_MAX_STOP_IDS];
     int logprobs;             /* 1 = report the sampled token's logprob */
     int top_logprobs;         /* 0..MS_MAX_TOP_LOGPROBS */

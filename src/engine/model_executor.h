@@ -17,16 +17,25 @@ typedef struct ms_exec_opts {
     const char *const *overrides;
     int n_overrides;
     double mem_fraction_static; /* share of device memory for weights + KV (cuda); 0 = default 0.88 */
-    int max_total_tokens;     /* KV tokens; 0 = derive from memory (cpu: default 65536 tokens cap) */
+    int max_total_tokens;     /* KV tokens; 0 = derive from memory (cpu: 32768 capped by a quarter of RAM) */
     int page_size;            /* default 16 */
     int max_batch_tokens;     /* most tokens per forward; default 8192 */
     int check_numerics;
     int progress;
+    int record_routing;       /* forward records distinct routed experts per layer (bench-model) */
+    ms_decisions *record_decisions;        /* single-step record/replay (logits, compare); see model.h */
+    const ms_decisions *replay_decisions;
 } ms_exec_opts;
 
 /* Opens everything; on success *out is ready for ms_engine_create and *model_out (may be NULL)
  * gets the loaded model (owned by the executor). */
 int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **model_out, ms_err *err);
+/* Writes the model's end-of-sequence ids (generation_config wins over config) into ids[0..cap);
+ * returns how many. */
+int ms_model_executor_eos(const ms_executor *ex, int32_t *ids, int cap);
+/* The backend and forward open made (owned by the executor), for tools that time or inspect them. */
+ms_backend *ms_model_executor_backend(const ms_executor *ex);
+ms_forward *ms_model_executor_forward(const ms_executor *ex);
 /* Frees what open made (forward, backend, model). */
 void ms_model_executor_close(ms_executor *ex);
 

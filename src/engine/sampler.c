@@ -1,7 +1,8 @@
 /* sampler.c - penalties, temperature, top-k / top-p / min-p and the draw (see sampler.h).
  *
- * Only the candidates that can matter are sorted: top_k selects k in O(vocab) before sorting them;
- * top_p alone grows a sorted head (64, 512, ... tokens) until it covers top_p of the mass. */
+ * Nothing sorts the whole vocabulary in the usual cases: top_k selects k in O(vocab) before
+ * sorting them; top_p alone histograms the mass by (max - logit) / T into fine buckets, takes
+ * every bucket above the one where the cumulative mass reaches top_p, and sorts only that one. */
 #include "engine/sampler.h"
 
 #include <float.h>
@@ -18,7 +19,9 @@ int ms_sampler_init(ms_sampler *s, int vocab, ms_err *err) {
     s->prob = malloc((size_t)vocab * sizeof *s->prob);
     s->count = calloc((size_t)vocab, sizeof *s->count);
     s->touched = malloc((size_t)vocab * sizeof *s->touched);
-    if (!s->work || !s->cand || !s->prob || !s->count || !s->touched) {
+    s->ex = malloc((size_t)vocab * sizeof *s->ex);
+    s->bucket_mass = malloc(MS_SAMPLER_BUCKETS * sizeof *s->bucket_mass);
+    if (!s->work || !s->cand || !s->prob || !s->count || !s->touched || !s->ex || !s->bucket_mass) {
         ms_sampler_destroy(s);
         return ms_errf(err, MS_ERR_NOMEM, "sampler: out of memory for vocab %d", vocab);
     }
@@ -27,6 +30,7 @@ int ms_sampler_init(ms_sampler *s, int vocab, ms_err *err) {
 
 void ms_sampler_destroy(ms_sampler *s) {
     free(s->work); free(s->cand); free(s->prob); free(s->count); free(s->touched);
+    free(s->ex); free(s->bucket_mass);
     memset(s, 0, sizeof *s);
 }
 
@@ -122,13 +126,19 @@ static void apply_penalties(ms_sampler *s, const ms_sampling *sp, const int32_t 
 
 static int is_greedy(const ms_sampling *sp) { return sp->temperature <= 0.0f || sp->top_k == 1; }
 
+/* Bucket of a token for the top_p histogram: monotone in (max - logit) / T, about 100 per nat. */
+static inline int top_p_bucket(float d) {
+    float b = d * (MS_SAMPLER_BUCKETS / 40.0f);
+    return b < (float)(MS_SAMPLER_BUCKETS - 1) ? (int)b : MS_SAMPLER_BUCKETS - 1;
+}
+
 int ms_sampler_dist(ms_sampler *s, const ms_sampling *sp, const float *logits, const int32_t *tokens, int n_prompt,
                     int n_tokens, const int32_t **ids, const float **probs) {
     int V = s->vocab;
-    float *w = s->work;
+    float *w = s->work, *ex = s->ex;
     for (int i = 0; i < V; i++) {
         float v = logits[i];
-        w[i] = isnan(v) ? -INFINITY : v > FLT_MAX ? FLT_MAX : v;
+        w[i] = isnan(v) ? -INFINITY : fminf(v, FLT_MAX);
     }
     apply_penalties(s, sp, tokens, n_prompt, n_tokens);
     *ids = s->cand;
@@ -140,7 +150,7 @@ int ms_sampler_dist(ms_sampler *s, const ms_sampling *sp, const float *logits, c
         s->prob[0] = 1.0f;
         return 1;
     }
-    double inv_t = 1.0 / (double)sp->temperature, wmax = w[best];
+    float inv_t = 1.0f / sp->temperature, wmax = w[best];
     int k = sp->top_k > 0 && sp->top_k < V ? sp->top_k : V;
     int use_p = sp->top_p > 0.0f && sp->top_p < 1.0f;
     int n, sorted = 0;
@@ -150,35 +160,46 @@ int ms_sampler_dist(ms_sampler *s, const ms_sampling *sp, const float *logits, c
         select_top(w, s->cand, V, k);
         n = k;
         sorted = 1;
-        for (int i = 0; i < n; i++) z += exp(((double)w[s->cand[i]] - wmax) * inv_t);
-    } else {
-        for (int i = 0; i < V; i++) z += exp(((double)w[i] - wmax) * inv_t);
-        if (use_p) {
-            /* grow a sorted head until it holds top_p of the full distribution */
-            n = V < 64 ? V : 64;
-            for (;;) {
-                for (int i = 0; i < V; i++) s->cand[i] = i;
-                select_top(w, s->cand, V, n);
-                double cum = 0;
-                for (int i = 0; i < n; i++) cum += exp(((double)w[s->cand[i]] - wmax) * inv_t);
-                if (cum / z >= sp->top_p || n == V) break;
-                n = n > V / 8 ? V : n * 8;
+        for (int i = 0; i < n; i++) z += s->prob[i] = expf((w[s->cand[i]] - wmax) * inv_t);
+        for (int i = 0; i < n; i++) s->prob[i] = (float)(s->prob[i] / z);
+        if (use_p) { /* shortest head whose mass reaches top_p */
+            double cum = 0;
+            int keep = n;
+            for (int i = 0; i < n; i++) {
+                if (cum >= sp->top_p) { keep = i; break; }
+                cum += s->prob[i];
             }
-            sorted = 1;
+            n = keep;
+        }
+    } else {
+        for (int i = 0; i < V; i++) z += ex[i] = expf((w[i] - wmax) * inv_t);
+        if (use_p) {
+            double *mass = s->bucket_mass, target = sp->top_p * z, cum = 0;
+            memset(mass, 0, MS_SAMPLER_BUCKETS * sizeof *mass);
+            for (int i = 0; i < V; i++) mass[top_p_bucket((wmax - w[i]) * inv_t)] += ex[i];
+            int edge = MS_SAMPLER_BUCKETS - 1;
+            for (int b = 0; b < MS_SAMPLER_BUCKETS; b++) {
+                if (cum + mass[b] >= target) { edge = b; break; }
+                cum += mass[b];
+            }
+            /* buckets above the edge are in whole; the edge bucket goes last, sorted */
+            n = 0;
+            int n_edge = 0;
+            for (int i = 0; i < V; i++) {
+                int b = top_p_bucket((wmax - w[i]) * inv_t);
+                if (b < edge) s->cand[n++] = i;
+                else if (b == edge) s->touched[n_edge++] = i; /* touched is free scratch here */
+            }
+            qsort_r(s->touched, (size_t)n_edge, sizeof *s->touched, cmp_desc, w);
+            for (int j = 0; j < n_edge && cum < target; j++) {
+                s->cand[n++] = s->touched[j];
+                cum += ex[s->touched[j]];
+            }
         } else {
             n = V;
             for (int i = 0; i < V; i++) s->cand[i] = i;
         }
-    }
-    for (int i = 0; i < n; i++) s->prob[i] = (float)(exp(((double)w[s->cand[i]] - wmax) * inv_t) / z);
-    if (use_p) { /* shortest head whose mass reaches top_p */
-        double cum = 0;
-        int keep = n;
-        for (int i = 0; i < n; i++) {
-            if (cum >= sp->top_p) { keep = i; break; }
-            cum += s->prob[i];
-        }
-        n = keep;
+        for (int i = 0; i < n; i++) s->prob[i] = (float)(ex[s->cand[i]] / z);
     }
     if (sp->min_p > 0.0f) {
         float pmax = 0;
@@ -223,7 +244,7 @@ int32_t ms_sampler_sample(ms_sampler *s, const ms_sampling *sp, const float *log
         float m = logits[0];
         for (int i = 1; i < V; i++) if (logits[i] > m) m = logits[i];
         double sum = 0;
-        for (int i = 0; i < V; i++) sum += exp((double)logits[i] - m);
+        for (int i = 0; i < V; i++) sum += expf(logits[i] - m);
         double lse = m + log(sum);
         ev->logprob = (float)(logits[tok] - lse);
         int nt = sp->top_logprobs;

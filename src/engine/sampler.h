@@ -30,7 +30,11 @@ typedef struct ms_sampler {
     float *prob;      /* [vocab] candidate probabilities */
     int32_t *count;   /* [vocab] occurrence counts, all zero between calls */
     int32_t *touched; /* [vocab] ids with a non-zero count */
+    float *ex;        /* [vocab] exp((logit - max) / T) */
+    double *bucket_mass; /* [MS_SAMPLER_BUCKETS] top_p histogram */
 } ms_sampler;
+
+#define MS_SAMPLER_BUCKETS 4096
 
 int ms_sampler_init(ms_sampler *s, int vocab, ms_err *err);
 void ms_sampler_destroy(ms_sampler *s);
@@ -43,8 +47,7 @@ double ms_rng_uniform(uint64_t st[4]);
 
 /* The final sampling distribution for one logits row [vocab]: tokens[0..n_tokens) is the
  * sequence so far (the first n_prompt are the prompt). Returns the number of candidates n and
- * sets *ids / *probs to sampler-owned arrays [n] (probabilities summing to 1, largest first unless
- * no filter needed sorting, in which case in id order). Valid until the next call. */
+ * sets *ids / *probs to sampler-owned arrays [n] (probabilities summing to 1, in no particular order). Valid until the next call. */
 int ms_sampler_dist(ms_sampler *s, const ms_sampling *sp, const float *logits, const int32_t *tokens, int n_prompt,
                     int n_tokens, const int32_t **ids, const float **probs);
 

@@ -11,11 +11,16 @@
 #include "core/log.h"
 #include "model/model_internal.h"
 #include "model/safetensors.h"
+#ifdef MS_HAVE_CUDA
+#include "backend/cuda/backend_cuda.h"
+#endif
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 const char *const ms_group_names[MS_N_GROUPS] = {"embed",  "attention", "indexer", "dense_mlp",
@@ -44,6 +49,15 @@ static own_node *own_new(size_t data_bytes) {
     return p;
 }
 
+/* Large blocks come from mmap: zero pages without a memset pass (dummy weights are tens of GB). */
+static own_node *own_new_big(size_t data_bytes) {
+    void *p = mmap(NULL, OWN_HDR + data_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    own_node *b = p;
+    b->cap = OWN_HDR + data_bytes; /* mapping length, for munmap */
+    return b;
+}
+
 void *ms_model_alloc(ms_model *m, size_t n) {
     own_state *o = m->owned;
     if (!o) {
@@ -53,7 +67,7 @@ void *ms_model_alloc(ms_model *m, size_t n) {
     }
     n = (n + 63) & ~(size_t)63;
     if (n >= OWN_SMALL) {
-        own_node *b = own_new(n);
+        own_node *b = own_new_big(n);
         if (!b) return NULL;
         b->next = o->big;
         o->big = b;
@@ -80,7 +94,7 @@ char *ms_model_strdup(ms_model *m, const char *s) {
 
 static void own_free(own_state *o) {
     if (!o) return;
-    for (own_node *b = o->big, *nx; b; b = nx) { nx = b->next; free(b); }
+    for (own_node *b = o->big, *nx; b; b = nx) { nx = b->next; munmap(b, b->cap); }
     for (own_node *b = o->small, *nx; b; b = nx) { nx = b->next; free(b); }
     free(o);
 }
@@ -99,6 +113,7 @@ typedef struct lctx {
     int dummy;
     ms_wfmt dummy_fmt;
     uint64_t seed;
+    ms_backend *dev; /* dummy weights generated in this GPU backend's memory (NULL: host) */
 } lctx;
 
 enum { DT_FLOAT = (1 << MS_F32) | (1 << MS_F16) | (1 << MS_BF16) };
@@ -185,6 +200,15 @@ static int load_tensor(lctx *c, const char *name, int ndim, const int64_t *shape
     if (c->dummy) {
         if (!required) return MS_OK;
         *out = ms_tensor_make(kind == MS_DUMMY_BIAS && group == MS_GROUP_ROUTER ? MS_F32 : MS_BF16, ndim, shape);
+        if (c->dev) {
+#ifdef MS_HAVE_CUDA
+            /* same value ranges as ms_dummy_fill_tensor */
+            float off = kind == MS_DUMMY_NORM ? 1.0f : 0.0f, amp = kind == MS_DUMMY_EMBED ? 1.7320508f : 0.1f;
+            MS_TRY(ms_cuda_dummy_tensor(c->dev, out, off, amp, seed_of(c, name), c->err));
+            stats_tensor(c, group, out);
+            return MS_OK;
+#endif
+        }
         out->data = ms_model_alloc(c->m, ms_tensor_nbytes(out));
         if (!out->data) return ms_errf(c->err, MS_ERR_NOMEM, "out of memory for dummy tensor '%s'", name);
         ms_dummy_fill_tensor(out, kind, seed_of(c, name));
@@ -251,6 +275,13 @@ static int load_linear(lctx *c, const char *module, int64_t N, int64_t K, int gr
     if (c->dummy) {
         W->fmt = (group == MS_GROUP_EXPERTS || group == MS_GROUP_SHARED) ? c->dummy_fmt : MS_WFMT_PLAIN;
         if (W->fmt == MS_WFMT_NVFP4 && K % 16) W->fmt = MS_WFMT_PLAIN;
+        if (c->dev) {
+#ifdef MS_HAVE_CUDA
+            MS_TRY(ms_cuda_dummy_linear(c->dev, W, bias == 2, seed_of(c, module), c->err));
+            stats_linear(c, group, W);
+            return MS_OK;
+#endif
+        }
         MS_TRY(ms_dummy_linear(c->m, W, seed_of(c, module), c->err));
         if (bias == 2) {
             snprintf(nm, sizeof nm, "%s.bias", module);
@@ -405,10 +436,13 @@ static int load_experts(lctx *c, int L, ms_experts *e) {
         MS_TRY(load_linear(c, nm, I, H, MS_GROUP_EXPERTS, 0, 1, &e->up[x]));
         snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%d.down_proj", L, x);
         MS_TRY(load_linear(c, nm, H, I, MS_GROUP_EXPERTS, 0, 1, &e->down[x]));
-        if (e->gate[x].fmt != e->up[x].fmt || e->gate[x].fmt != e->down[x].fmt || e->gate[x].fmt != e->gate[0].fmt)
-            return ms_errf(c->err, MS_ERR_FORMAT, "%s: expert %d of layer %d mixes formats (%s/%s/%s); all routed experts of a layer must share one",
-                           c->dir, x, L, ms_wfmt_name(e->gate[x].fmt, e->gate[x].w.dtype), ms_wfmt_name(e->up[x].fmt, e->up[x].w.dtype),
-                           ms_wfmt_name(e->down[x].fmt, e->down[x].w.dtype));
+        const ms_linear *ls[3] = {&e->gate[x], &e->up[x], &e->down[x]};
+        for (int k = 0; k < 3; k++)
+            if (ls[k]->fmt != e->gate[0].fmt)
+                return ms_errf(c->err, MS_ERR_FORMAT,
+                               "%s: module '%s' is %s but '%s' is %s; all routed experts of a layer must share one format",
+                               c->dir, ls[k]->name, ms_wfmt_name(ls[k]->fmt, ls[k]->w.dtype), e->gate[0].name,
+                               ms_wfmt_name(e->gate[0].fmt, e->gate[0].w.dtype));
     }
     return MS_OK;
 }
@@ -570,6 +604,18 @@ int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_
             else if (!strcmp(q, "fp8")) c.dummy_fmt = MS_WFMT_FP8;
             else if (!strcmp(q, "nvfp4")) c.dummy_fmt = MS_WFMT_NVFP4;
             else rc = ms_errf(err, MS_ERR_INVALID, "dummy weight format '%s' is not one of bf16, fp8, nvfp4", q);
+            ms_backend *d = opts->dummy_device;
+            if (!rc && d && strcmp(d->name, "cpu") != 0) {
+#ifdef MS_HAVE_CUDA
+                /* placed while built: ms_model_free unplaces whatever was made, also after an error */
+                c.dev = d;
+                m->placed = 1;
+                m->placed_on = d;
+                m->placed_at_load = 1;
+#else
+                rc = ms_errf(err, MS_ERR_UNSUPPORTED, "dummy weights on device %s: this build has no CUDA", d->name);
+#endif
+            }
         } else if (!strcmp(lf, "auto") || !strcmp(lf, "safetensors")) {
             rc = ms_quant_decl_load(dir, &c.q, err);
             if (!rc) rc = ms_st_open(dir, &m->st, err);
@@ -578,7 +624,15 @@ int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_
                 c.used = calloc((size_t)ms_st_count(m->st) + 1, 1);
                 if (!c.used) rc = ms_errf(err, MS_ERR_NOMEM, "out of memory");
             }
-            if (!rc && opts->progress && opts->prefetch_threads >= 0) rc = ms_st_prefetch(m->st, opts->prefetch_threads, err);
+            if (!rc && opts->prefetch_threads >= 0) {
+                /* read ahead only what fits in free memory; a bigger checkpoint pages in on use */
+                long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+                double avail = pages > 0 && psz > 0 ? (double)pages * (double)psz : 0;
+                if ((double)ms_st_total_bytes(m->st) < 0.8 * avail)
+                    rc = ms_st_prefetch_ex(m->st, opts->prefetch_threads, opts->progress, err);
+                else
+                    MS_LOGI("%s: checkpoint (%.1f GB) exceeds free memory; not prefetching", dir, ms_st_total_bytes(m->st) / 1e9);
+            }
         } else {
             rc = ms_errf(err, MS_ERR_INVALID, "load format '%s' is not one of auto, safetensors, dummy", lf);
         }
@@ -586,6 +640,7 @@ int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_
     if (!rc) rc = build(&c);
     free(c.used);
     ms_quant_decl_free(&c.q);
+    if (!rc && c.dev) rc = c.dev->ops->sync(c.dev, err); /* fill kernels finished (and succeeded) */
     if (rc) {
         ms_model_free(m);
         return rc;
@@ -631,6 +686,7 @@ static int unplace_t(visit *v, ms_tensor *t) { v->b->ops->unplace_tensor(v->b, t
 static int unplace_l(visit *v, ms_linear *W) { v->b->ops->unplace_linear(v->b, W); return MS_OK; }
 
 int ms_model_place(ms_model *m, ms_backend *b, ms_err *err) {
+    if (m->placed && m->placed_at_load && m->placed_on == b) return MS_OK;
     if (m->placed) return ms_errf(err, MS_ERR_INVALID, "model %s is already placed on backend %s", m->dir, m->placed_on->name);
     visit v = {place_t, place_l, b, err};
     m->placed_on = b;

@@ -64,6 +64,7 @@ typedef struct ms_model {
     void *owned;          /* model-owned host memory (names, dummy data, converted tensors) */
     int tied_lm_head;     /* lm_head.w is the embedding (tie_word_embeddings, no lm_head.weight) */
     int placed;           /* weights moved to a backend */
+    int placed_at_load;   /* dummy weights generated on placed_on's device by ms_model_load */
     ms_backend *placed_on;
 } ms_model;
 
@@ -72,23 +73,52 @@ typedef struct ms_load_opts {
     const char *dummy_quant;  /* dummy weights: "bf16", "fp8" or "nvfp4" (experts; others bf16) */
     const char *const *overrides; /* config overrides "key=value" */
     int n_overrides;
-    int prefetch_threads;     /* parallel shard readers (0 = auto) */
-    int progress;             /* show loading progress on a terminal */
+    int prefetch_threads;     /* parallel shard readers (0 = auto; < 0: no prefetch, pages load on use).
+                               * Prefetch is skipped when the checkpoint exceeds free memory. */
+    int progress;             /* show loading progress (tensors, GB, MB/s) on a terminal */
     uint64_t seed;            /* dummy weights */
+    /* Dummy weights only: when this is a GPU backend, every tensor is generated directly in its
+     * memory in its own format (no host copy of the model) and the model comes back already placed
+     * on it (ms_model_place on the same backend is then a no-op). NULL or cpu: host generation. */
+    ms_backend *dummy_device;
 } ms_load_opts;
 
-/* Loads config + weights from DIR (or just config for dummy). Errors name file and tensor/field. */
+/* Loads config + weights from DIR (or just config for dummy; DIR may then be a config .json path).
+ * opts may be NULL (auto format, prefetch, no progress). Errors name file and tensor/field; on
+ * error *out is NULL. Views point into the mmap (or model memory); free with ms_model_free. */
 int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_err *err);
 /* Releases views, the mapping, model-owned memory and (if placed) the backend copies. NULL is ok. */
 void ms_model_free(ms_model *m);
 /* Moves all weights into backend memory (place_tensor / place_linear on each). MoE runner
  * preparation happens in ms_forward_create. ms_model_free releases the placement, so free the
- * model before destroying the backend. */
+ * model before destroying the backend. A model generated on b at load (dummy_device) is left as is. */
 int ms_model_place(ms_model *m, ms_backend *b, ms_err *err);
 
 /* ---- forward ---- */
 
 typedef struct ms_forward ms_forward; /* per-backend forward state: workspace, KV memory, runner */
+
+/* The discrete choices of one forward step: MoE expert ids per layer and token, and the DSA key
+ * selection per full indexer layer and token. Recorded on one backend and replayed on another, they
+ * let `compare` and the GPU conformance check every op of two backends against each other even
+ * where a near-tie (a router or indexer margin below bf16 resolution) makes them choose
+ * differently; the recorded margins show whether a differing choice was such a near-tie. */
+typedef struct ms_decisions {
+    int n_layers, n_tokens, topk, index_topk;
+    int32_t *expert_ids;  /* [n_layers, n_tokens, topk]; -1 on dense layers */
+    float *expert_margin; /* [n_layers, n_tokens]: how far the k-th choice beat the best excluded one
+                             (biased sigmoid score; group-limited routing takes the smaller of the
+                             expert and group margins); +inf on dense layers */
+    int32_t *index_sel;   /* [n_layers, n_tokens, index_topk] selected key positions, ascending, -1
+                             padded; all -1 where the layer made no sparse selection */
+} ms_decisions;
+
+/* Allocates zeroed decision arrays (all ids -1, margins +inf). */
+int ms_decisions_alloc(ms_decisions *d, int n_layers, int n_tokens, int topk, int index_topk, ms_err *err);
+void ms_decisions_free(ms_decisions *d);
+/* Saves / loads as a small safetensors file (tensors expert_ids, expert_margin, index_sel). */
+int ms_decisions_save(const ms_decisions *d, const char *path, ms_err *err);
+int ms_decisions_load(const char *path, ms_decisions *d, ms_err *err);
 
 typedef struct ms_forward_opts {
     int max_tokens;          /* most tokens per step (workspace size) */
@@ -99,6 +129,14 @@ typedef struct ms_forward_opts {
      * stream [T,H] in backend memory; layer == num_layers for the final normed hidden state. */
     void (*on_layer)(void *ctx, int layer, const ms_tensor *hidden);
     void *on_layer_ctx;
+    /* Optional: record this step's decisions into *record (allocated by the caller for the step's
+     * token count), or replay *replay's instead of choosing. Single-step debugging aids (logits,
+     * compare); the step's token count must equal the decisions' n_tokens. */
+    ms_decisions *record;
+    const ms_decisions *replay;
+    /* Record, per MoE layer, how many distinct experts the last step routed to (bench-model's byte
+     * count; costs a small device->host copy per layer). */
+    int record_routing;
 } ms_forward_opts;
 
 int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_forward **out, ms_err *err);
@@ -107,6 +145,12 @@ void ms_forward_free(ms_forward *f);
  * logits_host [n_logits, vocab] (float32). With check_numerics, a NaN/Inf fails with
  * MS_ERR_NUMERICS naming the layer, op and token position. */
 int ms_forward_run(ms_forward *f, const ms_batch *batch, float *logits_host, ms_err *err);
+/* With record_routing: distinct experts routed to by the last step, per layer (0 for dense
+ * layers); array of cfg.num_layers owned by f. NULL otherwise. */
+const int *ms_forward_routed_experts(const ms_forward *f);
+/* With record_routing: on = 0 pauses the record (its per-layer device->host copy and sync stay out
+ * of timed steps; the array keeps the last recorded step), on = 1 resumes it. */
+void ms_forward_set_record_routing(ms_forward *f, int on);
 /* Bytes of KV cache per token over all layers (for sizing the pool). */
 size_t ms_forward_kv_bytes_per_token(const ms_model *m, const ms_backend *b);
 

@@ -11,6 +11,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+uint8_t ms_quant_f32_to_e4m3(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+    u &= 0x7fffffffu;
+    if (u > 0x7f800000u) return 0x7f;
+    float a;
+    memcpy(&a, &u, 4);
+    if (a >= 448.0f) return sign | 0x7e;
+    if (a < 0.015625f) /* below 2^-6: subnormal codes, quantum 2^-9 (a * 512 is exact) */
+        return sign | (uint8_t)nearbyintf(a * 512.0f);
+    uint32_t r = u + 0x7ffffu + ((u >> 20) & 1u); /* round the mantissa to 3 bits, ties to even */
+    int e = (int)(r >> 23) - 127 + 7;
+    return sign | (uint8_t)((e << 3) | ((r >> 20) & 7u));
+}
+
 typedef struct qctx {
     ms_dtype dt;
     const char *src;
@@ -96,7 +112,7 @@ static void nvfp4_rows(void *c_, int64_t r0, int64_t r1, int worker) {
             const float *x = row + b * 16;
             float am = 0;
             for (int j = 0; j < 16; j++) am = fabsf(x[j]) > am ? fabsf(x[j]) : am;
-            uint8_t sc = ms_f32_to_e4m3(am / s6);
+            uint8_t sc = ms_quant_f32_to_e4m3(am / s6);
             c->scales[r * nb + b] = sc;
             if (!c->codes) continue;
             float denom = ms_e4m3_to_f32(sc) * c->scale2;
@@ -161,7 +177,7 @@ static void fp8_strips(void *c_, int64_t s0, int64_t s1, int worker) {
         for (int64_t r = r0; r < r1; r++) {
             ms_convert_to_f32(c->dt, c->src + (size_t)(r * K) * es, row, (size_t)K);
             uint8_t *q = c->codes + r * K;
-            for (int64_t k = 0; k < K; k++) q[k] = ms_f32_to_e4m3(row[k] / sc[k / 128]);
+            for (int64_t k = 0; k < K; k++) q[k] = ms_quant_f32_to_e4m3(row[k] / sc[k / 128]);
         }
     }
 }

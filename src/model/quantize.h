@@ -12,6 +12,10 @@
 
 #include <stdint.h>
 
+/* Same result as ms_f32_to_e4m3 (RNE, saturating at +-448, NaN -> 0x7f) by bit arithmetic
+ * instead of a table search: the FP8 quantizer calls it once per weight. */
+uint8_t ms_quant_f32_to_e4m3(float f);
+
 /* max |W| over n elements of a float tensor (NaN counts as +inf so it is caught). */
 float ms_quant_amax(ms_dtype dt, const void *src, int64_t n);
 

@@ -507,7 +507,9 @@ static void *pf_worker(void *arg) {
     return NULL;
 }
 
-int ms_st_prefetch(ms_st_set *s, int n_threads, ms_err *err) {
+int ms_st_prefetch(ms_st_set *s, int n_threads, ms_err *err) { return ms_st_prefetch_ex(s, n_threads, 1, err); }
+
+int ms_st_prefetch_ex(ms_st_set *s, int n_threads, int progress, ms_err *err) {
     if (!s || s->n == 0) return MS_OK;
     const size_t CH = 32u << 20;
     const ms_st_tensor **ord = malloc((size_t)s->n * sizeof *ord);
@@ -555,7 +557,7 @@ int ms_st_prefetch(ms_st_set *s, int n_threads, ms_err *err) {
     for (int i = 0; i < n_threads; i++)
         if (pthread_create(&th[started], NULL, pf_worker, &p) == 0) started++;
     if (!started) pf_worker(&p);
-    int tty = isatty(2);
+    int tty = progress && isatty(2);
     double t0 = ms_now();
     if (tty) {
         /* progress until the workers have taken every chunk and finished */

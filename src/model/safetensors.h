@@ -43,6 +43,8 @@ uint64_t ms_st_total_bytes(const ms_st_set *s);
 /* Touches all pages of all shards with n_threads readers (parallel shard reads), showing progress
  * (tensors, bytes, MB/s) on stderr when it is a terminal. Optional: the mmap works without it. */
 int ms_st_prefetch(ms_st_set *s, int n_threads, ms_err *err);
+/* Same, with progress shown only when `progress` is set (and stderr is a terminal). */
+int ms_st_prefetch_ex(ms_st_set *s, int n_threads, int progress, ms_err *err);
 
 /* Writer: collects tensors then writes one .safetensors file (header sorted by name, 8-byte
  * aligned data). Data pointers are borrowed until ms_st_writer_finish returns. */

@@ -51,5 +51,17 @@ int ms_moe_resolve(const ms_backend *b, const char *name, const ms_moe_shape *s,
 /* Picks the runner for one call: `forced` if non-NULL, else the best supported for s (auto policy,
  * using tuned thresholds when present). Never NULL on success. */
 const ms_moe_runner *ms_moe_pick(const ms_backend *b, const ms_moe_runner *forced, const ms_moe_shape *s);
+/* Sets the auto policy's threshold: calls with at most this many tokens prefer the "decode" runner
+ * (default 16; a tuned value from `moeserve tune` replaces it). */
+void ms_moe_set_auto_threshold(int decode_max_tokens);
+/* Current auto threshold (tokens at most which prefer "decode"). */
+int ms_moe_auto_threshold(void);
+/* File base name (no .json) for a GPU's tuned values: lowercase, runs of other characters -> '-'
+ * ("NVIDIA H200" -> "nvidia-h200"). */
+void ms_moe_tuned_file_name(const char *gpu_name, char *out, size_t cap);
+/* Applies dir/<tuned name of b's GPU>.json (written by `moeserve tune`) to the auto policy when the
+ * file exists and its "gpu" equals b->gpu.name exactly. Returns 1 when applied, 0 otherwise
+ * (missing file, CPU backend, other GPU, bad content: the heuristic default stays). */
+int ms_moe_apply_tuned(const ms_backend *b, const char *dir);
 
 #endif

@@ -8,71 +8,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* TODO(coordinator): the tokenizer, chat-template, engine and model-executor implementations are
- * being written in parallel with this file. Until they are all on main, these references are weak
- * so `make build` links; `serve` then refuses to start with a sentence naming what is missing.
- * Once they are merged, compile with MS_SERVE_DEPS_STRONG defined (or delete this block and the
- * #ifndef branch of ms_serve_deps_linked): a weak reference does not pull an archive member, so
- * with the block kept a function nothing else references stays NULL (serve then reports it). */
-#ifndef MS_SERVE_DEPS_STRONG
-#pragma weak ms_model_executor_open
-#pragma weak ms_tokenizer_load
-#pragma weak ms_tokenizer_free
-#pragma weak ms_tokenizer_chat_template
-#pragma weak ms_tokenizer_vocab_size
-#pragma weak ms_template_compile
-#pragma weak ms_template_free
-#pragma weak ms_engine_config_default
-#pragma weak ms_engine_create
-#pragma weak ms_engine_destroy
-#pragma weak ms_model_executor_close
-#pragma weak ms_tokenizer_encode
-#pragma weak ms_tokenizer_decode
-#pragma weak ms_tokenizer_is_special
-#pragma weak ms_tokenizer_id_to_token
-#pragma weak ms_detok_new
-#pragma weak ms_detok_free
-#pragma weak ms_detok_push
-#pragma weak ms_detok_flush
-#pragma weak ms_tokenizer_bos_token
-#pragma weak ms_tokenizer_eos_token
-#pragma weak ms_chat_render
-#pragma weak ms_engine_submit
-#pragma weak ms_engine_abort
-#pragma weak ms_engine_get_stats
-#endif
 
 int ms_serve_deps_linked(char *why, size_t cap) {
-#ifdef MS_SERVE_DEPS_STRONG
     (void)why;
     (void)cap;
-    return 1;
-#else
-    /* every function reached through a weak reference above, by the part that provides it */
-    const struct { const char *part; int ok; } need[] = {
-        {"model executor (ms_model_executor_open)", ms_model_executor_open && ms_model_executor_close},
-        {"tokenizer (ms_tokenizer_load)", ms_tokenizer_load && ms_tokenizer_free && ms_tokenizer_chat_template &&
-                                              ms_tokenizer_vocab_size && ms_tokenizer_encode && ms_tokenizer_decode &&
-                                              ms_tokenizer_is_special && ms_tokenizer_id_to_token &&
-                                              ms_tokenizer_bos_token && ms_tokenizer_eos_token},
-        {"incremental detokenizer (ms_detok_new)", ms_detok_new && ms_detok_free && ms_detok_push && ms_detok_flush},
-        {"chat template engine (ms_chat_render)", ms_template_compile && ms_template_free && ms_chat_render},
-        {"engine (ms_engine_create)", ms_engine_config_default && ms_engine_create && ms_engine_destroy &&
-                                          ms_engine_submit && ms_engine_abort && ms_engine_get_stats},
-    };
-    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
-        if (!need[i].ok) {
-            if (why) snprintf(why, cap, "this build does not include the %s yet", need[i].part);
-            return 0;
-        }
-    return 1;
-#endif
+    return 1; /* every dependency is linked strongly; kept so callers need no #ifdef */
 }
 
 int ms_serve_model_open(const ms_exec_opts *o, ms_serve_model *out, ms_err *err) {
     memset(out, 0, sizeof *out);
-    char why[160];
-    if (!ms_serve_deps_linked(why, sizeof why)) return ms_errf(err, MS_ERR_UNSUPPORTED, "%s", why);
     MS_TRY(ms_model_executor_open(o, &out->exec, &out->model, err));
     if (out->model) {
         const ms_config *c = &out->model->cfg;
@@ -83,7 +27,7 @@ int ms_serve_model_open(const ms_exec_opts *o, ms_serve_model *out, ms_err *err)
 }
 
 void ms_serve_model_close(ms_serve_model *m) {
-    if (ms_serve_deps_linked(NULL, 0)) ms_model_executor_close(&m->exec);
+    ms_model_executor_close(&m->exec);
     memset(m, 0, sizeof *m);
 }
 

@@ -21,6 +21,7 @@ typedef struct gated {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int open, in_forward, healthy;
+    int delay_us; /* sleep per forward */
 } gated;
 
 static int gated_forward(void *ctx, const ms_batch *b, float *logits, ms_err *err) {
@@ -29,7 +30,12 @@ static int gated_forward(void *ctx, const ms_batch *b, float *logits, ms_err *er
     g->in_forward++;
     pthread_cond_broadcast(&g->cv);
     while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
+    int delay = g->delay_us;
     pthread_mutex_unlock(&g->mu);
+    if (delay) {
+        struct timespec ts = {0, (long)delay * 1000};
+        nanosleep(&ts, NULL);
+    }
     return fake_forward(&g->f, b, logits, err);
 }
 
@@ -56,10 +62,17 @@ static void gated_set(gated *g, int open) {
     pthread_mutex_unlock(&g->mu);
 }
 
+/* Waits (30 s at most) until n forwards have started. */
 static void gated_wait_forward(gated *g, int n) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 30;
     pthread_mutex_lock(&g->mu);
-    while (g->in_forward < n) pthread_cond_wait(&g->cv, &g->mu);
+    int rc = 0;
+    while (g->in_forward < n && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&g->cv, &g->mu, &dl);
+    int ok = g->in_forward >= n;
     pthread_mutex_unlock(&g->mu);
+    CHECK_MSG(ok, "timed out waiting for forward %d", n);
 }
 
 static void gated_free(gated *g) {
@@ -311,10 +324,12 @@ static void test_stop_ids_and_ignore_eos(void) {
         for (int j = 0; j < k; j++) seen |= ref[j] == ref[k];
         if (!seen) break;
     }
-    for (int mode = 0; mode < 3; mode++) { /* request stop id, executor eos, eos with ignore_eos */
+    /* 0: request stop id; 1: executor eos; 2: eos with ignore_eos (ignored); 3: request stop id
+     * with ignore_eos (still stops, as in vLLM) */
+    for (int mode = 0; mode < 4; mode++) {
         gated g;
         ms_executor ex = gated_init(&g, 64, 4, 64);
-        if (mode > 0) { ex.n_eos = 1; ex.eos_ids[0] = ref[k]; }
+        if (mode == 1 || mode == 2) { ex.n_eos = 1; ex.eos_ids[0] = ref[k]; }
         ms_engine_config cfg = small_cfg(4);
         ms_engine *e;
         ms_err err = {0};
@@ -325,8 +340,8 @@ static void test_stop_ids_and_ignore_eos(void) {
         ms_sampling_default(&sp);
         sp.temperature = 0;
         sp.max_tokens = 40;
-        if (mode == 0) { sp.n_stop_ids = 2; sp.stop_ids[0] = VOCAB - 1 == ref[k] ? 0 : VOCAB - 1; sp.stop_ids[1] = ref[k]; }
-        if (mode == 2) sp.ignore_eos = 1;
+        if (mode == 0 || mode == 3) { sp.n_stop_ids = 2; sp.stop_ids[0] = VOCAB - 1 == ref[k] ? 0 : VOCAB - 1; sp.stop_ids[1] = ref[k]; }
+        if (mode >= 2) sp.ignore_eos = 1;
         if (sp.n_stop_ids && sp.stop_ids[0] != ref[k]) {
             int used = 0;
             for (int j = 0; j <= k; j++) used |= ref[j] == sp.stop_ids[0];
@@ -334,7 +349,7 @@ static void test_stop_ids_and_ignore_eos(void) {
         }
         CHECK_EQ_INT(ms_engine_submit(e, p, 10, &sp, on_event, &c.s[0], NULL, &err), MS_OK);
         coll_wait(&c, 1);
-        if (mode < 2) {
+        if (mode != 2) {
             CHECK_EQ_INT(c.s[0].finish, MS_FINISH_STOP);
             CHECK_EQ_INT(c.s[0].n, k + 1);
             CHECK_EQ_INT(c.s[0].toks[k], ref[k]); /* the stop token is reported with the final event */
@@ -462,7 +477,12 @@ static void test_forward_error(void) {
             CHECK_EQ_INT(c.s[i].n, 2); /* tokens from forwards 1 and 2 arrived */
         }
         ms_engine_stats st;
-        ms_engine_get_stats(e, &st);
+        for (int i = 0; i < 400; i++) { /* stats are published at the end of the step */
+            ms_engine_get_stats(e, &st);
+            if (st.requests_failed == 3) break;
+            struct timespec ts = {0, 5 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
         CHECK_EQ_INT(st.forward_errors, 1);
         CHECK_EQ_INT(st.requests_failed, 3);
         CHECK_EQ_INT(st.healthy, !fatal);
@@ -597,8 +617,10 @@ static void test_idle_and_destroy(void) {
     ms_engine *e;
     ms_err err = {0};
     CHECK_EQ_INT(ms_engine_create(&cfg, &ex, &e, &err), MS_OK);
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    nanosleep(&ts, NULL); /* let the thread start (costly under sanitizers) */
     double t0 = cpu_seconds();
-    struct timespec ts = {0, 300 * 1000 * 1000};
+    ts.tv_nsec = 300 * 1000 * 1000;
     nanosleep(&ts, NULL);
     double used = cpu_seconds() - t0;
     CHECK_MSG(used < 0.05, "idle engine used %.3f s of CPU in 0.3 s", used);
@@ -607,10 +629,14 @@ static void test_idle_and_destroy(void) {
     int32_t p[5] = {1, 2, 3, 4, 5};
     ms_sampling sp;
     ms_sampling_default(&sp);
-    sp.max_tokens = 200;
+    sp.max_tokens = 200; /* 205 of the 256 KV tokens */
     gated_set(&g, 0);
     for (int i = 0; i < 12; i++) CHECK_EQ_INT(ms_engine_submit(e, p, 5, &sp, on_event, &c.s[i], NULL, &err), MS_OK);
     gated_wait_forward(&g, 1);
+    /* from here on every forward takes 3 ms: finishing any request takes over half a second */
+    pthread_mutex_lock(&g.mu);
+    g.delay_us = 3000;
+    pthread_mutex_unlock(&g.mu);
     gated_set(&g, 1);
     ms_engine_destroy(e);
     CHECK_EQ_INT(c.n_final, 12);

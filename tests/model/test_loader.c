@@ -238,6 +238,42 @@ static void test_dummy(void) {
     CHECK(ms_model_load(dir, &lo, &m, &err) != 0 && strstr(err.msg, "int3"));
 }
 
+/* The transformers-made fixtures (tools/make_fixtures.py) and the demo model load cleanly: every
+ * tensor used, the declared formats present. */
+static void test_fixtures(void) {
+    struct { const char *dir; int fmt; int fused; } fx[] = {
+        {"tests/fixtures/glm4_moe", 0, 0},          {"tests/fixtures/glm4_moe_legacy", 0, 1},
+        {"tests/fixtures/glm4_moe_fp8", 1, 0},      {"tests/fixtures/glm4_moe_nvfp4", 2, 0},
+        {"tests/fixtures/glm_moe_dsa", 0, 0},       {"tests/fixtures/glm_moe_dsa_legacy", 0, 1},
+        {"tests/fixtures/glm_moe_dsa_fp8", 1, 0},   {"tests/fixtures/glm_moe_dsa_nvfp4", 2, 0},
+        {"models/demo", 0, 0},
+    };
+    for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
+        ms_model *m = NULL;
+        ms_err err = {0};
+        int rc = ms_model_load(fx[i].dir, NULL, &m, &err);
+        CHECK_MSG(rc == 0, "%s: %s", fx[i].dir, err.msg);
+        if (rc) continue;
+        CHECK_MSG(m->stats.n_tensors + m->stats.n_mtp_tensors_skipped == ms_st_count(m->st), "%s: unused tensors", fx[i].dir);
+        CHECK_EQ_INT(m->stats.n_unexpected_tensors, 0);
+        int L = 0;
+        while (L < m->cfg.num_layers && !m->layers[L].is_moe) L++;
+        CHECK(L < m->cfg.num_layers);
+        if (L < m->cfg.num_layers) {
+            CHECK_EQ_INT(m->layers[L].experts.gate[0].fmt, fx[i].fmt);
+            CHECK_EQ_INT(m->layers[L].sh_down.fmt, fx[i].fmt);
+            CHECK_EQ_INT(m->layers[L].router_bias.dtype, MS_F32);
+            /* fused experts are views into one tensor: consecutive experts' gates are 2I rows apart */
+            if (fx[i].fused)
+                CHECK((char *)m->layers[L].experts.gate[1].w.data - (char *)m->layers[L].experts.gate[0].w.data ==
+                      (ptrdiff_t)(2 * m->cfg.moe_intermediate_size * m->cfg.hidden_size * ms_dtype_size(m->layers[L].experts.gate[0].w.dtype)));
+        }
+        if (fx[i].fmt == 2) CHECK_EQ_INT(m->layers[0].o_proj.fmt, MS_WFMT_PLAIN); /* attention stays bf16 */
+        if (fx[i].fmt == 1) CHECK_EQ_INT(m->layers[0].o_proj.fmt, MS_WFMT_FP8);
+        ms_model_free(m);
+    }
+}
+
 int main(void) {
     g_root = tiny_tmpdir("loader");
     if (!g_root) { fprintf(stderr, "no temp dir\n"); return 1; }
@@ -248,6 +284,7 @@ int main(void) {
     RUN(test_missing_and_bad_shape);
     RUN(test_place);
     RUN(test_dummy);
+    RUN(test_fixtures);
     tiny_rmrf(g_root);
     free(g_root);
     return TEST_SUMMARY();

@@ -65,7 +65,7 @@ typedef struct tiny_w {
     int count;
 } tiny_w;
 
-static void tiny_add(tiny_w *t, const char *name, int ndim, const int64_t *shape0, float scale, float offset, ms_dtype dt) {
+static __attribute__((unused)) void tiny_add(tiny_w *t, const char *name, int ndim, const int64_t *shape0, float scale, float offset, ms_dtype dt) {
     if (t->o->omit && !strcmp(name, t->o->omit)) return;
     int64_t shape[4];
     for (int i = 0; i < ndim; i++) shape[i] = shape0[i];
@@ -89,15 +89,15 @@ static void tiny_add(tiny_w *t, const char *name, int ndim, const int64_t *shape
     if (t->wmap) json_object_set_new(t->wmap, name, json_string(shard ? "model-00002-of-00002.safetensors" : "model-00001-of-00002.safetensors"));
 }
 
-static void tiny_lin(tiny_w *t, const char *name, int64_t N, int64_t K) {
+static __attribute__((unused)) void tiny_lin(tiny_w *t, const char *name, int64_t N, int64_t K) {
     int64_t s[2] = {N, K};
     tiny_add(t, name, 2, s, 1.0f / sqrtf((float)K), 0.0f, t->o->dtype);
 }
-static void tiny_vec(tiny_w *t, const char *name, int64_t N, float scale, float offset) {
+static __attribute__((unused)) void tiny_vec(tiny_w *t, const char *name, int64_t N, float scale, float offset) {
     tiny_add(t, name, 1, &N, scale, offset, t->o->dtype);
 }
 
-static void tiny_layer(tiny_w *t, int L, int moe, int full_indexer) {
+static __attribute__((unused)) void tiny_layer(tiny_w *t, int L, int moe, int full_indexer) {
     const tiny_opts *o = t->o;
     char n[256];
 #define TN(fmt_) (snprintf(n, sizeof n, "model.layers.%d." fmt_, L), n)
@@ -224,7 +224,7 @@ static char *tiny_config_json(const tiny_opts *o) {
 }
 
 /* Writes config.json and the weights into dir (created if needed). Returns 0 on success. */
-static int tiny_write(const char *dir, const tiny_opts *o0) {
+static __attribute__((unused)) int tiny_write(const char *dir, const tiny_opts *o0) {
     tiny_opts o = *o0;
     if (!o.arch) o.arch = MS_ARCH_GLM4_MOE;
     if (!o.dtype) o.dtype = MS_F32;
@@ -283,7 +283,7 @@ static char *tiny_tmpdir(const char *tag) {
     return d ? strdup(d) : NULL;
 }
 
-static void tiny_rmrf(const char *dir) {
+static __attribute__((unused)) void tiny_rmrf(const char *dir) {
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "tiny_ckpt: could not remove %s\n", dir);

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# GPU performance run, on the GPU machine from the repo root with a prebuilt BUILD dir (made on the
+# dev machine with `make build` + scripts/bundle-libs.sh, shipped as a tarball like gpu-check.sh).
+# Runs, each under its own time limit so the whole script stays under 7 minutes on one H200:
+#   1. bench-model, GLM-4.5-Air shapes (46 layers, NVFP4 experts, dummy weights made on the GPU):
+#      decode at batch 1/8/64/256 x context 256/8192, prefill 4096; ceilings measured first
+#   2. bench-model, GLM-5 shapes cut to 12 layers (3 dense + 9 MoE), NVFP4, context 1024/16384
+#   3. moeserve tune (decode-vs-grouped crossover -> configs/tuned/<gpu>.json), if in the build
+#   4. moeserve serve --load-format dummy + moeserve bench (64 concurrent, random 256 in / 256 out,
+#      range ratio 1), if the build has the server
+# Logs and JSON reports go to $OUT (default ./gpu-out); a short table is printed last.
+# Knobs: BUILD, OUT, AIR_LAYERS (46), BATCHES, RUNNER (auto).
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+OUT=${OUT:-./gpu-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/$BUILD/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export NCCL_NVLS_ENABLE=0
+BIN=$BUILD/moeserve
+AIR_LAYERS=${AIR_LAYERS:-46}
+BATCHES=${BATCHES:-1,8,64,256}
+RUNNER=${RUNNER:-auto}
+T0=$(date +%s)
+rows=()
+row() { rows+=("$(printf '%-34s %s' "$1" "$2")"); }
+
+{ nvidia-smi; echo; uname -a; } >"$OUT/machine.log" 2>&1
+
+# one line per decode entry of a --json report: "b=.. ctx=..: tok/s, ms/step, % of copy bw"
+summarize() {
+  python3 - "$1" <<'PY' 2>/dev/null || echo "(no JSON report)"
+import json, sys
+j = json.load(open(sys.argv[1]))
+print("ceilings: copy %.0f GB/s (read+write), bf16 GEMM %.0f TFLOP/s; load %.1f s; weights %.1f GB" %
+      (j["mem_bw_gbs"], j["gemm_tflops"], j["load_s"], j["weight_bytes"] / 1e9))
+for d in j["decode"]:
+    if "skipped" in d:
+        print("  decode b=%-3d ctx=%-5d skipped: %s" % (d["batch"], d["ctx"], d["skipped"])); continue
+    print("  decode b=%-3d ctx=%-5d %9.1f tok/s %8.3f ms/step %7.1f MB/step %6.0f GB/s (%4.1f%% bw) %6.1f TFLOP/s, %.1f exp/layer" %
+          (d["batch"], d["ctx"], d["tok_s"], d["ms_per_step"], d["bytes_per_step"] / 1e6, d["achieved_gbs"], d["pct_of_bw"],
+           d["achieved_tflops"], d["experts_per_layer"]))
+p = j["prefill"]
+print("  prefill %d tokens: %.0f tok/s, %.1f TFLOP/s (%.1f%% of GEMM)" % (p["tokens"], p["tok_s"], p["gflops"] / 1e3, p["pct_of_gemm"]))
+PY
+}
+
+bench_model() { # name limit_s args...
+  local name=$1 lim=$2; shift 2
+  local t=$(date +%s)
+  timeout "$lim" "$BIN" bench-model --device cuda --load-format dummy --dummy-quant nvfp4 --moe-runner-backend "$RUNNER" \
+    --json "$@" >"$OUT/$name.json" 2>"$OUT/$name.log"
+  local rc=$?
+  echo "=== $name (rc=$rc, $(( $(date +%s) - t )) s)" | tee -a "$OUT/summary.txt"
+  summarize "$OUT/$name.json" | tee -a "$OUT/summary.txt"
+  [ $rc = 0 ] && row "$name" "ok ($(( $(date +%s) - t )) s)" || row "$name" "FAIL rc=$rc (see $name.log)"
+}
+
+: >"$OUT/summary.txt"
+bench_model air-nvfp4 130 --model configs/glm-4.5-air.json --override num_hidden_layers=$AIR_LAYERS \
+  --batches "$BATCHES" --ctx 256,8192 --prefill 4096
+bench_model glm5-12l-nvfp4 120 --model configs/glm-5.json --override num_hidden_layers=12 \
+  --batches "$BATCHES" --ctx 1024,16384 --prefill 4096
+
+# tune: decode-vs-grouped crossover for this GPU (writes configs/tuned/<gpu>.json here; copied to $OUT)
+if "$BIN" tune --help >/dev/null 2>&1; then
+  t=$(date +%s)
+  timeout 45 "$BIN" tune --model configs/glm-4.5-air.json --out-dir "$OUT/tuned" >"$OUT/tune.log" 2>&1
+  rc=$?
+  [ $rc = 0 ] && row "tune" "ok ($(( $(date +%s) - t )) s): $(tail -1 "$OUT/tune.log")" || row "tune" "FAIL rc=$rc"
+else
+  row "tune" "not in this build"
+fi
+
+# serving benchmark, only if the server is built
+if "$BIN" serve --help >/dev/null 2>&1; then
+  PORT=${PORT:-18731}
+  t=$(date +%s)
+  # dummy weights have no tokenizer: use a 150k-vocabulary one when given (TOKENIZER=DIR)
+  "$BIN" serve --model configs/glm-4.5-air.json --load-format dummy --dummy-quant nvfp4 --device cuda \
+    ${TOKENIZER:+--tokenizer-path "$TOKENIZER"} \
+    --override num_hidden_layers=$AIR_LAYERS --port "$PORT" >"$OUT/serve.log" 2>&1 &
+  spid=$!
+  up=0
+  for _ in $(seq 1 90); do
+    if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 || curl -sf "http://127.0.0.1:$PORT/v1/models" >/dev/null 2>&1; then up=1; break; fi
+    kill -0 $spid 2>/dev/null || break
+    sleep 1
+  done
+  if [ $up = 1 ]; then
+    timeout 100 "$BIN" bench --backend sglang-oai --port "$PORT" --dataset-name random --random-input-len 256 \
+      --random-output-len 256 --random-range-ratio 1 --num-prompts 128 --max-concurrency 64 \
+      --output-file "$OUT/serve-bench.jsonl" >"$OUT/serve-bench.log" 2>&1
+    rc=$?
+    [ $rc = 0 ] && row "serve + bench (64 conc, 256/256)" "ok ($(( $(date +%s) - t )) s)" || row "serve + bench" "FAIL rc=$rc"
+    tail -30 "$OUT/serve-bench.log" >>"$OUT/summary.txt"
+  else
+    row "serve + bench" "FAIL server did not come up (serve.log)"
+  fi
+  kill $spid 2>/dev/null
+  wait $spid 2>/dev/null
+else
+  row "serve + bench" "server not in this build"
+fi
+
+echo
+echo "gpu-bench ($(date -u +%FT%TZ), $(( $(date +%s) - T0 )) s, logs in $OUT)"
+cat "$OUT/summary.txt"
+echo
+printf '%s\n' "${rows[@]}" | tee -a "$OUT/summary.txt"

@@ -1,0 +1,329 @@
+/* cpu_attn.c - KV caches and attention of the CPU backend: paged GQA, MLA in absorbed form over
+ * the latent cache, the DSA indexer's per-query top-k, and the two kv_b_proj head products of MLA.
+ *
+ * Every query token reads its own sequence's keys through the block table, causally (positions
+ * 0..pos), so prefill chunks, decode tokens and several sequences can share one call. Softmax is
+ * float32 with max subtraction, as transformers' eager attention. */
+#include "backend/cpu/cpu_impl.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int64_t cols_of(const ms_tensor *t) { return t->shape[t->ndim - 1]; }
+static int64_t rows_of(const ms_tensor *t) { return ms_tensor_numel(t) / cols_of(t); }
+
+/* ---------------------------------------------------------------- kv_store */
+
+typedef struct {
+    float *cache;
+    const float *x;
+    const int32_t *slot;
+    int64_t W;
+} store_ctx;
+
+static void store_fn(void *p, int64_t b, int64_t e, int w) {
+    store_ctx *c = p;
+    for (int64_t t = b; t < e; t++) memcpy(c->cache + (int64_t)c->slot[t] * c->W, c->x + t * c->W, (size_t)c->W * 4);
+}
+
+int cpu_kv_store(ms_backend *b, ms_tensor *cache, const ms_tensor *x, const int32_t *slot, ms_err *err) {
+    MS_ASSERT(cache->dtype == MS_F32 && x->dtype == MS_F32);
+    int64_t S = cache->shape[0], W = ms_tensor_numel(cache) / S, T = x->shape[0];
+    MS_ASSERT(ms_tensor_numel(x) == T * W);
+    for (int64_t t = 0; t < T; t++)
+        if (slot[t] < 0 || slot[t] >= S)
+            return ms_errf(err, MS_ERR_INVALID, "kv_store: slot %d of token %lld is outside the cache (%lld slots)",
+                           slot[t], (long long)t, (long long)S);
+    store_ctx c = {cache->data, x->data, slot, W};
+    ms_pool_run(cpu_of(b)->pool, T, ms_cpu_grain((double)W), store_fn, &c);
+    return MS_OK;
+}
+
+/* Softmax of n scores in place; returns nothing, leaves probabilities. */
+static void softmax(float *s, int64_t n) {
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++) mx = s[i] > mx ? s[i] : mx;
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) {
+        s[i] = expf(s[i] - mx);
+        sum += s[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++) s[i] *= inv;
+}
+
+/* ---------------------------------------------------------------- GQA */
+
+typedef struct {
+    const float *q, *kc, *vc;
+    float *out;
+    const ms_attn_meta *m;
+    int64_t nh, nkv, d, G;
+    float scale;
+    float *scr;
+    size_t scr_per;
+} gqa_ctx;
+
+static void gqa_fn(void *p, int64_t b, int64_t e, int wk) {
+    gqa_ctx *c = p;
+    float *sc = c->scr + (size_t)wk * c->scr_per;
+    const int64_t d = c->d, G = c->G;
+    for (int64_t it = b; it < e; it++) {
+        int64_t t = it / c->nkv, g = it % c->nkv;
+        int s = c->m->token_seq_d[t];
+        int64_t n = (int64_t)c->m->positions_d[t] + 1;
+        const float *q = c->q + (t * c->nh + g * G) * d;
+        for (int64_t pp = 0; pp < n; pp++) {
+            const float *k = c->kc + (cpu_slot(c->m, s, (int)pp) * c->nkv + g) * d;
+            for (int64_t h = 0; h < G; h++) sc[h * n + pp] = ms_cpu_dot(q + h * d, k, d) * c->scale;
+        }
+        for (int64_t h = 0; h < G; h++) softmax(sc + h * n, n);
+        float *o = c->out + (t * c->nh + g * G) * d;
+        memset(o, 0, (size_t)(G * d) * 4);
+        for (int64_t pp = 0; pp < n; pp++) {
+            const float *v = c->vc + (cpu_slot(c->m, s, (int)pp) * c->nkv + g) * d;
+            for (int64_t h = 0; h < G; h++) ms_cpu_axpy(sc[h * n + pp], v, o + h * d, d);
+        }
+    }
+}
+
+int cpu_attn_gqa(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, const ms_tensor *vcache,
+                 const ms_attn_meta *m, float scale, ms_tensor *out, ms_err *err) {
+    MS_ASSERT(q->dtype == MS_F32 && out->dtype == MS_F32 && kcache->dtype == MS_F32 && vcache->dtype == MS_F32);
+    MS_ASSERT(q->ndim == 3 && kcache->ndim == 3);
+    cpu_impl *c = cpu_of(b);
+    int64_t T = q->shape[0], nh = q->shape[1], d = q->shape[2], nkv = kcache->shape[1];
+    MS_ASSERT(kcache->shape[2] == d && nh % nkv == 0 && ms_tensor_numel(out) == T * nh * d);
+    int64_t G = nh / nkv;
+    MS_TRY(cpu_scratch(c, (size_t)(G * (m->max_ctx + 1)), err));
+    gqa_ctx gc = {q->data, kcache->data, vcache->data, out->data, m, nh, nkv, d, G, scale, c->scr, c->scr_per};
+    ms_pool_run(c->pool, T * nkv, ms_cpu_grain(4.0 * G * d * (m->max_ctx + 1)), gqa_fn, &gc);
+    return MS_OK;
+}
+
+/* ---------------------------------------------------------------- MLA attention */
+
+#define MLA_HB 4 /* heads per work item: each latent row read serves this many heads */
+
+typedef struct {
+    const float *q, *lat;
+    float *out;
+    const ms_attn_meta *m;
+    const int32_t *topk;
+    int ntopk;
+    int64_t nh, W, kvl, nhb, maxk;
+    float scale;
+    float *scr;
+    size_t scr_per;
+} mla_ctx;
+
+static void mla_fn(void *p, int64_t b, int64_t e, int wk) {
+    mla_ctx *c = p;
+    float *sc = c->scr + (size_t)wk * c->scr_per;
+    const int64_t W = c->W, kvl = c->kvl;
+    for (int64_t it = b; it < e; it++) {
+        int64_t t = it / c->nhb, h0 = (it % c->nhb) * MLA_HB;
+        int64_t nhh = c->nh - h0 < MLA_HB ? c->nh - h0 : MLA_HB;
+        int s = c->m->token_seq_d[t];
+        int pos = c->m->positions_d[t];
+        /* key positions: the indexer's list (restricted to the causal prefix) or all of 0..pos */
+        int32_t *keys = (int32_t *)(sc + MLA_HB * c->maxk);
+        int64_t n = 0;
+        if (c->topk) {
+            const int32_t *tk = c->topk + t * c->ntopk;
+            for (int j = 0; j < c->ntopk; j++)
+                if (tk[j] >= 0 && tk[j] <= pos) keys[n++] = tk[j];
+        } else {
+            for (int j = 0; j <= pos; j++) keys[n++] = j;
+        }
+        const float *q = c->q + (t * c->nh + h0) * W;
+        for (int64_t j = 0; j < n; j++) {
+            const float *row = c->lat + cpu_slot(c->m, s, keys[j]) * W;
+            for (int64_t h = 0; h < nhh; h++) sc[h * n + j] = ms_cpu_dot(q + h * W, row, W) * c->scale;
+        }
+        for (int64_t h = 0; h < nhh; h++) softmax(sc + h * n, n);
+        float *o = c->out + (t * c->nh + h0) * kvl;
+        memset(o, 0, (size_t)(nhh * kvl) * 4);
+        for (int64_t j = 0; j < n; j++) {
+            const float *row = c->lat + cpu_slot(c->m, s, keys[j]) * W;
+            for (int64_t h = 0; h < nhh; h++) ms_cpu_axpy(sc[h * n + j], row, o + h * kvl, kvl);
+        }
+    }
+}
+
+int cpu_mla_attn(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, const ms_attn_meta *m,
+                 const int32_t *topk, int ntopk, int kvl, float scale, ms_tensor *out, ms_err *err) {
+    MS_ASSERT(q->dtype == MS_F32 && out->dtype == MS_F32 && latent->dtype == MS_F32 && q->ndim == 3);
+    cpu_impl *c = cpu_of(b);
+    int64_t T = q->shape[0], nh = q->shape[1], W = q->shape[2];
+    MS_ASSERT(cols_of(latent) == W && kvl < W && ms_tensor_numel(out) == T * nh * kvl);
+    int64_t maxk = m->max_ctx + 1;
+    if (topk && ntopk < maxk) maxk = ntopk;
+    /* per worker: MLA_HB score rows plus one int row of key positions */
+    MS_TRY(cpu_scratch(c, (size_t)((MLA_HB + 1) * maxk), err));
+    int64_t nhb = (nh + MLA_HB - 1) / MLA_HB;
+    mla_ctx mc = {q->data, latent->data, out->data, m, topk, ntopk, nh, W, kvl, nhb, maxk, scale, c->scr, c->scr_per};
+    ms_pool_run(c->pool, T * nhb, ms_cpu_grain(4.0 * MLA_HB * W * maxk), mla_fn, &mc);
+    return MS_OK;
+}
+
+/* ---------------------------------------------------------------- MLA head products */
+
+typedef struct {
+    const ms_linear *W;
+    const float *x;
+    float *out;
+    int64_t T, nh, dn, dr, dv, kvl;
+    float *scr;
+    size_t scr_per;
+} absorb_ctx;
+
+static void absorb_fn(void *p, int64_t b, int64_t e, int wk) {
+    absorb_ctx *c = p;
+    float *buf = c->scr + (size_t)wk * c->scr_per;
+    const int64_t kvl = c->kvl, qw = c->dn + c->dr, ow = kvl + c->dr;
+    for (int64_t h = b; h < e; h++) {
+        int64_t r0 = h * (c->dn + c->dv); /* W_UK_h = kv_b rows [r0, r0+dn), columns = latent channels */
+        for (int64_t t = 0; t < c->T; t++) {
+            float *o = c->out + (t * c->nh + h) * ow;
+            memset(o, 0, (size_t)kvl * 4);
+            memcpy(o + kvl, c->x + (t * c->nh + h) * qw + c->dn, (size_t)c->dr * 4);
+        }
+        if (c->T <= MS_CPU_FUSED_MAX_T) {
+            for (int64_t i = 0; i < c->dn; i++) {
+                ms_cpu_dequant(c->W, r0 + i, 0, kvl, buf);
+                for (int64_t t = 0; t < c->T; t++)
+                    ms_cpu_axpy(c->x[(t * c->nh + h) * qw + i], buf, c->out + (t * c->nh + h) * ow, kvl);
+            }
+        } else {
+            for (int64_t i = 0; i < c->dn; i++) ms_cpu_dequant(c->W, r0 + i, 0, kvl, buf + i * kvl);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)c->T, (int)kvl, (int)c->dn, 1.0f,
+                        c->x + h * qw, (int)(c->nh * qw), buf, (int)kvl, 0.0f, c->out + h * ow, (int)(c->nh * ow));
+        }
+    }
+}
+
+int cpu_mla_absorb_q(ms_backend *b, const ms_linear *kv_b, const ms_tensor *q, int nh, int dn, int dr, int dv,
+                     ms_tensor *out, ms_err *err) {
+    MS_ASSERT(q->dtype == MS_F32 && out->dtype == MS_F32);
+    cpu_impl *c = cpu_of(b);
+    int64_t kvl = kv_b->n_in, T = ms_tensor_numel(q) / ((int64_t)nh * (dn + dr));
+    MS_ASSERT(kv_b->n_out == (int64_t)nh * (dn + dv) && kvl % 16 == 0);
+    MS_ASSERT(ms_tensor_numel(q) == T * nh * (dn + dr) && ms_tensor_numel(out) == T * nh * (kvl + dr));
+    MS_TRY(cpu_scratch(c, (size_t)(T <= MS_CPU_FUSED_MAX_T ? kvl : (int64_t)dn * kvl), err));
+    absorb_ctx ac = {kv_b, q->data, out->data, T, nh, dn, dr, dv, kvl, c->scr, c->scr_per};
+    ms_pool_run(c->pool, nh, ms_cpu_grain(2.0 * dn * kvl * (T + 1)), absorb_fn, &ac);
+    return MS_OK;
+}
+
+static void vup_fn(void *p, int64_t b, int64_t e, int wk) {
+    absorb_ctx *c = p;
+    float *scr = c->scr + (size_t)wk * c->scr_per;
+    for (int64_t h = b; h < e; h++) {
+        int64_t r0 = h * (c->dn + c->dv) + c->dn; /* W_UV_h rows */
+        ms_cpu_linear_rows(c->W, r0, r0 + c->dv, c->x + h * c->kvl, c->nh * c->kvl, (int)c->T, c->out + h * c->dv,
+                           c->nh * c->dv, scr);
+    }
+}
+
+int cpu_mla_v_up(ms_backend *b, const ms_linear *kv_b, const ms_tensor *o_lat, int nh, int dn, int dv,
+                 ms_tensor *out, ms_err *err) {
+    MS_ASSERT(o_lat->dtype == MS_F32 && out->dtype == MS_F32);
+    cpu_impl *c = cpu_of(b);
+    int64_t kvl = kv_b->n_in, T = ms_tensor_numel(o_lat) / ((int64_t)nh * kvl);
+    MS_ASSERT(kv_b->n_out == (int64_t)nh * (dn + dv));
+    MS_ASSERT(ms_tensor_numel(o_lat) == T * nh * kvl && ms_tensor_numel(out) == T * nh * dv);
+    MS_TRY(cpu_scratch(c, ms_cpu_linear_scratch_floats(kv_b, dv, (int)T) + 16, err));
+    absorb_ctx ac = {kv_b, o_lat->data, out->data, T, nh, dn, 0, dv, kvl, c->scr, c->scr_per};
+    ms_pool_run(c->pool, nh, ms_cpu_grain(2.0 * dv * kvl * T), vup_fn, &ac);
+    return MS_OK;
+}
+
+/* ---------------------------------------------------------------- DSA indexer */
+
+typedef struct {
+    const float *q, *w, *kc;
+    const ms_attn_meta *m;
+    int32_t *out;
+    int topk;
+    int64_t nih, d;
+    float *scr;
+    size_t scr_per;
+} idx_ctx;
+
+/* k-th largest (0-based) of a[0..n) by quickselect; reorders a. */
+static float kth_largest(float *a, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        float piv = a[lo + (hi - lo) / 2];
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] > piv) i++;
+            while (a[j] < piv) j--;
+            if (i <= j) {
+                float t = a[i];
+                a[i] = a[j];
+                a[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (k <= j) hi = j;
+        else if (k >= i) lo = i;
+        else return a[k];
+    }
+    return a[k];
+}
+
+static void idx_fn(void *p, int64_t b, int64_t e, int wk) {
+    idx_ctx *c = p;
+    const int64_t d = c->d, nih = c->nih;
+    const float inv_sqrt_d = 1.0f / sqrtf((float)d);
+    float *sc = c->scr + (size_t)wk * c->scr_per;
+    for (int64_t t = b; t < e; t++) {
+        int s = c->m->token_seq_d[t];
+        int64_t n = (int64_t)c->m->positions_d[t] + 1;
+        int32_t *o = c->out + t * c->topk;
+        if (n <= c->topk) { /* every causal key is selected */
+            for (int j = 0; j < c->topk; j++) o[j] = j < n ? j : -1;
+            continue;
+        }
+        float *tmp = sc + n;
+        const float *q = c->q + t * nih * d, *w = c->w + t * nih;
+        for (int64_t pp = 0; pp < n; pp++) {
+            const float *k = c->kc + cpu_slot(c->m, s, (int)pp) * d;
+            float acc = 0;
+            for (int64_t j = 0; j < nih; j++) {
+                float v = ms_cpu_dot(q + j * d, k, d) * inv_sqrt_d;
+                if (v > 0) acc += w[j] * v;
+            }
+            if (isnan(acc)) acc = -INFINITY;
+            sc[pp] = acc;
+            tmp[pp] = acc;
+        }
+        float thr = kth_largest(tmp, n, c->topk - 1);
+        /* strictly greater first, then ties at the threshold in position order */
+        int m = 0;
+        for (int64_t pp = 0; pp < n && m < c->topk; pp++)
+            if (sc[pp] > thr) o[m++] = (int32_t)pp;
+        for (int64_t pp = 0; pp < n && m < c->topk; pp++)
+            if (sc[pp] == thr) o[m++] = (int32_t)pp;
+        for (; m < c->topk; m++) o[m] = -1;
+    }
+}
+
+int cpu_indexer_topk(ms_backend *b, const ms_tensor *qI, const ms_tensor *w, const ms_tensor *idx_cache,
+                     const ms_attn_meta *m, int topk, int32_t *out, ms_err *err) {
+    MS_ASSERT(qI->dtype == MS_F32 && w->dtype == MS_F32 && idx_cache->dtype == MS_F32 && qI->ndim == 3);
+    MS_ASSERT(topk >= 1);
+    cpu_impl *c = cpu_of(b);
+    int64_t T = qI->shape[0], nih = qI->shape[1], d = qI->shape[2];
+    MS_ASSERT(cols_of(idx_cache) == d && ms_tensor_numel(w) == T * nih);
+    (void)rows_of;
+    MS_TRY(cpu_scratch(c, 2 * (size_t)(m->max_ctx + 1), err));
+    idx_ctx ic = {qI->data, w->data, idx_cache->data, m, out, topk, nih, d, c->scr, c->scr_per};
+    ms_pool_run(c->pool, T, ms_cpu_grain(2.0 * nih * d * (m->max_ctx + 1)), idx_fn, &ic);
+    return MS_OK;
+}

@@ -1,0 +1,44 @@
+/* cpu_kernels.h - the CPU backend's single-thread building blocks, shared with the CPU MoE runner
+ * (moe/runner_cpu.c) so expert GEMMs use exactly the same dequantizing kernels as `linear`.
+ *
+ * Every function here runs on the calling thread only; parallelism is the caller's business (it
+ * splits rows/tokens over the pool and passes each worker its own scratch). Weights are read in
+ * their stored format (model/tensor.h): plain F32/F16/BF16, FP8 block-scaled, NVFP4. */
+#ifndef MS_BACKEND_CPU_KERNELS_H
+#define MS_BACKEND_CPU_KERNELS_H
+
+#include "core/threads.h"
+#include "model/tensor.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Token counts up to this use the fused dequant+dot kernel; above it rows are dequantized to an f32
+ * tile and multiplied with OpenBLAS sgemm. */
+#define MS_CPU_FUSED_MAX_T 16
+
+/* Floats of per-thread scratch ms_cpu_linear_rows needs for a block of nr rows of W and T tokens
+ * (0 when the fused path or a plain-F32 weight needs none). */
+size_t ms_cpu_linear_scratch_floats(const ms_linear *W, int64_t nr, int T);
+
+/* y[t*ldy + (n-n0)] = sum_k x[t*ldx + k] * W[n,k] (+ bias[n]) for rows n in [n0,n1) and t < T.
+ * x, y: float32 host arrays; scratch: ms_cpu_linear_scratch_floats(W, n1-n0, T) floats (may be
+ * NULL when that is 0). Uses the fused kernel for T <= MS_CPU_FUSED_MAX_T, sgemm otherwise. */
+void ms_cpu_linear_rows(const ms_linear *W, int64_t n0, int64_t n1, const float *x, int64_t ldx, int T, float *y,
+                        int64_t ldy, float *scratch);
+
+/* Dequantizes columns [k0, k0+len) of row n of W into out (float32). k0 must be a multiple of 16. */
+void ms_cpu_dequant(const ms_linear *W, int64_t n, int64_t k0, int64_t len, float *out);
+
+/* Dot product and out += a*x over n floats (AVX2). */
+float ms_cpu_dot(const float *a, const float *b, int64_t n);
+void ms_cpu_axpy(float a, const float *x, float *out, int64_t n);
+
+/* The pool every CPU op and the CPU MoE runner use (process default pool). */
+ms_pool *ms_cpu_pool(void);
+
+/* Grain (items per chunk) so that one chunk holds at least ~min_work units of work when each item
+ * costs work_per_item; makes tiny ops run inline on the caller instead of waking the pool. */
+int64_t ms_cpu_grain(double work_per_item);
+
+#endif

@@ -1,0 +1,394 @@
+/* attention.cu - paged attention for the CUDA backend: causal GQA over separate K/V caches, absorbed
+ * MLA over the latent cache (dense causal or restricted to DSA top-k lists), and the DSA indexer
+ * (scores over the indexer key cache, then a per-query radix top-k). One kernel does both attention
+ * kinds: a block takes a few query tokens of one sequence times a chunk of the heads sharing one
+ * key/value head, walks the keys in tiles of 32 through shared memory and keeps a flash-style online
+ * softmax in fp32. */
+#include "backend/cuda/cuda_internal.cuh"
+
+#include <math.h>
+
+#define AT_TK 32
+#define AT_THREADS 256
+#define AT_MAXR 32
+
+struct at_args {
+    const bf16 *q;
+    bf16 *out;
+    const bf16 *k, *v; /* v == NULL: values are the first Dv columns of the key row (MLA) */
+    int64_t k_stride, v_stride; /* elements per cache slot row */
+    int nh, g, hc, n_chunks, bq, Dk, Dv;
+    float scale;
+    int T;
+    const int32_t *positions, *seq_start, *token_seq, *block_table;
+    int max_blocks, page_size;
+    const int32_t *topk;
+    int topk_n;
+};
+
+__global__ __launch_bounds__(AT_THREADS) void k_attn(at_args a) {
+    extern __shared__ __align__(16) unsigned char at_sm[];
+    const int t0 = blockIdx.x;
+    const int s = a.token_seq[t0];
+    const int s0 = a.seq_start[s], s1 = a.seq_start[s + 1];
+    if ((t0 - s0) % a.bq) return;
+    const int ntok = min(a.bq, s1 - t0);
+    const int kvh = blockIdx.y / a.n_chunks, chunk = blockIdx.y % a.n_chunks;
+    const int h0 = chunk * a.hc, nhc = min(a.hc, a.g - h0);
+    const int R = a.bq * a.hc;
+    const int Dk = a.Dk, Dv = a.Dv, Dk2 = Dk + 2;
+    float *Qs = (float *)at_sm;               /* [R][Dk] */
+    float *Os = Qs + (size_t)R * Dk;          /* [R][Dv] */
+    float *Ps = Os + (size_t)R * Dv;          /* [R][TK] */
+    float *mrow = Ps + R * AT_TK, *lrow = mrow + R, *arow = lrow + R;
+    int *lim = (int *)(arow + R);
+    int *kslot = lim + R;                     /* [TK] slot of each key in the tile, -1 = none */
+    bf16 *Ks = (bf16 *)(kslot + AT_TK);       /* [TK][Dk+2] */
+    bf16 *Vs = Ks + (size_t)AT_TK * Dk2;      /* [TK][Dv] (GQA only) */
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int nw = AT_THREADS / 32;
+    const int64_t koff = (int64_t)kvh * Dk, voff = (int64_t)kvh * Dv;
+
+    int maxlim = -1;
+    for (int r = 0; r < R; r++) {
+        int ti = r / a.hc, hi = r % a.hc;
+        int l = (ti < ntok && hi < nhc) ? a.positions[t0 + ti] : -1;
+        if (tid == 0) lim[r] = l;
+        maxlim = max(maxlim, l);
+    }
+    for (int i = tid; i < R * Dk; i += AT_THREADS) {
+        int r = i / Dk, c = i % Dk, ti = r / a.hc, hi = r % a.hc;
+        float v = 0.f;
+        if (ti < ntok && hi < nhc) {
+            int h = kvh * a.g + h0 + hi;
+            v = __bfloat162float(a.q[((size_t)(t0 + ti) * a.nh + h) * Dk + c]);
+        }
+        Qs[i] = v;
+    }
+    for (int i = tid; i < R * Dv; i += AT_THREADS) Os[i] = 0.f;
+    for (int r = tid; r < R; r += AT_THREADS) { mrow[r] = -INFINITY; lrow[r] = 0.f; }
+    __syncthreads();
+    const int nkeys = a.topk ? a.topk_n : maxlim + 1;
+    const int32_t *tk = a.topk ? a.topk + (size_t)t0 * a.topk_n : NULL;
+    for (int j0 = 0; j0 < nkeys; j0 += AT_TK) {
+        if (tid < AT_TK) {
+            int j = j0 + tid, key = -1;
+            if (j < nkeys) key = tk ? tk[j] : j;
+            int slot = -1;
+            if (key >= 0 && key <= maxlim) {
+                int pg = key / a.page_size;
+                if (pg < a.max_blocks) slot = a.block_table[(size_t)s * a.max_blocks + pg] * a.page_size + key % a.page_size;
+            }
+            kslot[tid] = slot;
+            Ps[tid] = (float)key; /* stash key positions for the mask */
+        }
+        __syncthreads();
+        for (int i = tid; i < AT_TK * (Dk / 2); i += AT_THREADS) {
+            int j = i / (Dk / 2), c2 = i % (Dk / 2);
+            int slot = kslot[j];
+            __nv_bfloat162 v = __floats2bfloat162_rn(0.f, 0.f);
+            if (slot >= 0) v = *(const __nv_bfloat162 *)(a.k + (size_t)slot * a.k_stride + koff + 2 * c2);
+            *(__nv_bfloat162 *)(Ks + (size_t)j * Dk2 + 2 * c2) = v;
+        }
+        if (a.v) {
+            for (int i = tid; i < AT_TK * Dv; i += AT_THREADS) {
+                int j = i / Dv, c = i % Dv;
+                int slot = kslot[j];
+                Vs[i] = slot >= 0 ? a.v[(size_t)slot * a.v_stride + voff + c] : __float2bfloat16_rn(0.f);
+            }
+        }
+        int keypos = -1;
+        if (lane < AT_TK) keypos = (int)Ps[lane];
+        __syncthreads();
+        /* scores */
+        for (int i = tid; i < R * AT_TK; i += AT_THREADS) {
+            int r = i / AT_TK, j = i % AT_TK;
+            const float *qr = Qs + (size_t)r * Dk;
+            const __nv_bfloat162 *kr = (const __nv_bfloat162 *)(Ks + (size_t)j * Dk2);
+            float acc = 0.f;
+            for (int c2 = 0; c2 < Dk / 2; c2++) {
+                float2 kv = __bfloat1622float2(kr[c2]);
+                acc = fmaf(qr[2 * c2], kv.x, acc);
+                acc = fmaf(qr[2 * c2 + 1], kv.y, acc);
+            }
+            int kp = keypos; /* j == lane: AT_TK is the warp width */
+            bool ok = kslot[j] >= 0 && kp >= 0 && kp <= lim[r];
+            Ps[i] = ok ? acc * a.scale : -INFINITY;
+        }
+        __syncthreads();
+        /* online softmax, one warp per row */
+        for (int r = warp; r < R; r += nw) {
+            float v = Ps[r * AT_TK + lane];
+            float mx = warp_max(v);
+            float mo = mrow[r];
+            float mn = fmaxf(mo, mx);
+            float p = (mn == -INFINITY || v == -INFINITY) ? 0.f : expf(v - mn);
+            float ps = warp_sum(p);
+            Ps[r * AT_TK + lane] = p;
+            if (lane == 0) {
+                float al = (mo == -INFINITY) ? 0.f : expf(mo - mn);
+                arow[r] = al;
+                lrow[r] = lrow[r] * al + ps;
+                mrow[r] = mn;
+            }
+        }
+        __syncthreads();
+        const bf16 *Vb = a.v ? Vs : Ks;
+        const int vld = a.v ? Dv : Dk2;
+        for (int i = tid; i < R * Dv; i += AT_THREADS) {
+            int r = i / Dv, c = i % Dv;
+            const float *pr = Ps + r * AT_TK;
+            float o = Os[i] * arow[r];
+#pragma unroll 8
+            for (int j = 0; j < AT_TK; j++) o = fmaf(pr[j], __bfloat162float(Vb[(size_t)j * vld + c]), o);
+            Os[i] = o;
+        }
+        __syncthreads();
+    }
+    for (int i = tid; i < R * Dv; i += AT_THREADS) {
+        int r = i / Dv, c = i % Dv, ti = r / a.hc, hi = r % a.hc;
+        if (ti < ntok && hi < nhc) {
+            int h = kvh * a.g + h0 + hi;
+            float l = lrow[r];
+            a.out[((size_t)(t0 + ti) * a.nh + h) * Dv + c] = __float2bfloat16_rn(l > 0.f ? Os[i] / l : 0.f);
+        }
+    }
+}
+
+static size_t at_smem(int R, int Dk, int Dv, int gqa) {
+    size_t f = (size_t)R * Dk + (size_t)R * Dv + (size_t)R * AT_TK + 3 * (size_t)R;
+    size_t i = (size_t)R + AT_TK;
+    size_t h = (size_t)AT_TK * (Dk + 2) + (gqa ? (size_t)AT_TK * Dv : 0);
+    return f * 4 + i * 4 + h * 2 + 16;
+}
+
+static int at_launch(ms_backend *b, at_args *a, int nkv, size_t sm, ms_err *err) {
+    cu_impl *c = cu_of(b);
+    if ((int)sm > c->max_smem_optin)
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "attention: head dims need %zu bytes of shared memory, GPU allows %d",
+                       sm, c->max_smem_optin);
+    if (sm > 48 * 1024) CK(cudaFuncSetAttribute(k_attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    dim3 grid(a->T, nkv * a->n_chunks);
+    k_attn<<<grid, AT_THREADS, sm, c->stream>>>(*a);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+static void at_meta(at_args *a, const ms_attn_meta *m) {
+    a->positions = m->positions_d;
+    a->seq_start = m->seq_start_d;
+    a->token_seq = m->token_seq_d;
+    a->block_table = m->block_table_d;
+    a->max_blocks = m->host->max_blocks;
+    a->page_size = m->host->page_size;
+    a->T = m->host->n_tokens;
+}
+
+int cu_op_attn_gqa(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, const ms_tensor *vcache,
+                   const ms_attn_meta *m, float scale, ms_tensor *out, ms_err *err) {
+    MS_ASSERT(q->ndim == 3 && kcache->ndim == 3 && vcache->ndim == 3);
+    const int T = (int)q->shape[0], nh = (int)q->shape[1], d = (int)q->shape[2];
+    const int nkv = (int)kcache->shape[1];
+    MS_ASSERT(kcache->shape[2] == d && vcache->shape[2] == d && nh % nkv == 0 && T == m->host->n_tokens);
+    if (T == 0) return MS_OK;
+    if (q->dtype != MS_BF16 || kcache->dtype != MS_BF16 || vcache->dtype != MS_BF16 || out->dtype != MS_BF16)
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "attn_gqa: the CUDA backend needs bf16 q, caches and output");
+    if (d % 2) return ms_errf(err, MS_ERR_UNSUPPORTED, "attn_gqa: odd head dim %d", d);
+    at_args a;
+    memset(&a, 0, sizeof a);
+    at_meta(&a, m);
+    a.q = (const bf16 *)q->data;
+    a.out = (bf16 *)out->data;
+    a.k = (const bf16 *)kcache->data;
+    a.v = (const bf16 *)vcache->data;
+    a.k_stride = a.v_stride = (int64_t)nkv * d;
+    a.nh = nh;
+    a.g = nh / nkv;
+    a.hc = a.g < AT_MAXR ? a.g : AT_MAXR;
+    a.n_chunks = (a.g + a.hc - 1) / a.hc;
+    a.bq = AT_MAXR / a.hc;
+    if (a.bq < 1) a.bq = 1;
+    a.Dk = a.Dv = d;
+    a.scale = scale;
+    size_t sm = at_smem(a.bq * a.hc, d, d, 1);
+    while (sm > (size_t)cu_of(b)->max_smem_optin && a.bq > 1) sm = at_smem(--a.bq * a.hc, d, d, 1);
+    return at_launch(b, &a, nkv, sm, err);
+}
+
+int cu_op_mla_attn(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, const ms_attn_meta *m,
+                   const int32_t *topk_d, int topk, int kvl, float scale, ms_tensor *out, ms_err *err) {
+    MS_ASSERT(q->ndim == 3);
+    const int T = (int)q->shape[0], nh = (int)q->shape[1], D = (int)q->shape[2];
+    MS_ASSERT(latent->shape[latent->ndim - 1] == D && kvl <= D && T == m->host->n_tokens);
+    if (T == 0) return MS_OK;
+    if (q->dtype != MS_BF16 || latent->dtype != MS_BF16 || out->dtype != MS_BF16)
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "mla_attn: the CUDA backend needs bf16 q, latent cache and output");
+    if (D % 2) return ms_errf(err, MS_ERR_UNSUPPORTED, "mla_attn: odd latent row width %d", D);
+    at_args a;
+    memset(&a, 0, sizeof a);
+    at_meta(&a, m);
+    a.q = (const bf16 *)q->data;
+    a.out = (bf16 *)out->data;
+    a.k = (const bf16 *)latent->data;
+    a.v = NULL;
+    a.k_stride = D;
+    a.nh = nh;
+    a.g = nh;
+    a.hc = nh < 16 ? nh : 16;
+    a.n_chunks = (nh + a.hc - 1) / a.hc;
+    a.bq = 1;
+    a.Dk = D;
+    a.Dv = kvl;
+    a.scale = scale;
+    a.topk = topk_d;
+    a.topk_n = topk_d ? topk : 0;
+    size_t sm = at_smem(a.hc, D, kvl, 0);
+    while (sm > (size_t)cu_of(b)->max_smem_optin && a.hc > 1) {
+        a.hc /= 2;
+        a.n_chunks = (nh + a.hc - 1) / a.hc;
+        sm = at_smem(a.hc, D, kvl, 0);
+    }
+    return at_launch(b, &a, 1, sm, err);
+}
+
+/* ---- DSA indexer ---- */
+
+#define IX_TK 64
+
+__global__ __launch_bounds__(256) void k_idx_scores(const bf16 *qI, const void *w, int wt, const bf16 *cache, int nih,
+                                                    int d, int max_ctx, const int32_t *positions,
+                                                    const int32_t *token_seq, const int32_t *block_table,
+                                                    int max_blocks, int page_size, float *scores) {
+    extern __shared__ float ix_sm[];
+    float *qs = ix_sm;                    /* [nih][d+1] */
+    float *ws = qs + (size_t)nih * (d + 1); /* [nih] */
+    float *ks = ws + nih;                 /* [IX_TK][d] */
+    const int t = blockIdx.y, k0 = blockIdx.x * IX_TK;
+    const int pos = positions[t], s = token_seq[t];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    float *srow = scores + (size_t)t * max_ctx;
+    if (k0 > pos) {
+        for (int j = tid; j < IX_TK && k0 + j < max_ctx; j += 256) srow[k0 + j] = -INFINITY;
+        return;
+    }
+    for (int i = tid; i < nih * d; i += 256) {
+        int h = i / d, c = i % d;
+        qs[h * (d + 1) + c] = __bfloat162float(qI[((size_t)t * nih + h) * d + c]);
+    }
+    for (int h = tid; h < nih; h += 256) ws[h] = cu_ld(w, wt, (size_t)t * nih + h);
+    for (int i = tid; i < IX_TK * d; i += 256) {
+        int j = i / d, c = i % d, key = k0 + j;
+        float v = 0.f;
+        if (key <= pos) {
+            int pg = key / page_size;
+            if (pg < max_blocks) {
+                size_t slot = (size_t)block_table[(size_t)s * max_blocks + pg] * page_size + key % page_size;
+                v = __bfloat162float(cache[slot * d + c]);
+            }
+        }
+        ks[i] = v;
+    }
+    __syncthreads();
+    const float rs = rsqrtf((float)d);
+    for (int j = warp; j < IX_TK; j += 8) {
+        int key = k0 + j;
+        if (key >= max_ctx) break;
+        float tot = 0.f;
+        for (int h = lane; h < nih; h += 32) {
+            const float *qh = qs + (size_t)h * (d + 1);
+            const float *kj = ks + (size_t)j * d;
+            float acc = 0.f;
+            for (int c = 0; c < d; c++) acc = fmaf(qh[c], kj[c], acc);
+            tot += ws[h] * fmaxf(acc * rs, 0.f);
+        }
+        tot = warp_sum(tot);
+        if (lane == 0) srow[key] = key <= pos ? tot : -INFINITY;
+    }
+}
+
+__device__ __forceinline__ uint32_t f2ord(float f) {
+    uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__global__ __launch_bounds__(512) void k_topk(const float *scores, int max_ctx, const int32_t *positions, int topk,
+                                              int32_t *out) {
+    __shared__ int hist[256];
+    __shared__ uint32_t s_prefix, s_mask;
+    __shared__ int s_need, s_cnt_gt, s_cnt_eq;
+    const int t = blockIdx.x, tid = threadIdx.x;
+    const int n = min(positions[t] + 1, max_ctx);
+    const float *row = scores + (size_t)t * max_ctx;
+    int32_t *o = out + (size_t)t * topk;
+    if (n <= topk) {
+        for (int j = tid; j < topk; j += blockDim.x) o[j] = j < n ? j : -1;
+        return;
+    }
+    if (tid == 0) { s_prefix = 0; s_mask = 0; s_need = topk; }
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        uint32_t pre = s_prefix, msk = s_mask;
+        for (int i = tid; i < n; i += blockDim.x) {
+            uint32_t u = f2ord(row[i]);
+            if ((u & msk) == pre) atomicAdd(&hist[(u >> shift) & 255], 1);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            int need = s_need, cum = 0, dg = 0;
+            for (dg = 255; dg >= 0; dg--) {
+                if (cum + hist[dg] >= need) break;
+                cum += hist[dg];
+            }
+            s_need = need - cum;
+            s_prefix = pre | ((uint32_t)dg << shift);
+            s_mask = msk | (255u << shift);
+        }
+        __syncthreads();
+    }
+    /* s_prefix is the k-th largest value; s_need of its copies are taken */
+    if (tid == 0) { s_cnt_gt = 0; s_cnt_eq = 0; }
+    __syncthreads();
+    const uint32_t thr = s_prefix;
+    const int need_eq = s_need, n_gt = topk - need_eq;
+    for (int i = tid; i < n; i += blockDim.x) {
+        uint32_t u = f2ord(row[i]);
+        if (u > thr) {
+            int p = atomicAdd(&s_cnt_gt, 1);
+            o[p] = i;
+        } else if (u == thr) {
+            int p = atomicAdd(&s_cnt_eq, 1);
+            if (p < need_eq) o[n_gt + p] = i;
+        }
+    }
+}
+
+int cu_op_indexer_topk(ms_backend *b, const ms_tensor *qI, const ms_tensor *w, const ms_tensor *idx_cache,
+                       const ms_attn_meta *m, int topk, int32_t *out_d, ms_err *err) {
+    MS_ASSERT(qI->ndim == 3);
+    const int T = (int)qI->shape[0], nih = (int)qI->shape[1], d = (int)qI->shape[2];
+    MS_ASSERT(idx_cache->shape[idx_cache->ndim - 1] == d && T == m->host->n_tokens && topk > 0);
+    if (T == 0) return MS_OK;
+    if (qI->dtype != MS_BF16 || idx_cache->dtype != MS_BF16)
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "indexer_topk: the CUDA backend needs bf16 queries and key cache");
+    int max_ctx = m->max_ctx;
+    for (int i = 0; i < T; i++)
+        if (m->host->positions[i] + 1 > max_ctx) max_ctx = m->host->positions[i] + 1;
+    if (max_ctx <= 0) max_ctx = 1;
+    float *scores;
+    MS_TRY(cu_scratch(b, SCR_TMP2, (size_t)T * max_ctx * 4, (void **)&scores, err));
+    cu_impl *c = cu_of(b);
+    size_t sm = ((size_t)nih * (d + 1) + nih + (size_t)IX_TK * d) * 4;
+    if ((int)sm > c->max_smem_optin)
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "indexer_topk: %d heads x dim %d exceed shared memory", nih, d);
+    CK(cudaFuncSetAttribute(k_idx_scores, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm > 48 * 1024 ? (int)sm : 48 * 1024));
+    dim3 grid((max_ctx + IX_TK - 1) / IX_TK, T);
+    k_idx_scores<<<grid, 256, sm, c->stream>>>((const bf16 *)qI->data, w->data, w->dtype,
+                                               (const bf16 *)idx_cache->data, nih, d, max_ctx, m->positions_d,
+                                               m->token_seq_d, m->block_table_d, m->host->max_blocks,
+                                               m->host->page_size, scores);
+    CK_LAUNCH();
+    k_topk<<<T, 512, 0, c->stream>>>(scores, max_ctx, m->positions_d, topk, out_d);
+    CK_LAUNCH();
+    return MS_OK;
+}

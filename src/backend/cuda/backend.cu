@@ -1,0 +1,643 @@
+/* backend.cu - the CUDA backend's core: device selection, stream, cuBLASLt handle and workspace,
+ * memory and weight placement, GEMM dispatch (cuBLASLt for bf16, fused dequantizing kernels for
+ * FP8/NVFP4), the router and the absorbed-MLA projections, and the ops table. Elementwise ops live in
+ * elementwise.cu, attention in attention.cu, quantized kernels in quant.cu. */
+#include "backend/cuda/cuda_internal.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- ops implemented in other files ---- */
+int cu_op_embed(ms_backend *, const ms_tensor *, const int32_t *, int, ms_tensor *, ms_err *);
+int cu_op_rmsnorm(ms_backend *, const ms_tensor *, const ms_tensor *, float, ms_tensor *, ms_err *);
+int cu_op_add_rmsnorm(ms_backend *, ms_tensor *, const ms_tensor *, const ms_tensor *, float, ms_tensor *, ms_err *);
+int cu_op_layernorm(ms_backend *, const ms_tensor *, const ms_tensor *, const ms_tensor *, float, ms_tensor *,
+                    ms_err *);
+int cu_op_add(ms_backend *, ms_tensor *, const ms_tensor *, ms_err *);
+int cu_op_silu_mul(ms_backend *, const ms_tensor *, const ms_tensor *, ms_tensor *, ms_err *);
+int cu_op_copy_cols(ms_backend *, const ms_tensor *, int, int, ms_tensor *, ms_err *);
+int cu_op_gather_rows(ms_backend *, const ms_tensor *, const int32_t *, int, ms_tensor *, ms_err *);
+int cu_op_set_cols(ms_backend *, const ms_tensor *, int, ms_tensor *, ms_err *);
+int cu_op_scale(ms_backend *, ms_tensor *, float, ms_err *);
+int cu_op_rope(ms_backend *, ms_tensor *, const int32_t *, const ms_rope_cfg *, ms_err *);
+int cu_op_kv_store(ms_backend *, ms_tensor *, const ms_tensor *, const int32_t *, ms_err *);
+int cu_op_find_nonfinite(ms_backend *, const ms_tensor *, int64_t *, ms_err *);
+int cu_op_argmax(ms_backend *, const ms_tensor *, int32_t *, ms_err *);
+int cu_op_attn_gqa(ms_backend *, const ms_tensor *, const ms_tensor *, const ms_tensor *, const ms_attn_meta *, float,
+                   ms_tensor *, ms_err *);
+int cu_op_mla_attn(ms_backend *, const ms_tensor *, const ms_tensor *, const ms_attn_meta *, const int32_t *, int, int,
+                   float, ms_tensor *, ms_err *);
+int cu_op_indexer_topk(ms_backend *, const ms_tensor *, const ms_tensor *, const ms_tensor *, const ms_attn_meta *,
+                       int, int32_t *, ms_err *);
+int cu_convert(ms_backend *b, const void *src, int st, void *dst, int dt, size_t n, ms_err *err);
+int cu_add_bias(ms_backend *b, void *y, int yt, const float *bias, int64_t rows, int64_t n, ms_err *err);
+int cu_copy_rope_part(ms_backend *b, const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl, ms_err *err);
+int cu_route(ms_backend *b, const float *logits, const void *bias, int bias_t, const ms_route_cfg *rc, int T,
+             int32_t *ids, float *w, ms_err *err);
+
+/* ---- device helpers exported to the C side ---- */
+
+extern "C" int ms_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+extern "C" void ms_cuda_versions(int *driver, int *runtime) {
+    int d = 0, r = 0;
+    if (cudaDriverGetVersion(&d) != cudaSuccess) d = 0;
+    if (cudaRuntimeGetVersion(&r) != cudaSuccess) r = 0;
+    if (driver) *driver = d;
+    if (runtime) *runtime = r;
+}
+
+extern "C" int ms_cuda_device_info(int device, ms_gpu_info *info, ms_err *err) {
+    memset(info, 0, sizeof *info);
+    cudaDeviceProp p;
+    CK(cudaGetDeviceProperties(&p, device));
+    size_t nl = strnlen(p.name, sizeof p.name);
+    if (nl >= sizeof info->name) nl = sizeof info->name - 1;
+    memcpy(info->name, p.name, nl);
+    info->name[nl] = 0;
+    info->cc_major = p.major;
+    info->cc_minor = p.minor;
+    info->n_sm = p.multiProcessorCount;
+    int cur = 0;
+    CK(cudaGetDevice(&cur));
+    CK(cudaSetDevice(device));
+    size_t fr = 0, tot = 0;
+    cudaError_t e = cudaMemGetInfo(&fr, &tot);
+    cudaSetDevice(cur);
+    if (e != cudaSuccess) return ms_errf(err, MS_ERR_RUNTIME, "cudaMemGetInfo failed at %s:%d: %s", __FILE__, __LINE__,
+                                         cudaGetErrorString(e));
+    info->mem_total = tot;
+    info->mem_free = fr;
+    return MS_OK;
+}
+
+/* Makes the backend's GPU current on the calling thread (ops may run on any host thread). */
+#define CU_ENTER(b)                                                                               \
+    do {                                                                                          \
+        int cu_cur_ = -1;                                                                         \
+        if (cudaGetDevice(&cu_cur_) != cudaSuccess || cu_cur_ != (b)->device) CK(cudaSetDevice((b)->device)); \
+    } while (0)
+
+int cu_scratch(ms_backend *b, int slot, size_t n, void **out, ms_err *err) {
+    cu_impl *c = cu_of(b);
+    if (n == 0) n = 256;
+    if (c->scratch_bytes[slot] < n) {
+        if (c->scratch[slot]) {
+            CK(cudaStreamSynchronize(c->stream));
+            CK(cudaFree(c->scratch[slot]));
+            c->scratch[slot] = NULL;
+            c->scratch_bytes[slot] = 0;
+        }
+        size_t want = n + n / 4 + 4096;
+        CK(cudaMalloc(&c->scratch[slot], want));
+        c->scratch_bytes[slot] = want;
+    }
+    *out = c->scratch[slot];
+    return MS_OK;
+}
+
+int cu_own(ms_backend *b, void *p_d, ms_err *err) {
+    cu_alloc_node *nd = (cu_alloc_node *)malloc(sizeof *nd);
+    if (!nd) return ms_errf(err, MS_ERR_NOMEM, "cuda backend: out of host memory recording an allocation");
+    nd->p = p_d;
+    nd->next = cu_of(b)->owned;
+    cu_of(b)->owned = nd;
+    return MS_OK;
+}
+
+/* ---- lifecycle ---- */
+
+static void cu_destroy(ms_backend *b) {
+    if (!b) return;
+    cu_impl *c = cu_of(b);
+    if (c) {
+        cudaSetDevice(c->device);
+        if (c->stream) cudaStreamSynchronize(c->stream);
+        for (int i = 0; i < MS_CU_N_SCRATCH; i++)
+            if (c->scratch[i]) cudaFree(c->scratch[i]);
+        for (int i = 0; i < c->n_rope; i++) cudaFree(c->rope[i].inv_freq_d);
+        while (c->owned) {
+            cu_alloc_node *nx = c->owned->next;
+            cudaFree(c->owned->p);
+            free(c->owned);
+            c->owned = nx;
+        }
+        if (c->lt_ws) cudaFree(c->lt_ws);
+        if (c->lt) cublasLtDestroy(c->lt);
+        if (c->blas) cublasDestroy(c->blas);
+        if (c->stream) cudaStreamDestroy(c->stream);
+        free(c);
+    }
+    free(b);
+}
+
+static int cu_alloc(ms_backend *b, ms_tensor *t, ms_err *err) {
+    CU_ENTER(b);
+    size_t n = ms_tensor_nbytes(t);
+    t->data = NULL;
+    cudaError_t e = cudaMalloc(&t->data, n ? n : 16);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        t->data = NULL;
+        return ms_errf(err, MS_ERR_NOMEM, "cudaMalloc of %zu bytes failed on GPU %d: %s", n, b->device,
+                       cudaGetErrorString(e));
+    }
+    return MS_OK;
+}
+
+static void cu_free(ms_backend *b, ms_tensor *t) {
+    if (t && t->data) {
+        cudaSetDevice(b->device);
+        cudaFree(t->data);
+        t->data = NULL;
+    }
+}
+
+static int cu_upload(ms_backend *b, void *dst_d, const void *src, size_t n, ms_err *err) {
+    CU_ENTER(b);
+    if (!n) return MS_OK;
+    CK(cudaMemcpyAsync(dst_d, src, n, cudaMemcpyHostToDevice, cu_of(b)->stream));
+    CK(cudaStreamSynchronize(cu_of(b)->stream)); /* src may be pageable and reused by the caller */
+    return MS_OK;
+}
+
+static int cu_download(ms_backend *b, void *dst, const void *src_d, size_t n, ms_err *err) {
+    CU_ENTER(b);
+    if (!n) return MS_OK;
+    CK(cudaMemcpyAsync(dst, src_d, n, cudaMemcpyDeviceToHost, cu_of(b)->stream));
+    CK(cudaStreamSynchronize(cu_of(b)->stream));
+    return MS_OK;
+}
+
+static int cu_sync(ms_backend *b, ms_err *err) {
+    CU_ENTER(b);
+    CK(cudaStreamSynchronize(cu_of(b)->stream));
+    return MS_OK;
+}
+
+/* Copies n host bytes into a new device buffer. */
+static int cu_dup(ms_backend *b, const void *src, size_t n, void **out, ms_err *err) {
+    *out = NULL;
+    CK(cudaMalloc(out, n ? n : 16));
+    if (n) {
+        cudaError_t e = cudaMemcpy(*out, src, n, cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) {
+            cudaFree(*out);
+            *out = NULL;
+            return ms_errf(err, MS_ERR_RUNTIME, "cudaMemcpy of %zu weight bytes failed at %s:%d: %s", n, __FILE__,
+                           __LINE__, cudaGetErrorString(e));
+        }
+    }
+    return MS_OK;
+}
+
+static int cu_place_tensor(ms_backend *b, ms_tensor *t, ms_err *err) {
+    CU_ENTER(b);
+    if (!t->data) return MS_OK;
+    void *d = NULL;
+    MS_TRY(cu_dup(b, t->data, ms_tensor_nbytes(t), &d, err));
+    t->data = d;
+    return MS_OK;
+}
+
+static void cu_unplace_tensor(ms_backend *b, ms_tensor *t) { cu_free(b, t); }
+
+static int cu_place_linear(ms_backend *b, ms_linear *W, ms_err *err) {
+    CU_ENTER(b);
+    if (!W->w.data) return MS_OK;
+    const char *nm = W->name ? W->name : "(linear)";
+    if (W->n_out <= 0 || W->n_in <= 0 || W->n_out > INT32_MAX || W->n_in > INT32_MAX)
+        return ms_errf(err, MS_ERR_INVALID, "%s: shape [%lld, %lld] out of range for the CUDA backend", nm,
+                       (long long)W->n_out, (long long)W->n_in);
+    cu_linear_prep *p = (cu_linear_prep *)calloc(1, sizeof *p);
+    if (!p) return ms_errf(err, MS_ERR_NOMEM, "%s: out of host memory", nm);
+    int rc = MS_OK;
+    void *wd = NULL, *sd = NULL, *bd = NULL;
+    size_t wn = ms_tensor_nbytes(&W->w);
+    if (W->fmt == MS_WFMT_PLAIN && W->w.dtype == MS_F16) {
+        /* f16 -> f32 on the host (exact), so kernels see BF16 or F32 only. */
+        size_t n = (size_t)ms_tensor_numel(&W->w);
+        float *tmp = (float *)malloc(n * 4);
+        if (!tmp) { free(p); return ms_errf(err, MS_ERR_NOMEM, "%s: out of host memory converting f16", nm); }
+        ms_convert_to_f32(MS_F16, W->w.data, tmp, n);
+        rc = cu_dup(b, tmp, n * 4, &wd, err);
+        free(tmp);
+        W->w.dtype = MS_F32;
+    } else {
+        if (W->fmt == MS_WFMT_PLAIN && W->w.dtype != MS_BF16 && W->w.dtype != MS_F32) {
+            free(p);
+            return ms_errf(err, MS_ERR_UNSUPPORTED, "%s: weight dtype %s not supported by the CUDA backend", nm,
+                           ms_dtype_name(W->w.dtype));
+        }
+        rc = cu_dup(b, W->w.data, wn, &wd, err);
+    }
+    if (rc == MS_OK && W->fmt != MS_WFMT_PLAIN) {
+        if (!W->scale.data) rc = ms_errf(err, MS_ERR_FORMAT, "%s: quantized weight without a scale tensor", nm);
+        else rc = cu_dup(b, W->scale.data, ms_tensor_nbytes(&W->scale), &sd, err);
+    }
+    if (rc == MS_OK && W->bias.data) {
+        size_t n = (size_t)ms_tensor_numel(&W->bias);
+        float *tmp = (float *)malloc(n * 4);
+        if (!tmp) rc = ms_errf(err, MS_ERR_NOMEM, "%s: out of host memory converting the bias", nm);
+        else {
+            ms_convert_to_f32(W->bias.dtype, W->bias.data, tmp, n);
+            rc = cu_dup(b, tmp, n * 4, &bd, err);
+            free(tmp);
+        }
+    }
+    if (rc != MS_OK) {
+        if (wd) cudaFree(wd);
+        if (sd) cudaFree(sd);
+        if (bd) cudaFree(bd);
+        free(p);
+        return rc;
+    }
+    W->w.data = wd;
+    if (sd) W->scale.data = sd;
+    if (bd) { W->bias.data = bd; W->bias.dtype = MS_F32; }
+    p->d.w = wd;
+    p->d.scale = sd;
+    p->d.scale2 = W->scale2;
+    p->d.fmt = W->fmt;
+    p->d.dtype = W->w.dtype;
+    p->d.n = (int)W->n_out;
+    p->d.k = (int)W->n_in;
+    p->d.scale_ld = W->fmt == MS_WFMT_FP8 ? (int)((W->n_in + 127) / 128) : W->fmt == MS_WFMT_NVFP4 ? (int)(W->n_in / 16) : 0;
+    p->bias_f32 = (float *)bd;
+    W->prepared = p;
+    return MS_OK;
+}
+
+static void cu_unplace_linear(ms_backend *b, ms_linear *W) {
+    cudaSetDevice(b->device);
+    cu_linear_prep *p = (cu_linear_prep *)W->prepared;
+    if (!p) return;
+    cudaFree((void *)p->d.w);
+    if (p->d.scale) cudaFree((void *)p->d.scale);
+    if (p->bias_f32) cudaFree(p->bias_f32);
+    if (p->deq) cudaFree(p->deq);
+    free(p);
+    W->prepared = NULL;
+    W->w.data = NULL;
+    W->scale.data = NULL;
+    W->bias.data = NULL;
+}
+
+int cu_wdesc_of(const ms_linear *W, cu_wdesc *d, ms_err *err) {
+    const cu_linear_prep *p = (const cu_linear_prep *)W->prepared;
+    if (p) {
+        *d = p->d;
+        return MS_OK;
+    }
+    /* a plain view of placed memory that never went through place_linear (a tied lm_head is the
+     * placed embedding) */
+    if (W->fmt == MS_WFMT_PLAIN && W->w.data && (W->w.dtype == MS_BF16 || W->w.dtype == MS_F32) &&
+        W->n_out > 0 && W->n_in > 0 && W->n_out <= INT32_MAX && W->n_in <= INT32_MAX && !W->bias.data) {
+        memset(d, 0, sizeof *d);
+        d->w = W->w.data;
+        d->fmt = MS_WFMT_PLAIN;
+        d->dtype = W->w.dtype;
+        d->n = (int)W->n_out;
+        d->k = (int)W->n_in;
+        return MS_OK;
+    }
+    return ms_errf(err, MS_ERR_INVALID, "%s: weight was not placed on the CUDA backend (or is a %s view it cannot use)",
+                   W->name ? W->name : "(linear)", ms_dtype_name(W->w.dtype));
+}
+
+int cu_weight_bf16(ms_backend *b, const ms_linear *W, int keep, const bf16 **out, ms_err *err) {
+    cu_wdesc d;
+    MS_TRY(cu_wdesc_of(W, &d, err));
+    if (d.fmt == MS_WFMT_PLAIN && d.dtype == MS_BF16) {
+        *out = (const bf16 *)d.w;
+        return MS_OK;
+    }
+    cu_linear_prep *p = (cu_linear_prep *)W->prepared;
+    if (!p) keep = 0;
+    if (keep && p->deq) {
+        *out = p->deq;
+        return MS_OK;
+    }
+    size_t n = (size_t)d.n * d.k * sizeof(bf16);
+    void *buf = NULL;
+    if (keep) CK(cudaMalloc(&buf, n));
+    else MS_TRY(cu_scratch(b, SCR_DEQ, n, &buf, err));
+    MS_TRY(cu_dequant_bf16(b, &d, (bf16 *)buf, err));
+    if (keep) p->deq = (bf16 *)buf;
+    *out = (const bf16 *)buf;
+    return MS_OK;
+}
+
+/* ---- GEMM ---- */
+
+static cudaDataType_t cu_dt(int t) { return t == MS_F32 ? CUDA_R_32F : t == MS_F16 ? CUDA_R_16F : CUDA_R_16BF; }
+
+int cu_gemm(ms_backend *b, int M, int N, int K, const void *A, int64_t lda, int ab_type, const void *B, int64_t ldb,
+            int b_trans, void *C, int64_t ldc, int c_type, float beta, ms_err *err) {
+    cu_impl *c = cu_of(b);
+    if (M <= 0 || N <= 0) return MS_OK;
+    if (ab_type == MS_F32 && c_type != MS_F32)
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "cu_gemm: f32 inputs need an f32 output");
+    float alpha = 1.f;
+    if (K <= 0) {
+        /* empty reduction: C = beta*C */
+        if (beta == 0.f) CK(cudaMemsetAsync(C, 0, (size_t)M * ldc * ms_dtype_size((ms_dtype)c_type), c->stream));
+        return MS_OK;
+    }
+    /* cublas (column-major): C^T[N,M] = op(B)^T[N,K] · A^T[K,M] */
+    int ta = b_trans ? 1 : 0;
+    int at = ab_type, ct = c_type;
+    cu_gemm_cache_ent *hit = NULL;
+    for (int i = 0; i < 64; i++) {
+        cu_gemm_cache_ent *g = &c->gcache[i];
+        if (g->used && g->m == N && g->n == M && g->k == K && g->ta == ta && g->atype == at && g->ctype == ct &&
+            g->lda == ldb && g->ldb == lda && g->ldc == ldc) {
+            hit = g;
+            break;
+        }
+    }
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = CUBLAS_OP_N;
+    int rc = MS_OK;
+    cublasComputeType_t comp = at == MS_F32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+#define LTK(call)                                                                                 \
+    do {                                                                                          \
+        cublasStatus_t s_ = (call);                                                               \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                        \
+            rc = ms_errf(err, MS_ERR_RUNTIME, "%s failed at %s:%d: cublas status %d", #call, __FILE__, __LINE__, \
+                         (int)s_);                                                                \
+            goto done;                                                                            \
+        }                                                                                         \
+    } while (0)
+    LTK(cublasLtMatmulDescCreate(&op, comp, CUDA_R_32F));
+    LTK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    LTK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    if (ta) LTK(cublasLtMatrixLayoutCreate(&la, cu_dt(at), K, N, ldb));
+    else LTK(cublasLtMatrixLayoutCreate(&la, cu_dt(at), N, K, ldb));
+    LTK(cublasLtMatrixLayoutCreate(&lb, cu_dt(at), K, M, lda));
+    LTK(cublasLtMatrixLayoutCreate(&lc, cu_dt(ct), N, M, ldc));
+    if (!hit) {
+        cublasLtMatmulPreference_t pref = NULL;
+        cublasLtMatmulHeuristicResult_t res;
+        int nres = 0;
+        LTK(cublasLtMatmulPreferenceCreate(&pref));
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c->lt_ws_bytes,
+                                             sizeof c->lt_ws_bytes);
+        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, 1, &res, &nres);
+        cublasLtMatmulPreferenceDestroy(pref);
+        if (hs == CUBLAS_STATUS_SUCCESS && nres > 0) {
+            hit = &c->gcache[c->gcache_next];
+            c->gcache_next = (c->gcache_next + 1) % 64;
+            hit->used = 1;
+            hit->m = N; hit->n = M; hit->k = K; hit->ta = ta; hit->atype = at; hit->ctype = ct;
+            hit->lda = ldb; hit->ldb = lda; hit->ldc = ldc;
+            hit->algo = res.algo;
+        }
+    }
+    if (hit) {
+        LTK(cublasLtMatmul(c->lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &hit->algo, c->lt_ws, c->lt_ws_bytes,
+                           c->stream));
+    } else {
+        /* no cuBLASLt algorithm for this shape: plain cuBLAS picks one */
+        LTK(cublasGemmEx(c->blas, opa, opb, N, M, K, &alpha, B, cu_dt(at), (int)ldb, A, cu_dt(at), (int)lda, &beta, C,
+                         cu_dt(ct), (int)ldc, at == MS_F32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT));
+    }
+done:
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (op) cublasLtMatmulDescDestroy(op);
+#undef LTK
+    return rc;
+}
+
+/* Small-T threshold under which quantized linears use the fused GEMV (weights read once). */
+#define CU_GEMV_MAX_T 16
+
+static int64_t rows_of(const ms_tensor *t, int64_t cols) { return cols ? ms_tensor_numel(t) / cols : 0; }
+
+/* y [T,N] = x [T,K] · Wᵀ (+ bias). */
+static int cu_linear(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_tensor *y, ms_err *err) {
+    CU_ENTER(b);
+    cu_wdesc d;
+    MS_TRY(cu_wdesc_of(W, &d, err));
+    const int K = d.k, N = d.n;
+    int64_t T = rows_of(x, K);
+    MS_ASSERT(ms_tensor_numel(x) == T * K);
+    MS_ASSERT(ms_tensor_numel(y) == T * N);
+    MS_ASSERT(y->dtype == MS_BF16 || y->dtype == MS_F32);
+    if (T == 0) return MS_OK;
+    if (T > INT32_MAX) return ms_errf(err, MS_ERR_INVALID, "%s: too many rows", W->name ? W->name : "linear");
+    const bf16 *xb = (const bf16 *)x->data;
+    if (x->dtype != MS_BF16 && !(d.fmt == MS_WFMT_PLAIN && d.dtype == MS_F32)) {
+        void *tmp;
+        MS_TRY(cu_scratch(b, SCR_TMP, (size_t)T * K * 2, &tmp, err));
+        MS_TRY(cu_convert(b, x->data, x->dtype, tmp, MS_BF16, (size_t)T * K, err));
+        xb = (const bf16 *)tmp;
+    }
+    if (d.fmt == MS_WFMT_PLAIN && d.dtype == MS_F32) {
+        const float *xf = (const float *)x->data;
+        size_t need = (x->dtype != MS_F32 ? (size_t)T * K * 4 : 0) + (y->dtype != MS_F32 ? (size_t)T * N * 4 : 0);
+        char *tmp = NULL;
+        if (need) MS_TRY(cu_scratch(b, SCR_TMP, need, (void **)&tmp, err));
+        char *p = tmp;
+        if (x->dtype != MS_F32) {
+            MS_TRY(cu_convert(b, x->data, x->dtype, p, MS_F32, (size_t)T * K, err));
+            xf = (const float *)p;
+            p += (size_t)T * K * 4;
+        }
+        float *yf = y->dtype == MS_F32 ? (float *)y->data : (float *)p;
+        MS_TRY(cu_gemm(b, (int)T, N, K, xf, K, MS_F32, d.w, K, 1, yf, N, MS_F32, 0.f, err));
+        if (W->bias.data) MS_TRY(cu_add_bias(b, yf, MS_F32, (const float *)W->bias.data, T, N, err));
+        if (y->dtype != MS_F32) MS_TRY(cu_convert(b, yf, MS_F32, y->data, y->dtype, (size_t)T * N, err));
+        return MS_OK;
+    }
+    if (d.fmt == MS_WFMT_PLAIN) {
+        MS_TRY(cu_gemm(b, (int)T, N, K, xb, K, MS_BF16, d.w, K, 1, y->data, N, y->dtype, 0.f, err));
+    } else if (T <= CU_GEMV_MAX_T) {
+        MS_TRY(cu_gemv_grouped(b, 0, NULL, NULL, &d, 1, NULL, NULL, NULL, NULL, NULL, (int)T, xb, y->data, y->dtype, N,
+                               err));
+    } else {
+        const bf16 *wb;
+        MS_TRY(cu_weight_bf16(b, W, 0, &wb, err));
+        MS_TRY(cu_gemm(b, (int)T, N, K, xb, K, MS_BF16, wb, K, 1, y->data, N, y->dtype, 0.f, err));
+    }
+    if (W->bias.data) MS_TRY(cu_add_bias(b, y->data, y->dtype, (const float *)W->bias.data, T, N, err));
+    return MS_OK;
+}
+
+/* Internal linear used by the router and runners: same as the op. */
+int cu_linear_op(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_tensor *y, ms_err *err) {
+    return cu_linear(b, W, x, y, err);
+}
+
+/* ---- router ---- */
+
+static int cu_router(ms_backend *b, const ms_tensor *x, const ms_linear *gate, const ms_tensor *bias,
+                     const ms_route_cfg *rc, int32_t *ids_d, float *w_d, ms_err *err) {
+    CU_ENTER(b);
+    int E = rc->n_experts;
+    MS_ASSERT(gate->n_out == E);
+    int64_t T = rows_of(x, gate->n_in);
+    if (T == 0) return MS_OK;
+    if (rc->topk <= 0 || rc->topk > E || E > 4096 || rc->n_group <= 0 || E % rc->n_group || rc->topk_group <= 0 ||
+        rc->topk_group > rc->n_group)
+        return ms_errf(err, MS_ERR_INVALID, "router: unsupported routing (experts %d, top-k %d, groups %d/%d)", E,
+                       rc->topk, rc->topk_group, rc->n_group);
+    void *lg;
+    MS_TRY(cu_scratch(b, SCR_TMP2, (size_t)T * E * 4, &lg, err));
+    ms_tensor y = ms_tensor_2d(MS_F32, T, E);
+    y.data = lg;
+    /* logits in fp32: bf16 x and bf16 weights multiply exactly in fp32, accumulate fp32 */
+    MS_TRY(cu_linear(b, gate, x, &y, err));
+    return cu_route(b, (const float *)lg, bias ? bias->data : NULL, bias ? bias->dtype : 0, rc, (int)T, ids_d, w_d,
+                    err);
+}
+
+/* ---- absorbed MLA projections ---- */
+
+static int cu_mla_absorb_q(ms_backend *b, const ms_linear *kv_b, const ms_tensor *q, int nh, int dn, int dr, int dv,
+                           ms_tensor *out, ms_err *err) {
+    CU_ENTER(b);
+    int kvl = (int)kv_b->n_in;
+    MS_ASSERT(kv_b->n_out == (int64_t)nh * (dn + dv));
+    MS_ASSERT(q->dtype == MS_BF16 && out->dtype == MS_BF16);
+    int64_t T = rows_of(q, (int64_t)nh * (dn + dr));
+    MS_ASSERT(ms_tensor_numel(out) == T * nh * (kvl + dr));
+    if (T == 0) return MS_OK;
+    const bf16 *W;
+    MS_TRY(cu_weight_bf16(b, kv_b, 1, &W, err));
+    cu_impl *c = cu_of(b);
+    float alpha = 1.f, beta = 0.f;
+    CKB(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, kvl, (int)T, dn, &alpha, W, CUDA_R_16BF, kvl,
+                                   (long long)(dn + dv) * kvl, q->data, CUDA_R_16BF, nh * (dn + dr), dn + dr, &beta,
+                                   out->data, CUDA_R_16BF, nh * (kvl + dr), kvl + dr, nh, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
+    if (dr > 0)
+        MS_TRY(cu_copy_rope_part(b, (const bf16 *)q->data, (bf16 *)out->data, (int)T, nh, dn, dr, kvl, err));
+    return MS_OK;
+}
+
+static int cu_mla_v_up(ms_backend *b, const ms_linear *kv_b, const ms_tensor *o_lat, int nh, int dn, int dv,
+                       ms_tensor *out, ms_err *err) {
+    CU_ENTER(b);
+    int kvl = (int)kv_b->n_in;
+    MS_ASSERT(kv_b->n_out == (int64_t)nh * (dn + dv));
+    MS_ASSERT(o_lat->dtype == MS_BF16 && out->dtype == MS_BF16);
+    int64_t T = rows_of(o_lat, (int64_t)nh * kvl);
+    MS_ASSERT(ms_tensor_numel(out) == T * nh * dv);
+    if (T == 0) return MS_OK;
+    const bf16 *W;
+    MS_TRY(cu_weight_bf16(b, kv_b, 1, &W, err));
+    cu_impl *c = cu_of(b);
+    float alpha = 1.f, beta = 0.f;
+    CKB(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, dv, (int)T, kvl, &alpha, W + (size_t)dn * kvl,
+                                   CUDA_R_16BF, kvl, (long long)(dn + dv) * kvl, o_lat->data, CUDA_R_16BF, nh * kvl,
+                                   kvl, &beta, out->data, CUDA_R_16BF, nh * dv, dv, nh, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
+    return MS_OK;
+}
+
+/* ---- ops table and constructor ---- */
+
+/* Filled by name at first use so the table follows backend.h whatever its field order. */
+static ms_backend_ops cu_ops;
+
+static void cu_ops_init(void) {
+    if (cu_ops.destroy) return;
+    cu_ops.destroy = cu_destroy;
+    cu_ops.alloc = cu_alloc;
+    cu_ops.free = cu_free;
+    cu_ops.upload = cu_upload;
+    cu_ops.download = cu_download;
+    cu_ops.sync = cu_sync;
+    cu_ops.place_tensor = cu_place_tensor;
+    cu_ops.place_linear = cu_place_linear;
+    cu_ops.unplace_tensor = cu_unplace_tensor;
+    cu_ops.unplace_linear = cu_unplace_linear;
+    cu_ops.embed = cu_op_embed;
+    cu_ops.rmsnorm = cu_op_rmsnorm;
+    cu_ops.add_rmsnorm = cu_op_add_rmsnorm;
+    cu_ops.layernorm = cu_op_layernorm;
+    cu_ops.add = cu_op_add;
+    cu_ops.silu_mul = cu_op_silu_mul;
+    cu_ops.copy_cols = cu_op_copy_cols;
+    cu_ops.gather_rows = cu_op_gather_rows;
+    cu_ops.rope = cu_op_rope;
+    cu_ops.linear = cu_linear;
+    cu_ops.kv_store = cu_op_kv_store;
+    cu_ops.attn_gqa = cu_op_attn_gqa;
+    cu_ops.mla_attn = cu_op_mla_attn;
+    cu_ops.mla_absorb_q = cu_mla_absorb_q;
+    cu_ops.mla_v_up = cu_mla_v_up;
+    cu_ops.indexer_topk = cu_op_indexer_topk;
+    cu_ops.router = cu_router;
+    cu_ops.find_nonfinite = cu_op_find_nonfinite;
+    cu_ops.argmax = cu_op_argmax;
+    cu_ops.set_cols = cu_op_set_cols;
+    cu_ops.scale = cu_op_scale;
+}
+
+
+extern "C" int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err) {
+    *out = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "flag --device cuda: no usable NVIDIA GPU found (%s)",
+                       e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    }
+    if (device < 0 || device >= n)
+        return ms_errf(err, MS_ERR_INVALID, "flag --device cuda: GPU ordinal %d out of range (this machine has %d)",
+                       device, n);
+    ms_backend *b = (ms_backend *)calloc(1, sizeof *b);
+    cu_impl *c = (cu_impl *)calloc(1, sizeof *c);
+    if (!b || !c) {
+        free(b);
+        free(c);
+        return ms_errf(err, MS_ERR_NOMEM, "cuda backend: out of host memory");
+    }
+    cu_ops_init();
+    b->ops = &cu_ops;
+    b->name = "cuda";
+    b->act_dtype = MS_BF16;
+    b->device = device;
+    b->impl = c;
+    c->device = device;
+    int rc = MS_OK;
+    if ((rc = ms_cuda_device_info(device, &b->gpu, err)) != MS_OK) goto fail;
+    {
+        cudaError_t e2 = cudaSetDevice(device);
+        if (e2 == cudaSuccess) e2 = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+        if (e2 == cudaSuccess) e2 = cudaDeviceGetAttribute(&c->max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+        c->lt_ws_bytes = 32u << 20;
+        if (e2 == cudaSuccess) e2 = cudaMalloc(&c->lt_ws, c->lt_ws_bytes);
+        if (e2 != cudaSuccess) {
+            rc = ms_errf(err, MS_ERR_RUNTIME, "cuda backend setup on GPU %d failed: %s", device, cudaGetErrorString(e2));
+            goto fail;
+        }
+        if (cublasLtCreate(&c->lt) != CUBLAS_STATUS_SUCCESS || cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS ||
+            cublasSetStream(c->blas, c->stream) != CUBLAS_STATUS_SUCCESS ||
+            cublasSetWorkspace(c->blas, c->lt_ws, c->lt_ws_bytes) != CUBLAS_STATUS_SUCCESS) {
+            rc = ms_errf(err, MS_ERR_RUNTIME, "cuda backend: creating the cuBLAS/cuBLASLt handles failed on GPU %d",
+                         device);
+            goto fail;
+        }
+    }
+    *out = b;
+    return MS_OK;
+fail:
+    cu_destroy(b);
+    return rc;
+}

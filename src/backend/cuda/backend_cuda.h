@@ -1,0 +1,45 @@
+/* backend_cuda.h - the CUDA backend's C entry points, free of CUDA headers so host C (tools, the
+ * registry, tests) can call them in any build that has MS_HAVE_CUDA. */
+#ifndef MS_BACKEND_CUDA_BACKEND_CUDA_H
+#define MS_BACKEND_CUDA_BACKEND_CUDA_H
+
+#include "backend/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Creates the CUDA backend on GPU `device` (ordinal): one stream, a cuBLASLt handle and workspace.
+ * Fails with MS_ERR_UNSUPPORTED (clear sentence) when no GPU/driver is present or the ordinal is out
+ * of range. The caller owns *out (ms_backend_destroy). */
+int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err);
+
+/* Number of visible GPUs (0 when the driver or devices are missing; never fails). */
+int ms_cuda_device_count(void);
+/* Fills info for GPU `device` without creating a backend. */
+int ms_cuda_device_info(int device, ms_gpu_info *info, ms_err *err);
+/* CUDA driver and runtime versions as 1000*major + 10*minor (0 when unknown). */
+void ms_cuda_versions(int *driver, int *runtime);
+
+/* Fills n random weight bytes on the device for dummy models: dst_d (device memory) gets values of
+ * `dtype` (BF16/F32: uniform in [-amp, amp]; F8E4M3/U8: random codes that decode to finite values)
+ * from a counter-based generator seeded by `seed` (same seed -> same bytes). */
+int ms_cuda_fill_random(ms_backend *b, void *dst_d, ms_dtype dtype, size_t n_elems, float amp, uint64_t seed,
+                        ms_err *err);
+
+/* --load-format dummy on the GPU without a host copy: allocates t->data in device memory for t's
+ * dtype (F32 or BF16) and shape and fills it with offset + amp * U(-1,1), seeded (same seed, same
+ * values). The memory is released by the backend's unplace_tensor. */
+int ms_cuda_dummy_tensor(ms_backend *b, ms_tensor *t, float offset, float amp, uint64_t seed, ms_err *err);
+/* Makes W (name, fmt, n_out, n_in set; w/scale unset) a placed weight of random values generated in
+ * device memory in its own format, scaled like model/dummy.c (dequantized variance ~ 1/n_in):
+ * PLAIN -> BF16, FP8 -> e4m3 codes + F32 128x128 block scales, NVFP4 -> E2M1 nibbles + e4m3 group
+ * scales + scale2. with_bias adds an F32 bias of U(-0.1, 0.1). Sets W->prepared exactly as
+ * place_linear would, so the weight is used and released (unplace_linear) like any placed one. */
+int ms_cuda_dummy_linear(ms_backend *b, ms_linear *W, int with_bias, uint64_t seed, ms_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

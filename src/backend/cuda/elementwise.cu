@@ -1,0 +1,488 @@
+/* elementwise.cu - the CUDA backend's memory-bound ops: embedding, norms, adds, SwiGLU, column and
+ * row copies, RoPE, KV stores, NaN/Inf search, argmax and the fused router (sigmoid + bias +
+ * group-limited top-k + normalize + scale). Statistics and products run in fp32; each output is
+ * rounded once to its dtype. */
+#include "backend/cuda/cuda_internal.cuh"
+
+#include <math.h>
+#include <stdlib.h>
+
+static inline cudaStream_t stream_of(ms_backend *b) { return cu_of(b)->stream; }
+static int64_t last_dim(const ms_tensor *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
+
+/* ---- conversions and small helpers ---- */
+
+__global__ void k_convert(const void *src, int st, void *dst, int dt, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        cu_st(dst, dt, i, cu_ld(src, st, i));
+}
+
+static int grid_for(size_t n) {
+    size_t g = (n + 255) / 256;
+    if (g > 65535) g = 65535;
+    return g ? (int)g : 1;
+}
+
+int cu_convert(ms_backend *b, const void *src, int st, void *dst, int dt, size_t n, ms_err *err) {
+    if (!n) return MS_OK;
+    k_convert<<<grid_for(n), 256, 0, stream_of(b)>>>(src, st, dst, dt, n);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+__global__ void k_add_bias(void *y, int yt, const float *bias, int64_t rows, int64_t n) {
+    size_t tot = (size_t)rows * n;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < tot; i += (size_t)gridDim.x * blockDim.x)
+        cu_st(y, yt, i, cu_ld(y, yt, i) + bias[i % n]);
+}
+
+int cu_add_bias(ms_backend *b, void *y, int yt, const float *bias, int64_t rows, int64_t n, ms_err *err) {
+    size_t tot = (size_t)rows * n;
+    if (!tot) return MS_OK;
+    k_add_bias<<<grid_for(tot), 256, 0, stream_of(b)>>>(y, yt, bias, rows, n);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+__global__ void k_copy_rope(const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl) {
+    size_t tot = (size_t)T * nh * dr;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < tot; i += (size_t)gridDim.x * blockDim.x) {
+        size_t th = i / dr;
+        int j = (int)(i % dr);
+        out[th * (kvl + dr) + kvl + j] = q[th * (dn + dr) + dn + j];
+    }
+}
+
+int cu_copy_rope_part(ms_backend *b, const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl, ms_err *err) {
+    size_t tot = (size_t)T * nh * dr;
+    if (!tot) return MS_OK;
+    k_copy_rope<<<grid_for(tot), 256, 0, stream_of(b)>>>(q, out, T, nh, dn, dr, kvl);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+/* ---- embedding ---- */
+
+__global__ void k_embed(const void *table, int tt, int64_t V, int64_t H, const int32_t *ids, void *out, int ot) {
+    int64_t r = blockIdx.x;
+    int32_t id = ids[r];
+    for (int64_t c = threadIdx.x; c < H; c += blockDim.x) {
+        float v = (id >= 0 && id < V) ? cu_ld(table, tt, (size_t)id * H + c) : 0.f;
+        cu_st(out, ot, (size_t)r * H + c, v);
+    }
+}
+
+int cu_op_embed(ms_backend *b, const ms_tensor *table, const int32_t *ids_d, int n, ms_tensor *out, ms_err *err) {
+    MS_ASSERT(table->ndim == 2);
+    int64_t H = table->shape[1];
+    MS_ASSERT(ms_tensor_numel(out) >= (int64_t)n * H);
+    if (n <= 0) return MS_OK;
+    k_embed<<<n, 256, 0, stream_of(b)>>>(table->data, table->dtype, table->shape[0], H, ids_d, out->data, out->dtype);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+/* ---- norms ---- */
+
+__device__ float block_sum(float v, float *sh) {
+    v = warp_sum(v);
+    int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
+    __syncthreads();
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    float s = 0.f;
+    for (int i = 0; i < nw; i++) s += sh[i];
+    return s;
+}
+
+/* mode 0: rmsnorm; 1: resid += delta then rmsnorm(resid); 2: layernorm (with bias). */
+__global__ void k_norm(int mode, void *x, int xt, const void *delta, int dt, const void *w, int wt, const void *bias,
+                       int bt, float eps, void *out, int ot, int64_t D) {
+    __shared__ float sh[32];
+    size_t base = (size_t)blockIdx.x * D;
+    float acc = 0.f;
+    if (mode == 1 && delta) {
+        for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+            cu_st(x, xt, base + c, cu_ld(x, xt, base + c) + cu_ld(delta, dt, base + c));
+        }
+        __syncthreads();
+    }
+    if (mode == 2) {
+        for (int64_t c = threadIdx.x; c < D; c += blockDim.x) acc += cu_ld(x, xt, base + c);
+        float mean = block_sum(acc, sh) / (float)D;
+        float v2 = 0.f;
+        for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+            float d = cu_ld(x, xt, base + c) - mean;
+            v2 += d * d;
+        }
+        float var = block_sum(v2, sh) / (float)D;
+        float inv = 1.f / sqrtf(var + eps);
+        __syncthreads();
+        for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+            float v = (cu_ld(x, xt, base + c) - mean) * inv * cu_ld(w, wt, c);
+            if (bias) v += cu_ld(bias, bt, c);
+            cu_st(out, ot, base + c, v);
+        }
+        return;
+    }
+    for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+        float v = cu_ld(x, xt, base + c);
+        acc += v * v;
+    }
+    float ms = block_sum(acc, sh) / (float)D;
+    float inv = 1.f / sqrtf(ms + eps);
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < D; c += blockDim.x)
+        cu_st(out, ot, base + c, cu_ld(x, xt, base + c) * inv * cu_ld(w, wt, c));
+}
+
+static int launch_norm(ms_backend *b, int mode, ms_tensor *x, const ms_tensor *delta, const ms_tensor *w,
+                       const ms_tensor *bias, float eps, ms_tensor *out, ms_err *err) {
+    int64_t D = last_dim(x);
+    MS_ASSERT(D > 0 && ms_tensor_numel(w) == D);
+    int64_t R = ms_tensor_numel(x) / D;
+    MS_ASSERT(ms_tensor_numel(out) == R * D);
+    if (delta) MS_ASSERT(ms_tensor_numel(delta) == R * D);
+    if (R == 0) return MS_OK;
+    if (R > 0x7fffffff) return ms_errf(err, MS_ERR_INVALID, "norm: too many rows (%lld)", (long long)R);
+    int th = D >= 1024 ? 512 : D >= 256 ? 256 : 128;
+    k_norm<<<(unsigned)R, th, 0, stream_of(b)>>>(mode, x->data, x->dtype, delta ? delta->data : NULL,
+                                                 delta ? delta->dtype : 0, w->data, w->dtype,
+                                                 bias && bias->data ? bias->data : NULL, bias ? bias->dtype : 0, eps,
+                                                 out->data, out->dtype, D);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+int cu_op_rmsnorm(ms_backend *b, const ms_tensor *x, const ms_tensor *w, float eps, ms_tensor *out, ms_err *err) {
+    return launch_norm(b, 0, (ms_tensor *)x, NULL, w, NULL, eps, out, err);
+}
+
+int cu_op_add_rmsnorm(ms_backend *b, ms_tensor *resid, const ms_tensor *delta, const ms_tensor *w, float eps,
+                      ms_tensor *out, ms_err *err) {
+    return launch_norm(b, 1, resid, delta, w, NULL, eps, out, err);
+}
+
+int cu_op_layernorm(ms_backend *b, const ms_tensor *x, const ms_tensor *w, const ms_tensor *bias, float eps,
+                    ms_tensor *out, ms_err *err) {
+    return launch_norm(b, 2, (ms_tensor *)x, NULL, w, bias, eps, out, err);
+}
+
+/* ---- add, silu_mul, copies ---- */
+
+__global__ void k_add(void *y, int yt, const void *x, int xt, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        cu_st(y, yt, i, cu_ld(y, yt, i) + cu_ld(x, xt, i));
+}
+
+int cu_op_add(ms_backend *b, ms_tensor *y, const ms_tensor *x, ms_err *err) {
+    size_t n = (size_t)ms_tensor_numel(y);
+    MS_ASSERT((int64_t)n == ms_tensor_numel(x));
+    if (!n) return MS_OK;
+    k_add<<<grid_for(n), 256, 0, stream_of(b)>>>(y->data, y->dtype, x->data, x->dtype, n);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+__global__ void k_silu_mul(const void *g, int gt, const void *u, int ut, void *o, int ot, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        cu_st(o, ot, i, cu_silu(cu_ld(g, gt, i)) * cu_ld(u, ut, i));
+}
+
+int cu_op_silu_mul(ms_backend *b, const ms_tensor *g, const ms_tensor *u, ms_tensor *out, ms_err *err) {
+    size_t n = (size_t)ms_tensor_numel(g);
+    MS_ASSERT((int64_t)n == ms_tensor_numel(u) && (int64_t)n == ms_tensor_numel(out));
+    if (!n) return MS_OK;
+    k_silu_mul<<<grid_for(n), 256, 0, stream_of(b)>>>(g->data, g->dtype, u->data, u->dtype, out->data, out->dtype, n);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+/* dst[r, c] = src[map(r), c0 + c] for c < nc; map = idx ? idx[r] : r. */
+__global__ void k_copy_rows(const void *src, int st, int64_t sC, int64_t c0, const int32_t *idx, void *dst, int dt,
+                            int64_t nc) {
+    int64_t r = blockIdx.x;
+    int64_t sr = idx ? idx[r] : r;
+    for (int64_t c = threadIdx.x; c < nc; c += blockDim.x)
+        cu_st(dst, dt, (size_t)r * nc + c, cu_ld(src, st, (size_t)sr * sC + c0 + c));
+}
+
+int cu_op_copy_cols(ms_backend *b, const ms_tensor *src, int c0, int nc, ms_tensor *dst, ms_err *err) {
+    int64_t C = last_dim(src);
+    int64_t T = C ? ms_tensor_numel(src) / C : 0;
+    MS_ASSERT(c0 >= 0 && nc >= 0 && c0 + nc <= C && ms_tensor_numel(dst) == T * nc);
+    if (T == 0 || nc == 0) return MS_OK;
+    k_copy_rows<<<(unsigned)T, 256, 0, stream_of(b)>>>(src->data, src->dtype, C, c0, NULL, dst->data, dst->dtype, nc);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+int cu_op_gather_rows(ms_backend *b, const ms_tensor *src, const int32_t *idx_d, int n, ms_tensor *dst, ms_err *err) {
+    MS_ASSERT(src->ndim >= 1 && src->shape[0] > 0);
+    int64_t W = ms_tensor_numel(src) / src->shape[0];
+    MS_ASSERT(ms_tensor_numel(dst) >= (int64_t)n * W);
+    if (n <= 0 || W == 0) return MS_OK;
+    k_copy_rows<<<n, 256, 0, stream_of(b)>>>(src->data, src->dtype, W, 0, idx_d, dst->data, dst->dtype, W);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+__global__ void k_set_cols(const void *src, int st, int64_t nc, void *dst, int dt, int64_t C, int64_t c0) {
+    int64_t r = blockIdx.x;
+    for (int64_t c = threadIdx.x; c < nc; c += blockDim.x)
+        cu_st(dst, dt, (size_t)r * C + c0 + c, cu_ld(src, st, (size_t)r * nc + c));
+}
+
+int cu_op_set_cols(ms_backend *b, const ms_tensor *src, int c0, ms_tensor *dst, ms_err *err) {
+    int64_t nc = last_dim(src), C = last_dim(dst);
+    int64_t T = nc ? ms_tensor_numel(src) / nc : 0;
+    MS_ASSERT(c0 >= 0 && c0 + nc <= C && ms_tensor_numel(dst) == T * C);
+    if (T == 0 || nc == 0) return MS_OK;
+    k_set_cols<<<(unsigned)T, 256, 0, stream_of(b)>>>(src->data, src->dtype, nc, dst->data, dst->dtype, C, c0);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+__global__ void k_scale(void *x, int xt, float alpha, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        cu_st(x, xt, i, cu_ld(x, xt, i) * alpha);
+}
+
+int cu_op_scale(ms_backend *b, ms_tensor *x, float alpha, ms_err *err) {
+    size_t n = (size_t)ms_tensor_numel(x);
+    if (!n) return MS_OK;
+    k_scale<<<grid_for(n), 256, 0, stream_of(b)>>>(x->data, x->dtype, alpha, n);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+/* ---- RoPE ---- */
+
+__global__ void k_rope(void *x, int xt, int nh, int d, const int32_t *pos, const float *inv_freq, int rot_off,
+                       int rot_dim, int interleaved) {
+    int t = blockIdx.x;
+    int half = rot_dim / 2;
+    float p = (float)pos[t];
+    for (int i = threadIdx.x; i < nh * half; i += blockDim.x) {
+        int h = i / half, j = i % half;
+        float ang = p * inv_freq[j];
+        float sn, cs;
+        sincosf(ang, &sn, &cs);
+        size_t base = ((size_t)t * nh + h) * d + rot_off;
+        size_t i0 = base + (interleaved ? 2 * j : j), i1 = base + (interleaved ? 2 * j + 1 : j + half);
+        float a = cu_ld(x, xt, i0), c = cu_ld(x, xt, i1);
+        cu_st(x, xt, i0, a * cs - c * sn);
+        cu_st(x, xt, i1, c * cs + a * sn);
+    }
+}
+
+static int rope_table(ms_backend *b, const ms_rope_cfg *rc, const float **out, ms_err *err) {
+    cu_impl *c = cu_of(b);
+    for (int i = 0; i < c->n_rope; i++)
+        if (c->rope[i].theta == rc->theta && c->rope[i].rot_dim == rc->rot_dim) {
+            *out = c->rope[i].inv_freq_d;
+            return MS_OK;
+        }
+    int half = rc->rot_dim / 2;
+    float *h = (float *)malloc(sizeof(float) * (size_t)half);
+    if (!h) return ms_errf(err, MS_ERR_NOMEM, "rope: out of host memory");
+    /* as transformers: inv_freq = 1 / theta ** (arange(0, dim, 2).float() / dim), all float32 */
+    for (int i = 0; i < half; i++) h[i] = 1.0f / powf((float)rc->theta, (float)(2 * i) / (float)rc->rot_dim);
+    float *d = NULL;
+    cudaError_t e = cudaMalloc(&d, sizeof(float) * (size_t)half);
+    if (e == cudaSuccess) e = cudaMemcpy(d, h, sizeof(float) * (size_t)half, cudaMemcpyHostToDevice);
+    free(h);
+    if (e != cudaSuccess) {
+        if (d) cudaFree(d);
+        return ms_errf(err, MS_ERR_RUNTIME, "rope table upload failed at %s:%d: %s", __FILE__, __LINE__,
+                       cudaGetErrorString(e));
+    }
+    if (c->n_rope == 8) { /* evict the oldest */
+        cudaStreamSynchronize(c->stream);
+        cudaFree(c->rope[0].inv_freq_d);
+        memmove(&c->rope[0], &c->rope[1], sizeof(c->rope[0]) * 7);
+        c->n_rope = 7;
+    }
+    c->rope[c->n_rope].theta = rc->theta;
+    c->rope[c->n_rope].rot_dim = rc->rot_dim;
+    c->rope[c->n_rope].inv_freq_d = d;
+    c->n_rope++;
+    *out = d;
+    return MS_OK;
+}
+
+int cu_op_rope(ms_backend *b, ms_tensor *x, const int32_t *pos_d, const ms_rope_cfg *rc, ms_err *err) {
+    MS_ASSERT(x->ndim == 3);
+    int T = (int)x->shape[0], nh = (int)x->shape[1], d = (int)x->shape[2];
+    MS_ASSERT(rc->rot_dim % 2 == 0 && rc->rot_off >= 0 && rc->rot_off + rc->rot_dim <= d);
+    if (T == 0 || rc->rot_dim == 0) return MS_OK;
+    const float *inv = NULL;
+    MS_TRY(rope_table(b, rc, &inv, err));
+    k_rope<<<T, 256, 0, stream_of(b)>>>(x->data, x->dtype, nh, d, pos_d, inv, rc->rot_off, rc->rot_dim,
+                                        rc->interleaved);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+/* ---- KV store ---- */
+
+__global__ void k_kv_store(void *cache, int ct, int64_t S, const void *x, int xt, int64_t W, const int32_t *slot) {
+    int t = blockIdx.x;
+    int64_t s = slot[t];
+    if (s < 0 || s >= S) return;
+    for (int64_t c = threadIdx.x; c < W; c += blockDim.x)
+        cu_st(cache, ct, (size_t)s * W + c, cu_ld(x, xt, (size_t)t * W + c));
+}
+
+int cu_op_kv_store(ms_backend *b, ms_tensor *cache, const ms_tensor *x, const int32_t *slot_d, ms_err *err) {
+    MS_ASSERT(cache->ndim >= 1);
+    int64_t S = cache->shape[0];
+    int64_t W = S ? ms_tensor_numel(cache) / S : 0;
+    int64_t T = W ? ms_tensor_numel(x) / W : 0;
+    MS_ASSERT(T * W == ms_tensor_numel(x));
+    if (T == 0) return MS_OK;
+    k_kv_store<<<(unsigned)T, 256, 0, stream_of(b)>>>(cache->data, cache->dtype, S, x->data, x->dtype, W, slot_d);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+/* ---- checks ---- */
+
+__global__ void k_nonfinite(const void *x, int xt, int64_t C, size_t n, unsigned long long *bad) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = cu_ld(x, xt, i);
+        if (!isfinite(v)) atomicMin(bad, (unsigned long long)(i / C));
+    }
+}
+
+int cu_op_find_nonfinite(ms_backend *b, const ms_tensor *x, int64_t *bad_row, ms_err *err) {
+    *bad_row = -1;
+    int64_t C = last_dim(x);
+    size_t n = (size_t)ms_tensor_numel(x);
+    if (!n || !C) return MS_OK;
+    void *buf;
+    MS_TRY(cu_scratch(b, SCR_HOST, sizeof(unsigned long long), &buf, err));
+    unsigned long long init = ~0ull, res = 0;
+    CK(cudaMemcpyAsync(buf, &init, sizeof init, cudaMemcpyHostToDevice, stream_of(b)));
+    k_nonfinite<<<grid_for(n), 256, 0, stream_of(b)>>>(x->data, x->dtype, C, n, (unsigned long long *)buf);
+    CK_LAUNCH();
+    CK(cudaMemcpyAsync(&res, buf, sizeof res, cudaMemcpyDeviceToHost, stream_of(b)));
+    CK(cudaStreamSynchronize(stream_of(b)));
+    *bad_row = res == ~0ull ? -1 : (int64_t)res;
+    return MS_OK;
+}
+
+__global__ void k_argmax(const float *x, int64_t V, int32_t *out) {
+    __shared__ float sv[32];
+    __shared__ int32_t si[32];
+    const float *row = x + (size_t)blockIdx.x * V;
+    float bv = -INFINITY;
+    int32_t bi = 0x7fffffff;
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+        float v = row[i];
+        if (v > bv || (bi == 0x7fffffff && !isnan(v))) { bv = v; bi = (int32_t)i; }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    if (l == 0) { sv[w] = bv; si[w] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < (int)blockDim.x / 32; i++)
+            if (sv[i] > bv || (sv[i] == bv && si[i] < bi)) { bv = sv[i]; bi = si[i]; }
+        out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    }
+}
+
+int cu_op_argmax(ms_backend *b, const ms_tensor *logits, int32_t *out_d, ms_err *err) {
+    MS_ASSERT(logits->dtype == MS_F32);
+    int64_t V = last_dim(logits);
+    int64_t R = V ? ms_tensor_numel(logits) / V : 0;
+    if (R == 0) return MS_OK;
+    k_argmax<<<(unsigned)R, 256, 0, stream_of(b)>>>((const float *)logits->data, V, out_d);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+/* ---- router (one warp per token) ---- */
+
+/* Warp-wide argmax of v[0..n) (ties: lowest index). */
+__device__ int warp_argmax(const float *v, int n) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += 32)
+        if (v[i] > bv || (bi == 0x7fffffff && !isnan(v[i]))) { bv = v[i]; bi = i; }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    return bi == 0x7fffffff ? 0 : bi;
+}
+
+__global__ void k_route(const float *logits, const void *bias, int bt, int E, int topk, int n_group, int topk_group,
+                        int norm, float scale, int32_t *ids, float *wout) {
+    extern __shared__ float rsm[];
+    float *s = rsm, *bsc = rsm + E, *gs = rsm + 2 * E;
+    int *keep = (int *)(gs + n_group);
+    const int t = blockIdx.x, lane = threadIdx.x;
+    const float *lg = logits + (size_t)t * E;
+    for (int e = lane; e < E; e += 32) {
+        float sv = 1.f / (1.f + expf(-lg[e]));
+        s[e] = sv;
+        bsc[e] = sv + (bias ? cu_ld(bias, bt, e) : 0.f);
+    }
+    __syncwarp();
+    if (n_group > 1) {
+        int gsz = E / n_group;
+        for (int g = lane; g < n_group; g += 32) {
+            float m1 = -INFINITY, m2 = -INFINITY;
+            for (int i = 0; i < gsz; i++) {
+                float v = bsc[g * gsz + i];
+                if (v > m1) { m2 = m1; m1 = v; } else if (v > m2) m2 = v;
+            }
+            gs[g] = gsz > 1 ? m1 + m2 : m1;
+            keep[g] = 0;
+        }
+        __syncwarp();
+        for (int r = 0; r < topk_group; r++) {
+            int gi = warp_argmax(gs, n_group);
+            __syncwarp();
+            if (lane == 0) { keep[gi] = 1; gs[gi] = -INFINITY; }
+            __syncwarp();
+        }
+        for (int e = lane; e < E; e += 32)
+            if (!keep[e / gsz]) bsc[e] = 0.f;
+        __syncwarp();
+    }
+    float sum = 0.f;
+    for (int k = 0; k < topk; k++) {
+        int e = warp_argmax(bsc, E);
+        __syncwarp();
+        float wv = s[e];
+        sum += wv;
+        if (lane == 0) {
+            ids[(size_t)t * topk + k] = e;
+            wout[(size_t)t * topk + k] = wv;
+            bsc[e] = -INFINITY;
+        }
+        __syncwarp();
+    }
+    __syncwarp();
+    for (int k = lane; k < topk; k += 32) {
+        float wv = wout[(size_t)t * topk + k];
+        wout[(size_t)t * topk + k] = norm ? (wv / (sum + 1e-20f)) * scale : wv * scale;
+    }
+}
+
+int cu_route(ms_backend *b, const float *logits, const void *bias, int bias_t, const ms_route_cfg *rc, int T,
+             int32_t *ids, float *w, ms_err *err) {
+    size_t sm = sizeof(float) * (2 * (size_t)rc->n_experts + 2 * (size_t)rc->n_group);
+    k_route<<<T, 32, sm, stream_of(b)>>>(logits, bias, bias_t, rc->n_experts, rc->topk, rc->n_group, rc->topk_group,
+                                        rc->norm_topk_prob, rc->routed_scaling_factor, ids, w);
+    CK_LAUNCH();
+    return MS_OK;
+}

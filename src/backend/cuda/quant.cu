@@ -1,0 +1,454 @@
+/* quant.cu - kernels that read weights in their checkpoint format (BF16, FP8 block-scaled, NVFP4):
+ * exact dequantization to bf16, the memory-bound grouped GEMV used for decode (each weight row read
+ * once for all tokens that need it, 16-byte loads, dequantized in registers) and the grouped
+ * tensor-core GEMM (wmma bf16 m16n16k16, fp32 accumulate) that dequantizes weight tiles into shared
+ * memory. The MoE runners and the linear op share them. */
+#include "backend/cuda/cuda_internal.cuh"
+
+#include <mma.h>
+
+/* ---- exact dequantization ---- */
+
+__global__ void k_dequant(cu_wdesc d, bf16 *out) {
+    int64_t total = (int64_t)d.n * d.k;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t n = i / d.k, k = i - n * d.k;
+        out[i] = __float2bfloat16_rn(cu_deq(d, n, k));
+    }
+}
+
+int cu_dequant_bf16(ms_backend *b, const cu_wdesc *d, bf16 *out, ms_err *err) {
+    int64_t total = (int64_t)d->n * d->k;
+    int blocks = (int)((total + 255) / 256);
+    if (blocks > 65536) blocks = 65536;
+    k_dequant<<<blocks, 256, 0, cu_of(b)->stream>>>(*d, out);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+/* Fast exact decoders for the vector paths (NaN codes of e4m3 are not special-cased here:
+ * checkpoints hold finite weights; the scalar path keeps NaN). */
+__device__ __forceinline__ float e2m1_fast(uint32_t nib) {
+    return __uint_as_float(((nib & 7u) << 22) | ((nib & 8u) << 28)) * 0x1p126f;
+}
+__device__ __forceinline__ float e4m3_fast(uint32_t byte) {
+    return __uint_as_float(((byte & 0x7fu) << 20) | ((byte & 0x80u) << 24)) * 0x1p120f;
+}
+__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+/* ---- grouped GEMV (decode) ---- */
+
+struct gv_args {
+    const cu_wdesc *W0, *W1;
+    cu_wdesc w0; /* single-group form */
+    const int32_t *n_active, *group_w, *row_off, *row_cnt, *row_idx;
+    int rows_total;
+    const bf16 *x;
+    void *y;
+    int y_type;
+    int64_t ldy;
+    int N, K;
+};
+
+#define GV_WARPS 8
+#define GV_RPW 4 /* rows per warp */
+#define GV_TOK 8 /* tokens per pass */
+
+/* Accumulates, for one weight row n of W and up to GV_TOK x rows, the dot products into acc.
+ * FMT: 0 bf16 (8 el / 16 B), 1 fp8 (16 el), 2 nvfp4 (32 el), 3 any format, scalar. */
+template <int FMT>
+__device__ __forceinline__ void gv_row(const cu_wdesc &W, int n, const bf16 *const *xr, int nr, float *acc, int lane) {
+    const int K = W.k;
+    if (FMT == 0) {
+        const uint4 *wp = (const uint4 *)((const bf16 *)W.w + (size_t)n * K);
+        const int nc = K / 8;
+#pragma unroll 2
+        for (int c = lane; c < nc; c += 32) {
+            uint4 wv = __ldg(wp + c);
+            float wf[8] = {bf_lo(wv.x), bf_hi(wv.x), bf_lo(wv.y), bf_hi(wv.y),
+                           bf_lo(wv.z), bf_hi(wv.z), bf_lo(wv.w), bf_hi(wv.w)};
+#pragma unroll
+            for (int j = 0; j < GV_TOK; j++) {
+                if (j < nr) {
+                    uint4 xv = __ldg((const uint4 *)xr[j] + c);
+                    float s = acc[j];
+                    s = fmaf(bf_lo(xv.x), wf[0], s); s = fmaf(bf_hi(xv.x), wf[1], s);
+                    s = fmaf(bf_lo(xv.y), wf[2], s); s = fmaf(bf_hi(xv.y), wf[3], s);
+                    s = fmaf(bf_lo(xv.z), wf[4], s); s = fmaf(bf_hi(xv.z), wf[5], s);
+                    s = fmaf(bf_lo(xv.w), wf[6], s); s = fmaf(bf_hi(xv.w), wf[7], s);
+                    acc[j] = s;
+                }
+            }
+        }
+    } else if (FMT == 1) {
+        const uint4 *wp = (const uint4 *)((const uint8_t *)W.w + (size_t)n * K);
+        const float *sp = (const float *)W.scale + (size_t)(n / 128) * W.scale_ld;
+        const int nc = K / 16;
+#pragma unroll 2
+        for (int c = lane; c < nc; c += 32) {
+            uint4 wv = __ldg(wp + c);
+            float sc = __ldg(sp + (c * 16) / 128);
+            uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
+            float wf[16];
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+#pragma unroll
+                for (int bb = 0; bb < 4; bb++) wf[q * 4 + bb] = e4m3_fast((ws[q] >> (8 * bb)) & 0xffu);
+#pragma unroll
+            for (int j = 0; j < GV_TOK; j++) {
+                if (j < nr) {
+                    const uint4 *xp = (const uint4 *)xr[j] + c * 2;
+                    uint4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+                    uint32_t xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+                    float s = 0.f;
+#pragma unroll
+                    for (int q = 0; q < 8; q++) {
+                        s = fmaf(bf_lo(xs[q]), wf[2 * q], s);
+                        s = fmaf(bf_hi(xs[q]), wf[2 * q + 1], s);
+                    }
+                    acc[j] = fmaf(s, sc, acc[j]);
+                }
+            }
+        }
+    } else if (FMT == 2) {
+        const uint4 *wp = (const uint4 *)((const uint8_t *)W.w + (size_t)n * (K / 2));
+        const uint16_t *sp = (const uint16_t *)((const uint8_t *)W.scale + (size_t)n * (K / 16));
+        const int nc = K / 32;
+#pragma unroll 2
+        for (int c = lane; c < nc; c += 32) {
+            uint4 wv = __ldg(wp + c);
+            uint32_t s2 = __ldg(sp + c);
+            float bs0 = __fmul_rn(cu_e4m3(s2 & 0xffu), W.scale2), bs1 = __fmul_rn(cu_e4m3(s2 >> 8), W.scale2);
+            uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
+            float wf[32];
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+#pragma unroll
+                for (int i = 0; i < 8; i++) wf[q * 8 + i] = e2m1_fast(ws[q] >> (4 * i));
+#pragma unroll
+            for (int j = 0; j < GV_TOK; j++) {
+                if (j < nr) {
+                    const uint4 *xp = (const uint4 *)xr[j] + c * 4;
+                    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+                    for (int h = 0; h < 4; h++) {
+                        uint4 xv = __ldg(xp + h);
+                        uint32_t xs[4] = {xv.x, xv.y, xv.z, xv.w};
+                        float s = 0.f;
+#pragma unroll
+                        for (int q = 0; q < 4; q++) {
+                            s = fmaf(bf_lo(xs[q]), wf[h * 8 + 2 * q], s);
+                            s = fmaf(bf_hi(xs[q]), wf[h * 8 + 2 * q + 1], s);
+                        }
+                        if (h < 2) s0 += s; else s1 += s;
+                    }
+                    acc[j] = fmaf(s0, bs0, fmaf(s1, bs1, acc[j]));
+                }
+            }
+        }
+    } else {
+        for (int k = lane; k < K; k += 32) {
+            float wv = cu_deq(W, n, k);
+#pragma unroll
+            for (int j = 0; j < GV_TOK; j++)
+                if (j < nr) acc[j] = fmaf(__bfloat162float(xr[j][k]), wv, acc[j]);
+        }
+    }
+}
+
+template <int FMT, int MODE>
+__global__ __launch_bounds__(GV_WARPS * 32) void k_gemv(gv_args a) {
+    const int g = blockIdx.x;
+    if (a.n_active && g >= *a.n_active) return;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    cu_wdesc W0, W1;
+    int off = 0, cnt = a.rows_total;
+    if (a.W0) {
+        int wid = a.group_w ? a.group_w[g] : g;
+        W0 = a.W0[wid];
+        if (MODE == 1) W1 = a.W1[wid];
+        off = a.row_off[wid];
+        cnt = a.row_cnt[wid];
+    } else {
+        W0 = a.w0;
+        W1 = a.w0;
+    }
+    if (cnt <= 0) return;
+    const int K = a.K;
+    for (int r0 = 0; r0 < cnt; r0 += GV_TOK) {
+        const int nr = min(GV_TOK, cnt - r0);
+        const bf16 *xr[GV_TOK];
+#pragma unroll
+        for (int j = 0; j < GV_TOK; j++) {
+            int r = off + r0 + min(j, nr - 1);
+            int xrow = a.row_idx ? a.row_idx[r] : r;
+            xr[j] = a.x + (size_t)xrow * K;
+        }
+#pragma unroll 1
+        for (int i = 0; i < GV_RPW; i++) {
+            const int n = (blockIdx.y * GV_RPW + i) * GV_WARPS + warp;
+            if (n >= a.N) break;
+            float acc0[GV_TOK], acc1[GV_TOK];
+#pragma unroll
+            for (int j = 0; j < GV_TOK; j++) acc0[j] = acc1[j] = 0.f;
+            gv_row<FMT>(W0, n, xr, nr, acc0, lane);
+            if (MODE == 1) gv_row<FMT>(W1, n, xr, nr, acc1, lane);
+#pragma unroll
+            for (int j = 0; j < GV_TOK; j++) {
+                acc0[j] = warp_sum(acc0[j]);
+                if (MODE == 1) acc1[j] = warp_sum(acc1[j]);
+            }
+            if (lane == 0) {
+#pragma unroll
+                for (int j = 0; j < GV_TOK; j++) {
+                    if (j < nr) {
+                        size_t yi = (size_t)(off + r0 + j) * a.ldy + n;
+                        if (MODE == 1) ((bf16 *)a.y)[yi] = __float2bfloat16_rn(cu_silu(acc0[j]) * acc1[j]);
+                        else cu_st(a.y, a.y_type, yi, acc0[j]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+static int gv_fmt(const cu_wdesc *w) {
+    if (w->fmt == MS_WFMT_PLAIN && w->dtype == MS_BF16 && w->k % 8 == 0) return 0;
+    if (w->fmt == MS_WFMT_FP8 && w->k % 16 == 0) return 1;
+    if (w->fmt == MS_WFMT_NVFP4 && w->k % 32 == 0) return 2;
+    return 3;
+}
+
+int cu_gemv_grouped(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
+                    int n_groups, const int32_t *n_active_d, const int32_t *group_w_d, const int32_t *row_off_d,
+                    const int32_t *row_cnt_d, const int32_t *row_idx_d, int rows_total, const bf16 *x, void *y,
+                    int y_type, int64_t ldy, ms_err *err) {
+    if (n_groups <= 0) return MS_OK;
+    gv_args a;
+    memset(&a, 0, sizeof a);
+    a.W0 = W0_d;
+    a.W1 = W1_d;
+    a.w0 = *w_host;
+    a.n_active = n_active_d;
+    a.group_w = group_w_d;
+    a.row_off = row_off_d;
+    a.row_cnt = row_cnt_d;
+    a.row_idx = row_idx_d;
+    a.rows_total = rows_total;
+    a.x = x;
+    a.y = y;
+    a.y_type = y_type;
+    a.ldy = ldy;
+    a.N = w_host->n;
+    a.K = w_host->k;
+    MS_ASSERT(mode == 0 || W0_d); /* gate/up fusion needs the device tables */
+    dim3 grid(n_groups, cu_blocks(a.N, GV_WARPS * GV_RPW));
+    cudaStream_t st = cu_of(b)->stream;
+    int f = gv_fmt(w_host);
+#define GV_L(F, M) k_gemv<F, M><<<grid, GV_WARPS * 32, 0, st>>>(a)
+    if (mode == 0) {
+        switch (f) { case 0: GV_L(0, 0); break; case 1: GV_L(1, 0); break; case 2: GV_L(2, 0); break; default: GV_L(3, 0); }
+    } else {
+        switch (f) { case 0: GV_L(0, 1); break; case 1: GV_L(1, 1); break; case 2: GV_L(2, 1); break; default: GV_L(3, 1); }
+    }
+#undef GV_L
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+/* ---- grouped tensor-core GEMM ---- */
+
+using namespace nvcuda;
+
+#define GG_BM CU_GG_BM
+#define GG_BN 64
+#define GG_BK 32
+#define GG_LDS (GG_BK + 8)
+#define GG_LDC (GG_BN + 4)
+
+struct gg_args {
+    const cu_wdesc *W0, *W1;
+    int n_groups;
+    const int32_t *tile_off, *row_off, *row_cnt;
+    const bf16 *x;
+    void *y;
+    int y_type;
+    int64_t ldy;
+    int N, K, vec; /* vec: K % 32 == 0 and format-aligned: vector tile loads */
+};
+
+/* Loads the W tile rows [n0, n0+64) x cols [k0, k0+32) into Bs as bf16 (0 outside). */
+__device__ __forceinline__ void gg_load_w(const cu_wdesc &W, int n0, int k0, int vec, bf16 (*Bs)[GG_LDS]) {
+    const int tid = threadIdx.x, N = W.n, K = W.k;
+    if (vec && W.fmt == MS_WFMT_PLAIN) {
+        for (int i = tid; i < GG_BN * 4; i += 128) {
+            int r = i / 4, cc = (i % 4) * 8, n = n0 + r;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (n < N) v = __ldg((const uint4 *)((const bf16 *)W.w + (size_t)n * K + k0 + cc));
+            *(uint4 *)&Bs[r][cc] = v;
+        }
+    } else if (vec && W.fmt == MS_WFMT_FP8) {
+        int r = tid / 2, cc = (tid % 2) * 16, n = n0 + r;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        float sc = 0.f;
+        if (n < N) {
+            v = __ldg((const uint4 *)((const uint8_t *)W.w + (size_t)n * K + k0 + cc));
+            sc = __ldg((const float *)W.scale + (size_t)(n / 128) * W.scale_ld + (k0 + cc) / 128);
+        }
+        uint32_t ws[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+#pragma unroll
+            for (int bb = 0; bb < 4; bb += 2) {
+                float a0 = __fmul_rn(e4m3_fast((ws[q] >> (8 * bb)) & 0xffu), sc);
+                float a1 = __fmul_rn(e4m3_fast((ws[q] >> (8 * bb + 8)) & 0xffu), sc);
+                *(__nv_bfloat162 *)&Bs[r][cc + q * 4 + bb] = __floats2bfloat162_rn(a0, a1);
+            }
+    } else if (vec && W.fmt == MS_WFMT_NVFP4) {
+        int r = tid / 2, hh = tid % 2, n = n0 + r;
+        uint2 v = make_uint2(0, 0);
+        float bs = 0.f;
+        if (n < N) {
+            v = __ldg((const uint2 *)((const uint8_t *)W.w + (size_t)n * (K / 2) + k0 / 2 + hh * 8));
+            uint8_t s = __ldg((const uint8_t *)W.scale + (size_t)n * (K / 16) + k0 / 16 + hh);
+            bs = __fmul_rn(cu_e4m3(s), W.scale2);
+        }
+        uint32_t ws[2] = {v.x, v.y};
+#pragma unroll
+        for (int q = 0; q < 2; q++)
+#pragma unroll
+            for (int i = 0; i < 8; i += 2) {
+                float a0 = __fmul_rn(e2m1_fast(ws[q] >> (4 * i)), bs);
+                float a1 = __fmul_rn(e2m1_fast(ws[q] >> (4 * i + 4)), bs);
+                *(__nv_bfloat162 *)&Bs[r][hh * 16 + q * 8 + i] = __floats2bfloat162_rn(a0, a1);
+            }
+    } else {
+        for (int i = tid; i < GG_BN * GG_BK; i += 128) {
+            int r = i / GG_BK, cc = i % GG_BK, n = n0 + r, k = k0 + cc;
+            float v = (n < N && k < K) ? cu_deq(W, n, k) : 0.f;
+            Bs[r][cc] = __float2bfloat16_rn(v);
+        }
+    }
+}
+
+template <int MODE>
+__global__ __launch_bounds__(128) void k_gg(gg_args a) {
+    __shared__ __align__(128) bf16 As[GG_BM][GG_LDS];
+    __shared__ __align__(128) bf16 Bs0[GG_BN][GG_LDS];
+    __shared__ __align__(128) bf16 Bs1[MODE == 1 ? GG_BN : 1][GG_LDS];
+    __shared__ __align__(128) float Cs[GG_BM][GG_LDC];
+    const int tile = blockIdx.x;
+    if (tile >= a.tile_off[a.n_groups]) return;
+    int lo = 0, hi = a.n_groups - 1; /* last g with tile_off[g] <= tile */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (a.tile_off[mid] <= tile) lo = mid; else hi = mid - 1;
+    }
+    const int g = lo;
+    const int m0 = (tile - a.tile_off[g]) * GG_BM;
+    const int rows = min(GG_BM, a.row_cnt[g] - m0);
+    if (rows <= 0) return;
+    const int rbase = a.row_off[g] + m0;
+    const int n0 = blockIdx.y * GG_BN;
+    const cu_wdesc W0 = a.W0[g];
+    cu_wdesc W1 = W0;
+    if (MODE == 1) W1 = a.W1[g];
+    const int K = a.K, tid = threadIdx.x, warp = tid / 32;
+    const int wm = (warp / 2) * 32, wn = (warp % 2) * 32;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc0[2][2], acc1[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            wmma::fill_fragment(acc0[i][j], 0.f);
+            if (MODE == 1) wmma::fill_fragment(acc1[i][j], 0.f);
+        }
+    for (int k0 = 0; k0 < K; k0 += GG_BK) {
+        /* A tile */
+        if (a.vec) {
+            for (int i = tid; i < GG_BM * 4; i += 128) {
+                int r = i / 4, cc = (i % 4) * 8;
+                uint4 v = make_uint4(0, 0, 0, 0);
+                if (r < rows) v = __ldg((const uint4 *)(a.x + (size_t)(rbase + r) * K + k0 + cc));
+                *(uint4 *)&As[r][cc] = v;
+            }
+        } else {
+            for (int i = tid; i < GG_BM * GG_BK; i += 128) {
+                int r = i / GG_BK, cc = i % GG_BK;
+                As[r][cc] = (r < rows && k0 + cc < K) ? a.x[(size_t)(rbase + r) * K + k0 + cc] : __float2bfloat16_rn(0.f);
+            }
+        }
+        gg_load_w(W0, n0, k0, a.vec, Bs0);
+        if (MODE == 1) gg_load_w(W1, n0, k0, a.vec, Bs1);
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < GG_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
+#pragma unroll
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &As[wm + i * 16][kk], GG_LDS);
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                wmma::load_matrix_sync(fb, &Bs0[wn + j * 16][kk], GG_LDS);
+#pragma unroll
+                for (int i = 0; i < 2; i++) wmma::mma_sync(acc0[i][j], fa[i], fb, acc0[i][j]);
+                if (MODE == 1) {
+                    wmma::load_matrix_sync(fb, &Bs1[wn + j * 16][kk], GG_LDS);
+#pragma unroll
+                    for (int i = 0; i < 2; i++) wmma::mma_sync(acc1[i][j], fa[i], fb, acc1[i][j]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            if (MODE == 1) {
+#pragma unroll
+                for (int e = 0; e < acc0[i][j].num_elements; e++)
+                    acc0[i][j].x[e] = cu_silu(acc0[i][j].x[e]) * acc1[i][j].x[e];
+            }
+            wmma::store_matrix_sync(&Cs[wm + i * 16][wn + j * 16], acc0[i][j], GG_LDC, wmma::mem_row_major);
+        }
+    __syncthreads();
+    for (int i = tid; i < GG_BM * GG_BN; i += 128) {
+        int r = i / GG_BN, cc = i % GG_BN, n = n0 + cc;
+        if (r < rows && n < a.N) {
+            size_t yi = (size_t)(rbase + r) * a.ldy + n;
+            if (MODE == 1) ((bf16 *)a.y)[yi] = __float2bfloat16_rn(Cs[r][cc]);
+            else cu_st(a.y, a.y_type, yi, Cs[r][cc]);
+        }
+    }
+}
+
+int cu_gemm_grouped(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
+                    int n_groups, int max_tiles, const int32_t *tile_off_d, const int32_t *row_off_d,
+                    const int32_t *row_cnt_d, const bf16 *x, void *y, int y_type, int64_t ldy, ms_err *err) {
+    if (n_groups <= 0 || max_tiles <= 0) return MS_OK;
+    gg_args a;
+    memset(&a, 0, sizeof a);
+    a.W0 = W0_d;
+    a.W1 = W1_d;
+    a.n_groups = n_groups;
+    a.tile_off = tile_off_d;
+    a.row_off = row_off_d;
+    a.row_cnt = row_cnt_d;
+    a.x = x;
+    a.y = y;
+    a.y_type = y_type;
+    a.ldy = ldy;
+    a.N = w_host->n;
+    a.K = w_host->k;
+    a.vec = (a.K % GG_BK == 0) &&
+            ((w_host->fmt == MS_WFMT_PLAIN && w_host->dtype == MS_BF16) || w_host->fmt == MS_WFMT_FP8 ||
+             w_host->fmt == MS_WFMT_NVFP4);
+    dim3 grid(max_tiles, cu_blocks(a.N, GG_BN));
+    cudaStream_t st = cu_of(b)->stream;
+    if (mode == 1) k_gg<1><<<grid, 128, 0, st>>>(a);
+    else k_gg<0><<<grid, 128, 0, st>>>(a);
+    CK_LAUNCH();
+    return MS_OK;
+}

@@ -1,0 +1,370 @@
+/* forward.c - the model forward, written once against the backend ops: embedding, the decoder
+ * layer skeleton (pre-norm attention + dense MLP or routed MoE with a shared expert), the final norm
+ * and lm_head on just the rows that need logits. The attention block is per architecture
+ * (arch_glm4_moe.c: GQA; arch_glm_moe_dsa.c: MLA + DSA indexer).
+ *
+ * All memory (activations for max_tokens, KV for n_pages * page_size slots per layer, MoE runner
+ * workspace, batch-array copies) is allocated in ms_forward_create; a step allocates nothing
+ * except when a batch's block table outgrows every earlier one. */
+#include "model/forward_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LOGIT_CHUNK 64
+
+ms_tensor fw_view2(const ms_tensor *buf, int64_t rows, int64_t cols) {
+    MS_ASSERT(rows * cols <= ms_tensor_numel(buf));
+    ms_tensor t = ms_tensor_2d(buf->dtype, rows, cols);
+    t.data = buf->data;
+    return t;
+}
+
+ms_tensor fw_view3(const ms_tensor *buf, int64_t a, int64_t b, int64_t c) {
+    MS_ASSERT(a * b * c <= ms_tensor_numel(buf));
+    int64_t s[3] = {a, b, c};
+    ms_tensor t = ms_tensor_make(buf->dtype, 3, s);
+    t.data = buf->data;
+    return t;
+}
+
+int fw_check(ms_forward *f, const ms_tensor *t, const char *op, int logit_rows, ms_err *err) {
+    int64_t bad = -1;
+    MS_TRY(f->b->ops->find_nonfinite(f->b, t, &bad, err));
+    if (bad < 0) return MS_OK;
+    const ms_batch *bt = f->batch;
+    int64_t tok = logit_rows ? bt->logit_idx[bad] : bad;
+    int pos = (tok >= 0 && tok < bt->n_tokens) ? bt->positions[tok] : -1;
+    if (f->layer >= f->m->cfg.num_layers)
+        return ms_errf(err, MS_ERR_NUMERICS, "final op %s token position %d produced NaN/Inf", op, pos);
+    return ms_errf(err, MS_ERR_NUMERICS, "layer %d op %s token position %d produced NaN/Inf", f->layer, op, pos);
+}
+
+/* ------------------------------------------------------------------ create / free */
+
+static int alloc2(ms_forward *f, ms_tensor *t, ms_dtype dt, int64_t rows, int64_t cols, ms_err *err) {
+    int64_t s[2] = {rows, cols > 0 ? cols : 1};
+    return ms_backend_alloc(f->b, t, dt, 2, s, err);
+}
+
+static void free_t(ms_forward *f, ms_tensor *t) {
+    if (t->data) f->b->ops->free(f->b, t);
+    t->data = NULL;
+}
+
+const int *ms_forward_routed_experts(const ms_forward *f) { return f->routed; }
+
+void ms_forward_set_record_routing(ms_forward *f, int on) { f->routing_paused = !on; }
+
+size_t ms_forward_kv_bytes_per_token(const ms_model *m, const ms_backend *b) {
+    const ms_config *c = &m->cfg;
+    size_t es = ms_dtype_size(b->act_dtype), n = 0;
+    for (int L = 0; L < c->num_layers; L++) {
+        if (c->arch == MS_ARCH_GLM4_MOE) n += 2 * (size_t)c->num_kv_heads * (size_t)c->head_dim * es;
+        else {
+            n += (size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * es;
+            if (c->indexer_full[L]) n += (size_t)c->index_head_dim * es;
+        }
+    }
+    return n;
+}
+
+void ms_forward_free(ms_forward *f) {
+    if (!f) return;
+    if (f->kc)
+        for (int L = 0; L < f->m->cfg.num_layers; L++) free_t(f, &f->kc[L]), free_t(f, &f->vc[L]);
+    free(f->kc);
+    free(f->vc);
+    ms_tensor *all[] = {&f->x, &f->a, &f->delta, &f->g, &f->u, &f->moe_out, &f->sh_out, &f->q, &f->k, &f->v,
+                        &f->attn, &f->qa, &f->qb, &f->qabs, &f->kva, &f->c, &f->olat, &f->vout, &f->qI, &f->kI,
+                        &f->iw, &f->topk, &f->ids, &f->rw, &f->rlog, &f->lrows, &f->lnorm, &f->logits, &f->moe_ws,
+                        &f->d_tok, &f->d_pos, &f->d_start, &f->d_ctx, &f->d_slot, &f->d_seq, &f->d_lidx, &f->d_bt};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free_t(f, all[i]);
+    free(f->h_seq);
+    free(f->routed);
+    free(f->h_ids);
+    free(f->h_rlog);
+    free(f->h_rw);
+    free(f);
+}
+
+static ms_moe_shape moe_shape(const ms_model *m, int T) {
+    const ms_config *c = &m->cfg;
+    ms_moe_shape s = {T, c->hidden_size, c->moe_intermediate_size, c->n_routed_experts, c->num_experts_per_tok,
+                      MS_WFMT_PLAIN, MS_BF16};
+    for (int L = 0; L < c->num_layers; L++)
+        if (m->layers[L].is_moe && m->layers[L].experts.n > 0) {
+            s.fmt = m->layers[L].experts.gate[0].fmt;
+            s.plain_dtype = m->layers[L].experts.gate[0].w.dtype;
+            break;
+        }
+    return s;
+}
+
+int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_forward **out, ms_err *err) {
+    *out = NULL;
+    const ms_config *c = &m->cfg;
+    if (o->max_tokens < 1 || o->n_pages < 1 || o->page_size < 1)
+        return ms_errf(err, MS_ERR_INVALID, "forward: max_tokens (%d), n_pages (%d) and page_size (%d) must be >= 1",
+                       o->max_tokens, o->n_pages, o->page_size);
+    if (c->arch != MS_ARCH_GLM4_MOE && c->arch != MS_ARCH_GLM_MOE_DSA)
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "forward: model_type '%s' is not supported", c->model_type);
+    ms_forward *f = calloc(1, sizeof *f);
+    if (!f) return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
+    f->m = m;
+    f->b = b;
+    f->o = *o;
+    f->max_tokens = o->max_tokens;
+    f->lchunk = o->max_tokens < LOGIT_CHUNK ? o->max_tokens : LOGIT_CHUNK;
+    f->n_slots = (int64_t)o->n_pages * o->page_size;
+    int rc = MS_OK;
+    ms_moe_shape ms = moe_shape(m, o->max_tokens);
+    int any_moe = 0;
+    for (int L = 0; L < c->num_layers; L++) any_moe |= m->layers[L].is_moe;
+    if (any_moe) {
+        rc = ms_moe_resolve(b, o->moe_runner, &ms, &f->forced, err);
+        if (rc) goto fail;
+    }
+    const int T = o->max_tokens, H = c->hidden_size;
+    const ms_dtype ad = b->act_dtype;
+    int64_t inter = c->intermediate_size;
+    if ((int64_t)c->moe_intermediate_size * (c->n_shared_experts > 0 ? c->n_shared_experts : 1) > inter)
+        inter = (int64_t)c->moe_intermediate_size * (c->n_shared_experts > 0 ? c->n_shared_experts : 1);
+    if ((rc = alloc2(f, &f->x, ad, T, H, err)) || (rc = alloc2(f, &f->a, ad, T, H, err)) ||
+        (rc = alloc2(f, &f->delta, ad, T, H, err)) || (rc = alloc2(f, &f->g, ad, T, inter, err)) ||
+        (rc = alloc2(f, &f->u, ad, T, inter, err)) || (rc = alloc2(f, &f->lrows, ad, f->lchunk, H, err)) ||
+        (rc = alloc2(f, &f->lnorm, ad, f->lchunk, H, err)) ||
+        (rc = alloc2(f, &f->logits, MS_F32, f->lchunk, c->vocab_size, err)))
+        goto fail;
+    if (any_moe) {
+        int k = c->num_experts_per_tok;
+        if ((rc = alloc2(f, &f->sh_out, ad, T, H, err)) ||
+            (rc = alloc2(f, &f->ids, MS_I32, T, k, err)) || (rc = alloc2(f, &f->rw, MS_F32, T, k, err)))
+            goto fail;
+        size_t ws = 0;
+        for (const ms_moe_runner *const *r = ms_moe_runners(); *r; r++) {
+            char why[128];
+            if (strcmp((*r)->backend, b->name) || !(*r)->supports(b, &ms, why, sizeof why)) continue;
+            size_t n = (*r)->workspace_size(b, &ms);
+            if (n > ws) ws = n;
+        }
+        if ((rc = alloc2(f, &f->moe_ws, MS_U8, 1, (int64_t)(ws ? ws : 64), err))) goto fail;
+    }
+    if ((rc = alloc2(f, &f->d_tok, MS_I32, 1, T, err)) || (rc = alloc2(f, &f->d_pos, MS_I32, 1, T, err)) ||
+        (rc = alloc2(f, &f->d_start, MS_I32, 1, T + 1, err)) || (rc = alloc2(f, &f->d_ctx, MS_I32, 1, T, err)) ||
+        (rc = alloc2(f, &f->d_slot, MS_I32, 1, T, err)) || (rc = alloc2(f, &f->d_seq, MS_I32, 1, T, err)) ||
+        (rc = alloc2(f, &f->d_lidx, MS_I32, 1, T, err)))
+        goto fail;
+    f->h_seq = malloc(sizeof(int32_t) * (size_t)T);
+    if (o->record_routing) {
+        f->routed = calloc((size_t)c->num_layers, sizeof(int));
+        f->h_ids = malloc(sizeof(int32_t) * (size_t)T * (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1));
+        if (!f->routed || !f->h_ids) {
+            rc = ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
+            goto fail;
+        }
+    }
+    if (o->record || o->replay) {
+        const int E = c->n_routed_experts > 0 ? c->n_routed_experts : 1, k = c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1;
+        if ((rc = alloc2(f, &f->rlog, MS_F32, T, E, err))) goto fail;
+        f->h_rlog = malloc(sizeof(float) * (size_t)T * (size_t)E);
+        f->h_rw = malloc(sizeof(float) * (size_t)T * (size_t)k);
+        if (!f->h_rlog || !f->h_rw) {
+            rc = ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
+            goto fail;
+        }
+    }
+    f->kc = calloc((size_t)c->num_layers, sizeof(ms_tensor));
+    f->vc = calloc((size_t)c->num_layers, sizeof(ms_tensor));
+    if (!f->h_seq || !f->kc || !f->vc) {
+        rc = ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
+        goto fail;
+    }
+    rc = c->arch == MS_ARCH_GLM4_MOE ? fw_alloc_glm4(f, err) : fw_alloc_dsa(f, err);
+    if (rc) goto fail;
+    *out = f;
+    return MS_OK;
+fail:
+    ms_forward_free(f);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ MLP / MoE */
+
+static int swiglu(ms_forward *f, const ms_linear *gate, const ms_linear *up, const ms_linear *down, int T,
+                  ms_tensor *out, ms_err *err) {
+    const ms_backend_ops *op = f->b->ops;
+    ms_tensor a = fw_view2(&f->a, T, f->m->cfg.hidden_size);
+    ms_tensor g = fw_view2(&f->g, T, gate->n_out), u = fw_view2(&f->u, T, up->n_out);
+    MS_TRY(op->linear(f->b, gate, &a, &g, err));
+    FW_TRY_CHECK(f, &g, "gate_proj", err);
+    MS_TRY(op->linear(f->b, up, &a, &u, err));
+    FW_TRY_CHECK(f, &u, "up_proj", err);
+    MS_TRY(op->silu_mul(f->b, &g, &u, &g, err));
+    MS_TRY(op->linear(f->b, down, &g, out, err));
+    FW_TRY_CHECK(f, out, "down_proj", err);
+    return MS_OK;
+}
+
+static int mlp(ms_forward *f, int L, int T, ms_err *err) {
+    const ms_config *c = &f->m->cfg;
+    const ms_layer *l = &f->m->layers[L];
+    const ms_backend_ops *op = f->b->ops;
+    const int H = c->hidden_size;
+    ms_tensor delta = fw_view2(&f->delta, T, H);
+    if (!l->is_moe) return swiglu(f, &l->gate_proj, &l->up_proj, &l->down_proj, T, &delta, err);
+    const int k = c->num_experts_per_tok;
+    ms_tensor a = fw_view2(&f->a, T, H);
+    ms_route_cfg rc = {c->n_routed_experts, k, c->n_group > 0 ? c->n_group : 1, c->topk_group > 0 ? c->topk_group : 1,
+                       c->norm_topk_prob, c->routed_scaling_factor};
+    MS_TRY(op->router(f->b, &a, &l->router, l->router_bias.data ? &l->router_bias : NULL, &rc, f->ids.data, f->rw.data,
+                      err));
+    MS_TRY(fw_decide_experts(f, L, T, &rc, err));
+    if (f->routed && !f->routing_paused) {
+        MS_TRY(op->download(f->b, f->h_ids, f->ids.data, sizeof(int32_t) * (size_t)T * (size_t)k, err));
+        unsigned char seen[4096] = {0};
+        int n = 0;
+        for (int i = 0; i < T * k; i++)
+            if (f->h_ids[i] >= 0 && f->h_ids[i] < 4096 && !seen[f->h_ids[i]]) seen[f->h_ids[i]] = 1, n++;
+        f->routed[L] = n;
+    }
+    ms_moe_shape s = moe_shape(f->m, T);
+    const ms_moe_runner *r = ms_moe_pick(f->b, f->forced, &s);
+    MS_TRY(r->run(f->b, &l->experts, &a, f->ids.data, f->rw.data, k, &delta, f->moe_ws.data,
+                  ms_tensor_nbytes(&f->moe_ws), err));
+    FW_TRY_CHECK(f, &delta, "moe_experts", err);
+    if (l->has_shared) {
+        /* delta = routed + shared (transformers adds the shared expert to the routed sum) */
+        ms_tensor sh = fw_view2(&f->sh_out, T, H);
+        MS_TRY(swiglu(f, &l->sh_gate, &l->sh_up, &l->sh_down, T, &sh, err));
+        MS_TRY(op->add(f->b, &delta, &sh, err));
+    }
+    return MS_OK;
+}
+
+/* ------------------------------------------------------------------ step */
+
+static int validate(const ms_forward *f, const ms_batch *bt, ms_err *err) {
+    const int T = bt->n_tokens, V = f->m->cfg.vocab_size;
+    if (T < 1 || T > f->max_tokens)
+        return ms_errf(err, MS_ERR_INVALID, "forward: batch of %d tokens (this forward takes 1..%d)", T, f->max_tokens);
+    if (bt->n_seqs < 1 || bt->n_seqs > T || bt->seq_start[0] != 0 || bt->seq_start[bt->n_seqs] != T)
+        return ms_errf(err, MS_ERR_INVALID, "forward: batch sequence ranges are malformed (%d sequences, %d tokens)",
+                       bt->n_seqs, T);
+    if (bt->page_size != f->o.page_size || bt->max_blocks < 1)
+        return ms_errf(err, MS_ERR_INVALID, "forward: batch page_size %d / max_blocks %d do not match the cache (page %d)",
+                       bt->page_size, bt->max_blocks, f->o.page_size);
+    if (bt->n_logits < 0 || bt->n_logits > T)
+        return ms_errf(err, MS_ERR_INVALID, "forward: %d logit rows requested for %d tokens", bt->n_logits, T);
+    for (int i = 0; i < bt->n_logits; i++)
+        if (bt->logit_idx[i] < 0 || bt->logit_idx[i] >= T)
+            return ms_errf(err, MS_ERR_INVALID, "forward: logit_idx[%d] = %d is not a token of the batch", i, bt->logit_idx[i]);
+    for (int s = 0; s < bt->n_seqs; s++) {
+        int t0 = bt->seq_start[s], t1 = bt->seq_start[s + 1], ctx = bt->ctx_len[s];
+        if (t1 <= t0 || ctx < t1 - t0 || ctx > (int64_t)bt->max_blocks * bt->page_size)
+            return ms_errf(err, MS_ERR_INVALID, "forward: sequence %d has %d new tokens and context %d (max %d)", s,
+                           t1 - t0, ctx, bt->max_blocks * bt->page_size);
+        int nb = (ctx + bt->page_size - 1) / bt->page_size;
+        for (int j = 0; j < nb; j++) {
+            int32_t pg = bt->block_table[(int64_t)s * bt->max_blocks + j];
+            if (pg < 0 || pg >= f->o.n_pages)
+                return ms_errf(err, MS_ERR_INVALID, "forward: sequence %d block %d names page %d (cache has %d)", s, j,
+                               pg, f->o.n_pages);
+        }
+        for (int t = t0; t < t1; t++) {
+            if (bt->positions[t] < 0 || bt->positions[t] >= ctx)
+                return ms_errf(err, MS_ERR_INVALID, "forward: token %d position %d is outside its context %d", t,
+                               bt->positions[t], ctx);
+            if (bt->token_ids[t] < 0 || bt->token_ids[t] >= V)
+                return ms_errf(err, MS_ERR_INVALID, "forward: token id %d at index %d is out of range (vocab %d)",
+                               bt->token_ids[t], t, V);
+            int p = bt->positions[t];
+            int64_t want = (int64_t)bt->block_table[(int64_t)s * bt->max_blocks + p / bt->page_size] * bt->page_size +
+                           p % bt->page_size;
+            if (bt->slot_mapping[t] != want)
+                return ms_errf(err, MS_ERR_INVALID, "forward: token %d slot %d does not match its block table slot %lld",
+                               t, bt->slot_mapping[t], (long long)want);
+        }
+    }
+    return MS_OK;
+}
+
+static int upload_batch(ms_forward *f, const ms_batch *bt, ms_err *err) {
+    const ms_backend_ops *op = f->b->ops;
+    const int T = bt->n_tokens, S = bt->n_seqs;
+    int64_t nbt = (int64_t)S * bt->max_blocks;
+    if (!f->d_bt.data || ms_tensor_numel(&f->d_bt) < nbt) {
+        free_t(f, &f->d_bt);
+        MS_TRY(alloc2(f, &f->d_bt, MS_I32, 1, nbt + nbt / 2 + 16, err));
+    }
+    for (int s = 0; s < S; s++)
+        for (int t = bt->seq_start[s]; t < bt->seq_start[s + 1]; t++) f->h_seq[t] = s;
+    int max_ctx = 0;
+    for (int s = 0; s < S; s++) max_ctx = bt->ctx_len[s] > max_ctx ? bt->ctx_len[s] : max_ctx;
+    MS_TRY(op->upload(f->b, f->d_tok.data, bt->token_ids, 4 * (size_t)T, err));
+    MS_TRY(op->upload(f->b, f->d_pos.data, bt->positions, 4 * (size_t)T, err));
+    MS_TRY(op->upload(f->b, f->d_start.data, bt->seq_start, 4 * (size_t)(S + 1), err));
+    MS_TRY(op->upload(f->b, f->d_ctx.data, bt->ctx_len, 4 * (size_t)S, err));
+    MS_TRY(op->upload(f->b, f->d_slot.data, bt->slot_mapping, 4 * (size_t)T, err));
+    MS_TRY(op->upload(f->b, f->d_seq.data, f->h_seq, 4 * (size_t)T, err));
+    MS_TRY(op->upload(f->b, f->d_bt.data, bt->block_table, 4 * (size_t)nbt, err));
+    if (bt->n_logits) MS_TRY(op->upload(f->b, f->d_lidx.data, bt->logit_idx, 4 * (size_t)bt->n_logits, err));
+    f->meta = (ms_attn_meta){bt, max_ctx, f->d_pos.data, f->d_start.data, f->d_ctx.data, f->d_slot.data,
+                             f->d_bt.data, f->d_seq.data};
+    return MS_OK;
+}
+
+int ms_forward_run(ms_forward *f, const ms_batch *bt, float *logits_host, ms_err *err) {
+    MS_TRY(validate(f, bt, err));
+    const ms_config *c = &f->m->cfg;
+    const ms_backend_ops *op = f->b->ops;
+    const int T = bt->n_tokens, H = c->hidden_size, V = c->vocab_size;
+    f->batch = bt;
+    f->layer = 0;
+    MS_TRY(upload_batch(f, bt, err));
+    ms_tensor x = fw_view2(&f->x, T, H), a = fw_view2(&f->a, T, H), delta = fw_view2(&f->delta, T, H);
+    MS_TRY(op->embed(f->b, &f->m->embed, f->d_tok.data, T, &x, err));
+    FW_TRY_CHECK(f, &x, "embed", err);
+    int topk_valid = 0;
+    for (int L = 0; L < c->num_layers; L++) {
+        const ms_layer *l = &f->m->layers[L];
+        f->layer = L;
+        MS_TRY(op->rmsnorm(f->b, &x, &l->attn_norm, c->rms_norm_eps, &a, err));
+        FW_TRY_CHECK(f, &a, "input_layernorm", err);
+        if (c->arch == MS_ARCH_GLM4_MOE) MS_TRY(fw_attn_glm4(f, L, T, err));
+        else MS_TRY(fw_attn_dsa(f, L, T, &topk_valid, err));
+        MS_TRY(op->add_rmsnorm(f->b, &x, &delta, &l->ffn_norm, c->rms_norm_eps, &a, err));
+        FW_TRY_CHECK(f, &a, "post_attention_layernorm", err);
+        MS_TRY(mlp(f, L, T, err));
+        MS_TRY(op->add(f->b, &x, &delta, err));
+        FW_TRY_CHECK(f, &x, "residual", err);
+        if (f->o.on_layer) {
+            MS_TRY(op->sync(f->b, err));
+            f->o.on_layer(f->o.on_layer_ctx, L, &x);
+        }
+    }
+    f->layer = c->num_layers;
+    if (f->o.on_layer) {
+        MS_TRY(op->rmsnorm(f->b, &x, &f->m->final_norm, c->rms_norm_eps, &a, err));
+        MS_TRY(op->sync(f->b, err));
+        f->o.on_layer(f->o.on_layer_ctx, c->num_layers, &a);
+    }
+    for (int r0 = 0; r0 < bt->n_logits; r0 += f->lchunk) {
+        int n = bt->n_logits - r0 < f->lchunk ? bt->n_logits - r0 : f->lchunk;
+        ms_tensor rows = fw_view2(&f->lrows, n, H), nrm = fw_view2(&f->lnorm, n, H), lg = fw_view2(&f->logits, n, V);
+        MS_TRY(op->gather_rows(f->b, &x, (const int32_t *)f->d_lidx.data + r0, n, &rows, err));
+        MS_TRY(op->rmsnorm(f->b, &rows, &f->m->final_norm, c->rms_norm_eps, &nrm, err));
+        MS_TRY(op->linear(f->b, &f->m->lm_head, &nrm, &lg, err));
+        if (f->o.check_numerics) {
+            /* logit rows r0.. map to tokens logit_idx[r0..] */
+            int64_t bad = -1;
+            MS_TRY(op->find_nonfinite(f->b, &lg, &bad, err));
+            if (bad >= 0)
+                return ms_errf(err, MS_ERR_NUMERICS, "final op lm_head token position %d produced NaN/Inf",
+                               bt->positions[bt->logit_idx[r0 + bad]]);
+        }
+        MS_TRY(op->download(f->b, logits_host + (int64_t)r0 * V, lg.data, sizeof(float) * (size_t)n * (size_t)V, err));
+    }
+    return op->sync(f->b, err);
+}

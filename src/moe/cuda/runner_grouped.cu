@@ -1,0 +1,37 @@
+/* runner_grouped.cu - the prefill / large-batch MoE runner: token rows permuted by expert, then one
+ * grouped tensor-core GEMM launch for gate+up (SwiGLU fused in the epilogue) and one for down, each
+ * dequantizing BF16/FP8/NVFP4 weight tiles into shared memory (quant.cu), then the fp32 combine. */
+#include "moe/cuda/moe_cuda.cuh"
+
+static int grouped_supports(const ms_backend *b, const ms_moe_shape *s, char *why, size_t why_cap) {
+    (void)s;
+    return moe_cu_supports_base(b, why, why_cap);
+}
+
+static size_t grouped_ws(const ms_backend *b, const ms_moe_shape *s) {
+    (void)b;
+    return moe_cu_ws_size(s, 0);
+}
+
+static int grouped_prepare(ms_backend *b, ms_experts *e, ms_err *err) { return moe_cu_prepare(b, e, err); }
+
+static int grouped_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, const int32_t *ids_d, const float *w_d,
+                       int topk, ms_tensor *out, void *workspace, size_t ws_bytes, ms_err *err) {
+    ms_moe_shape s;
+    const moe_cu_prep *p;
+    MS_TRY(moe_cu_check(b, e, x, topk, out, &s, &p, err));
+    if (s.n_tokens == 0) return MS_OK;
+    moe_cu_ws w;
+    MS_TRY(moe_cu_ws_carve(&s, 0, workspace, ws_bytes, &w, err));
+    MS_TRY(moe_cu_route_permute(b, &w, ids_d, (const bf16 *)x->data, 1, err));
+    int max_tiles = (w.P + CU_GG_BM - 1) / CU_GG_BM + (w.E < w.P ? w.E : w.P);
+    MS_TRY(cu_gemm_grouped(b, 1, p->gate_d, p->up_d, &p->gate_h, w.E, max_tiles, w.tile_off, w.offsets, w.counts, w.xs,
+                           w.h, MS_BF16, w.I, err));
+    MS_TRY(cu_gemm_grouped(b, 0, p->down_d, NULL, &p->down_h, w.E, max_tiles, w.tile_off, w.offsets, w.counts, w.h,
+                           w.ys, MS_F32, w.H, err));
+    return moe_cu_combine(b, &w, w_d, out, err);
+}
+
+extern "C" const ms_moe_runner ms_moe_runner_grouped = {
+    "grouped", "cuda", grouped_supports, grouped_ws, grouped_prepare, grouped_run,
+};

@@ -1,0 +1,51 @@
+/* tuned.c - per-GPU tuned values for the MoE `auto` policy, written by `moeserve tune` into
+ * configs/tuned/<gpu-name>.json. The decode-vs-grouped crossover depends on the GPU (bandwidth,
+ * SM count, launch latency), so a measured value replaces the default heuristic only when the file
+ * names the very GPU the backend runs on; anything else (no file, other GPU, bad JSON) leaves the
+ * heuristic in place. */
+#include "moe/moe.h"
+
+#include <ctype.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+void ms_moe_tuned_file_name(const char *gpu_name, char *out, size_t cap) {
+    size_t n = 0;
+    int dash = 0;
+    for (const char *p = gpu_name; *p && n + 1 < cap; p++) {
+        unsigned char ch = (unsigned char)*p;
+        if (isalnum(ch)) {
+            out[n++] = (char)tolower(ch);
+            dash = 0;
+        } else if (!dash && n > 0) {
+            out[n++] = '-';
+            dash = 1;
+        }
+    }
+    while (n > 0 && out[n - 1] == '-') n--;
+    if (n == 0 && cap > 8) n = (size_t)snprintf(out, cap, "unknown");
+    out[n < cap ? n : cap - 1] = 0;
+}
+
+int ms_moe_apply_tuned(const ms_backend *b, const char *dir) {
+    if (!b || b->device < 0 || !b->gpu.name[0] || !dir) return 0;
+    char base[160], path[1400];
+    ms_moe_tuned_file_name(b->gpu.name, base, sizeof base);
+    snprintf(path, sizeof path, "%s/%s.json", dir, base);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root) return 0;
+    int applied = 0;
+    const char *gpu = json_string_value(json_object_get(root, "gpu"));
+    json_t *th = json_object_get(root, "moe_decode_max_tokens");
+    if (gpu && !strcmp(gpu, b->gpu.name) && json_is_integer(th)) {
+        json_int_t v = json_integer_value(th);
+        if (v >= 0 && v <= 1 << 20) {
+            ms_moe_set_auto_threshold((int)v);
+            applied = 1;
+        }
+    }
+    json_decref(root);
+    return applied;
+}

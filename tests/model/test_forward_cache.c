@@ -1,0 +1,424 @@
+/* test_forward_cache.c - the forward's cache logic on tiny random models built in memory, both
+ * architectures: incremental decode through the paged KV cache equals a full recompute, chunked
+ * prefill equals one-shot prefill, two sequences batched together equal each run alone, and
+ * --check-numerics names the layer, op and position of a NaN. The DSA model has index_topk smaller
+ * than the sequence, "shared" indexer layers and grouped routing; the glm4_moe model has qk-norm,
+ * q/k/v bias, partial NeoX RoPE, a dense first layer, and variants with NVFP4 experts and FP8
+ * attention. (Agreement with transformers is the fixture conformance test's job.) */
+#include "backend/backend.h"
+#include "core/dtype.h"
+#include "model/model.h"
+#include "test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t g_rng = 0xdeadbeefcafef00dull;
+static uint32_t rnd(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 11);
+}
+static float frand(void) { return (float)((rnd() & 0xffffff) / (double)0x1000000 * 2.0 - 1.0); }
+
+static ms_backend *B;
+static ms_err E;
+
+/* ------------------------------------------------------------------ model builder */
+
+static void *g_mem[8192];
+static int g_nmem;
+static void *amalloc(size_t n) {
+    MS_ASSERT(g_nmem < 8192);
+    return g_mem[g_nmem++] = calloc(1, n ? n : 1);
+}
+static void afree_all(void) {
+    while (g_nmem) free(g_mem[--g_nmem]);
+}
+
+static ms_tensor vec_bf16(int64_t n, float base, float sc) {
+    ms_tensor t = ms_tensor_make(MS_BF16, 1, &n);
+    uint16_t *p = amalloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) p[i] = ms_f32_to_bf16(base + sc * frand());
+    t.data = p;
+    return t;
+}
+
+static ms_linear lin(int fmt, int64_t N, int64_t K, int bias) {
+    ms_linear W;
+    memset(&W, 0, sizeof W);
+    W.name = "test";
+    W.fmt = fmt;
+    W.n_out = N;
+    W.n_in = K;
+    float sc = 1.7f / sqrtf((float)K);
+    if (fmt == MS_WFMT_PLAIN) {
+        W.w = ms_tensor_2d(MS_BF16, N, K);
+        uint16_t *p = amalloc((size_t)(N * K) * 2);
+        for (int64_t i = 0; i < N * K; i++) p[i] = ms_f32_to_bf16(sc * frand());
+        W.w.data = p;
+    } else if (fmt == MS_WFMT_FP8) {
+        W.w = ms_tensor_2d(MS_F8E4M3, N, K);
+        uint8_t *p = amalloc((size_t)(N * K));
+        for (int64_t i = 0; i < N * K; i++) p[i] = ms_f32_to_e4m3(400.0f * frand());
+        W.w.data = p;
+        W.scale = ms_tensor_2d(MS_F32, (N + 127) / 128, (K + 127) / 128);
+        float *s = amalloc(ms_tensor_nbytes(&W.scale));
+        for (int64_t i = 0; i < ms_tensor_numel(&W.scale); i++) s[i] = sc / 400.0f;
+        W.scale.data = s;
+    } else {
+        W.w = ms_tensor_2d(MS_U8, N, K / 2);
+        uint8_t *p = amalloc((size_t)(N * K / 2));
+        for (int64_t i = 0; i < N * K / 2; i++) p[i] = (uint8_t)rnd();
+        W.w.data = p;
+        W.scale = ms_tensor_2d(MS_F8E4M3, N, K / 16);
+        uint8_t *s = amalloc((size_t)(N * K / 16));
+        for (int64_t i = 0; i < N * K / 16; i++) s[i] = ms_f32_to_e4m3(1.0f + (rnd() % 4) * 0.25f);
+        W.scale.data = s;
+        W.scale2 = sc / 4.0f;
+    }
+    if (bias) W.bias = vec_bf16(N, 0, 0.3f);
+    CHECK(B->ops->place_linear(B, &W, &E) == MS_OK);
+    return W;
+}
+
+enum { V = 97, H = 64, INTER = 96, MI = 32, NEXP = 8, TOPK = 3 };
+
+static void common_cfg(ms_config *c, int layers, int grouped) {
+    c->vocab_size = V;
+    c->hidden_size = H;
+    c->num_layers = layers;
+    c->rope_theta = 10000.0;
+    c->rms_norm_eps = 1e-6f;
+    c->intermediate_size = INTER;
+    c->moe_intermediate_size = MI;
+    c->n_routed_experts = NEXP;
+    c->n_shared_experts = 1;
+    c->num_experts_per_tok = TOPK;
+    c->first_k_dense_replace = 1;
+    for (int L = 0; L < layers; L++) c->layer_is_moe[L] = L >= 1;
+    c->n_group = grouped ? 4 : 1;
+    c->topk_group = grouped ? 2 : 1;
+    c->norm_topk_prob = 1;
+    c->routed_scaling_factor = 2.5f;
+}
+
+static void build_mlp(ms_model *m, ms_layer *l, int L, int efmt) {
+    const ms_config *c = &m->cfg;
+    l->attn_norm = vec_bf16(H, 1.0f, 0.2f);
+    l->ffn_norm = vec_bf16(H, 1.0f, 0.2f);
+    l->is_moe = c->layer_is_moe[L];
+    if (!l->is_moe) {
+        l->gate_proj = lin(MS_WFMT_PLAIN, INTER, H, 0);
+        l->up_proj = lin(MS_WFMT_PLAIN, INTER, H, 0);
+        l->down_proj = lin(MS_WFMT_PLAIN, H, INTER, 0);
+        return;
+    }
+    l->router = lin(MS_WFMT_PLAIN, NEXP, H, 0);
+    l->router_bias = ms_tensor_make(MS_F32, 1, (int64_t[]){NEXP});
+    float *bias = amalloc(NEXP * 4);
+    for (int i = 0; i < NEXP; i++) bias[i] = 0.3f * frand();
+    l->router_bias.data = bias;
+    l->experts.n = NEXP;
+    l->experts.gate = amalloc(sizeof(ms_linear) * NEXP);
+    l->experts.up = amalloc(sizeof(ms_linear) * NEXP);
+    l->experts.down = amalloc(sizeof(ms_linear) * NEXP);
+    for (int e = 0; e < NEXP; e++) {
+        l->experts.gate[e] = lin(efmt, MI, H, 0);
+        l->experts.up[e] = lin(efmt, MI, H, 0);
+        l->experts.down[e] = lin(efmt, H, MI, 0);
+    }
+    l->has_shared = 1;
+    l->sh_gate = lin(MS_WFMT_PLAIN, MI, H, 0);
+    l->sh_up = lin(MS_WFMT_PLAIN, MI, H, 0);
+    l->sh_down = lin(MS_WFMT_PLAIN, H, MI, 0);
+}
+
+static void build_top(ms_model *m) {
+    m->embed = ms_tensor_2d(MS_BF16, V, H);
+    uint16_t *e = amalloc((size_t)(V * H) * 2);
+    for (int i = 0; i < V * H; i++) e[i] = ms_f32_to_bf16(frand());
+    m->embed.data = e;
+    m->final_norm = vec_bf16(H, 1.0f, 0.2f);
+    m->lm_head = lin(MS_WFMT_PLAIN, V, H, 0);
+}
+
+/* glm4_moe: 3 layers (first dense), 4 heads / 2 kv heads, head_dim 16, rotary 8 */
+static ms_model *build_glm4(int efmt, int afmt, int grouped) {
+    ms_model *m = amalloc(sizeof *m);
+    ms_config *c = &m->cfg;
+    c->arch = MS_ARCH_GLM4_MOE;
+    strcpy(c->model_type, "glm4_moe");
+    common_cfg(c, 3, grouped);
+    c->num_heads = 4;
+    c->num_kv_heads = 2;
+    c->head_dim = 16;
+    c->rotary_dim = 8;
+    c->use_qk_norm = 1;
+    c->attention_bias = 1;
+    m->layers = amalloc(sizeof(ms_layer) * 3);
+    for (int L = 0; L < 3; L++) {
+        ms_layer *l = &m->layers[L];
+        l->q_proj = lin(afmt, 4 * 16, H, 1);
+        l->k_proj = lin(afmt, 2 * 16, H, 1);
+        l->v_proj = lin(afmt, 2 * 16, H, 1);
+        l->o_proj = lin(afmt, H, 4 * 16, 0);
+        l->q_norm = vec_bf16(16, 1.0f, 0.2f);
+        l->k_norm = vec_bf16(16, 1.0f, 0.2f);
+        build_mlp(m, l, L, efmt);
+    }
+    build_top(m);
+    return m;
+}
+
+/* glm_moe_dsa: 4 layers (first dense), 4 heads, q_lora 48, kv_lora 32, nope 16, rope 8, v 16,
+ * indexer 8 heads x 16, index_topk as given, layers 1 and 3 share the previous full layer's top-k */
+static ms_model *build_dsa(int index_topk, int grouped) {
+    ms_model *m = amalloc(sizeof *m);
+    ms_config *c = &m->cfg;
+    c->arch = MS_ARCH_GLM_MOE_DSA;
+    strcpy(c->model_type, "glm_moe_dsa");
+    common_cfg(c, 4, grouped);
+    c->num_heads = 4;
+    c->num_kv_heads = 4;
+    c->q_lora_rank = 48;
+    c->kv_lora_rank = 32;
+    c->qk_nope_head_dim = 16;
+    c->qk_rope_head_dim = 8;
+    c->v_head_dim = 16;
+    c->rope_interleave = 1;
+    c->indexer_rope_interleave = 1;
+    c->index_topk = index_topk;
+    c->index_n_heads = 8;
+    c->index_head_dim = 16;
+    const uint8_t full[4] = {1, 0, 1, 0};
+    m->layers = amalloc(sizeof(ms_layer) * 4);
+    for (int L = 0; L < 4; L++) {
+        ms_layer *l = &m->layers[L];
+        c->indexer_full[L] = full[L];
+        l->q_a_proj = lin(MS_WFMT_PLAIN, 48, H, 0);
+        l->q_a_norm = vec_bf16(48, 1.0f, 0.2f);
+        l->q_b_proj = lin(MS_WFMT_PLAIN, 4 * 24, 48, 0);
+        l->kv_a_proj = lin(MS_WFMT_PLAIN, 32 + 8, H, 0);
+        l->kv_a_norm = vec_bf16(32, 1.0f, 0.2f);
+        l->kv_b_proj = lin(MS_WFMT_PLAIN, 4 * 32, 32, 0);
+        l->o_proj = lin(MS_WFMT_PLAIN, H, 4 * 16, 0);
+        if (full[L]) {
+            l->has_indexer = 1;
+            l->idx_wq_b = lin(MS_WFMT_PLAIN, 8 * 16, 48, 0);
+            l->idx_wk = lin(MS_WFMT_PLAIN, 16, H, 0);
+            l->idx_wproj = lin(MS_WFMT_PLAIN, 8, H, 0);
+            l->idx_k_norm_w = vec_bf16(16, 1.0f, 0.2f);
+            l->idx_k_norm_b = vec_bf16(16, 0.0f, 0.2f);
+        }
+        build_mlp(m, l, L, MS_WFMT_PLAIN);
+    }
+    build_top(m);
+    return m;
+}
+
+/* ------------------------------------------------------------------ batches */
+
+enum { PS = 4, NPAGES = 16, SEQ = 13 };
+
+typedef struct {
+    const int32_t *ids; /* whole sequence */
+    const int32_t *pages;
+    int start, n_new;   /* new tokens [start, start+n_new) */
+} seq_part;
+
+/* Runs one step over parts; logits for every new token, in order. */
+static int step(ms_forward *f, const seq_part *parts, int n_parts, float *logits) {
+    int32_t tok[64], pos[64], slot[64], lidx[64], start[9], ctx[8], bt[8 * 8];
+    int T = 0;
+    for (int s = 0; s < n_parts; s++) {
+        start[s] = T;
+        ctx[s] = parts[s].start + parts[s].n_new;
+        for (int j = 0; j < 8; j++) bt[s * 8 + j] = parts[s].pages[j];
+        for (int i = 0; i < parts[s].n_new; i++, T++) {
+            int p = parts[s].start + i;
+            tok[T] = parts[s].ids[p];
+            pos[T] = p;
+            slot[T] = parts[s].pages[p / PS] * PS + p % PS;
+            lidx[T] = T;
+        }
+    }
+    start[n_parts] = T;
+    ms_batch b = {T, n_parts, tok, pos, start, ctx, slot, bt, 8, PS, T, lidx};
+    int rc = ms_forward_run(f, &b, logits, &E);
+    if (rc) fprintf(stderr, "    forward: %s\n", E.msg);
+    return rc;
+}
+
+static ms_forward *mkfwd(ms_model *m, int max_tokens) {
+    ms_forward_opts o = {.max_tokens = max_tokens, .n_pages = NPAGES, .page_size = PS, .moe_runner = "auto"};
+    ms_forward *f = NULL;
+    if (ms_forward_create(m, B, &o, &f, &E) != MS_OK) fprintf(stderr, "    create: %s\n", E.msg);
+    return f;
+}
+
+static double row_err(const float *a, const float *b, int n) {
+    double mx = 1e-12, md = 0;
+    for (int i = 0; i < n; i++) {
+        mx = fmax(mx, fabs(b[i]));
+        double d = fabs(a[i] - b[i]);
+        md = isnan(d) ? INFINITY : fmax(md, d);
+    }
+    return md / mx;
+}
+
+static int all_close(const float *a, const float *b, int rows, double tol, const char *what) {
+    double worst = 0;
+    for (int r = 0; r < rows; r++) worst = fmax(worst, row_err(a + r * V, b + r * V, V));
+    if (!(worst <= tol)) fprintf(stderr, "    %s: worst row relative error %g\n", what, worst);
+    return worst <= tol;
+}
+
+static const int32_t PAGES_A[8] = {7, 3, 12, 1, 0, 0, 0, 0};
+static const int32_t PAGES_B[8] = {2, 9, 15, 4, 0, 0, 0, 0};
+
+static void check_model(ms_model *m, const char *name) {
+    int32_t ids[SEQ], ids2[SEQ];
+    for (int i = 0; i < SEQ; i++) ids[i] = (int32_t)(3 + rnd() % (V - 3)), ids2[i] = (int32_t)(3 + rnd() % (V - 3));
+    float *full = malloc(sizeof(float) * SEQ * V), *inc = malloc(sizeof(float) * SEQ * V),
+          *chk = malloc(sizeof(float) * SEQ * V), *full2 = malloc(sizeof(float) * SEQ * V),
+          *both = malloc(sizeof(float) * 2 * SEQ * V);
+    /* one-shot prefill of the whole sequence */
+    ms_forward *f = mkfwd(m, 32);
+    CHECK(f != NULL);
+    if (!f) return;
+    seq_part p = {ids, PAGES_A, 0, SEQ};
+    CHECK(step(f, &p, 1, full) == MS_OK);
+    ms_forward_free(f);
+    /* prefill 5, then decode one token per step through the cache */
+    f = mkfwd(m, 32);
+    p = (seq_part){ids, PAGES_A, 0, 5};
+    CHECK(step(f, &p, 1, inc) == MS_OK);
+    for (int t = 5; t < SEQ; t++) {
+        p = (seq_part){ids, PAGES_A, t, 1};
+        CHECK(step(f, &p, 1, inc + t * V) == MS_OK);
+    }
+    ms_forward_free(f);
+    CHECK_MSG(all_close(inc, full, SEQ, 1e-4, "decode vs recompute"), "%s", name);
+    /* chunked prefill 4 + 4 + 5 with a smaller workspace */
+    f = mkfwd(m, 5);
+    for (int t0 = 0, n; t0 < SEQ; t0 += n) {
+        n = t0 == 8 ? 5 : 4;
+        p = (seq_part){ids, PAGES_A, t0, n};
+        CHECK(step(f, &p, 1, chk + t0 * V) == MS_OK);
+    }
+    ms_forward_free(f);
+    CHECK_MSG(all_close(chk, full, SEQ, 1e-4, "chunked vs one-shot"), "%s", name);
+    /* two sequences in one step == each alone */
+    f = mkfwd(m, 32);
+    p = (seq_part){ids2, PAGES_B, 0, SEQ};
+    CHECK(step(f, &p, 1, full2) == MS_OK);
+    ms_forward_free(f);
+    f = mkfwd(m, 32);
+    seq_part two[2] = {{ids, PAGES_A, 0, 6}, {ids2, PAGES_B, 0, SEQ}};
+    CHECK(step(f, two, 2, both) == MS_OK);
+    CHECK_MSG(all_close(both, full, 6, 1e-4, "batched seq A"), "%s", name);
+    CHECK_MSG(all_close(both + 6 * V, full2, SEQ, 1e-4, "batched seq B"), "%s", name);
+    /* continue A's prefill while B decodes a token past its prompt (mixed step) */
+    int32_t ids2x[SEQ + 1];
+    memcpy(ids2x, ids2, sizeof ids2);
+    ids2x[SEQ] = 5;
+    seq_part mix[2] = {{ids, PAGES_A, 6, 7}, {ids2x, PAGES_B, SEQ, 1}};
+    CHECK(step(f, mix, 2, both) == MS_OK);
+    CHECK_MSG(all_close(both, full + 6 * V, 7, 1e-4, "mixed step seq A"), "%s", name);
+    ms_forward_free(f);
+    free(full);
+    free(inc);
+    free(chk);
+    free(full2);
+    free(both);
+}
+
+static void test_glm4_cache(void) {
+    check_model(build_glm4(MS_WFMT_PLAIN, MS_WFMT_PLAIN, 1), "glm4_moe bf16 grouped");
+    check_model(build_glm4(MS_WFMT_NVFP4, MS_WFMT_FP8, 0), "glm4_moe nvfp4 experts, fp8 attention");
+    afree_all();
+}
+
+static void test_dsa_cache(void) {
+    check_model(build_dsa(4, 1), "glm_moe_dsa topk 4 grouped");
+    check_model(build_dsa(64, 0), "glm_moe_dsa dense");
+    afree_all();
+}
+
+/* The sparse path must actually change the result (otherwise the test above proves little). */
+static void test_dsa_sparse_differs(void) {
+    uint64_t seed = g_rng;
+    ms_model *sp = build_dsa(4, 0);
+    g_rng = seed;
+    ms_model *de = build_dsa(64, 0);
+    int32_t ids[SEQ];
+    for (int i = 0; i < SEQ; i++) ids[i] = (int32_t)(3 + rnd() % (V - 3));
+    float *a = malloc(sizeof(float) * SEQ * V), *b = malloc(sizeof(float) * SEQ * V);
+    seq_part p = {ids, PAGES_A, 0, SEQ};
+    ms_forward *f = mkfwd(sp, 32);
+    CHECK(step(f, &p, 1, a) == MS_OK);
+    ms_forward_free(f);
+    f = mkfwd(de, 32);
+    CHECK(step(f, &p, 1, b) == MS_OK);
+    ms_forward_free(f);
+    /* positions 0..3 see <= 4 keys: identical; later positions differ */
+    CHECK(all_close(a, b, 4, 1e-6, "first 4 positions"));
+    CHECK(row_err(a + 12 * V, b + 12 * V, V) > 1e-3);
+    free(a);
+    free(b);
+    afree_all();
+}
+
+static void test_check_numerics(void) {
+    ms_model *m = build_glm4(MS_WFMT_PLAIN, MS_WFMT_PLAIN, 0);
+    ((uint16_t *)m->layers[1].v_proj.w.data)[5] = 0x7fc0; /* bf16 NaN */
+    ms_forward_opts o = {.max_tokens = 8, .n_pages = NPAGES, .page_size = PS, .moe_runner = "cpu", .check_numerics = 1};
+    ms_forward *f = NULL;
+    CHECK(ms_forward_create(m, B, &o, &f, &E) == MS_OK);
+    int32_t ids[3] = {4, 5, 6};
+    float lg[3 * V];
+    seq_part p = {ids, PAGES_A, 0, 3};
+    int rc = step(f, &p, 1, lg);
+    CHECK(rc == MS_ERR_NUMERICS);
+    CHECK_MSG(strstr(E.msg, "layer 1 op v_proj token position 0") != NULL, "%s", E.msg);
+    ms_forward_free(f);
+    /* a forced runner that does not exist fails at creation with the flag named */
+    o.moe_runner = "grouped_turbo";
+    CHECK(ms_forward_create(m, B, &o, &f, &E) == MS_ERR_INVALID && strstr(E.msg, "--moe-runner-backend"));
+    afree_all();
+}
+
+static void test_bad_batch(void) {
+    ms_model *m = build_glm4(MS_WFMT_PLAIN, MS_WFMT_PLAIN, 0);
+    ms_forward *f = mkfwd(m, 4);
+    int32_t ids[5] = {4, 5, 6, 7, 8};
+    float lg[5 * V];
+    seq_part p = {ids, PAGES_A, 0, 5};
+    CHECK(step(f, &p, 1, lg) == MS_ERR_INVALID); /* more tokens than max_tokens */
+    int32_t badp[8] = {99, 0, 0, 0, 0, 0, 0, 0};
+    p = (seq_part){ids, badp, 0, 2};
+    CHECK(step(f, &p, 1, lg) == MS_ERR_INVALID);
+    ids[1] = V;
+    p = (seq_part){ids, PAGES_A, 0, 2};
+    CHECK(step(f, &p, 1, lg) == MS_ERR_INVALID && strstr(E.msg, "token id"));
+    ms_forward_free(f);
+    afree_all();
+}
+
+int main(void) {
+    ms_dtype_init();
+    if (ms_backend_create("cpu", -1, &B, &E) != MS_OK) {
+        fprintf(stderr, "%s\n", E.msg);
+        return 1;
+    }
+    RUN(test_glm4_cache);
+    RUN(test_dsa_cache);
+    RUN(test_dsa_sparse_differs);
+    RUN(test_check_numerics);
+    RUN(test_bad_batch);
+    ms_backend_destroy(B);
+    return TEST_SUMMARY();
+}

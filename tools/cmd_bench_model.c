@@ -1,0 +1,484 @@
+/* cmd_bench_model.c - `moeserve bench-model --model DIR [--device cpu|cuda] [--load-format dummy
+ * --override num_hidden_layers=2 --dummy-quant nvfp4] [--batches 1,4] [--ctx 256] [--prefill 512]
+ * [--json]`
+ *
+ * How close the forward gets to what the hardware allows. Decode is memory-bound, so for each
+ * (batch, context) it counts the bytes one step must read — attention, indexer, dense MLP, router,
+ * shared expert, the experts the step actually routed to, lm_head and the KV cache — and reports
+ * the achieved bandwidth against the machine's measured read (CPU) or copy (GPU) bandwidth.
+ * Prefill is compute-bound: it reports FLOP/s against the measured GEMM rate where one exists.
+ * The GPU ceilings come from the CUDA backend through ms_bench_gpu_ceilings (weak: absent in a
+ * CPU-only build); everything else is device-independent. */
+#include "common/args.h"
+#include "common/model_args.h"
+#include "backend/cpu/cpu_kernels.h"
+#include "core/fileutil.h"
+#include "core/log.h"
+#include "core/threads.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Measured by the CUDA backend: device-to-device copy bandwidth (GB/s, bytes read + written
+ * counted once each) and dense bf16 GEMM rate (TFLOP/s). Returns MS_OK or an error. */
+int ms_bench_gpu_ceilings(ms_backend *b, double *copy_gbs, double *bf16_tflops, ms_err *err) __attribute__((weak));
+
+#define MAX_LIST 16
+
+typedef struct {
+    double mem_gbs;     /* read bandwidth ceiling */
+    double gemm_tflops; /* 0 = not measured */
+    const char *mem_what;
+} ceilings;
+
+/* ------------------------------------------------------------------ CPU read bandwidth */
+
+typedef struct {
+    const float *p;
+    int64_t n;
+    float sums[256 * 16];
+} bw_ctx;
+
+static void bw_fn(void *ctx, int64_t b, int64_t e, int w) {
+    bw_ctx *c = ctx;
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (int64_t blk = b; blk < e; blk++) {
+        const float *p = c->p + blk * 4096;
+        for (int i = 0; i < 4096; i += 32) {
+            s0 = _mm256_add_ps(s0, _mm256_load_ps(p + i));
+            s1 = _mm256_add_ps(s1, _mm256_load_ps(p + i + 8));
+            s2 = _mm256_add_ps(s2, _mm256_load_ps(p + i + 16));
+            s3 = _mm256_add_ps(s3, _mm256_load_ps(p + i + 24));
+        }
+    }
+    float t[8];
+    _mm256_storeu_ps(t, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    c->sums[w * 16] += t[0] + t[7];
+}
+
+static double cpu_read_bw(size_t mb) {
+    size_t bytes = mb << 20;
+    float *p = aligned_alloc(64, bytes);
+    if (!p) return 0;
+    memset(p, 0, bytes);
+    bw_ctx *c = calloc(1, sizeof *c);
+    c->p = p;
+    c->n = (int64_t)(bytes / 4);
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = ms_now();
+        ms_pool_run(ms_cpu_pool(), c->n / 4096, 16, bw_fn, c);
+        double dt = ms_now() - t0;
+        if (dt > 0 && bytes / dt > best) best = bytes / dt;
+    }
+    free(c);
+    free(p);
+    return best / 1e9;
+}
+
+/* ------------------------------------------------------------------ byte / FLOP model */
+
+static double lin_bytes(const ms_linear *W) { return W->w.data ? (double)ms_linear_nbytes(W) : 0; }
+static double lin_params(const ms_linear *W) { return W->w.data ? (double)W->n_out * (double)W->n_in : 0; }
+
+typedef struct {
+    double attn, indexer, dense, router, shared, expert_each, lm_head; /* bytes */
+    double p_attn, p_indexer, p_dense, p_router, p_shared, p_expert, p_lm; /* params (sum over layers) */
+} weight_model;
+
+static void model_weights(const ms_model *m, weight_model *w) {
+    memset(w, 0, sizeof *w);
+    for (int L = 0; L < m->cfg.num_layers; L++) {
+        const ms_layer *l = &m->layers[L];
+        const ms_linear *att[] = {&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj, &l->q_a_proj, &l->q_b_proj,
+                                  &l->kv_a_proj, &l->kv_b_proj};
+        for (size_t i = 0; i < sizeof att / sizeof att[0]; i++) w->attn += lin_bytes(att[i]), w->p_attn += lin_params(att[i]);
+        if (l->has_indexer) {
+            const ms_linear *ix[] = {&l->idx_wq_b, &l->idx_wk, &l->idx_wproj};
+            for (int i = 0; i < 3; i++) w->indexer += lin_bytes(ix[i]), w->p_indexer += lin_params(ix[i]);
+        }
+        if (!l->is_moe) {
+            const ms_linear *d[] = {&l->gate_proj, &l->up_proj, &l->down_proj};
+            for (int i = 0; i < 3; i++) w->dense += lin_bytes(d[i]), w->p_dense += lin_params(d[i]);
+        } else {
+            w->router += lin_bytes(&l->router);
+            w->p_router += lin_params(&l->router);
+            if (l->has_shared) {
+                const ms_linear *s[] = {&l->sh_gate, &l->sh_up, &l->sh_down};
+                for (int i = 0; i < 3; i++) w->shared += lin_bytes(s[i]), w->p_shared += lin_params(s[i]);
+            }
+            if (l->experts.n > 0 && w->expert_each == 0) {
+                w->expert_each = lin_bytes(&l->experts.gate[0]) + lin_bytes(&l->experts.up[0]) + lin_bytes(&l->experts.down[0]);
+                w->p_expert = lin_params(&l->experts.gate[0]) + lin_params(&l->experts.up[0]) + lin_params(&l->experts.down[0]);
+            }
+        }
+    }
+    w->lm_head = lin_bytes(&m->lm_head);
+    w->p_lm = lin_params(&m->lm_head);
+}
+
+/* KV bytes one decode step reads for one sequence at context ctx. */
+static double kv_read_bytes(const ms_model *m, const ms_backend *b, int ctx) {
+    const ms_config *c = &m->cfg;
+    double es = (double)ms_dtype_size(b->act_dtype), n = 0;
+    for (int L = 0; L < c->num_layers; L++) {
+        if (c->arch == MS_ARCH_GLM4_MOE) n += 2.0 * c->num_kv_heads * c->head_dim * es * ctx;
+        else {
+            int keys = ctx < c->index_topk ? ctx : c->index_topk;
+            n += (double)(c->kv_lora_rank + c->qk_rope_head_dim) * es * keys;
+            if (c->indexer_full[L] && ctx > c->index_topk) n += (double)c->index_head_dim * es * ctx;
+        }
+    }
+    return n;
+}
+
+/* FLOPs of prefilling P tokens of one sequence (logits for the last token only). */
+static double prefill_flops(const ms_model *m, const weight_model *w, int P) {
+    const ms_config *c = &m->cfg;
+    double per_tok = 2.0 * (w->p_attn + w->p_indexer + w->p_dense + w->p_router + w->p_shared);
+    int n_moe = 0;
+    for (int L = 0; L < c->num_layers; L++) n_moe += m->layers[L].is_moe;
+    per_tok += 2.0 * n_moe * c->num_experts_per_tok * w->p_expert;
+    double attn = 0, avg_ctx = (P + 1) / 2.0;
+    for (int L = 0; L < c->num_layers; L++) {
+        if (c->arch == MS_ARCH_GLM4_MOE) attn += 4.0 * c->num_heads * c->head_dim * avg_ctx;
+        else {
+            double keys = avg_ctx < c->index_topk ? avg_ctx : c->index_topk;
+            attn += 2.0 * c->num_heads * (2.0 * c->kv_lora_rank + c->qk_rope_head_dim) * keys;
+            if (c->indexer_full[L] && P > c->index_topk) attn += 2.0 * c->index_n_heads * c->index_head_dim * avg_ctx;
+        }
+    }
+    return (per_tok + attn) * P + 2.0 * w->p_lm;
+}
+
+/* ------------------------------------------------------------------ runs */
+
+typedef struct {
+    int batch, ctx, steps;
+    double tok_s, ms_step, bytes_step, gbs, pct;
+    double flops_step, tflops, pct_gemm; /* FLOPs the step needs; achieved rate; share of the GEMM ceiling */
+    double routed_avg; /* distinct experts per MoE layer per step */
+    char skipped[160]; /* non-empty: not run, and why (e.g. the KV cache cannot hold it) */
+} decode_res;
+
+#define MAX_STEPS 200
+/* Private KV pages per sequence for the decode steps (positions ctx .. ctx + MAX_STEPS + warm-up). */
+static int priv_pages(int ps) { return (MAX_STEPS + 8 + ps - 1) / ps + 1; }
+/* KV pages a (batch, context) run needs: when ctx is a whole number of pages all sequences share one
+ * prefilled context (read-only pages, as a prefix cache would) and only their decode pages are
+ * private; otherwise each sequence is prefilled into its own pages. */
+static int64_t pages_needed(int B, int ctx, int ps) {
+    if (ctx % ps == 0) return (int64_t)ctx / ps + (int64_t)B * priv_pages(ps);
+    return (int64_t)B * ((ctx + MAX_STEPS + 8 + ps - 1) / ps);
+}
+
+/* Attention FLOPs of one decode token that sees ctx positions (all layers). */
+static double attn_flops_tok(const ms_model *m, int ctx) {
+    const ms_config *c = &m->cfg;
+    double f = 0;
+    for (int L = 0; L < c->num_layers; L++) {
+        if (c->arch == MS_ARCH_GLM4_MOE) f += 4.0 * c->num_heads * c->head_dim * ctx;
+        else {
+            double keys = ctx < c->index_topk ? ctx : c->index_topk;
+            f += 2.0 * c->num_heads * (2.0 * c->kv_lora_rank + c->qk_rope_head_dim) * keys;
+            if (c->indexer_full[L] && ctx > c->index_topk) f += 2.0 * c->index_n_heads * c->index_head_dim * ctx;
+        }
+    }
+    return f;
+}
+
+/* Prefills ctx tokens of sequence s (pages s*pps..) in chunks. */
+static int fill_seq(const ms_executor *ex, int s, int pps, const int32_t *ids, int ctx, float *logits, ms_err *err) {
+    const int ps = ex->page_size, chunk = ex->max_batch_tokens;
+    int32_t *buf = malloc(sizeof(int32_t) * (size_t)(4 * chunk + pps + 2));
+    if (!buf) return ms_errf(err, MS_ERR_NOMEM, "bench-model: out of memory");
+    int32_t *pos = buf, *slot = pos + chunk, *lidx = slot + chunk, *bt = lidx + chunk, *st = bt + pps;
+    for (int j = 0; j < pps; j++) bt[j] = s * pps + j;
+    int rc = MS_OK;
+    for (int t0 = 0; t0 < ctx && !rc; t0 += chunk) {
+        int n = ctx - t0 < chunk ? ctx - t0 : chunk;
+        for (int i = 0; i < n; i++) {
+            int p = t0 + i;
+            pos[i] = p;
+            slot[i] = bt[p / ps] * ps + p % ps;
+        }
+        lidx[0] = n - 1;
+        st[0] = 0;
+        st[1] = n;
+        int32_t cl = t0 + n;
+        ms_batch b = {n, 1, ids + t0, pos, st, &cl, slot, bt, pps, ps, 1, lidx};
+        rc = ex->forward(ex->ctx, &b, logits, err);
+    }
+    free(buf);
+    return rc;
+}
+
+static int run_decode(const ms_executor *ex, ms_forward *fw, const ms_model *m, const ms_backend *be,
+                      const weight_model *w, const ceilings *ce, int B, int ctx, decode_res *r, ms_err *err) {
+    const int ps = ex->page_size, V = ex->vocab, shared = ctx % ps == 0;
+    const int pps = shared ? ctx / ps + priv_pages(ps) : (ctx + MAX_STEPS + 8 + ps - 1) / ps;
+    memset(r, 0, sizeof *r);
+    r->batch = B;
+    r->ctx = ctx;
+    int64_t need = pages_needed(B, ctx, ps);
+    if (need > ex->n_pages) {
+        snprintf(r->skipped, sizeof r->skipped, "needs %lld KV pages, the cache has %d", (long long)need, ex->n_pages);
+        return MS_OK;
+    }
+    if (B > ex->max_batch_tokens) {
+        snprintf(r->skipped, sizeof r->skipped, "batch exceeds %d tokens per step", ex->max_batch_tokens);
+        return MS_OK;
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(ctx + 1));
+    int32_t *arr = malloc(sizeof(int32_t) * ((size_t)B * (6 + (size_t)pps) + 1));
+    float *lg = malloc(sizeof(float) * (size_t)B * (size_t)V);
+    if (!ids || !arr || !lg) {
+        free(ids), free(arr), free(lg);
+        return ms_errf(err, MS_ERR_NOMEM, "bench-model: out of memory");
+    }
+    uint64_t rng = 12345;
+    for (int i = 0; i <= ctx; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((rng >> 33) % (uint64_t)V);
+    }
+    int32_t *tok = arr, *pos = tok + B, *slot = pos + B, *lidx = slot + B, *ctxl = lidx + B, *st = ctxl + B,
+            *bt = st + B + 1;
+    int rc = MS_OK;
+    if (shared) {
+        /* one prefill of the context into pages 0 .. ctx/ps-1; every sequence's table starts with them */
+        rc = fill_seq(ex, 0, pps, ids, ctx, lg, err);
+        for (int s = 0; s < B; s++)
+            for (int j = 0; j < pps; j++)
+                bt[s * pps + j] = j < ctx / ps ? j : ctx / ps + s * priv_pages(ps) + (j - ctx / ps);
+    } else {
+        for (int s = 0; s < B && !rc; s++) rc = fill_seq(ex, s, pps, ids, ctx, lg, err);
+        for (int s = 0; s < B; s++)
+            for (int j = 0; j < pps; j++) bt[s * pps + j] = s * pps + j;
+    }
+    double t_total = 0, routed_total = 0;
+    int steps = 0, n_moe = 0, routed_steps = 0;
+    for (int L = 0; L < m->cfg.num_layers; L++) n_moe += m->layers[L].is_moe;
+    /* steps 0-1: warm-up; then timed steps with the routing record paused (its per-layer copy would
+     * be timed too); then 3 untimed steps that record which experts the batch routes to */
+    int timing_done = 0, extra = 0;
+    for (int it = 0; !rc && it < MAX_STEPS + 5 && extra < 3; it++) {
+        int p = ctx + it;
+        for (int s = 0; s < B; s++) {
+            tok[s] = ids[(s + it) % (ctx + 1)];
+            pos[s] = p;
+            slot[s] = bt[s * pps + p / ps] * ps + p % ps;
+            lidx[s] = s;
+            ctxl[s] = p + 1;
+            st[s] = s;
+        }
+        st[B] = B;
+        ms_batch b = {B, B, tok, pos, st, ctxl, slot, bt, pps, ps, B, lidx};
+        int timed = it >= 2 && !timing_done;
+        if (fw) ms_forward_set_record_routing(fw, !timed);
+        double t0 = ms_now();
+        rc = ex->forward(ex->ctx, &b, lg, err);
+        double dt = ms_now() - t0;
+        if (rc) break;
+        if (timed) {
+            t_total += dt;
+            steps++;
+            if ((steps >= 10 && t_total > 0.3) || it + 4 >= MAX_STEPS) timing_done = 1;
+        } else if (timing_done) {
+            extra++;
+        }
+        if (!timed && it >= 1) {
+            const int *routed = fw ? ms_forward_routed_experts(fw) : NULL;
+            double routed_n = 0;
+            for (int L = 0; routed && L < m->cfg.num_layers; L++) routed_n += routed[L];
+            routed_total += n_moe ? routed_n / n_moe : 0;
+            routed_steps++;
+        }
+    }
+    if (fw) ms_forward_set_record_routing(fw, 1);
+    if (!rc && steps == 0) rc = ms_errf(err, MS_ERR_RUNTIME, "bench-model: no decode step was timed");
+    if (!rc) {
+        const int p_mid = ctx + 2 + steps / 2 + 1; /* context of the middle timed step */
+        r->steps = steps;
+        r->routed_avg = routed_steps ? routed_total / routed_steps : 0;
+        r->ms_step = t_total / steps * 1e3;
+        r->tok_s = B * steps / t_total;
+        r->bytes_step = w->attn + w->dense + w->router + w->shared + n_moe * r->routed_avg * w->expert_each +
+                        w->lm_head + w->indexer + B * kv_read_bytes(m, be, p_mid);
+        r->gbs = r->bytes_step / (t_total / steps) / 1e9;
+        r->pct = ce->mem_gbs > 0 ? 100.0 * r->gbs / ce->mem_gbs : 0;
+        r->flops_step = B * (2.0 * (w->p_attn + w->p_indexer + w->p_dense + w->p_router + w->p_shared + w->p_lm) +
+                             2.0 * n_moe * m->cfg.num_experts_per_tok * w->p_expert + attn_flops_tok(m, p_mid));
+        r->tflops = r->flops_step / (t_total / steps) / 1e12;
+        r->pct_gemm = ce->gemm_tflops > 0 ? 100.0 * r->tflops / ce->gemm_tflops : 0;
+    }
+    free(ids);
+    free(arr);
+    free(lg);
+    return rc;
+}
+
+static int parse_list(const char *s, int *out, const char *flag) {
+    int n = 0;
+    while (s && *s && n < MAX_LIST) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > 1 << 20) {
+            fprintf(stderr, "moeserve bench-model: flag --%s: expected a comma-separated list of positive integers\n", flag);
+            return -1;
+        }
+        out[n++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') {
+            fprintf(stderr, "moeserve bench-model: flag --%s: unexpected '%c'\n", flag, *end);
+            return -1;
+        }
+    }
+    return n;
+}
+
+int cmd_bench_model(int argc, char **argv) {
+    ms_args a;
+    if (ms_args_init(&a, argc, argv)) return 1;
+    if (!getenv("MS_LOG")) ms_log_set_level(MS_LOG_WARN);
+    ms_model_args ma;
+    int rc = 1, bad = 0, batches[MAX_LIST], ctxs[MAX_LIST], nb, nc;
+    ms_executor ex = {0};
+    const char *bs = ms_args_str(&a, "batches", NULL), *cs = ms_args_str(&a, "ctx", NULL);
+    long long prefill = ms_args_int(&a, "prefill", 0, &bad), mem_mb = ms_args_int(&a, "mem-mb", 256, &bad);
+    int json = ms_args_flag(&a, "json");
+    if (ms_model_args_parse(&a, "bench-model", &ma) || bad || ms_args_check_unknown(&a, "bench-model")) goto done;
+    const int gpu = strcmp(ma.ex.device, "cpu") != 0;
+    if ((nb = parse_list(bs ? bs : gpu ? "1,8,64,256" : "1,4", batches, "batches")) <= 0) goto done;
+    if ((nc = parse_list(cs ? cs : gpu ? "256,8192" : "256", ctxs, "ctx")) <= 0) goto done;
+    if (!prefill) prefill = gpu ? 4096 : 512;
+    if (prefill < 1 || prefill > 1 << 20 || mem_mb < 16 || mem_mb > 65536) {
+        fprintf(stderr, "moeserve bench-model: flag --prefill or --mem-mb is out of range\n");
+        goto done;
+    }
+    int maxb = 1, maxc = 1;
+    for (int i = 0; i < nb; i++) maxb = batches[i] > maxb ? batches[i] : maxb;
+    for (int i = 0; i < nc; i++) maxc = ctxs[i] > maxc ? ctxs[i] : maxc;
+    (void)maxc;
+    const int ps = ma.ex.page_size > 0 ? ma.ex.page_size : 16;
+    ma.ex.page_size = ps;
+    if (!ma.ex.max_batch_tokens) ma.ex.max_batch_tokens = (int)(prefill > maxb ? prefill : maxb);
+    if (!ma.ex.max_total_tokens) {
+        /* pages for the largest (batch, context) run; runs that memory cannot hold are skipped */
+        int64_t need = prefill + ps;
+        for (int ci = 0; ci < nc; ci++)
+            for (int bi = 0; bi < nb; bi++)
+                if (pages_needed(batches[bi], ctxs[ci], ps) * ps > need) need = pages_needed(batches[bi], ctxs[ci], ps) * ps;
+        ma.ex.max_total_tokens = need > (1 << 30) ? 1 << 30 : (int)need;
+    }
+    ma.ex.record_routing = 1;
+    ms_err err = {0};
+    ms_model *m = NULL;
+    double t_load = ms_now();
+    if (ms_model_executor_open(&ma.ex, &ex, &m, &err)) {
+        fprintf(stderr, "moeserve bench-model: %s\n", err.msg);
+        goto done;
+    }
+    t_load = ms_now() - t_load;
+    ms_backend *be = ms_model_executor_backend(&ex);
+    ms_forward *fw = ms_model_executor_forward(&ex);
+    ceilings ce = {0};
+    if (!gpu) {
+        ce.mem_gbs = cpu_read_bw((size_t)mem_mb);
+        ce.mem_what = "read bandwidth, all threads";
+    } else if (ms_bench_gpu_ceilings) {
+        if (ms_bench_gpu_ceilings(be, &ce.mem_gbs, &ce.gemm_tflops, &err)) {
+            fprintf(stderr, "moeserve bench-model: %s\n", err.msg);
+            goto done;
+        }
+        ce.mem_what = "device-to-device copy (bytes read + written)";
+    } else {
+        ce.mem_what = "not measured (no GPU ceiling probe in this build)";
+    }
+    weight_model w;
+    model_weights(m, &w);
+    decode_res res[MAX_LIST * MAX_LIST];
+    int nres = 0;
+    for (int ci = 0; ci < nc; ci++)
+        for (int bi = 0; bi < nb; bi++) {
+            if (!json) fprintf(stderr, "bench-model: decode batch %d ctx %d ...\n", batches[bi], ctxs[ci]);
+            if (run_decode(&ex, fw, m, be, &w, &ce, batches[bi], ctxs[ci], &res[nres], &err)) {
+                fprintf(stderr, "moeserve bench-model: decode batch %d ctx %d: %s\n", batches[bi], ctxs[ci], err.msg);
+                goto done;
+            }
+            nres++;
+        }
+    /* prefill: one sequence of `prefill` tokens in one step (timed twice, best) */
+    int32_t *pids = malloc(sizeof(int32_t) * (size_t)prefill);
+    float *lg = malloc(sizeof(float) * (size_t)ex.vocab);
+    if (!pids || !lg) {
+        free(pids), free(lg);
+        fprintf(stderr, "moeserve bench-model: out of memory\n");
+        goto done;
+    }
+    for (int i = 0; i < prefill; i++) pids[i] = (int32_t)((i * 7919u + 13u) % (unsigned)ex.vocab);
+    double best = 1e30;
+    int prc = 0;
+    for (int rep = 0; rep < 2 && !prc; rep++) {
+        double t0 = ms_now();
+        prc = fill_seq(&ex, 0, (int)((prefill + ps - 1) / ps), pids, (int)prefill, lg, &err);
+        double dt = ms_now() - t0;
+        best = dt < best ? dt : best;
+    }
+    free(pids);
+    free(lg);
+    if (prc) {
+        fprintf(stderr, "moeserve bench-model: prefill %lld: %s\n", prefill, err.msg);
+        goto done;
+    }
+    double pf_tok_s = prefill / best, pf_flops = prefill_flops(m, &w, (int)prefill) / best;
+    double total_bytes = (double)m->stats.bytes_total;
+    int nth = gpu ? 0 : ms_pool_size(ms_cpu_pool());
+    if (json) {
+        printf("{\"device\":\"%s\",\"threads\":%d,\"model_type\":\"%s\",\"layers\":%d,\"weights\":\"%s\",\"weight_bytes\":%.0f,"
+               "\"load_s\":%.3f,\"mem_bw_gbs\":%.3f,\"gemm_tflops\":%.3f,\"decode\":[",
+               be->name, nth, m->cfg.model_type, m->cfg.num_layers, m->quant_desc, total_bytes, t_load, ce.mem_gbs,
+               ce.gemm_tflops);
+        for (int i = 0; i < nres; i++) {
+            if (res[i].skipped[0]) {
+                printf("%s{\"batch\":%d,\"ctx\":%d,\"skipped\":\"%s\"}", i ? "," : "", res[i].batch, res[i].ctx,
+                       res[i].skipped);
+                continue;
+            }
+            printf("%s{\"batch\":%d,\"ctx\":%d,\"steps\":%d,\"tok_s\":%.3f,\"ms_per_step\":%.4f,\"bytes_per_step\":%.0f,"
+                   "\"achieved_gbs\":%.4f,\"pct_of_bw\":%.2f,\"flops_per_step\":%.0f,\"achieved_tflops\":%.4f,"
+                   "\"pct_of_gemm\":%.2f,\"experts_per_layer\":%.2f}",
+                   i ? "," : "", res[i].batch, res[i].ctx, res[i].steps, res[i].tok_s, res[i].ms_step, res[i].bytes_step,
+                   res[i].gbs, res[i].pct, res[i].flops_step, res[i].tflops, res[i].pct_gemm, res[i].routed_avg);
+        }
+        printf("],\"prefill\":{\"tokens\":%lld,\"tok_s\":%.3f,\"gflops\":%.3f,\"pct_of_gemm\":%.2f}}\n", prefill, pf_tok_s,
+               pf_flops / 1e9, ce.gemm_tflops > 0 ? 100.0 * pf_flops / (ce.gemm_tflops * 1e12) : 0.0);
+    } else {
+        printf("device:     %s%s%d threads\n", be->name, gpu ? "" : ", ", nth);
+        printf("model:      %s, %d layers, weights %s, %.1f MiB (loaded in %.2f s)\n", m->cfg.model_type, m->cfg.num_layers,
+               m->quant_desc, total_bytes / 1048576.0, t_load);
+        printf("ceiling:    %.2f GB/s %s", ce.mem_gbs, ce.mem_what);
+        if (ce.gemm_tflops > 0) printf(", %.1f TFLOP/s bf16 GEMM", ce.gemm_tflops);
+        printf("\n");
+        for (int i = 0; i < nres; i++) {
+            if (res[i].skipped[0]) {
+                printf("decode      batch %3d ctx %5d: skipped (%s)\n", res[i].batch, res[i].ctx, res[i].skipped);
+                continue;
+            }
+            printf("decode      batch %3d ctx %5d: %9.2f tok/s  %8.3f ms/step  %8.2f MB/step  %7.2f GB/s (%5.1f%% of ceiling)  "
+                   "%8.2f GFLOP/step %6.2f TFLOP/s, %.1f experts/layer\n",
+                   res[i].batch, res[i].ctx, res[i].tok_s, res[i].ms_step, res[i].bytes_step / 1e6, res[i].gbs, res[i].pct,
+                   res[i].flops_step / 1e9, res[i].tflops, res[i].routed_avg);
+        }
+        printf("prefill     %lld tokens: %.1f tok/s, %.2f GFLOP/s", prefill, pf_tok_s, pf_flops / 1e9);
+        if (ce.gemm_tflops > 0) printf(" (%.1f%% of GEMM ceiling)", 100.0 * pf_flops / (ce.gemm_tflops * 1e12));
+        printf("\n");
+    }
+    rc = 0;
+done:
+    ms_model_executor_close(&ex);
+    ms_args_free(&a);
+    return rc;
+}

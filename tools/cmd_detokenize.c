@@ -1,0 +1,47 @@
+/* cmd_detokenize.c - `moeserve detokenize --model DIR --ids 3,1,4 [--skip-special-tokens]`.
+ *
+ * Prints the decoded text exactly: special tokens kept unless asked otherwise, no newline added,
+ * so scripts can compare the bytes. */
+#include "common/args.h"
+#include "core/status.h"
+#include "tokenizer/tokenizer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+int cmd_detokenize(int argc, char **argv) {
+    ms_args a;
+    if (ms_args_init(&a, argc, argv)) return 1;
+    const char *model = ms_args_str(&a, "model", NULL);
+    const char *ids_s = ms_args_str(&a, "ids", NULL);
+    int skip = ms_args_flag(&a, "skip-special-tokens");
+    if (ms_args_check_unknown(&a, "detokenize")) { ms_args_free(&a); return 2; }
+    ms_args_free(&a);
+    if (!model || !ids_s) {
+        fprintf(stderr, "detokenize: flag --%s: missing (usage: moeserve detokenize --model DIR --ids 3,1,4)\n",
+                model ? "ids" : "model");
+        return 2;
+    }
+    int32_t *ids = NULL;
+    int n = 0;
+    if (ms_parse_ids(ids_s, &ids, &n)) {
+        fprintf(stderr, "detokenize: flag --ids: '%s' is not a comma-separated list of token ids\n", ids_s);
+        return 2;
+    }
+    ms_err err = {0};
+    ms_tokenizer *t = NULL;
+    if (ms_tokenizer_load(model, &t, &err)) { fprintf(stderr, "detokenize: %s\n", err.msg); free(ids); return 1; }
+    char *text = NULL;
+    size_t len = 0;
+    int rc = 0;
+    if (ms_tokenizer_decode(t, ids, n, skip, &text, &len, &err)) {
+        fprintf(stderr, "detokenize: flag --ids: %s\n", err.msg);
+        rc = 1;
+    } else {
+        fwrite(text, 1, len, stdout);
+    }
+    free(text);
+    free(ids);
+    ms_tokenizer_free(t);
+    return rc;
+}

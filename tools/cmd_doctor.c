@@ -1,0 +1,398 @@
+/* cmd_doctor.c - `moeserve doctor`: what this machine and build can run, and a few-second proof.
+ *
+ * Prints the build (CUDA compiled in or not), each GPU (name, compute capability, memory, SMs),
+ * driver/runtime versions, NCCL's version when libnccl loads, which MoE runners and attention paths
+ * are supported here (with the reason when not), then self-tests each supported GPU runner against
+ * the CPU runner on a small random layer in every weight format. Exit code 1 when a self-test fails.
+ * With --bench, also times the GPU runners on a GLM-5-sized expert layer (hidden 6144, inter 2048,
+ * 64 experts, top-8): decode at small batches (GB/s of distinct expert weights read) and grouped /
+ * naive at a prefill batch (TFLOP/s).
+ * Flags: --device N (GPU ordinal, default 0), --no-selftest, --bench. */
+#include "backend/backend.h"
+#include "common/args.h"
+#include "core/dtype.h"
+#include "core/fileutil.h"
+#include "moe/moe.h"
+#ifdef MS_HAVE_CUDA
+#include "backend/cuda/backend_cuda.h"
+#endif
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t d_rng = 0x1234567887654321ull;
+static uint32_t d_u32(void) {
+    d_rng ^= d_rng << 13;
+    d_rng ^= d_rng >> 7;
+    d_rng ^= d_rng << 17;
+    return (uint32_t)(d_rng >> 11);
+}
+static float d_f(void) { return ((float)(d_u32() & 0xffffff) / 16777216.0f) * 2.f - 1.f; }
+
+static void print_nccl(void) {
+    const char *names[] = {"libnccl.so.2", "libnccl.so", NULL};
+    for (int i = 0; names[i]; i++) {
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!h) continue;
+        int (*getv)(int *) = (int (*)(int *))dlsym(h, "ncclGetVersion");
+        int v = 0;
+        if (getv && getv(&v) == 0)
+            printf("nccl: %d.%d.%d (%s)\n", v / 10000, (v / 100) % 100, v % 100, names[i]);
+        else printf("nccl: %s loaded, version unknown\n", names[i]);
+        dlclose(h);
+        return;
+    }
+    printf("nccl: not found (libnccl.so.2 not loadable; multi-GPU runs need it)\n");
+}
+
+/* ---- self-test: one random layer per format, every supported GPU runner vs the CPU runner ---- */
+
+typedef struct {
+    ms_linear *lin; /* host views: gate[n], up[n], down[n] */
+    void **bufs;
+    int nb;
+} hlayer;
+
+static void *hb(hlayer *L, size_t n) { return L->bufs[L->nb++] = malloc(n + 16); }
+
+static void fill(hlayer *L, ms_linear *W, ms_wfmt fmt, int64_t N, int64_t K) {
+    memset(W, 0, sizeof *W);
+    W->name = "doctor.expert";
+    W->fmt = fmt;
+    W->n_out = N;
+    W->n_in = K;
+    if (fmt == MS_WFMT_PLAIN) {
+        uint16_t *w = hb(L, (size_t)(N * K) * 2);
+        for (int64_t i = 0; i < N * K; i++) w[i] = ms_f32_to_bf16(d_f() * 0.1f);
+        W->w = ms_tensor_2d(MS_BF16, N, K);
+        W->w.data = w;
+    } else if (fmt == MS_WFMT_FP8) {
+        uint8_t *w = hb(L, (size_t)(N * K));
+        for (int64_t i = 0; i < N * K; i++) w[i] = (uint8_t)(d_u32() & 0xb7);
+        int64_t sn = (N + 127) / 128, sk = (K + 127) / 128;
+        float *s = hb(L, (size_t)(sn * sk) * 4);
+        for (int64_t i = 0; i < sn * sk; i++) s[i] = 0.002f;
+        W->w = ms_tensor_2d(MS_F8E4M3, N, K);
+        W->w.data = w;
+        W->scale = ms_tensor_2d(MS_F32, sn, sk);
+        W->scale.data = s;
+    } else {
+        uint8_t *w = hb(L, (size_t)(N * K / 2)), *s = hb(L, (size_t)(N * K / 16));
+        for (int64_t i = 0; i < N * K / 2; i++) w[i] = (uint8_t)d_u32();
+        for (int64_t i = 0; i < N * K / 16; i++) s[i] = (uint8_t)(0x28 + d_u32() % 0x18);
+        W->w = ms_tensor_2d(MS_U8, N, K / 2);
+        W->w.data = w;
+        W->scale = ms_tensor_2d(MS_F8E4M3, N, K / 16);
+        W->scale.data = s;
+        W->scale2 = 0.03f;
+    }
+}
+
+/* Places a copy of the host views on b as experts (caller frees with unplace_experts). */
+static int place_experts(ms_backend *b, const ms_linear *lin, int n, ms_experts *e, ms_err *err) {
+    memset(e, 0, sizeof *e);
+    e->n = n;
+    e->gate = malloc(sizeof(ms_linear) * (size_t)n * 3);
+    if (!e->gate) return ms_errf(err, MS_ERR_NOMEM, "doctor: out of memory");
+    memcpy(e->gate, lin, sizeof(ms_linear) * (size_t)n * 3);
+    e->up = e->gate + n;
+    e->down = e->gate + 2 * n;
+    for (int i = 0; i < 3 * n; i++) MS_TRY(b->ops->place_linear(b, &e->gate[i], err));
+    return MS_OK;
+}
+
+static void unplace_experts(ms_backend *b, ms_experts *e) {
+    for (int i = 0; e->gate && i < 3 * e->n; i++) b->ops->unplace_linear(b, &e->gate[i]);
+    free(e->gate);
+}
+
+static int up_t(ms_backend *b, ms_tensor *t, ms_dtype dt, int64_t r, int64_t c, const void *h, ms_err *err) {
+    int64_t s[2] = {r, c};
+    MS_TRY(ms_backend_alloc(b, t, dt, 2, s, err));
+    if (h) MS_TRY(b->ops->upload(b, t->data, h, ms_tensor_nbytes(t), err));
+    return MS_OK;
+}
+
+/* Runs runner r on b over experts e; fills out_host (float). */
+static int run_on(ms_backend *b, const ms_moe_runner *r, const ms_experts *e, int T, int H, int I, int topk,
+                  ms_wfmt fmt, const float *xf, const int32_t *ids, const float *w, float *out_host, ms_err *err) {
+    ms_moe_shape s = {T, H, I, e->n, topk, fmt, MS_BF16};
+    ms_dtype adt = b->act_dtype;
+    size_t n = (size_t)T * H;
+    void *xh = malloc(n * 4);
+    if (!xh) return ms_errf(err, MS_ERR_NOMEM, "doctor: out of memory");
+    for (size_t i = 0; i < n; i++) {
+        if (adt == MS_BF16) ((uint16_t *)xh)[i] = ms_f32_to_bf16(xf[i]);
+        else ((float *)xh)[i] = xf[i];
+    }
+    ms_tensor x = {0}, ti = {0}, tw = {0}, o = {0}, ws = {0};
+    size_t wsb = r->workspace_size(b, &s);
+    int rc = up_t(b, &x, adt, T, H, xh, err);
+    if (!rc) rc = up_t(b, &ti, MS_I32, T, topk, ids, err);
+    if (!rc) rc = up_t(b, &tw, MS_F32, T, topk, w, err);
+    if (!rc) rc = up_t(b, &o, adt, T, H, NULL, err);
+    if (!rc) rc = up_t(b, &ws, MS_U8, 1, (int64_t)wsb + 1, NULL, err);
+    if (!rc) rc = r->run(b, e, &x, ti.data, tw.data, topk, &o, ws.data, wsb, err);
+    if (!rc) rc = b->ops->sync(b, err);
+    if (!rc) rc = b->ops->download(b, xh, o.data, ms_tensor_nbytes(&o), err);
+    if (!rc)
+        for (size_t i = 0; i < n; i++) out_host[i] = adt == MS_BF16 ? ms_bf16_to_f32(((uint16_t *)xh)[i]) : ((float *)xh)[i];
+    ms_tensor *all[5] = {&x, &ti, &tw, &o, &ws};
+    for (int i = 0; i < 5; i++)
+        if (all[i]->data) b->ops->free(b, all[i]);
+    free(xh);
+    return rc;
+}
+
+static int selftest(ms_backend *cpu, ms_backend *gpu) {
+    const int n = 16, H = 256, I = 128, topk = 4;
+    const ms_wfmt fmts[3] = {MS_WFMT_PLAIN, MS_WFMT_FP8, MS_WFMT_NVFP4};
+    const int Ts[3] = {1, 7, 96};
+    int failures = 0;
+    printf("\nself-test (each CUDA runner vs the cpu runner, %d experts, hidden %d, inter %d, top-%d):\n", n, H, I, topk);
+    for (int f = 0; f < 3; f++) {
+        hlayer L = {0};
+        L.lin = calloc((size_t)n * 3, sizeof(ms_linear));
+        L.bufs = calloc((size_t)n * 6, sizeof(void *));
+        for (int i = 0; i < n; i++) {
+            fill(&L, &L.lin[i], fmts[f], I, H);
+            fill(&L, &L.lin[n + i], fmts[f], I, H);
+            fill(&L, &L.lin[2 * n + i], fmts[f], H, I);
+        }
+        ms_err err = {0};
+        ms_experts ec, eg;
+        int ok = place_experts(cpu, L.lin, n, &ec, &err) == MS_OK && place_experts(gpu, L.lin, n, &eg, &err) == MS_OK;
+        ms_moe_shape s = {64, H, I, n, topk, fmts[f], MS_BF16};
+        const ms_moe_runner *cr = NULL;
+        if (ok && ms_moe_resolve(cpu, "cpu", &s, &cr, &err) != MS_OK) ok = 0;
+        if (ok && cr && cr->prepare && cr->prepare(cpu, &ec, &err) != MS_OK) ok = 0;
+        if (!ok || !cr) {
+            printf("  %-6s setup failed: %s\n", ms_wfmt_name(fmts[f], MS_BF16), err.msg);
+            failures++;
+        }
+        for (const ms_moe_runner *const *rp = ms_moe_runners(); ok && cr && *rp; rp++) {
+            const ms_moe_runner *r = *rp;
+            if (strcmp(r->backend, "cuda") != 0) continue;
+            char why[256] = "";
+            if (!r->supports(gpu, &s, why, sizeof why)) continue;
+            if (r->prepare && r->prepare(gpu, &eg, &err) != MS_OK) {
+                printf("  %-6s %-8s prepare failed: %s\n", ms_wfmt_name(fmts[f], MS_BF16), r->name, err.msg);
+                failures++;
+                continue;
+            }
+            for (int ti = 0; ti < 3; ti++) {
+                int T = Ts[ti];
+                float *x = malloc(sizeof(float) * (size_t)T * H), *w = malloc(sizeof(float) * (size_t)T * topk);
+                float *oa = malloc(sizeof(float) * (size_t)T * H), *ob = malloc(sizeof(float) * (size_t)T * H);
+                int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * topk);
+                for (int i = 0; i < T * H; i++) x[i] = ms_bf16_to_f32(ms_f32_to_bf16(d_f()));
+                for (int t = 0; t < T; t++)
+                    for (int k = 0; k < topk; k++) {
+                        ids[t * topk + k] = (t * 5 + k * 3) % n; /* distinct for k < topk since 3k mod 16 differ */
+                        w[t * topk + k] = 0.25f + 0.1f * (float)k;
+                    }
+                double t0 = 0;
+                int rc = run_on(cpu, cr, &ec, T, H, I, topk, fmts[f], x, ids, w, ob, &err);
+                if (rc == MS_OK) rc = run_on(gpu, r, &eg, T, H, I, topk, fmts[f], x, ids, w, oa, &err);
+                double md = 0, mr = 1e-9;
+                int bad = rc != MS_OK;
+                for (int i = 0; !bad && i < T * H; i++) {
+                    if (!isfinite(oa[i])) { bad = 1; break; }
+                    double d = fabs((double)oa[i] - ob[i]);
+                    if (d > md) md = d;
+                    if (fabs(ob[i]) > mr) mr = fabs(ob[i]);
+                }
+                (void)t0;
+                int pass = !bad && md / mr <= 2e-2;
+                if (!pass) failures++;
+                if (rc != MS_OK)
+                    printf("  %-6s %-8s T=%-3d FAIL: %s\n", ms_wfmt_name(fmts[f], MS_BF16), r->name, T, err.msg);
+                else
+                    printf("  %-6s %-8s T=%-3d max rel diff %.2e  %s\n", ms_wfmt_name(fmts[f], MS_BF16), r->name, T,
+                           md / mr, pass ? "ok" : "FAIL");
+                free(x); free(w); free(oa); free(ob); free(ids);
+            }
+        }
+        unplace_experts(cpu, &ec);
+        unplace_experts(gpu, &eg);
+        for (int i = 0; i < L.nb; i++) free(L.bufs[i]);
+        free(L.bufs);
+        free(L.lin);
+    }
+    return failures;
+}
+
+
+/* ---- micro-benchmarks ---- */
+
+static double bench_one(ms_backend *gpu, const ms_moe_runner *r, ms_experts *e, int T, int H, int I, int topk,
+                        ms_wfmt fmt, int iters, int *distinct, ms_err *err) {
+    ms_moe_shape s = {T, H, I, e->n, topk, fmt, MS_BF16};
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * topk);
+    float *w = malloc(sizeof(float) * (size_t)T * topk);
+    uint16_t *x = malloc(2 * (size_t)T * H);
+    char *used = calloc((size_t)e->n, 1);
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < topk; k++) {
+            int ex;
+            for (;;) {
+                ex = (int)(d_u32() % (uint32_t)e->n);
+                int dup = 0;
+                for (int j = 0; j < k; j++) dup |= ids[t * topk + j] == ex;
+                if (!dup) break;
+            }
+            ids[t * topk + k] = ex;
+            used[ex] = 1;
+            w[t * topk + k] = 0.1f;
+        }
+    *distinct = 0;
+    for (int i = 0; i < e->n; i++) *distinct += used[i];
+    for (size_t i = 0; i < (size_t)T * H; i++) x[i] = ms_f32_to_bf16(d_f());
+    ms_tensor tx = {0}, ti = {0}, tw = {0}, to = {0}, tws = {0};
+    size_t wsb = r->workspace_size(gpu, &s);
+    double dt = -1;
+    int rc = up_t(gpu, &tx, MS_BF16, T, H, x, err);
+    if (!rc) rc = up_t(gpu, &ti, MS_I32, T, topk, ids, err);
+    if (!rc) rc = up_t(gpu, &tw, MS_F32, T, topk, w, err);
+    if (!rc) rc = up_t(gpu, &to, MS_BF16, T, H, NULL, err);
+    if (!rc) rc = up_t(gpu, &tws, MS_U8, 1, (int64_t)wsb + 1, NULL, err);
+    for (int i = 0; !rc && i < 3; i++) rc = r->run(gpu, e, &tx, ti.data, tw.data, topk, &to, tws.data, wsb, err);
+    if (!rc) rc = gpu->ops->sync(gpu, err);
+    double t0 = ms_now();
+    for (int i = 0; !rc && i < iters; i++) rc = r->run(gpu, e, &tx, ti.data, tw.data, topk, &to, tws.data, wsb, err);
+    if (!rc) rc = gpu->ops->sync(gpu, err);
+    if (!rc) dt = (ms_now() - t0) / iters;
+    ms_tensor *all[5] = {&tx, &ti, &tw, &to, &tws};
+    for (int i = 0; i < 5; i++)
+        if (all[i]->data) gpu->ops->free(gpu, all[i]);
+    free(ids); free(w); free(x); free(used);
+    return dt;
+}
+
+static void bench(ms_backend *gpu) {
+    const int H = 6144, I = 2048, topk = 8;
+    const ms_wfmt fmts[2] = {MS_WFMT_NVFP4, MS_WFMT_FP8};
+    const int nexp[2] = {64, 24};
+    printf("\nmicro-benchmarks (expert layer hidden %d, inter %d, top-%d; times include routing stages):\n", H, I, topk);
+    for (int f = 0; f < 2; f++) {
+        int n = nexp[f];
+        hlayer L = {0};
+        L.lin = calloc((size_t)n * 3, sizeof(ms_linear));
+        L.bufs = calloc((size_t)n * 6, sizeof(void *));
+        for (int i = 0; i < n; i++) {
+            fill(&L, &L.lin[i], fmts[f], I, H);
+            fill(&L, &L.lin[n + i], fmts[f], I, H);
+            fill(&L, &L.lin[2 * n + i], fmts[f], H, I);
+        }
+        ms_err err = {0};
+        ms_experts eg;
+        if (place_experts(gpu, L.lin, n, &eg, &err) != MS_OK) {
+            printf("  %s: placing weights failed: %s\n", ms_wfmt_name(fmts[f], MS_BF16), err.msg);
+        } else {
+            double per_expert = (double)ms_linear_nbytes(&eg.gate[0]) * 2 + (double)ms_linear_nbytes(&eg.down[0]);
+            for (const ms_moe_runner *const *rp = ms_moe_runners(); *rp; rp++) {
+                const ms_moe_runner *r = *rp;
+                if (strcmp(r->backend, "cuda") != 0) continue;
+                if (r->prepare && r->prepare(gpu, &eg, &err) != MS_OK) continue;
+                const int Ts[5] = {1, 4, 16, 64, 2048};
+                for (int ti = 0; ti < 5; ti++) {
+                    int T = Ts[ti];
+                    if (!strcmp(r->name, "naive") && T < 2048 && T != 1) continue;
+                    int distinct = 0;
+                    double dt = bench_one(gpu, r, &eg, T, H, I, topk, fmts[f], T >= 2048 ? 5 : 30, &distinct, &err);
+                    if (dt < 0) {
+                        printf("  %-6s %-8s T=%-5d failed: %s\n", ms_wfmt_name(fmts[f], MS_BF16), r->name, T, err.msg);
+                        continue;
+                    }
+                    double gbs = distinct * per_expert / dt / 1e9;
+                    double tfl = 2.0 * T * topk * 3.0 * H * I / dt / 1e12;
+                    printf("  %-6s %-8s T=%-5d %8.1f us  %7.1f GB/s weights (%d experts)  %6.1f TFLOP/s\n",
+                           ms_wfmt_name(fmts[f], MS_BF16), r->name, T, dt * 1e6, gbs, distinct, tfl);
+                }
+            }
+            unplace_experts(gpu, &eg);
+        }
+        for (int i = 0; i < L.nb; i++) free(L.bufs[i]);
+        free(L.bufs);
+        free(L.lin);
+    }
+}
+
+int cmd_doctor(int argc, char **argv) {
+    ms_args a;
+    if (ms_args_init(&a, argc, argv)) return 1;
+    int bad = 0;
+    int dev = (int)ms_args_int(&a, "device", 0, &bad);
+    int no_self = ms_args_flag(&a, "no-selftest");
+    int do_bench = ms_args_flag(&a, "bench");
+    (void)dev; /* only used when the build has CUDA */
+    if (bad || ms_args_check_unknown(&a, "doctor")) {
+        ms_args_free(&a);
+        return 2;
+    }
+    ms_args_free(&a);
+    printf("moeserve doctor\n");
+    printf("build: cuda backend %s\n", ms_backend_cuda_compiled() ? "compiled in" : "not compiled (no nvcc at build time)");
+    ms_backend *gpu = NULL, *cpu = NULL;
+    ms_err err = {0};
+#ifdef MS_HAVE_CUDA
+    int drv = 0, rt = 0;
+    ms_cuda_versions(&drv, &rt);
+    printf("cuda driver: %d.%d   runtime: %d.%d\n", drv / 1000, (drv % 1000) / 10, rt / 1000, (rt % 1000) / 10);
+    int ng = ms_cuda_device_count();
+    printf("gpus: %d\n", ng);
+    for (int i = 0; i < ng; i++) {
+        ms_gpu_info gi;
+        ms_err e2 = {0};
+        if (ms_cuda_device_info(i, &gi, &e2) != MS_OK) {
+            printf("  [%d] unreadable: %s\n", i, e2.msg);
+            continue;
+        }
+        printf("  [%d] %s  cc %d.%d  %d SMs  memory %.1f GiB (%.1f GiB free)\n", i, gi.name, gi.cc_major, gi.cc_minor,
+               gi.n_sm, gi.mem_total / 1073741824.0, gi.mem_free / 1073741824.0);
+    }
+    if (ng > 0 && ms_backend_create("cuda", dev, &gpu, &err) != MS_OK) {
+        printf("cuda backend on GPU %d: cannot start: %s\n", dev, err.msg);
+        gpu = NULL;
+    }
+#else
+    printf("gpus: not probed (build without CUDA)\n");
+#endif
+    print_nccl();
+    if (ms_backend_create("cpu", -1, &cpu, &err) != MS_OK) {
+        printf("cpu backend: cannot start: %s\n", err.msg);
+        cpu = NULL;
+    }
+    ms_moe_shape rep = {1, 6144, 2048, 256, 8, MS_WFMT_NVFP4, MS_BF16};
+    printf("\nmoe runners (shape: GLM-5 expert layer, nvfp4):\n");
+    for (const ms_moe_runner *const *rp = ms_moe_runners(); *rp; rp++) {
+        const ms_moe_runner *r = *rp;
+        ms_backend *b = !strcmp(r->backend, "cuda") ? gpu : cpu;
+        char why[256] = "";
+        int ok = b && r->supports(b, &rep, why, sizeof why);
+        if (!b) snprintf(why, sizeof why, "no %s backend on this machine", r->backend);
+        printf("  %-8s (%s)  %s%s%s\n", r->name, r->backend, ok ? "supported" : "not supported: ", ok ? "" : why, "");
+    }
+    printf("\nattention paths:\n");
+    printf("  cpu   gqa, mla dense, mla sparse (dsa), indexer top-k: %s\n", cpu ? "supported" : "cpu backend unavailable");
+    if (gpu) {
+        int ok = gpu->gpu.cc_major >= 8;
+        printf("  cuda  gqa, mla dense, mla sparse (dsa), indexer top-k: %s", ok ? "supported\n" : "");
+        if (!ok)
+            printf("not supported: %s is cc %d.%d, bf16 kernels need 8.0+\n", gpu->gpu.name, gpu->gpu.cc_major,
+                   gpu->gpu.cc_minor);
+    } else {
+        printf("  cuda  not available here\n");
+    }
+    int failures = 0;
+    if (!no_self && gpu && cpu) failures = selftest(cpu, gpu);
+    else if (!no_self) printf("\nself-test: skipped (needs both the cpu and a cuda backend)\n");
+    if (!no_self && gpu && cpu) printf("\nself-test: %s\n", failures ? "FAILED" : "all ok");
+    if (do_bench && gpu) bench(gpu);
+    ms_backend_destroy(gpu);
+    ms_backend_destroy(cpu);
+    return failures ? 1 : 0;
+}

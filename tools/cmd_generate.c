@@ -1,0 +1,106 @@
+/* cmd_generate.c - `moeserve generate --model DIR --ids 3,1,4 --max-tokens N --temperature 0
+ * --ignore-eos --print-ids [--no-cache] [--seed S]`
+ *
+ * Continues one prompt and prints only the new token ids, comma-separated, on one line. Decoding is
+ * incremental through the KV cache (one prefill, then one token per step); --no-cache recomputes
+ * the whole sequence every step, which tests use to check the cache. Temperature 0 is greedy
+ * (first maximum); a positive temperature samples from softmax(logits / T). Without --ignore-eos
+ * generation stops after the model's eos token (which is printed, as transformers' generate does). */
+#include "common/args.h"
+#include "common/model_args.h"
+#include "core/log.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int pick(const float *l, int V, double temp, uint64_t *rng) {
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (l[i] > l[best]) best = i;
+    if (temp <= 0) return best;
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((l[i] - l[best]) / temp);
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    double u = (double)(*rng >> 11) / 9007199254740992.0 * sum, acc = 0;
+    for (int i = 0; i < V; i++) {
+        acc += exp((l[i] - l[best]) / temp);
+        if (acc >= u) return i;
+    }
+    return best;
+}
+
+int cmd_generate(int argc, char **argv) {
+    ms_args a;
+    if (ms_args_init(&a, argc, argv)) return 1;
+    if (!getenv("MS_LOG")) ms_log_set_level(MS_LOG_WARN); /* stdout/stderr stay parseable */
+    ms_model_args ma;
+    int rc = 1, bad = 0;
+    int32_t *ids = NULL, *seq = NULL;
+    float *lg = NULL;
+    ms_executor ex = {0};
+    const char *ids_s = ms_args_str(&a, "ids", NULL);
+    long long max_new = ms_args_int(&a, "max-tokens", 16, &bad);
+    double temp = ms_args_float(&a, "temperature", 0, &bad);
+    long long seed = ms_args_int(&a, "seed", 0, &bad);
+    int ignore_eos = ms_args_flag(&a, "ignore-eos"), no_cache = ms_args_flag(&a, "no-cache");
+    (void)ms_args_flag(&a, "print-ids"); /* ids are what this command prints */
+    if (ms_model_args_parse(&a, "generate", &ma) || bad || ms_args_check_unknown(&a, "generate")) goto done;
+    int n = 0;
+    if (!ids_s || ms_parse_ids(ids_s, &ids, &n) || n < 1) {
+        fprintf(stderr, "moeserve generate: flag --ids: expected a comma-separated list of token ids\n");
+        goto done;
+    }
+    if (max_new < 0 || max_new > 1 << 20) {
+        fprintf(stderr, "moeserve generate: flag --max-tokens: %lld is out of range\n", max_new);
+        goto done;
+    }
+    if (temp < 0) {
+        fprintf(stderr, "moeserve generate: flag --temperature: must be >= 0\n");
+        goto done;
+    }
+    const int total = n + (int)max_new;
+    if (!ma.ex.max_batch_tokens) ma.ex.max_batch_tokens = no_cache ? total : n;
+    if (!ma.ex.max_total_tokens) ma.ex.max_total_tokens = total + ma.ex.page_size;
+    ms_err err = {0};
+    if (ms_model_executor_open(&ma.ex, &ex, NULL, &err)) {
+        fprintf(stderr, "moeserve generate: %s\n", err.msg);
+        goto done;
+    }
+    int32_t eos[16];
+    int n_eos = ignore_eos ? 0 : ms_model_executor_eos(&ex, eos, 16);
+    seq = malloc(sizeof(int32_t) * (size_t)(total > 0 ? total : 1));
+    lg = malloc(sizeof(float) * (size_t)ex.vocab);
+    if (!seq || !lg) {
+        fprintf(stderr, "moeserve generate: out of memory\n");
+        goto done;
+    }
+    memcpy(seq, ids, sizeof(int32_t) * (size_t)n);
+    uint64_t rng = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 0x2545f4914f6cdd1dull;
+    int len = n;
+    for (int step = 0; step < max_new; step++) {
+        int start = no_cache || step == 0 ? 0 : len - 1;
+        if (ms_run_single(&ex, seq, start, len - start, 0, lg, &err)) {
+            fprintf(stderr, "moeserve generate: %s\n", err.msg);
+            goto done;
+        }
+        int tok = pick(lg, ex.vocab, temp, &rng);
+        seq[len++] = tok;
+        int stop = 0;
+        for (int i = 0; i < n_eos; i++) stop |= tok == eos[i];
+        if (stop) break;
+    }
+    for (int i = n; i < len; i++) printf("%s%d", i > n ? "," : "", seq[i]);
+    printf("\n");
+    rc = 0;
+done:
+    ms_model_executor_close(&ex);
+    free(lg);
+    free(seq);
+    free(ids);
+    ms_args_free(&a);
+    return rc;
+}

@@ -1,0 +1,62 @@
+/* model_args.c - see model_args.h. */
+#include "common/model_args.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int ms_model_args_parse(ms_args *a, const char *cmd, ms_model_args *o) {
+    memset(o, 0, sizeof *o);
+    ms_exec_opts *e = &o->ex;
+    int bad = 0;
+    e->model_path = ms_args_str(a, "model", NULL);
+    if (!e->model_path) e->model_path = ms_args_str(a, "model-path", NULL);
+    e->device = ms_args_str(a, "device", "cpu");
+    e->device_index = (int)ms_args_int(a, "device-index", 0, &bad);
+    e->moe_runner = ms_args_str(a, "moe-runner-backend", "auto");
+    e->load_format = ms_args_str(a, "load-format", "auto");
+    e->dummy_quant = ms_args_str(a, "dummy-quant", "bf16");
+    e->n_overrides = ms_args_multi(a, "override", o->overrides, MS_MAX_OVERRIDES);
+    e->overrides = o->overrides;
+    e->check_numerics = ms_args_flag(a, "check-numerics");
+    long long mt = ms_args_int(a, "max-total-tokens", 0, &bad);
+    long long ps = ms_args_int(a, "page-size", 16, &bad);
+    long long mb = ms_args_int(a, "max-batch-tokens", 0, &bad);
+    e->mem_fraction_static = ms_args_float(a, "mem-fraction-static", 0, &bad);
+    if (bad) return -1;
+    if (mt < 0 || mt > 1 << 30) return fprintf(stderr, "moeserve %s: flag --max-total-tokens: %lld is out of range\n", cmd, mt), -1;
+    if (ps < 1 || ps > 4096) return fprintf(stderr, "moeserve %s: flag --page-size: %lld is out of range (1..4096)\n", cmd, ps), -1;
+    if (mb < 0 || mb > 1 << 20) return fprintf(stderr, "moeserve %s: flag --max-batch-tokens: %lld is out of range\n", cmd, mb), -1;
+    if (e->mem_fraction_static < 0 || e->mem_fraction_static > 1)
+        return fprintf(stderr, "moeserve %s: flag --mem-fraction-static: %g is not in (0, 1]\n", cmd, e->mem_fraction_static), -1;
+    e->max_total_tokens = (int)mt;
+    e->page_size = (int)ps;
+    e->max_batch_tokens = (int)mb;
+    if (!e->model_path) return fprintf(stderr, "moeserve %s: flag --model DIR is required\n", cmd), -1;
+    return 0;
+}
+
+int ms_run_single(const ms_executor *ex, const int32_t *ids, int start, int n_new, int all_logits, float *logits,
+                  ms_err *err) {
+    const int ps = ex->page_size, ctx = start + n_new, nb = (ctx + ps - 1) / ps;
+    if (nb > ex->n_pages)
+        return ms_errf(err, MS_ERR_INVALID, "sequence of %d tokens does not fit the KV cache (%d pages of %d tokens)", ctx,
+                       ex->n_pages, ps);
+    int32_t *buf = malloc(sizeof(int32_t) * (size_t)(4 * n_new + nb + 2));
+    if (!buf) return ms_errf(err, MS_ERR_NOMEM, "out of memory");
+    int32_t *pos = buf, *slot = pos + n_new, *lidx = slot + n_new, *bt = lidx + n_new, *sstart = bt + nb;
+    for (int j = 0; j < nb; j++) bt[j] = j;
+    for (int i = 0; i < n_new; i++) {
+        pos[i] = start + i;
+        slot[i] = start + i; /* pages in order: slot == position */
+        lidx[i] = i;
+    }
+    sstart[0] = 0;
+    sstart[1] = n_new;
+    int32_t ctx_len = ctx;
+    ms_batch b = {n_new, 1, ids + start, pos, sstart, &ctx_len, slot, bt, nb, ps,
+                  all_logits ? n_new : 1, all_logits ? lidx : lidx + n_new - 1};
+    int rc = ex->forward(ex->ctx, &b, logits, err);
+    free(buf);
+    return rc;
+}

@@ -1,0 +1,29 @@
+/* model_args.h - the flags every command that runs a model shares (logits, generate, bench-model,
+ * serve), parsed once into ms_exec_opts so their spelling and defaults cannot drift apart. */
+#ifndef MS_TOOLS_MODEL_ARGS_H
+#define MS_TOOLS_MODEL_ARGS_H
+
+#include "common/args.h"
+#include "engine/model_executor.h"
+
+#define MS_MAX_OVERRIDES 64
+
+typedef struct ms_model_args {
+    ms_exec_opts ex;
+    const char *overrides[MS_MAX_OVERRIDES];
+} ms_model_args;
+
+/* Reads --model (or --model-path), --device, --device-index, --moe-runner-backend, --load-format,
+ * --dummy-quant, --override key=value (repeatable), --check-numerics, --max-total-tokens,
+ * --page-size, --max-batch-tokens, --mem-fraction-static. Returns 0, or -1 after printing one
+ * error line naming the flag (missing --model, malformed number). */
+int ms_model_args_parse(ms_args *a, const char *cmd, ms_model_args *out);
+
+/* Runs one forward step of a single sequence whose pages are 0,1,2,... in order: the new tokens
+ * are ids[start, start+n_new) at positions start.. (earlier positions must already be cached).
+ * all_logits = 1 writes logits of every new token into logits [n_new, vocab], else only the last
+ * token's [1, vocab]. */
+int ms_run_single(const ms_executor *ex, const int32_t *ids, int start, int n_new, int all_logits, float *logits,
+                  ms_err *err);
+
+#endif
