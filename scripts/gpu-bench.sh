@@ -83,7 +83,8 @@ if "$BIN" serve --help >/dev/null 2>&1; then
   spid=$!
   up=0
   for _ in $(seq 1 90); do
-    if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 || curl -sf "http://127.0.0.1:$PORT/v1/models" >/dev/null 2>&1; then up=1; break; fi
+    # no curl on the GPU machine's image: ask with python
+    if python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$PORT/health', timeout=2)" 2>/dev/null; then up=1; break; fi
     kill -0 $spid 2>/dev/null || break
     sleep 1
   done

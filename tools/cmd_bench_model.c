@@ -7,8 +7,8 @@
  * shared expert, the experts the step actually routed to, lm_head and the KV cache — and reports
  * the achieved bandwidth against the machine's measured read (CPU) or copy (GPU) bandwidth.
  * Prefill is compute-bound: it reports FLOP/s against the measured GEMM rate where one exists.
- * The GPU ceilings come from the CUDA backend through ms_bench_gpu_ceilings (weak: absent in a
- * CPU-only build); everything else is device-independent. */
+ * The GPU ceilings come from the backend (ms_backend_gpu_ceilings); everything else is
+ * device-independent. --profile adds a per-section breakdown of a few extra decode steps. */
 #include "common/args.h"
 #include "common/model_args.h"
 #include "backend/cpu/cpu_kernels.h"
@@ -22,9 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Measured by the CUDA backend: device-to-device copy bandwidth (GB/s, bytes read + written
- * counted once each) and dense bf16 GEMM rate (TFLOP/s). Returns MS_OK or an error. */
-int ms_bench_gpu_ceilings(ms_backend *b, double *copy_gbs, double *bf16_tflops, ms_err *err) __attribute__((weak));
+static int g_profile; /* --profile */
 
 #define MAX_LIST 16
 
@@ -298,6 +296,24 @@ static int run_decode(const ms_executor *ex, ms_forward *fw, const ms_model *m, 
         }
     }
     if (fw) ms_forward_set_record_routing(fw, 1);
+    if (!rc && g_profile && fw) {
+        /* a few more steps with every section bracketed by syncs: where the step's time goes */
+        ms_forward_set_profile(fw, 1);
+        const int np = 3;
+        for (int it = 0; it < np && !rc; it++) {
+            ms_batch b = {B, B, tok, pos, st, ctxl, slot, bt, pps, ps, B, lidx};
+            rc = ex->forward(ex->ctx, &b, lg, err);
+        }
+        const char *names[32];
+        double secs[32], tot = 0;
+        int n = ms_forward_profile(fw, names, secs, 32);
+        for (int i = 0; i < n; i++)
+            if (!strstr(names[i], "(in ")) tot += secs[i];
+        fprintf(stderr, "profile batch %d ctx %d (synchronised sections, ms per step; sum %.3f):", B, ctx, tot / np * 1e3);
+        for (int i = 0; i < n; i++) fprintf(stderr, " %s %.3f;", names[i], secs[i] / np * 1e3);
+        fprintf(stderr, "\n");
+        ms_forward_set_profile(fw, 0);
+    }
     if (!rc && steps == 0) rc = ms_errf(err, MS_ERR_RUNTIME, "bench-model: no decode step was timed");
     if (!rc) {
         const int p_mid = ctx + 2 + steps / 2 + 1; /* context of the middle timed step */
@@ -349,6 +365,7 @@ int cmd_bench_model(int argc, char **argv) {
     const char *bs = ms_args_str(&a, "batches", NULL), *cs = ms_args_str(&a, "ctx", NULL);
     long long prefill = ms_args_int(&a, "prefill", 0, &bad), mem_mb = ms_args_int(&a, "mem-mb", 256, &bad);
     int json = ms_args_flag(&a, "json");
+    g_profile = ms_args_flag(&a, "profile");
     if (ms_model_args_parse(&a, "bench-model", &ma) || bad || ms_args_check_unknown(&a, "bench-model")) goto done;
     const int gpu = strcmp(ma.ex.device, "cpu") != 0;
     if ((nb = parse_list(bs ? bs : gpu ? "1,8,64,256" : "1,4", batches, "batches")) <= 0) goto done;
@@ -388,14 +405,12 @@ int cmd_bench_model(int argc, char **argv) {
     if (!gpu) {
         ce.mem_gbs = cpu_read_bw((size_t)mem_mb);
         ce.mem_what = "read bandwidth, all threads";
-    } else if (ms_bench_gpu_ceilings) {
-        if (ms_bench_gpu_ceilings(be, &ce.mem_gbs, &ce.gemm_tflops, &err)) {
+    } else {
+        if (ms_backend_gpu_ceilings(be, &ce.mem_gbs, &ce.gemm_tflops, &err)) {
             fprintf(stderr, "moeserve bench-model: %s\n", err.msg);
             goto done;
         }
         ce.mem_what = "device-to-device copy (bytes read + written)";
-    } else {
-        ce.mem_what = "not measured (no GPU ceiling probe in this build)";
     }
     weight_model w;
     model_weights(m, &w);

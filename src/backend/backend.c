@@ -8,7 +8,15 @@
 int ms_backend_cpu_create(ms_backend **out, ms_err *err);
 #ifdef MS_HAVE_CUDA
 int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err);
+int ms_bench_gpu_ceilings(ms_backend *b, double *copy_gbs, double *bf16_tflops, ms_err *err);
 #endif
+
+int ms_backend_gpu_ceilings(ms_backend *b, double *copy_gbs, double *bf16_tflops, ms_err *err) {
+#ifdef MS_HAVE_CUDA
+    if (!strcmp(b->name, "cuda")) return ms_bench_gpu_ceilings(b, copy_gbs, bf16_tflops, err);
+#endif
+    return ms_errf(err, MS_ERR_UNSUPPORTED, "backend %s has no GPU ceiling probe", b->name);
+}
 
 int ms_backend_cuda_compiled(void) {
 #ifdef MS_HAVE_CUDA

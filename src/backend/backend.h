@@ -159,6 +159,10 @@ void ms_backend_destroy(ms_backend *b);
 /* 1 when this build has the CUDA backend compiled in. */
 int ms_backend_cuda_compiled(void);
 
+/* GPU ceilings for benchmarks: device-to-device copy bandwidth (GB/s, bytes read + written counted
+ * once each) and dense bf16 GEMM rate (TFLOP/s), measured now. MS_ERR_UNSUPPORTED on the CPU. */
+int ms_backend_gpu_ceilings(ms_backend *b, double *copy_gbs, double *bf16_tflops, ms_err *err);
+
 /* Convenience: allocate a tensor of dtype/shape in backend memory. */
 int ms_backend_alloc(ms_backend *b, ms_tensor *t, ms_dtype dtype, int ndim, const int64_t *shape, ms_err *err);
 

@@ -108,14 +108,15 @@ int fw_attn_dsa(ms_forward *f, int L, int T, int *topk_valid, ms_err *err) {
     /* key selection */
     const int dense = f->meta.max_ctx <= c->index_topk;
     if (c->indexer_full[L]) {
-        MS_TRY(indexer(f, L, T, &cq, dense, err));
+        FW_PROF(f, "indexer (in attention)", indexer(f, L, T, &cq, dense, err), err);
         *topk_valid = !dense;
         if (!dense) MS_TRY(fw_decide_index(f, L, T, err));
     }
     const int32_t *topk = *topk_valid ? f->topk.data : NULL;
     ms_tensor olat = fw_view3(&f->olat, T, nh, kvl);
-    MS_TRY(op->mla_attn(b, &qabs, &f->kc[L], &f->meta, topk, c->index_topk, kvl, 1.0f / sqrtf((float)(dn + dr)), &olat,
-                        err));
+    FW_PROF(f, "attn_kernel (in attention)",
+            op->mla_attn(b, &qabs, &f->kc[L], &f->meta, topk, c->index_topk, kvl, 1.0f / sqrtf((float)(dn + dr)), &olat, err),
+            err);
     FW_TRY_CHECK(f, &olat, "attention", err);
     ms_tensor vout = fw_view2(&f->vout, T, (int64_t)nh * dv);
     MS_TRY(op->mla_v_up(b, &l->kv_b_proj, &olat, nh, dn, dv, &vout, err));

@@ -8,6 +8,8 @@
  * except when a batch's block table outgrows every earlier one. */
 #include "model/forward_internal.h"
 
+#include "core/fileutil.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +58,38 @@ static void free_t(ms_forward *f, ms_tensor *t) {
 const int *ms_forward_routed_experts(const ms_forward *f) { return f->routed; }
 
 void ms_forward_set_record_routing(ms_forward *f, int on) { f->routing_paused = !on; }
+
+void ms_forward_set_profile(ms_forward *f, int on) {
+    f->prof_on = on;
+    f->prof_n = 0;
+}
+
+int ms_forward_profile(const ms_forward *f, const char **names, double *seconds, int cap) {
+    int n = f->prof_n < cap ? f->prof_n : cap;
+    for (int i = 0; i < n; i++) names[i] = f->prof_name[i], seconds[i] = f->prof_s[i];
+    return n;
+}
+
+int fw_prof_begin(ms_forward *f, double *t0, ms_err *err) {
+    MS_TRY(f->b->ops->sync(f->b, err));
+    *t0 = ms_now();
+    return MS_OK;
+}
+
+int fw_prof_end(ms_forward *f, const char *name, double t0, ms_err *err) {
+    MS_TRY(f->b->ops->sync(f->b, err));
+    double dt = ms_now() - t0;
+    for (int i = 0; i < f->prof_n; i++)
+        if (!strcmp(f->prof_name[i], name)) {
+            f->prof_s[i] += dt;
+            return MS_OK;
+        }
+    if (f->prof_n < 32) {
+        f->prof_name[f->prof_n] = name;
+        f->prof_s[f->prof_n++] = dt;
+    }
+    return MS_OK;
+}
 
 size_t ms_forward_kv_bytes_per_token(const ms_model *m, const ms_backend *b) {
     const ms_config *c = &m->cfg;
@@ -213,13 +247,16 @@ static int mlp(ms_forward *f, int L, int T, ms_err *err) {
     const ms_backend_ops *op = f->b->ops;
     const int H = c->hidden_size;
     ms_tensor delta = fw_view2(&f->delta, T, H);
-    if (!l->is_moe) return swiglu(f, &l->gate_proj, &l->up_proj, &l->down_proj, T, &delta, err);
+    if (!l->is_moe) {
+        FW_PROF(f, "dense_mlp", swiglu(f, &l->gate_proj, &l->up_proj, &l->down_proj, T, &delta, err), err);
+        return MS_OK;
+    }
     const int k = c->num_experts_per_tok;
     ms_tensor a = fw_view2(&f->a, T, H);
     ms_route_cfg rc = {c->n_routed_experts, k, c->n_group > 0 ? c->n_group : 1, c->topk_group > 0 ? c->topk_group : 1,
                        c->norm_topk_prob, c->routed_scaling_factor};
-    MS_TRY(op->router(f->b, &a, &l->router, l->router_bias.data ? &l->router_bias : NULL, &rc, f->ids.data, f->rw.data,
-                      err));
+    FW_PROF(f, "router", op->router(f->b, &a, &l->router, l->router_bias.data ? &l->router_bias : NULL, &rc, f->ids.data,
+                                    f->rw.data, err), err);
     MS_TRY(fw_decide_experts(f, L, T, &rc, err));
     if (f->routed && !f->routing_paused) {
         MS_TRY(op->download(f->b, f->h_ids, f->ids.data, sizeof(int32_t) * (size_t)T * (size_t)k, err));
@@ -231,13 +268,13 @@ static int mlp(ms_forward *f, int L, int T, ms_err *err) {
     }
     ms_moe_shape s = moe_shape(f->m, T);
     const ms_moe_runner *r = ms_moe_pick(f->b, f->forced, &s);
-    MS_TRY(r->run(f->b, &l->experts, &a, f->ids.data, f->rw.data, k, &delta, f->moe_ws.data,
-                  ms_tensor_nbytes(&f->moe_ws), err));
+    FW_PROF(f, "moe_experts", r->run(f->b, &l->experts, &a, f->ids.data, f->rw.data, k, &delta, f->moe_ws.data,
+                                     ms_tensor_nbytes(&f->moe_ws), err), err);
     FW_TRY_CHECK(f, &delta, "moe_experts", err);
     if (l->has_shared) {
         /* delta = routed + shared (transformers adds the shared expert to the routed sum) */
         ms_tensor sh = fw_view2(&f->sh_out, T, H);
-        MS_TRY(swiglu(f, &l->sh_gate, &l->sh_up, &l->sh_down, T, &sh, err));
+        FW_PROF(f, "shared_expert", swiglu(f, &l->sh_gate, &l->sh_up, &l->sh_down, T, &sh, err), err);
         MS_TRY(op->add(f->b, &delta, &sh, err));
     }
     return MS_OK;
@@ -322,7 +359,7 @@ int ms_forward_run(ms_forward *f, const ms_batch *bt, float *logits_host, ms_err
     const int T = bt->n_tokens, H = c->hidden_size, V = c->vocab_size;
     f->batch = bt;
     f->layer = 0;
-    MS_TRY(upload_batch(f, bt, err));
+    FW_PROF(f, "batch_upload", upload_batch(f, bt, err), err);
     ms_tensor x = fw_view2(&f->x, T, H), a = fw_view2(&f->a, T, H), delta = fw_view2(&f->delta, T, H);
     MS_TRY(op->embed(f->b, &f->m->embed, f->d_tok.data, T, &x, err));
     FW_TRY_CHECK(f, &x, "embed", err);
@@ -330,11 +367,11 @@ int ms_forward_run(ms_forward *f, const ms_batch *bt, float *logits_host, ms_err
     for (int L = 0; L < c->num_layers; L++) {
         const ms_layer *l = &f->m->layers[L];
         f->layer = L;
-        MS_TRY(op->rmsnorm(f->b, &x, &l->attn_norm, c->rms_norm_eps, &a, err));
+        FW_PROF(f, "norms", op->rmsnorm(f->b, &x, &l->attn_norm, c->rms_norm_eps, &a, err), err);
         FW_TRY_CHECK(f, &a, "input_layernorm", err);
-        if (c->arch == MS_ARCH_GLM4_MOE) MS_TRY(fw_attn_glm4(f, L, T, err));
-        else MS_TRY(fw_attn_dsa(f, L, T, &topk_valid, err));
-        MS_TRY(op->add_rmsnorm(f->b, &x, &delta, &l->ffn_norm, c->rms_norm_eps, &a, err));
+        if (c->arch == MS_ARCH_GLM4_MOE) FW_PROF(f, "attention", fw_attn_glm4(f, L, T, err), err);
+        else FW_PROF(f, "attention", fw_attn_dsa(f, L, T, &topk_valid, err), err);
+        FW_PROF(f, "norms", op->add_rmsnorm(f->b, &x, &delta, &l->ffn_norm, c->rms_norm_eps, &a, err), err);
         FW_TRY_CHECK(f, &a, "post_attention_layernorm", err);
         MS_TRY(mlp(f, L, T, err));
         MS_TRY(op->add(f->b, &x, &delta, err));
@@ -355,7 +392,7 @@ int ms_forward_run(ms_forward *f, const ms_batch *bt, float *logits_host, ms_err
         ms_tensor rows = fw_view2(&f->lrows, n, H), nrm = fw_view2(&f->lnorm, n, H), lg = fw_view2(&f->logits, n, V);
         MS_TRY(op->gather_rows(f->b, &x, (const int32_t *)f->d_lidx.data + r0, n, &rows, err));
         MS_TRY(op->rmsnorm(f->b, &rows, &f->m->final_norm, c->rms_norm_eps, &nrm, err));
-        MS_TRY(op->linear(f->b, &f->m->lm_head, &nrm, &lg, err));
+        FW_PROF(f, "lm_head", op->linear(f->b, &f->m->lm_head, &nrm, &lg, err), err);
         if (f->o.check_numerics) {
             /* logit rows r0.. map to tokens logit_idx[r0..] */
             int64_t bad = -1;
@@ -364,7 +401,8 @@ int ms_forward_run(ms_forward *f, const ms_batch *bt, float *logits_host, ms_err
                 return ms_errf(err, MS_ERR_NUMERICS, "final op lm_head token position %d produced NaN/Inf",
                                bt->positions[bt->logit_idx[r0 + bad]]);
         }
-        MS_TRY(op->download(f->b, logits_host + (int64_t)r0 * V, lg.data, sizeof(float) * (size_t)n * (size_t)V, err));
+        FW_PROF(f, "logits_download",
+                op->download(f->b, logits_host + (int64_t)r0 * V, lg.data, sizeof(float) * (size_t)n * (size_t)V, err), err);
     }
     return op->sync(f->b, err);
 }

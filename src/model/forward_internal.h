@@ -33,6 +33,12 @@ struct ms_forward {
     int *routed;    /* [num_layers] distinct experts of the last step (record_routing) */
     int routing_paused; /* record_routing switched off for timed steps (no per-layer download) */
     int32_t *h_ids; /* [max_tokens * topk] host copy of router ids (record_routing) */
+    /* profiling (bench-model --profile): per-section GPU time, each section bracketed by syncs */
+    int prof_on;
+    int prof_n;
+    const char *prof_name[32];
+    double prof_s[32];
+    double prof_t0;
     /* per-step state */
     const ms_batch *batch;
     ms_attn_meta meta;
@@ -59,6 +65,22 @@ int fw_decide_experts(ms_forward *f, int L, int T, const ms_route_cfg *rc, ms_er
 /* Bytes of activation workspace the architecture's attention needs per token (for sizing). */
 int fw_alloc_glm4(ms_forward *f, ms_err *err);
 int fw_alloc_dsa(ms_forward *f, ms_err *err);
+
+/* Profiling brackets: with f->prof_on, sync the backend before and after and add the wall time to
+ * the named section. Sections nest only as documented by bench-model (attn_kernel inside attention). */
+int fw_prof_begin(ms_forward *f, double *t0, ms_err *err);
+int fw_prof_end(ms_forward *f, const char *name, double t0, ms_err *err);
+#define FW_PROF(f, name, expr, err)                                                                \
+    do {                                                                                           \
+        if ((f)->prof_on) {                                                                        \
+            double fw_t0_;                                                                         \
+            MS_TRY(fw_prof_begin((f), &fw_t0_, (err)));                                            \
+            MS_TRY(expr);                                                                          \
+            MS_TRY(fw_prof_end((f), (name), fw_t0_, (err)));                                       \
+        } else {                                                                                   \
+            MS_TRY(expr);                                                                          \
+        }                                                                                          \
+    } while (0)
 
 #define FW_TRY_CHECK(f, t, op, err)                                                                \
     do {                                                                                           \

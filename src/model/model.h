@@ -152,6 +152,13 @@ const int *ms_forward_routed_experts(const ms_forward *f);
  * of timed steps; the array keeps the last recorded step), on = 1 resumes it. */
 void ms_forward_set_record_routing(ms_forward *f, int on);
 /* Bytes of KV cache per token over all layers (for sizing the pool). */
+/* Profiling for bench-model --profile: while on, every major section of a step is bracketed by
+ * backend syncs and its wall time accumulated (slower than a normal step; sections are: batch_upload,
+ * norms, attention (with attn_kernel and indexer inside it), router, moe_experts, shared_expert,
+ * dense_mlp, lm_head, logits_download). Turning it on resets the totals. */
+void ms_forward_set_profile(ms_forward *f, int on);
+/* Copies up to cap (name, seconds) totals since profiling was turned on; returns the count. */
+int ms_forward_profile(const ms_forward *f, const char **names, double *seconds, int cap);
 size_t ms_forward_kv_bytes_per_token(const ms_model *m, const ms_backend *b);
 
 #endif
