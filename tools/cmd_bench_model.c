@@ -442,6 +442,17 @@ int cmd_bench_model(int argc, char **argv) {
         double dt = ms_now() - t0;
         best = dt < best ? dt : best;
     }
+    if (!prc && g_profile && fw) {
+        ms_forward_set_profile(fw, 1);
+        prc = fill_seq(&ex, 0, (int)((prefill + ps - 1) / ps), pids, (int)prefill, lg, &err);
+        const char *names[32];
+        double secs[32];
+        int n = ms_forward_profile(fw, names, secs, 32);
+        fprintf(stderr, "profile prefill %lld (synchronised sections, ms):", prefill);
+        for (int i = 0; i < n; i++) fprintf(stderr, " %s %.3f;", names[i], secs[i] * 1e3);
+        fprintf(stderr, "\n");
+        ms_forward_set_profile(fw, 0);
+    }
     free(pids);
     free(lg);
     if (prc) {
