@@ -3,7 +3,14 @@
  * (scores over the indexer key cache, then a per-query radix top-k). One kernel does both attention
  * kinds: a block takes a few query tokens of one sequence times a chunk of the heads sharing one
  * key/value head, walks the keys in tiles of 32 through shared memory and keeps a flash-style online
- * softmax in fp32. */
+ * softmax in fp32.
+ *
+ * Split-K ("flash decoding"): a decode step has one query per sequence, so the blocks above would be
+ * a handful (8 for GLM-4.5-Air at batch 1) on a 132-SM GPU and each would walk the whole context
+ * alone; bench-model --profile measured that attention kernel at 10 ms of a 28 ms step at context 256
+ * and 274 ms of 292 ms at 8192. When the grid is small, the keys are split into n_split ranges on
+ * gridDim.z; each block writes its unnormalised output with its running max and sum to a float
+ * workspace, and k_attn_combine merges the ranges (rescaling each by exp(m_z - M)). */
 #include "backend/cuda/cuda_internal.cuh"
 
 #include <math.h>
@@ -24,6 +31,10 @@ struct at_args {
     int max_blocks, page_size;
     const int32_t *topk;
     int topk_n;
+    int n_split;  /* key ranges on gridDim.z; 1 = no split */
+    const ms_batch *meta_host; /* host view for launch sizing (not read on the device) */
+    int max_ctx;
+    float *part;  /* n_split > 1: [T][nh][n_split][Dv + 2] partial O, then m, l */
 };
 
 __global__ __launch_bounds__(AT_THREADS) void k_attn(at_args a) {
@@ -70,10 +81,13 @@ __global__ __launch_bounds__(AT_THREADS) void k_attn(at_args a) {
     __syncthreads();
     const int nkeys = a.topk ? a.topk_n : maxlim + 1;
     const int32_t *tk = a.topk ? a.topk + (size_t)t0 * a.topk_n : NULL;
-    for (int j0 = 0; j0 < nkeys; j0 += AT_TK) {
+    /* this block's key range: tiles [z*per, (z+1)*per) of the nkeys keys */
+    const int ntiles = (nkeys + AT_TK - 1) / AT_TK, per = (ntiles + a.n_split - 1) / a.n_split;
+    const int jb = (int)blockIdx.z * per * AT_TK, je = min(nkeys, ((int)blockIdx.z + 1) * per * AT_TK);
+    for (int j0 = jb; j0 < je; j0 += AT_TK) {
         if (tid < AT_TK) {
             int j = j0 + tid, key = -1;
-            if (j < nkeys) key = tk ? tk[j] : j;
+            if (j < je) key = tk ? tk[j] : j;
             int slot = -1;
             if (key >= 0 && key <= maxlim) {
                 int pg = key / a.page_size;
@@ -145,6 +159,17 @@ __global__ __launch_bounds__(AT_THREADS) void k_attn(at_args a) {
         }
         __syncthreads();
     }
+    if (a.part) { /* split-K: unnormalised partials with their max and sum, merged by k_attn_combine */
+        for (int i = tid; i < R * (Dv + 2); i += AT_THREADS) {
+            int r = i / (Dv + 2), c = i % (Dv + 2), ti = r / a.hc, hi = r % a.hc;
+            if (ti < ntok && hi < nhc) {
+                int h = kvh * a.g + h0 + hi;
+                float v = c < Dv ? Os[(size_t)r * Dv + c] : c == Dv ? mrow[r] : lrow[r];
+                a.part[(((size_t)(t0 + ti) * a.nh + h) * a.n_split + blockIdx.z) * (Dv + 2) + c] = v;
+            }
+        }
+        return;
+    }
     for (int i = tid; i < R * Dv; i += AT_THREADS) {
         int r = i / Dv, c = i % Dv, ti = r / a.hc, hi = r % a.hc;
         if (ti < ntok && hi < nhc) {
@@ -152,6 +177,28 @@ __global__ __launch_bounds__(AT_THREADS) void k_attn(at_args a) {
             float l = lrow[r];
             a.out[((size_t)(t0 + ti) * a.nh + h) * Dv + c] = __float2bfloat16_rn(l > 0.f ? Os[i] / l : 0.f);
         }
+    }
+}
+
+/* Merges the n_split partial results of each (token, head): M = max m_z, L = sum l_z e^(m_z - M),
+ * out = sum O_z e^(m_z - M) / L. Ranges that saw no key have m = -inf and drop out. */
+__global__ void k_attn_combine(const float *part, int n_split, int Dv, int nh, bf16 *out) {
+    const int t = blockIdx.x, h = blockIdx.y;
+    const float *p = part + ((size_t)t * nh + h) * n_split * (Dv + 2);
+    float M = -INFINITY;
+    for (int z = 0; z < n_split; z++) M = fmaxf(M, p[(size_t)z * (Dv + 2) + Dv]);
+    float L = 0.f;
+    for (int z = 0; z < n_split; z++) {
+        float m = p[(size_t)z * (Dv + 2) + Dv];
+        if (m != -INFINITY) L += p[(size_t)z * (Dv + 2) + Dv + 1] * expf(m - M);
+    }
+    for (int c = threadIdx.x; c < Dv; c += blockDim.x) {
+        float o = 0.f;
+        for (int z = 0; z < n_split; z++) {
+            float m = p[(size_t)z * (Dv + 2) + Dv];
+            if (m != -INFINITY) o += p[(size_t)z * (Dv + 2) + c] * expf(m - M);
+        }
+        out[((size_t)t * nh + h) * Dv + c] = __float2bfloat16_rn(L > 0.f ? o / L : 0.f);
     }
 }
 
@@ -168,9 +215,34 @@ static int at_launch(ms_backend *b, at_args *a, int nkv, size_t sm, ms_err *err)
         return ms_errf(err, MS_ERR_UNSUPPORTED, "attention: head dims need %zu bytes of shared memory, GPU allows %d",
                        sm, c->max_smem_optin);
     if (sm > 48 * 1024) CK(cudaFuncSetAttribute(k_attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    dim3 grid(a->T, nkv * a->n_chunks);
+    /* Split the keys when the grid would leave most SMs idle: leader blocks ~ one per bq-token group
+     * of each sequence; aim at two blocks per SM, at least a tile per range, at most 64 ranges. */
+    const ms_batch *hb = a->meta_host;
+    int64_t groups = (a->T + a->bq - 1) / a->bq + hb->n_seqs;
+    int64_t blocks = groups * nkv * a->n_chunks;
+    int max_keys = a->topk ? a->topk_n : a->max_ctx;
+    int tiles = (max_keys + AT_TK - 1) / AT_TK;
+    int want = (int)((2 * (int64_t)(b->gpu.n_sm > 0 ? b->gpu.n_sm : 100) + blocks - 1) / blocks);
+    int ns = want < tiles ? want : tiles;
+    if (ns > 64) ns = 64;
+    if (ns < 1) ns = 1;
+    if (getenv("MS_ATTN_NO_SPLIT")) ns = 1;
+    a->n_split = ns;
+    a->part = NULL;
+    if (ns > 1) {
+        void *ws;
+        MS_TRY(cu_scratch(b, SCR_ATTN, sizeof(float) * (size_t)a->T * (size_t)a->nh * (size_t)ns * (size_t)(a->Dv + 2), &ws,
+                          err));
+        a->part = (float *)ws;
+    }
+    dim3 grid(a->T, nkv * a->n_chunks, ns);
     k_attn<<<grid, AT_THREADS, sm, c->stream>>>(*a);
     CK_LAUNCH();
+    if (ns > 1) {
+        dim3 cg(a->T, a->nh);
+        k_attn_combine<<<cg, 128, 0, c->stream>>>(a->part, ns, a->Dv, a->nh, a->out);
+        CK_LAUNCH();
+    }
     return MS_OK;
 }
 
@@ -182,6 +254,8 @@ static void at_meta(at_args *a, const ms_attn_meta *m) {
     a->max_blocks = m->host->max_blocks;
     a->page_size = m->host->page_size;
     a->T = m->host->n_tokens;
+    a->meta_host = m->host;
+    a->max_ctx = m->max_ctx;
 }
 
 int cu_op_attn_gqa(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, const ms_tensor *vcache,
@@ -207,7 +281,8 @@ int cu_op_attn_gqa(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, c
     a.hc = a.g < AT_MAXR ? a.g : AT_MAXR;
     a.n_chunks = (a.g + a.hc - 1) / a.hc;
     a.bq = AT_MAXR / a.hc;
-    if (a.bq < 1) a.bq = 1;
+    /* pure decode (one token per sequence): extra query rows would be padding, computed for nothing */
+    if (a.bq < 1 || m->host->n_tokens == m->host->n_seqs) a.bq = 1;
     a.Dk = a.Dv = d;
     a.scale = scale;
     size_t sm = at_smem(a.bq * a.hc, d, d, 1);

@@ -40,8 +40,8 @@ typedef __nv_bfloat16 bf16;
                            __LINE__, (int)ck_s_);                                                 \
     } while (0)
 
-#define MS_CU_N_SCRATCH 4
-enum { SCR_DEQ = 0, SCR_TMP = 1, SCR_TMP2 = 2, SCR_HOST = 3 };
+#define MS_CU_N_SCRATCH 5
+enum { SCR_DEQ = 0, SCR_TMP = 1, SCR_TMP2 = 2, SCR_HOST = 3, SCR_ATTN = 4 /* split-K attention partials */ };
 
 typedef struct cu_gemm_cache_ent {
     int used;
