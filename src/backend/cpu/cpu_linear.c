@@ -46,27 +46,6 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
-float ms_cpu_dot(const float *a, const float *b, int64_t n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int64_t k = 0;
-    for (; k + 16 <= n; k += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8), _mm256_loadu_ps(b + k + 8), s1);
-    }
-    for (; k + 8 <= n; k += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), s0);
-    float s = hsum256(_mm256_add_ps(s0, s1));
-    for (; k < n; k++) s += a[k] * b[k];
-    return s;
-}
-
-void ms_cpu_axpy(float a, const float *x, float *out, int64_t n) {
-    __m256 va = _mm256_set1_ps(a);
-    int64_t k = 0;
-    for (; k + 8 <= n; k += 8)
-        _mm256_storeu_ps(out + k, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + k), _mm256_loadu_ps(out + k)));
-    for (; k < n; k++) out[k] += a * x[k];
-}
-
 /* 8 E2M1 values from 4 bytes (low nibble first), times sc. */
 static inline __m256 nvfp4_8(uint32_t four, __m256 sc) {
     const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
