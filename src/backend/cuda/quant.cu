@@ -1,10 +1,12 @@
 /* quant.cu - kernels that read weights in their checkpoint format (BF16, FP8 block-scaled, NVFP4):
  * exact dequantization to bf16, the memory-bound grouped GEMV used for decode (each weight row read
- * once for all tokens that need it, 16-byte loads, dequantized in registers) and the grouped
+ * once for all tokens that need it, 16-byte loads, dequantized in registers; a staged variant keeps x
+ * in shared memory and gives each warp four weight-row streams) and the grouped
  * tensor-core GEMM (wmma bf16 m16n16k16, fp32 accumulate) that dequantizes weight tiles into shared
  * memory. The MoE runners and the linear op share them. */
 #include "backend/cuda/cuda_internal.cuh"
 
+#include <cuda_fp16.h>
 #include <mma.h>
 
 /* ---- exact dequantization ---- */
@@ -213,6 +215,215 @@ __global__ __launch_bounds__(GV_WARPS * 32) void k_gemv(gv_args a) {
     }
 }
 
+/* ---- staged grouped GEMV (decode fast path) ----
+ * The block stages its tokens' x rows (bf16) in shared memory once; each warp owns GV2_S weight-row
+ * streams (mode 0: 4 rows of W0; mode 1: 2 rows of W0 and the same 2 rows of W1) and issues all their
+ * 16-byte loads for one chunk before using them, so one x read from shared memory serves 4 weight
+ * chunks. Weights are decoded to half bit patterns that equal the exact value times a power of two
+ * (nvfp4: e2m1 * 2^-14, fp8: e4m3 * 2^-8, subnormals included); the power of two is folded into the
+ * block scale, so every product and partial sum is the old path's scaled exactly by 2^k. x units
+ * (16 B) are stored at u ^ ((u >> 3) & 3) so the lanes of a quarter-warp hit distinct banks. */
+
+#define GV2_S 4   /* weight-row streams per warp */
+#define GV2_TOK 4 /* tokens per staged pass (register budget) */
+#define GV2_SMEM_BUDGET (96 * 1024)
+
+__device__ __forceinline__ int gv2_swz(int u) { return u ^ ((u >> 3) & 3); }
+__device__ __forceinline__ float2 gv2_h2f(uint32_t bits) {
+    __half2 h = *reinterpret_cast<const __half2 *>(&bits);
+    return __half22float2(h);
+}
+
+/* Decodes unit h (8 consecutive k) of one 16-byte chunk into wf[0..7] in k order (scaled by 2^-14
+ * for nvfp4, 2^-8 for fp8, exact for bf16). */
+template <int FMT>
+__device__ __forceinline__ void gv2_decode(const uint4 &wv, int h, float *wf) {
+    const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
+    if (FMT == 0) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            wf[2 * q] = bf_lo(ws[q]);
+            wf[2 * q + 1] = bf_hi(ws[q]);
+        }
+    } else if (FMT == 1) {
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            const uint32_t w = ws[2 * h + t]; /* bytes b0..b3 = k 4t..4t+3 of the unit */
+            const uint32_t h02 = ((w << 7) & 0x3F803F80u) | ((w << 8) & 0x80008000u);
+            const uint32_t h13 = ((w >> 1) & 0x3F803F80u) | (w & 0x80008000u);
+            const float2 f02 = gv2_h2f(h02), f13 = gv2_h2f(h13);
+            wf[4 * t + 0] = f02.x;
+            wf[4 * t + 1] = f13.x;
+            wf[4 * t + 2] = f02.y;
+            wf[4 * t + 3] = f13.y;
+        }
+    } else {
+        const uint32_t w = ws[h]; /* nibble i = k i of the unit */
+        const uint32_t X[4] = {w << 9, w << 5, w << 1, w >> 3};
+        const uint32_t Y[4] = {w << 12, w << 8, w << 4, w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float2 f = gv2_h2f((X[i] & 0x0E000E00u) | (Y[i] & 0x80008000u));
+            wf[i] = f.x;
+            wf[i + 4] = f.y;
+        }
+    }
+}
+
+template <int FMT, int MODE>
+__global__ __launch_bounds__(256) void k_gv2(gv_args a, int st) {
+    extern __shared__ uint4 gv2_smem[];
+    bf16 *xs = (bf16 *)gv2_smem;
+    const int g = blockIdx.x;
+    if (a.n_active && g >= *a.n_active) return;
+    cu_wdesc W0, W1;
+    int off = 0, cnt = a.rows_total;
+    if (a.W0) {
+        const int wid = a.group_w ? a.group_w[g] : g;
+        W0 = a.W0[wid];
+        W1 = MODE == 1 ? a.W1[wid] : W0;
+        off = a.row_off[wid];
+        cnt = a.row_cnt[wid];
+    } else {
+        W0 = a.w0;
+        W1 = a.w0;
+    }
+    if (cnt <= 0) return; /* block-uniform: before any barrier */
+    constexpr int RPW = MODE == 1 ? 2 : 4;
+    constexpr int UPC = FMT == 0 ? 1 : FMT == 1 ? 2 : 4; /* 16-byte x units per weight chunk */
+    const int K = a.K, N = a.N, KP = (K + 31) & ~31, nu = K / 8, nc = K / (8 * UPC);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
+    const int nb = (blockIdx.y * nwarps + warp) * RPW;
+    const bool active = nb < N; /* warp-uniform; idle warps still help stage x */
+    const uint4 *wp[GV2_S];
+    const void *sp[GV2_S];
+    float s2[GV2_S];
+#pragma unroll
+    for (int s = 0; s < GV2_S; s++) {
+        const cu_wdesc &M = (MODE == 1 && s >= 2) ? W1 : W0;
+        const int n = min(nb + (MODE == 1 ? (s & 1) : s), N - 1); /* clamped rows are computed, not stored */
+        s2[s] = M.scale2;
+        if (FMT == 0) {
+            wp[s] = (const uint4 *)((const bf16 *)M.w + (size_t)n * K);
+            sp[s] = NULL;
+        } else if (FMT == 1) {
+            wp[s] = (const uint4 *)((const uint8_t *)M.w + (size_t)n * K);
+            sp[s] = (const float *)M.scale + (size_t)(n / 128) * M.scale_ld;
+        } else {
+            wp[s] = (const uint4 *)((const uint8_t *)M.w + (size_t)n * (K / 2));
+            sp[s] = (const uint8_t *)M.scale + (size_t)n * (K / 16);
+        }
+    }
+    for (int r0 = 0; r0 < cnt; r0 += st) {
+        const int nr = min(st, cnt - r0);
+        if (r0 > 0) __syncthreads(); /* previous pass done reading xs */
+        for (int i = threadIdx.x; i < nr * nu; i += blockDim.x) {
+            const int j = i / nu, u = i - j * nu;
+            const int r = off + r0 + j;
+            const int xrow = a.row_idx ? a.row_idx[r] : r;
+            const uint4 v = __ldg((const uint4 *)(a.x + (size_t)xrow * K) + u);
+            *(uint4 *)(xs + (size_t)j * KP + gv2_swz(u) * 8) = v;
+        }
+        __syncthreads();
+        if (!active) continue;
+        float acc[GV2_S][GV2_TOK];
+#pragma unroll
+        for (int s = 0; s < GV2_S; s++)
+#pragma unroll
+            for (int j = 0; j < GV2_TOK; j++) acc[s][j] = 0.f;
+        for (int c = lane; c < nc; c += 32) {
+            uint4 wv[GV2_S];
+            float sc[GV2_S][2];
+#pragma unroll
+            for (int s = 0; s < GV2_S; s++) wv[s] = __ldg(wp[s] + c);
+#pragma unroll
+            for (int s = 0; s < GV2_S; s++) {
+                if (FMT == 1) {
+                    sc[s][0] = sc[s][1] = __ldg((const float *)sp[s] + c / 8) * 256.f; /* 128-wide block */
+                } else if (FMT == 2) {
+                    const uint32_t b2 = __ldg((const uint16_t *)sp[s] + c); /* groups 2c, 2c+1 */
+                    sc[s][0] = __fmul_rn(cu_e4m3(b2 & 0xffu), s2[s]) * 16384.f;
+                    sc[s][1] = __fmul_rn(cu_e4m3(b2 >> 8), s2[s]) * 16384.f;
+                } else {
+                    sc[s][0] = sc[s][1] = 1.f;
+                }
+            }
+            float p[GV2_S][GV2_TOK];
+#pragma unroll
+            for (int s = 0; s < GV2_S; s++)
+#pragma unroll
+                for (int j = 0; j < GV2_TOK; j++) p[s][j] = 0.f;
+#pragma unroll
+            for (int h = 0; h < UPC; h++) {
+                float wf[GV2_S][8];
+#pragma unroll
+                for (int s = 0; s < GV2_S; s++) gv2_decode<FMT>(wv[s], h, wf[s]);
+                const int u = c * UPC + h;
+#pragma unroll
+                for (int j = 0; j < GV2_TOK; j++) {
+                    if (j < nr) {
+                        const uint4 xv = *(const uint4 *)(xs + (size_t)j * KP + gv2_swz(u) * 8);
+                        const float xf[8] = {bf_lo(xv.x), bf_hi(xv.x), bf_lo(xv.y), bf_hi(xv.y),
+                                             bf_lo(xv.z), bf_hi(xv.z), bf_lo(xv.w), bf_hi(xv.w)};
+#pragma unroll
+                        for (int s = 0; s < GV2_S; s++) {
+                            float t = p[s][j];
+#pragma unroll
+                            for (int e = 0; e < 8; e++) t = fmaf(xf[e], wf[s][e], t);
+                            p[s][j] = t;
+                        }
+                    }
+                }
+                /* end of a scale group: nvfp4 after units 1 and 3, fp8/bf16 after the chunk */
+                if ((FMT == 2 && (h == 1 || h == 3)) || (FMT != 2 && h == UPC - 1)) {
+                    const int gi = (FMT == 2 && h == 3) ? 1 : 0;
+#pragma unroll
+                    for (int s = 0; s < GV2_S; s++)
+#pragma unroll
+                        for (int j = 0; j < GV2_TOK; j++) {
+                            acc[s][j] = fmaf(p[s][j], sc[s][gi], acc[s][j]);
+                            p[s][j] = 0.f;
+                        }
+                }
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < GV2_S; s++)
+#pragma unroll
+            for (int j = 0; j < GV2_TOK; j++)
+                if (j < nr) acc[s][j] = warp_sum(acc[s][j]);
+        if (lane == 0) {
+#pragma unroll
+            for (int j = 0; j < GV2_TOK; j++) {
+                if (j >= nr) continue;
+                const size_t yrow = (size_t)(off + r0 + j) * a.ldy;
+                if (MODE == 1) {
+#pragma unroll
+                    for (int r = 0; r < 2; r++)
+                        if (nb + r < N) ((bf16 *)a.y)[yrow + nb + r] = __float2bfloat16_rn(cu_silu(acc[r][j]) * acc[2 + r][j]);
+                } else {
+#pragma unroll
+                    for (int s = 0; s < GV2_S; s++)
+                        if (nb + s < N) cu_st(a.y, a.y_type, yrow + nb + s, acc[s][j]);
+                }
+            }
+        }
+    }
+}
+
+/* Launches k_gv2, raising its dynamic shared memory limit to budget when smem needs more than the
+ * default 48 KB (per call: the attribute is per device, and decode shapes never need it). */
+template <int F, int M>
+static cudaError_t gv2_launch(dim3 grid, int threads, size_t smem, int budget, cudaStream_t st, const gv_args &a,
+                              int tok) {
+    if (smem > 48 * 1024) {
+        cudaError_t ce = cudaFuncSetAttribute(k_gv2<F, M>, cudaFuncAttributeMaxDynamicSharedMemorySize, budget);
+        if (ce != cudaSuccess) return ce;
+    }
+    k_gv2<F, M><<<grid, threads, smem, st>>>(a, tok);
+    return cudaSuccess;
+}
+
 static int gv_fmt(const cu_wdesc *w) {
     if (w->fmt == MS_WFMT_PLAIN && w->dtype == MS_BF16 && w->k % 8 == 0) return 0;
     if (w->fmt == MS_WFMT_FP8 && w->k % 16 == 0) return 1;
@@ -220,6 +431,8 @@ static int gv_fmt(const cu_wdesc *w) {
     return 3;
 }
 
+/* With the device tables (W0_d != NULL), rows_total > 0 is only a hint: the usual most rows of one group,
+ * which sizes the staged path's shared memory (any row count stays correct, in more passes). */
 int cu_gemv_grouped(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
                     int n_groups, const int32_t *n_active_d, const int32_t *group_w_d, const int32_t *row_off_d,
                     const int32_t *row_cnt_d, const int32_t *row_idx_d, int rows_total, const bf16 *x, void *y,
@@ -243,9 +456,34 @@ int cu_gemv_grouped(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdes
     a.N = w_host->n;
     a.K = w_host->k;
     MS_ASSERT(mode == 0 || W0_d); /* gate/up fusion needs the device tables */
-    dim3 grid(n_groups, cu_blocks(a.N, GV_WARPS * GV_RPW));
     cudaStream_t st = cu_of(b)->stream;
     int f = gv_fmt(w_host);
+    /* staged path: tokens per pass limited by registers, shared memory and the caller's row bound */
+    const int KP = (a.K + 31) & ~31;
+    int budget = cu_of(b)->max_smem_optin;
+    if (budget <= 0 || budget > GV2_SMEM_BUDGET) budget = budget <= 0 ? 48 * 1024 : GV2_SMEM_BUDGET;
+    int tok = f <= 2 ? budget / (KP * 2) : 0;
+    if (tok > GV2_TOK) tok = GV2_TOK;
+    if (rows_total > 0 && tok > rows_total) tok = rows_total;
+    if (tok >= 1) {
+        const int rpw = mode == 1 ? 2 : 4, nsm = b->gpu.n_sm > 0 ? b->gpu.n_sm : 132;
+        int wb = 8; /* warps per block: fewer when the grid would not cover the SMs twice */
+        while (wb > 2 && (int64_t)n_groups * cu_blocks(a.N, wb * rpw) < 2 * nsm) wb /= 2;
+        dim3 g2(n_groups, cu_blocks(a.N, wb * rpw));
+        const size_t smem = (size_t)tok * KP * 2;
+        cudaError_t ce = cudaSuccess;
+#define GV2_L(F, M) ce = gv2_launch<F, M>(g2, wb * 32, smem, budget, st, a, tok)
+        if (mode == 0) {
+            switch (f) { case 0: GV2_L(0, 0); break; case 1: GV2_L(1, 0); break; default: GV2_L(2, 0); }
+        } else {
+            switch (f) { case 0: GV2_L(0, 1); break; case 1: GV2_L(1, 1); break; default: GV2_L(2, 1); }
+        }
+#undef GV2_L
+        CK(ce);
+        CK_LAUNCH();
+        return MS_OK;
+    }
+    dim3 grid(n_groups, cu_blocks(a.N, GV_WARPS * GV_RPW));
 #define GV_L(F, M) k_gemv<F, M><<<grid, GV_WARPS * 32, 0, st>>>(a)
     if (mode == 0) {
         switch (f) { case 0: GV_L(0, 0); break; case 1: GV_L(1, 0); break; case 2: GV_L(2, 0); break; default: GV_L(3, 0); }

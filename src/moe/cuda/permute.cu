@@ -162,18 +162,68 @@ __global__ void k_moe_gather(const bf16 *x, int H, const int32_t *sorted_tok, co
     }
 }
 
+/* Small calls (decode): count, scan and scatter in one single-block launch with the counters in shared
+ * memory; the outputs are those of the three kernels above (cursor ends at the counts, as there). */
+#define MOE_SMALL_E 4096
+#define MOE_SMALL_P 4096
+__global__ __launch_bounds__(256) void k_moe_route_small(const int32_t *ids, int P, int topk, int E, int32_t *counts,
+                                                         int32_t *offsets, int32_t *tile_off, int32_t *active,
+                                                         int32_t *n_active, int32_t *cursor, int32_t *sorted_tok,
+                                                         int32_t *pair_pos) {
+    __shared__ int s_cnt[MOE_SMALL_E];
+    __shared__ int s_cur[MOE_SMALL_E];
+    const int tid = threadIdx.x;
+    for (int e = tid; e < E; e += blockDim.x) s_cnt[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < P; i += blockDim.x) {
+        int e = ids[i];
+        if (e >= 0 && e < E) atomicAdd(&s_cnt[e], 1);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int off = 0, toff = 0, na = 0;
+        for (int e = 0; e < E; e++) {
+            int c = s_cnt[e];
+            offsets[e] = off;
+            tile_off[e] = toff;
+            s_cur[e] = off;
+            off += c;
+            toff += (c + CU_GG_BM - 1) / CU_GG_BM;
+            if (c > 0) active[na++] = e;
+        }
+        offsets[E] = off;
+        tile_off[E] = toff;
+        *n_active = na;
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += blockDim.x) counts[e] = cursor[e] = s_cnt[e];
+    for (int i = tid; i < P; i += blockDim.x) {
+        int e = ids[i];
+        if (e < 0 || e >= E) { pair_pos[i] = -1; continue; }
+        int pos = atomicAdd(&s_cur[e], 1);
+        sorted_tok[pos] = i / topk;
+        pair_pos[i] = pos;
+    }
+}
+
 int moe_cu_route_permute(ms_backend *b, moe_cu_ws *w, const int32_t *ids_d, const bf16 *x, int gather, ms_err *err) {
     cudaStream_t st = cu_of(b)->stream;
     int P = w->P;
-    CK(cudaMemsetAsync(w->counts, 0, sizeof(int32_t) * (size_t)w->E, st));
-    int g = (P + 255) / 256;
-    if (g < 1) g = 1;
-    k_moe_count<<<g, 256, 0, st>>>(ids_d, P, w->E, w->counts);
-    CK_LAUNCH();
-    k_moe_scan<<<1, 32, 0, st>>>(w->counts, w->E, w->offsets, w->tile_off, w->active, w->n_active, w->cursor);
-    CK_LAUNCH();
-    k_moe_scatter<<<g, 256, 0, st>>>(ids_d, P, w->topk, w->E, w->offsets, w->cursor, w->sorted_tok, w->pair_pos);
-    CK_LAUNCH();
+    if (P <= MOE_SMALL_P && w->E <= MOE_SMALL_E) {
+        k_moe_route_small<<<1, 256, 0, st>>>(ids_d, P, w->topk, w->E, w->counts, w->offsets, w->tile_off, w->active,
+                                             w->n_active, w->cursor, w->sorted_tok, w->pair_pos);
+        CK_LAUNCH();
+    } else {
+        CK(cudaMemsetAsync(w->counts, 0, sizeof(int32_t) * (size_t)w->E, st));
+        int g = (P + 255) / 256;
+        if (g < 1) g = 1;
+        k_moe_count<<<g, 256, 0, st>>>(ids_d, P, w->E, w->counts);
+        CK_LAUNCH();
+        k_moe_scan<<<1, 32, 0, st>>>(w->counts, w->E, w->offsets, w->tile_off, w->active, w->n_active, w->cursor);
+        CK_LAUNCH();
+        k_moe_scatter<<<g, 256, 0, st>>>(ids_d, P, w->topk, w->E, w->offsets, w->cursor, w->sorted_tok, w->pair_pos);
+        CK_LAUNCH();
+    }
     if (gather && P > 0) {
         k_moe_gather<<<P, 128, 0, st>>>(x, w->H, w->sorted_tok, w->offsets, w->E, w->xs);
         CK_LAUNCH();

@@ -2,7 +2,8 @@
  * gate/up weight rows once (16-byte loads, dequantized in registers) for all tokens routed to it and
  * writes silu(gate)*up; a second pass does the same for down; then the fp32 combine. Memory-bound by
  * design: the bytes read are the selected experts' weights. Tokens are read in place (no permuted
- * copy of x). */
+ * copy of x). rows_total = T is passed to the GEMV as a hint for sizing its shared-memory token
+ * staging (an expert usually gets at most one row per token; more rows only take more passes). */
 #include "moe/cuda/moe_cuda.cuh"
 
 static int decode_supports(const ms_backend *b, const ms_moe_shape *s, char *why, size_t why_cap) {
@@ -28,8 +29,8 @@ static int decode_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, co
     MS_TRY(moe_cu_route_permute(b, &w, ids_d, (const bf16 *)x->data, 0, err));
     int slots = w.E < w.P ? w.E : w.P;
     MS_TRY(cu_gemv_grouped(b, 1, p->gate_d, p->up_d, &p->gate_h, slots, w.n_active, w.active, w.offsets, w.counts,
-                           w.sorted_tok, 0, (const bf16 *)x->data, w.h, MS_BF16, w.I, err));
-    MS_TRY(cu_gemv_grouped(b, 0, p->down_d, NULL, &p->down_h, slots, w.n_active, w.active, w.offsets, w.counts, NULL, 0,
+                           w.sorted_tok, w.T, (const bf16 *)x->data, w.h, MS_BF16, w.I, err));
+    MS_TRY(cu_gemv_grouped(b, 0, p->down_d, NULL, &p->down_h, slots, w.n_active, w.active, w.offsets, w.counts, NULL, w.T,
                            w.h, w.ys, MS_F32, w.H, err));
     return moe_cu_combine(b, &w, w_d, out, err);
 }
