@@ -49,7 +49,7 @@ bench_model() { # name limit_s args...
   local name=$1 lim=$2; shift 2
   local t=$(date +%s)
   timeout "$lim" "$BIN" bench-model --device cuda --load-format dummy --dummy-quant nvfp4 --moe-runner-backend "$RUNNER" \
-    --json "$@" >"$OUT/$name.json" 2>"$OUT/$name.log"
+    --json ${PROFILE:+--profile} "$@" >"$OUT/$name.json" 2>"$OUT/$name.log"
   local rc=$?
   echo "=== $name (rc=$rc, $(( $(date +%s) - t )) s)" | tee -a "$OUT/summary.txt"
   summarize "$OUT/$name.json" | tee -a "$OUT/summary.txt"
