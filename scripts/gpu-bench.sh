@@ -57,9 +57,9 @@ bench_model() { # name limit_s args...
 }
 
 : >"$OUT/summary.txt"
-bench_model air-nvfp4 130 --model configs/glm-4.5-air.json --override num_hidden_layers=$AIR_LAYERS \
+bench_model air-nvfp4 160 --model configs/glm-4.5-air.json --override num_hidden_layers=$AIR_LAYERS \
   --batches "$BATCHES" --ctx 256,8192 --prefill 4096
-bench_model glm5-12l-nvfp4 120 --model configs/glm-5.json --override num_hidden_layers=12 \
+bench_model glm5-12l-nvfp4 130 --model configs/glm-5.json --override num_hidden_layers=12 \
   --batches "$BATCHES" --ctx 1024,16384 --prefill 4096
 
 # tune: decode-vs-grouped crossover for this GPU (writes configs/tuned/<gpu>.json here; copied to $OUT)
