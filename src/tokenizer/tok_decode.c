@@ -140,38 +140,6 @@ static int byte_token(const char *s, size_t n) {
     return v;
 }
 
-static int replace_str(const char *s, size_t n, const char *pat, size_t pl, const tk_regex *re, const char *rep,
-                       size_t rl, tk_buf *out) {
-    if (re) {
-        size_t prev = 0, last_end = 0;
-        long last_match_end = -1;
-        while (last_end <= n) {
-            size_t ms, me;
-            int f = tk_regex_find(re, s, n, last_end, &ms, &me);
-            if (f < 0) return -1;
-            if (!f) break;
-            if (ms == me && last_match_end == (long)me) {
-                last_end += last_end < n ? (size_t)tk_utf8_len((unsigned char)s[last_end]) : 1;
-                continue;
-            }
-            last_end = me;
-            last_match_end = (long)me;
-            if (tk_buf_put(out, s + prev, ms - prev) || tk_buf_put(out, rep, rl)) return -1;
-            prev = me;
-        }
-        return tk_buf_put(out, s + prev, n - prev);
-    }
-    size_t i = 0;
-    while (i < n) {
-        const char *q = pl <= n - i ? memmem(s + i, n - i, pat, pl) : NULL;
-        if (!q) break;
-        size_t at = (size_t)(q - s);
-        if (tk_buf_put(out, s + i, at - i) || tk_buf_put(out, rep, rl)) return -1;
-        i = at + pl;
-    }
-    return tk_buf_put(out, s + i, n - i);
-}
-
 static int wp_cleanup(const char *s, size_t n, tk_buf *out) {
     static const char *P[11][2] = {{" .", "."},     {" ?", "?"},     {" !", "!"},   {" ,", ","},
                                    {" ' ", "'"},    {" n't", "n't"}, {" 'm", "'m"}, {" do not", " don't"},
@@ -180,7 +148,7 @@ static int wp_cleanup(const char *s, size_t n, tk_buf *out) {
     if (tk_buf_put(&a, s, n)) return -1;
     for (int k = 0; k < 11; k++) {
         b.len = 0;
-        if (replace_str(a.p ? a.p : "", a.len, P[k][0], strlen(P[k][0]), NULL, P[k][1], strlen(P[k][1]), &b)) {
+        if (tk_replace_all(a.p ? a.p : "", a.len, P[k][0], strlen(P[k][0]), NULL, P[k][1], strlen(P[k][1]), &b)) {
             tk_buf_free(&a);
             tk_buf_free(&b);
             return -1;
@@ -269,7 +237,7 @@ static int dec_step(const tk_dec *d, plist *in, plist *out, int first, int more,
     case TK_D_REPLACE:
         for (int i = 0; i < in->n && !rc; i++) {
             tmp.len = 0;
-            rc = replace_str(PS(in, i), in->p[i].len, d->pat, d->pat_len, d->re, d->content, d->content_len, &tmp);
+            rc = tk_replace_all(PS(in, i), in->p[i].len, d->pat, d->pat_len, d->re, d->content, d->content_len, &tmp);
             if (!rc) rc = pl_add(out, tmp.p ? tmp.p : "", tmp.len);
         }
         break;
@@ -277,7 +245,7 @@ static int dec_step(const tk_dec *d, plist *in, plist *out, int first, int more,
         for (int i = 0; i < in->n && !rc; i++) {
             tmp.len = 0;
             int drop = i == 0 && first && d->prepend;
-            rc = replace_str(PS(in, i), in->p[i].len, d->pat, d->pat_len, NULL, " ", drop ? 0 : 1, &tmp);
+            rc = tk_replace_all(PS(in, i), in->p[i].len, d->pat, d->pat_len, NULL, " ", drop ? 0 : 1, &tmp);
             if (!rc) rc = pl_add(out, tmp.p ? tmp.p : "", tmp.len);
         }
         break;
@@ -285,7 +253,7 @@ static int dec_step(const tk_dec *d, plist *in, plist *out, int first, int more,
         for (int i = 0; i < in->n && !rc; i++) {
             tmp.len = 0;
             int last = i == in->n - 1 && !more;
-            rc = replace_str(PS(in, i), in->p[i].len, d->pat, d->pat_len, NULL, " ", last ? 0 : 1, &tmp);
+            rc = tk_replace_all(PS(in, i), in->p[i].len, d->pat, d->pat_len, NULL, " ", last ? 0 : 1, &tmp);
             if (!rc) rc = pl_add(out, tmp.p ? tmp.p : "", tmp.len);
         }
         break;

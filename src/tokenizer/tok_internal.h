@@ -92,6 +92,10 @@ int tk_regex_is_native(const tk_regex *r);
 /* Finds the leftmost match in s[0..n) starting at or after `from`. Returns 1 with [*ms,*me),
  * 0 when none, -1 on an engine failure. */
 int tk_regex_find(const tk_regex *r, const char *s, size_t n, size_t from, size_t *ms, size_t *me);
+/* Appends s with every match of re (or of the literal pat when re is NULL) replaced by rep (see
+ * tok_text.c). Returns 0, or -1 on allocation or regex failure. */
+int tk_replace_all(const char *s, size_t n, const char *pat, size_t pl, const tk_regex *re, const char *rep, size_t rl,
+                   tk_buf *out);
 /* Test hook: force the Oniguruma path for a pattern the native matcher supports. */
 int tk_regex_new_onig(const char *pat, size_t len, tk_regex **out, char *why, size_t why_cap);
 

@@ -280,3 +280,39 @@ int tk_strip_accents(const char *s, size_t n, tk_buf *out) {
     }
     return 0;
 }
+
+/* Appends s[0..n) to out with every match of re (regex, when non-NULL) or of the literal pat[0..pl)
+ * replaced by rep[0..rl): the Replace normalizer/decoder semantics of the tokenizers library (empty
+ * regex matches advance one character). Returns 0, or -1 on allocation or regex failure. */
+int tk_replace_all(const char *s, size_t n, const char *pat, size_t pl, const tk_regex *re, const char *rep,
+                       size_t rl, tk_buf *out) {
+    if (re) {
+        size_t prev = 0, last_end = 0;
+        long last_match_end = -1;
+        while (last_end <= n) {
+            size_t ms, me;
+            int f = tk_regex_find(re, s, n, last_end, &ms, &me);
+            if (f < 0) return -1;
+            if (!f) break;
+            if (ms == me && last_match_end == (long)me) {
+                last_end += last_end < n ? (size_t)tk_utf8_len((unsigned char)s[last_end]) : 1;
+                continue;
+            }
+            last_end = me;
+            last_match_end = (long)me;
+            if (tk_buf_put(out, s + prev, ms - prev) || tk_buf_put(out, rep, rl)) return -1;
+            prev = me;
+        }
+        return tk_buf_put(out, s + prev, n - prev);
+    }
+    size_t i = 0;
+    while (i < n) {
+        const char *q = pl <= n - i ? memmem(s + i, n - i, pat, pl) : NULL;
+        if (!q) break;
+        size_t at = (size_t)(q - s);
+        if (tk_buf_put(out, s + i, at - i) || tk_buf_put(out, rep, rl)) return -1;
+        i = at + pl;
+    }
+    return tk_buf_put(out, s + i, n - i);
+}
+

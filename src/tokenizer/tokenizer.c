@@ -21,38 +21,6 @@
 
 /* ---------------- normalizer ---------------- */
 
-static int replace_all(const char *s, size_t n, const char *pat, size_t pl, tk_regex *re, const char *rep,
-                       size_t rl, tk_buf *out) {
-    size_t i = 0;
-    if (re) {
-        size_t last_end = 0, prev = 0;
-        long last_match_end = -1;
-        while (last_end <= n) {
-            size_t ms, me;
-            int f = tk_regex_find(re, s, n, last_end, &ms, &me);
-            if (f < 0) return -1;
-            if (!f) break;
-            if (ms == me && last_match_end == (long)me) {
-                last_end += last_end < n ? (size_t)tk_utf8_len((unsigned char)s[last_end]) : 1;
-                continue;
-            }
-            last_end = me;
-            last_match_end = (long)me;
-            if (tk_buf_put(out, s + prev, ms - prev) || tk_buf_put(out, rep, rl)) return -1;
-            prev = me;
-        }
-        return tk_buf_put(out, s + prev, n - prev);
-    }
-    while (i < n) {
-        const char *q = pl <= n - i ? memmem(s + i, n - i, pat, pl) : NULL;
-        if (!q) break;
-        size_t at = (size_t)(q - s);
-        if (tk_buf_put(out, s + i, at - i) || tk_buf_put(out, rep, rl)) return -1;
-        i = at + pl;
-    }
-    return tk_buf_put(out, s + i, n - i);
-}
-
 static size_t ws_prefix(const char *s, size_t n) {
     size_t i = 0;
     while (i < n) {
@@ -103,7 +71,7 @@ int tk_normalize_text(const ms_tokenizer *t, const char *s, size_t n, tk_buf *ou
             break;
         }
         case TK_N_REPLACE:
-            r = replace_all(cur, cl, nm->pat, nm->pat_len, nm->re, nm->content, nm->content_len, dst);
+            r = tk_replace_all(cur, cl, nm->pat, nm->pat_len, nm->re, nm->content, nm->content_len, dst);
             break;
         case TK_N_PREPEND:
             if (cl) r = tk_buf_put(dst, nm->content, nm->content_len);
@@ -601,7 +569,7 @@ static int pt_run(enc *e, int st, const char *s, size_t n, int first, int bl) {
         return split_run(e, st, s, n, first, 0, p->re, NULL, 0, 0, 0, TK_SPLIT_REMOVED, 1);
     case TK_PT_METASPACE: {
         tk_buf tmp = {0};
-        if (replace_all(s, n, " ", 1, NULL, p->lit, p->lit_len, &tmp)) { tk_buf_free(&tmp); return ms_errf(e->err, MS_ERR_NOMEM, "tokenizer: out of memory"); }
+        if (tk_replace_all(s, n, " ", 1, NULL, p->lit, p->lit_len, &tmp)) { tk_buf_free(&tmp); return ms_errf(e->err, MS_ERR_NOMEM, "tokenizer: out of memory"); }
         sc->len = 0;
         int pre = !(tmp.len >= p->lit_len && !memcmp(tmp.p, p->lit, p->lit_len)) &&
                   (p->prepend == TK_PREPEND_ALWAYS || (p->prepend == TK_PREPEND_FIRST && first));
