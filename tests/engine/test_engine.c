@@ -212,6 +212,9 @@ static void test_greedy_concurrent_matches_oracle(void) {
     make_prompts(N, 60);
     int max_new[N];
     uint64_t total_gen = 0;
+    /* hold the engine in its first forward until every request is queued, so the run always has
+     * more concurrent work than the 30 pages hold (preemption must happen, whatever the timing) */
+    gated_set(&g, 0);
     for (int i = 0; i < N; i++) {
         ms_sampling sp;
         ms_sampling_default(&sp);
@@ -219,7 +222,9 @@ static void test_greedy_concurrent_matches_oracle(void) {
         sp.max_tokens = max_new[i] = 1 + (int)rnd(40);
         total_gen += (uint64_t)max_new[i];
         CHECK_EQ_INT(ms_engine_submit(e, prompts[i], n_prompts[i], &sp, on_event, &c.s[i], &c.s[i].id, &err), MS_OK);
+        if (i == 0) gated_wait_forward(&g, 1);
     }
+    gated_set(&g, 1);
     if (coll_wait(&c, N)) {
         for (int i = 0; i < N; i++) {
             int32_t ref[MAXLEN];
