@@ -479,7 +479,11 @@ static void test_forward_error(void) {
         for (int i = 0; i < 3; i++) {
             CHECK_EQ_INT(c.s[i].finish, MS_FINISH_ERROR);
             CHECK(strstr(c.s[i].err, "injected failure") != NULL);
-            CHECK_EQ_INT(c.s[i].n, 2); /* tokens from forwards 1 and 2 arrived */
+            /* tokens of the forwards before the failing third arrived: request 0 was in forwards 1
+             * and 2; requests 1 and 2 in forward 2 and, if they were queued before the engine
+             * started its first forward, in forward 1 too */
+            if (i == 0) CHECK_EQ_INT(c.s[i].n, 2);
+            else CHECK_MSG(c.s[i].n >= 1 && c.s[i].n <= 2, "request %d got %d tokens", i, c.s[i].n);
         }
         ms_engine_stats st;
         for (int i = 0; i < 400; i++) { /* stats are published at the end of the step */
