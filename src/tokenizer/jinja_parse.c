@@ -480,52 +480,35 @@ static int mk_bin(parser *P, int op, jj_node *l, jj_node *r, int line, jj_node *
     return 0;
 }
 
-static int parse_pow(parser *P, jj_node **out) {
+/* One left-associative binary precedence level: operands from `next`, operators where at(P) holds;
+ * the node's op is `op`, or the token's own (binop_of) when op < 0. The chain depth bookkeeping is
+ * the same for every level, so all of them share this loop. */
+typedef int (*level_fn)(parser *P, jj_node **out);
+static int parse_level(parser *P, jj_node **out, level_fn next, int (*at)(parser *P), int op) {
     int saved_chain = P->chain;
     jj_node *l = NULL, *r = NULL;
-    MS_TRY(parse_test(P, &l));
-    while (is(P, T_POW)) {
+    MS_TRY(next(P, &l));
+    while (at(P)) {
         MS_TRY(chain_link(P));
+        int o = op >= 0 ? op : binop_of(&P->t[P->cur]);
         int line = P->t[P->cur++].line;
-        MS_TRY(parse_test(P, &r));
-        MS_TRY(mk_bin(P, OP_POW, l, r, line, &l));
+        MS_TRY(next(P, &r));
+        MS_TRY(mk_bin(P, o, l, r, line, &l));
     }
     P->chain = saved_chain;
     *out = l;
     return 0;
 }
 
-static int parse_mul(parser *P, jj_node **out) {
-    int saved_chain = P->chain;
-    jj_node *l = NULL, *r = NULL;
-    MS_TRY(parse_pow(P, &l));
-    while (is(P, T_MUL)) {
-        MS_TRY(chain_link(P));
-        int op = binop_of(&P->t[P->cur]);
-        int line = P->t[P->cur++].line;
-        MS_TRY(parse_pow(P, &r));
-        MS_TRY(mk_bin(P, op, l, r, line, &l));
-    }
-    P->chain = saved_chain;
-    *out = l;
-    return 0;
-}
+static int at_pow(parser *P) { return is(P, T_POW); }
+static int at_mul(parser *P) { return is(P, T_MUL); }
+static int at_add(parser *P) { return is(P, T_ADD); }
+static int at_and(parser *P) { return is_ident(P, "and"); }
+static int at_or(parser *P) { return is_ident(P, "or"); }
 
-static int parse_add(parser *P, jj_node **out) {
-    int saved_chain = P->chain;
-    jj_node *l = NULL, *r = NULL;
-    MS_TRY(parse_mul(P, &l));
-    while (is(P, T_ADD)) {
-        MS_TRY(chain_link(P));
-        int op = binop_of(&P->t[P->cur]);
-        int line = P->t[P->cur++].line;
-        MS_TRY(parse_mul(P, &r));
-        MS_TRY(mk_bin(P, op, l, r, line, &l));
-    }
-    P->chain = saved_chain;
-    *out = l;
-    return 0;
-}
+static int parse_pow(parser *P, jj_node **out) { return parse_level(P, out, parse_test, at_pow, OP_POW); }
+static int parse_mul(parser *P, jj_node **out) { return parse_level(P, out, parse_pow, at_mul, -1); }
+static int parse_add(parser *P, jj_node **out) { return parse_level(P, out, parse_mul, at_add, -1); }
 
 static int parse_cmp(parser *P, jj_node **out) {
     int saved_chain = P->chain;
@@ -569,35 +552,8 @@ static int parse_not(parser *P, jj_node **out) {
     return parse_cmp(P, out);
 }
 
-static int parse_and(parser *P, jj_node **out) {
-    int saved_chain = P->chain;
-    jj_node *l = NULL, *r = NULL;
-    MS_TRY(parse_not(P, &l));
-    while (is_ident(P, "and")) {
-        MS_TRY(chain_link(P));
-        int line = P->t[P->cur++].line;
-        MS_TRY(parse_not(P, &r));
-        MS_TRY(mk_bin(P, OP_AND, l, r, line, &l));
-    }
-    P->chain = saved_chain;
-    *out = l;
-    return 0;
-}
-
-static int parse_or(parser *P, jj_node **out) {
-    int saved_chain = P->chain;
-    jj_node *l = NULL, *r = NULL;
-    MS_TRY(parse_and(P, &l));
-    while (is_ident(P, "or")) {
-        MS_TRY(chain_link(P));
-        int line = P->t[P->cur++].line;
-        MS_TRY(parse_and(P, &r));
-        MS_TRY(mk_bin(P, OP_OR, l, r, line, &l));
-    }
-    P->chain = saved_chain;
-    *out = l;
-    return 0;
-}
+static int parse_and(parser *P, jj_node **out) { return parse_level(P, out, parse_not, at_and, OP_AND); }
+static int parse_or(parser *P, jj_node **out) { return parse_level(P, out, parse_and, at_or, OP_OR); }
 
 static int parse_expr(parser *P, jj_node **out) {
     if (++P->depth > MAX_NEST) return perr(P, "expression nested too deeply");
