@@ -428,23 +428,28 @@ static int parse_pattern(ctx *c, json_t *o, const char *field, char **lit, size_
     return bad(c, f, "expected {\"String\": ...} or {\"Regex\": ...}");
 }
 
+/* A "Sequence" component: applies add() to each element of o[key] (depth-limited, errors name
+ * "<field>.<key>[i]"). Shared by normalizers, pre-tokenizers, decoders and post-processors. */
+typedef int (*add_fn)(ctx *c, json_t *o, const char *field, int depth);
+static int each_in_sequence(ctx *c, json_t *o, const char *field, const char *key, int depth, add_fn add) {
+    char f[160];
+    json_t *arr = json_object_get(o, key);
+    snprintf(f, sizeof f, "%s.%s", field, key);
+    if (!json_is_array(arr)) return bad(c, f, "expected an array");
+    if (depth > 8) return bad(c, field, "sequences nested too deeply");
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        snprintf(f, sizeof f, "%s.%s[%zu]", field, key, i);
+        MS_TRY(add(c, json_array_get(arr, i), f, depth + 1));
+    }
+    return 0;
+}
+
 static int add_norm(ctx *c, json_t *o, const char *field, int depth) {
     ms_tokenizer *t = c->t;
     int rc;
     const char *ty = get_type(c, o, field, &rc);
     if (!ty) return rc;
-    if (!strcmp(ty, "Sequence")) {
-        json_t *arr = json_object_get(o, "normalizers");
-        char f[160];
-        snprintf(f, sizeof f, "%s.normalizers", field);
-        if (!json_is_array(arr)) return bad(c, f, "expected an array");
-        if (depth > 8) return bad(c, field, "sequences nested too deeply");
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            snprintf(f, sizeof f, "%s.normalizers[%zu]", field, i);
-            MS_TRY(add_norm(c, json_array_get(arr, i), f, depth + 1));
-        }
-        return 0;
-    }
+    if (!strcmp(ty, "Sequence")) return each_in_sequence(c, o, field, "normalizers", depth, add_norm);
     tk_norm *nn = realloc(t->norms, (size_t)(t->n_norms + 1) * sizeof *nn);
     if (!nn) return ms_errf(c->err, MS_ERR_NOMEM, "out of memory");
     t->norms = nn;
@@ -503,18 +508,7 @@ static int add_pretok(ctx *c, json_t *o, const char *field, int depth) {
     int rc;
     const char *ty = get_type(c, o, field, &rc);
     if (!ty) return rc;
-    if (!strcmp(ty, "Sequence")) {
-        json_t *arr = json_object_get(o, "pretokenizers");
-        char f[160];
-        snprintf(f, sizeof f, "%s.pretokenizers", field);
-        if (!json_is_array(arr)) return bad(c, f, "expected an array");
-        if (depth > 8) return bad(c, field, "sequences nested too deeply");
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            snprintf(f, sizeof f, "%s.pretokenizers[%zu]", field, i);
-            MS_TRY(add_pretok(c, json_array_get(arr, i), f, depth + 1));
-        }
-        return 0;
-    }
+    if (!strcmp(ty, "Sequence")) return each_in_sequence(c, o, field, "pretokenizers", depth, add_pretok);
     tk_pretok *np = realloc(t->pretoks, (size_t)(t->n_pretoks + 1) * sizeof *np);
     if (!np) return ms_errf(c->err, MS_ERR_NOMEM, "out of memory");
     t->pretoks = np;
@@ -603,17 +597,7 @@ static int add_dec(ctx *c, json_t *o, const char *field, int depth) {
     const char *ty = get_type(c, o, field, &rc);
     if (!ty) return rc;
     char f[160];
-    if (!strcmp(ty, "Sequence")) {
-        json_t *arr = json_object_get(o, "decoders");
-        snprintf(f, sizeof f, "%s.decoders", field);
-        if (!json_is_array(arr)) return bad(c, f, "expected an array");
-        if (depth > 8) return bad(c, field, "sequences nested too deeply");
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            snprintf(f, sizeof f, "%s.decoders[%zu]", field, i);
-            MS_TRY(add_dec(c, json_array_get(arr, i), f, depth + 1));
-        }
-        return 0;
-    }
+    if (!strcmp(ty, "Sequence")) return each_in_sequence(c, o, field, "decoders", depth, add_dec);
     tk_dec *nd = realloc(t->decs, (size_t)(t->n_decs + 1) * sizeof *nd);
     if (!nd) return ms_errf(c->err, MS_ERR_NOMEM, "out of memory");
     t->decs = nd;
@@ -708,17 +692,7 @@ static int add_post(ctx *c, json_t *o, const char *field, int depth) {
     const char *ty = get_type(c, o, field, &rc);
     if (!ty) return rc;
     char f[160];
-    if (!strcmp(ty, "Sequence")) {
-        json_t *arr = json_object_get(o, "processors");
-        snprintf(f, sizeof f, "%s.processors", field);
-        if (!json_is_array(arr)) return bad(c, f, "expected an array");
-        if (depth > 8) return bad(c, field, "sequences nested too deeply");
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            snprintf(f, sizeof f, "%s.processors[%zu]", field, i);
-            MS_TRY(add_post(c, json_array_get(arr, i), f, depth + 1));
-        }
-        return 0;
-    }
+    if (!strcmp(ty, "Sequence")) return each_in_sequence(c, o, field, "processors", depth, add_post);
     tk_post *np = realloc(t->posts, (size_t)(t->n_posts + 1) * sizeof *np);
     if (!np) return ms_errf(c->err, MS_ERR_NOMEM, "out of memory");
     t->posts = np;
