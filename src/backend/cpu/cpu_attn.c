@@ -66,25 +66,35 @@ typedef struct {
     size_t scr_per;
 } gqa_ctx;
 
+/* One (token, kv head) item: scores of the G query heads sharing the kv head against every causal
+ * key, softmax, weighted sum of values. Keys are walked page by page (one block-table read per
+ * page, no per-key division): at serving batch sizes this loop is most of the CPU's step. */
 static void gqa_fn(void *p, int64_t b, int64_t e, int wk) {
     gqa_ctx *c = p;
     float *sc = c->scr + (size_t)wk * c->scr_per;
-    const int64_t d = c->d, G = c->G;
+    const int64_t d = c->d, G = c->G, nkv = c->nkv, row = nkv * d;
+    const ms_batch *hb = c->m->host;
+    const int64_t ps = hb->page_size;
     for (int64_t it = b; it < e; it++) {
-        int64_t t = it / c->nkv, g = it % c->nkv;
+        int64_t t = it / nkv, g = it % nkv;
         int s = c->m->token_seq_d[t];
         int64_t n = (int64_t)c->m->positions_d[t] + 1;
+        const int32_t *bt = c->m->block_table_d + (int64_t)s * hb->max_blocks;
         const float *q = c->q + (t * c->nh + g * G) * d;
-        for (int64_t pp = 0; pp < n; pp++) {
-            const float *k = c->kc + (cpu_slot(c->m, s, (int)pp) * c->nkv + g) * d;
-            for (int64_t h = 0; h < G; h++) sc[h * n + pp] = ms_cpu_dot(q + h * d, k, d) * c->scale;
+        for (int64_t p0 = 0; p0 < n; p0 += ps) {
+            const float *k = c->kc + ((int64_t)bt[p0 / ps] * ps * nkv + g) * d;
+            int64_t cnt = n - p0 < ps ? n - p0 : ps;
+            for (int64_t j = 0; j < cnt; j++, k += row)
+                for (int64_t h = 0; h < G; h++) sc[h * n + p0 + j] = ms_cpu_dot(q + h * d, k, d) * c->scale;
         }
         for (int64_t h = 0; h < G; h++) softmax(sc + h * n, n);
         float *o = c->out + (t * c->nh + g * G) * d;
         memset(o, 0, (size_t)(G * d) * 4);
-        for (int64_t pp = 0; pp < n; pp++) {
-            const float *v = c->vc + (cpu_slot(c->m, s, (int)pp) * c->nkv + g) * d;
-            for (int64_t h = 0; h < G; h++) ms_cpu_axpy(sc[h * n + pp], v, o + h * d, d);
+        for (int64_t p0 = 0; p0 < n; p0 += ps) {
+            const float *v = c->vc + ((int64_t)bt[p0 / ps] * ps * nkv + g) * d;
+            int64_t cnt = n - p0 < ps ? n - p0 : ps;
+            for (int64_t j = 0; j < cnt; j++, v += row)
+                for (int64_t h = 0; h < G; h++) ms_cpu_axpy(sc[h * n + p0 + j], v, o + h * d, d);
         }
     }
 }
