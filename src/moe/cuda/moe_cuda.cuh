@@ -44,7 +44,8 @@ int moe_cu_combine(ms_backend *b, const moe_cu_ws *w, const float *w_d, ms_tenso
 /* Common checks of run(): shapes, dtypes, preparation. Fills s from the call. */
 int moe_cu_check(ms_backend *b, const ms_experts *e, const ms_tensor *x, int topk, const ms_tensor *out,
                  ms_moe_shape *s, const moe_cu_prep **prep, ms_err *err);
-/* supports() shared part: a CUDA backend with compute capability >= 8.0. */
-int moe_cu_supports_base(const ms_backend *b, char *why, size_t why_cap);
+/* supports() of every CUDA runner (they differ in speed, not in what they can run): a CUDA backend
+ * with compute capability >= 8.0, any shape. */
+int moe_cu_supports(const ms_backend *b, const ms_moe_shape *shape, char *why, size_t why_cap);
 
 #endif

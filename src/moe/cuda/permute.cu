@@ -6,7 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-int moe_cu_supports_base(const ms_backend *b, char *why, size_t why_cap) {
+int moe_cu_supports(const ms_backend *b, const ms_moe_shape *shape, char *why, size_t why_cap) {
+    (void)shape; /* every shape the interface allows runs on sm_80+ */
     if (!b || !b->name || strcmp(b->name, "cuda") != 0) {
         if (why) snprintf(why, why_cap, "runs only on the cuda backend");
         return 0;

@@ -6,17 +6,10 @@
  * staging (an expert usually gets at most one row per token; more rows only take more passes). */
 #include "moe/cuda/moe_cuda.cuh"
 
-static int decode_supports(const ms_backend *b, const ms_moe_shape *s, char *why, size_t why_cap) {
-    (void)s;
-    return moe_cu_supports_base(b, why, why_cap);
-}
-
 static size_t decode_ws(const ms_backend *b, const ms_moe_shape *s) {
     (void)b;
     return moe_cu_ws_size(s, 0);
 }
-
-static int decode_prepare(ms_backend *b, ms_experts *e, ms_err *err) { return moe_cu_prepare(b, e, err); }
 
 static int decode_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, const int32_t *ids_d, const float *w_d,
                       int topk, ms_tensor *out, void *workspace, size_t ws_bytes, ms_err *err) {
@@ -36,5 +29,5 @@ static int decode_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, co
 }
 
 extern "C" const ms_moe_runner ms_moe_runner_decode = {
-    "decode", "cuda", decode_supports, decode_ws, decode_prepare, decode_run,
+    "decode", "cuda", moe_cu_supports, decode_ws, moe_cu_prepare, decode_run,
 };

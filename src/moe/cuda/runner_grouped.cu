@@ -3,17 +3,10 @@
  * dequantizing BF16/FP8/NVFP4 weight tiles into shared memory (quant.cu), then the fp32 combine. */
 #include "moe/cuda/moe_cuda.cuh"
 
-static int grouped_supports(const ms_backend *b, const ms_moe_shape *s, char *why, size_t why_cap) {
-    (void)s;
-    return moe_cu_supports_base(b, why, why_cap);
-}
-
 static size_t grouped_ws(const ms_backend *b, const ms_moe_shape *s) {
     (void)b;
     return moe_cu_ws_size(s, 0);
 }
-
-static int grouped_prepare(ms_backend *b, ms_experts *e, ms_err *err) { return moe_cu_prepare(b, e, err); }
 
 static int grouped_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, const int32_t *ids_d, const float *w_d,
                        int topk, ms_tensor *out, void *workspace, size_t ws_bytes, ms_err *err) {
@@ -33,5 +26,5 @@ static int grouped_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, c
 }
 
 extern "C" const ms_moe_runner ms_moe_runner_grouped = {
-    "grouped", "cuda", grouped_supports, grouped_ws, grouped_prepare, grouped_run,
+    "grouped", "cuda", moe_cu_supports, grouped_ws, moe_cu_prepare, grouped_run,
 };

@@ -9,17 +9,10 @@
 
 int cu_op_silu_mul(ms_backend *, const ms_tensor *, const ms_tensor *, ms_tensor *, ms_err *);
 
-static int naive_supports(const ms_backend *b, const ms_moe_shape *s, char *why, size_t why_cap) {
-    (void)s;
-    return moe_cu_supports_base(b, why, why_cap);
-}
-
 static size_t naive_ws(const ms_backend *b, const ms_moe_shape *s) {
     (void)b;
     return moe_cu_ws_size(s, 1);
 }
-
-static int naive_prepare(ms_backend *b, ms_experts *e, ms_err *err) { return moe_cu_prepare(b, e, err); }
 
 /* Linear through the dequantized bf16 form: y [M, N] = x [M, K] · Wᵀ. */
 static int deq_gemm(ms_backend *b, const ms_linear *W, const bf16 *x, int M, void *y, int yt, ms_err *err) {
@@ -62,5 +55,5 @@ static int naive_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, con
 }
 
 extern "C" const ms_moe_runner ms_moe_runner_naive = {
-    "naive", "cuda", naive_supports, naive_ws, naive_prepare, naive_run,
+    "naive", "cuda", moe_cu_supports, naive_ws, moe_cu_prepare, naive_run,
 };
