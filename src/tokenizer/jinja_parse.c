@@ -758,6 +758,20 @@ static int parse_if_rest(parser *P, int line, jj_node **out) {
     return 0;
 }
 
+/* Body of a macro or call block up to its end tag, with the body's special-variable flags
+ * (caller/varargs/kwargs use) recorded in x->flag2. */
+static int parse_callable_body(parser *P, jj_node *x, const char *opener, const char *end, int line) {
+    const char *const stops[] = {end, NULL};
+    MS_TRY(parse_until(P, stops, &x->list, &x->n, opener, line));
+    P->cur++;
+    MS_TRY(expect_ident(P, end));
+    MS_TRY(expect(P, T_CLOSE_STMT, "'%}'"));
+    int fl = 0;
+    for (int i = 0; i < x->n; i++) scan_special(x->list[i], &fl, 0);
+    x->flag2 = (uint8_t)fl;
+    return 0;
+}
+
 static int parse_stmt(parser *P, jj_node **out) {
     int line = P->t[P->cur].line;
     MS_TRY(expect(P, T_OPEN_STMT, "'{%'"));
@@ -798,14 +812,7 @@ static int parse_stmt(parser *P, jj_node **out) {
         x->slen = id->slen;
         MS_TRY(parse_args(P, 1, &x->list2, &x->n2));
         MS_TRY(expect(P, T_CLOSE_STMT, "'%}' after the macro signature"));
-        static const char *const stops[] = {"endmacro", NULL};
-        MS_TRY(parse_until(P, stops, &x->list, &x->n, "macro", line));
-        P->cur++;
-        MS_TRY(expect_ident(P, "endmacro"));
-        MS_TRY(expect(P, T_CLOSE_STMT, "'%}'"));
-        int fl = 0;
-        for (int i = 0; i < x->n; i++) scan_special(x->list[i], &fl, 0);
-        x->flag2 = (uint8_t)fl;
+        MS_TRY(parse_callable_body(P, x, "macro", "endmacro", line));
     } else if (!strcmp(nm, "for")) {
         P->cur++;
         if (!(x = mk(P, N_FOR, line))) return oom(P);
@@ -840,14 +847,7 @@ static int parse_stmt(parser *P, jj_node **out) {
         MS_TRY(parse_args(P, 0, &c->list, &c->n));
         x->a = c;
         MS_TRY(expect(P, T_CLOSE_STMT, "'%}'"));
-        static const char *const stops[] = {"endcall", NULL};
-        MS_TRY(parse_until(P, stops, &x->list, &x->n, "call", line));
-        P->cur++;
-        MS_TRY(expect_ident(P, "endcall"));
-        MS_TRY(expect(P, T_CLOSE_STMT, "'%}'"));
-        int fl = 0;
-        for (int i = 0; i < x->n; i++) scan_special(x->list[i], &fl, 0);
-        x->flag2 = (uint8_t)fl;
+        MS_TRY(parse_callable_body(P, x, "call", "endcall", line));
     } else if (!strcmp(nm, "filter")) {
         P->cur++;
         if (!(x = mk(P, N_FILTERBLOCK, line))) return oom(P);
