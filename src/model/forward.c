@@ -165,15 +165,18 @@ int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_f
     int64_t inter = c->intermediate_size;
     if ((int64_t)c->moe_intermediate_size * (c->n_shared_experts > 0 ? c->n_shared_experts : 1) > inter)
         inter = (int64_t)c->moe_intermediate_size * (c->n_shared_experts > 0 ? c->n_shared_experts : 1);
-    if ((rc = alloc2(f, &f->x, ad, T, H, err)) || (rc = alloc2(f, &f->a, ad, T, H, err)) ||
-        (rc = alloc2(f, &f->delta, ad, T, H, err)) || (rc = alloc2(f, &f->g, ad, T, inter, err)) ||
-        (rc = alloc2(f, &f->u, ad, T, inter, err)) || (rc = alloc2(f, &f->lrows, ad, f->lchunk, H, err)) ||
+    /* The residual stream (x), the sublayer outputs added to it (delta, sh_out) and the rows taken for
+     * the final norm stay float32 on every backend: with bf16 activations, rounding the running sum
+     * once per layer was the largest error against the float32 reference (and costs T*H*4 bytes). */
+    if ((rc = alloc2(f, &f->x, MS_F32, T, H, err)) || (rc = alloc2(f, &f->a, ad, T, H, err)) ||
+        (rc = alloc2(f, &f->delta, MS_F32, T, H, err)) || (rc = alloc2(f, &f->g, ad, T, inter, err)) ||
+        (rc = alloc2(f, &f->u, ad, T, inter, err)) || (rc = alloc2(f, &f->lrows, MS_F32, f->lchunk, H, err)) ||
         (rc = alloc2(f, &f->lnorm, ad, f->lchunk, H, err)) ||
         (rc = alloc2(f, &f->logits, MS_F32, f->lchunk, c->vocab_size, err)))
         goto fail;
     if (any_moe) {
         int k = c->num_experts_per_tok;
-        if ((rc = alloc2(f, &f->sh_out, ad, T, H, err)) ||
+        if ((rc = alloc2(f, &f->sh_out, MS_F32, T, H, err)) ||
             (rc = alloc2(f, &f->ids, MS_I32, T, k, err)) || (rc = alloc2(f, &f->rw, MS_F32, T, k, err)))
             goto fail;
         size_t ws = 0;

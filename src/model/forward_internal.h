@@ -16,7 +16,8 @@ struct ms_forward {
     /* KV memory per layer: glm4_moe k/v [S, nkv, d]; glm_moe_dsa latent [S, kvl+dr] (k slot) and
      * indexer keys [S, di] (v slot, full layers only) */
     ms_tensor *kc, *vc;
-    /* activations (backend memory, act dtype), row capacity max_tokens */
+    /* activations (backend memory, row capacity max_tokens): act dtype, except x, delta, sh_out and lrows
+     * which are F32 (the residual stream and what is added to it) */
     ms_tensor x, a, delta, g, u, moe_out, sh_out;
     ms_tensor q, k, v, attn;                   /* glm4_moe */
     ms_tensor qa, qb, qabs, kva, c, olat, vout; /* glm_moe_dsa */
