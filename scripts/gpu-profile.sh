@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# GPU time per kernel of bench-model decode steps, from Nsight Compute (ncu, one metric:
+# gpu__time_duration, no replay), aggregated by kernel name and grid: where a step's GPU time goes
+# without the sync brackets of `bench-model --profile`. Also measures the launch floor: the same
+# 46-layer decode on a model so small that every kernel is trivial, so its step time is the cost of
+# issuing the step's launches and copies. Run on the GPU machine from the repo root with a prebuilt
+# BUILD dir; logs under $OUT; tables printed last.
+#   LAYERS (default 4)  layers of the GLM-4.5-Air-shaped model profiled with ncu
+#   BATCHES (default 1,64)
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+OUT=${OUT:-./gpu-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/$BUILD/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export NCCL_NVLS_ENABLE=0
+BIN=$BUILD/moeserve
+LAYERS=${LAYERS:-4}
+BATCHES=${BATCHES:-1,64}
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+
+echo "=== launch floor: 46 layers, tiny shapes (hidden 256, 8 heads, 64-wide experts, vocab 2048)" | tee "$OUT/profile-summary.txt"
+timeout 120 "$BIN" bench-model --device cuda --model configs/glm-4.5-air.json --load-format dummy --dummy-quant nvfp4 \
+  --override num_hidden_layers=46 --override hidden_size=256 --override intermediate_size=256 \
+  --override moe_intermediate_size=64 --override vocab_size=2048 --override num_attention_heads=8 \
+  --override num_key_value_heads=2 --override head_dim=32 --batches "$BATCHES" --ctx 256 --prefill 64 \
+  >"$OUT/launch-floor.log" 2>&1
+grep -E '^decode|^prefill' "$OUT/launch-floor.log" | tee -a "$OUT/profile-summary.txt"
+
+if [ -z "$NCU" ]; then echo "ncu not found" | tee -a "$OUT/profile-summary.txt"; exit 1; fi
+IFS=, read -ra BL <<<"$BATCHES"
+for b in "${BL[@]}"; do
+  csv="$OUT/ncu-b$b.csv"
+  timeout 400 "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --log-file "$csv" \
+    "$BIN" bench-model --device cuda --model configs/glm-4.5-air.json --load-format dummy --dummy-quant nvfp4 \
+    --override num_hidden_layers=$LAYERS --batches "$b" --ctx 256 --prefill 16 >"$OUT/ncu-b$b.log" 2>&1
+  echo "=== ncu batch $b, $LAYERS layers (rc=$?): kernels by total time; 'per step' divides by the decode steps" | tee -a "$OUT/profile-summary.txt"
+  python3 - "$csv" "$OUT/ncu-b$b.log" <<'PY' | tee -a "$OUT/profile-summary.txt"
+import csv, re, sys, collections
+rows = []
+with open(sys.argv[1]) as f:
+    lines = [l for l in f if l.startswith('"')]
+for r in csv.DictReader(lines):
+    if r.get("Metric Name") != "gpu__time_duration.sum":
+        continue
+    v = float(r["Metric Value"].replace(",", ""))
+    unit = r.get("Metric Unit", "ns")
+    us = v / 1000 if unit == "nsecond" or unit == "ns" else v if unit in ("usecond", "us") else v * 1000
+    name = re.sub(r"\(.*", "", r["Kernel Name"])[:60]
+    rows.append((name, r.get("Grid Size", ""), r.get("Block Size", ""), us))
+log = open(sys.argv[2]).read()
+m = re.search(r"decode\s+batch\s+\d+ ctx\s+\d+:\s+([\d.]+) tok/s\s+([\d.]+) ms/step", log)
+agg = collections.OrderedDict()
+for n, g, b, us in rows:
+    k = (n, g, b)
+    c, t = agg.get(k, (0, 0.0))
+    agg[k] = (c + 1, t + us)
+tot = sum(t for c, t in agg.values())
+print("kernels profiled: %d, total %.1f ms; bench-model (unprofiled) step: %s ms" % (len(rows), tot / 1000, m.group(2) if m else "?"))
+print("%-60s %-16s %-10s %6s %10s %9s" % ("kernel", "grid", "block", "count", "mean us", "total ms"))
+for (n, g, b), (c, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:40]:
+    print("%-60s %-16s %-10s %6d %10.2f %9.2f" % (n, g, b, c, t / c, t / 1000))
+PY
+done
