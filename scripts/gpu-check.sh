@@ -21,10 +21,10 @@ row() { rows+=("$(printf '%-46s %-6s %s' "$1" "$2" "${3:-}")"); [ "$2" = FAIL ] 
 { nvidia-smi; echo; uname -a; } >"$OUT/machine.log" 2>&1
 
 # 1. test programs
-for t in backend/test_cuda_ops moe/test_moe_cuda; do
-  log="$OUT/$(basename $t).log"
-  if [ ! -x "$BUILD/tests/$t" ]; then row "$t" FAIL "not built"; continue; fi
-  timeout 300 "$BUILD/tests/$t" >"$log" 2>&1
+for t in backend/test_cuda_ops moe/test_moe_cuda "model/test_forward_cache cuda"; do
+  log="$OUT/$(basename ${t% *}).log"
+  if [ ! -x "$BUILD/tests/${t% *}" ]; then row "$t" FAIL "not built"; continue; fi
+  timeout 300 $BUILD/tests/$t >"$log" 2>&1
   rc=$?
   sum=$(grep -a '^## ' "$log" | tail -1 | sed 's/^## [^:]*: //')
   if [ $rc = 0 ] && [[ $sum =~ ^[1-9][0-9]*\ passed,\ 0\ failed ]]; then row "$t" ok "$sum"; else row "$t" FAIL "rc=$rc ${sum:-no summary}"; fi

@@ -259,8 +259,8 @@ static int run_decode(const ms_executor *ex, ms_forward *fw, const ms_model *m, 
     double t_total = 0, routed_total = 0;
     int steps = 0, n_moe = 0, routed_steps = 0;
     for (int L = 0; L < m->cfg.num_layers; L++) n_moe += m->layers[L].is_moe;
-    /* steps 0-1: warm-up; then timed steps with the routing record paused (its per-layer copy would
-     * be timed too); then 3 untimed steps that record which experts the batch routes to */
+    /* warm-up steps; then timed steps with the routing record paused (its per-layer copy would be
+     * timed too); then 3 untimed steps that record which experts the batch routes to */
     int timing_done = 0, extra = 0;
     for (int it = 0; !rc && it < MAX_STEPS + 5 && extra < 3; it++) {
         int p = ctx + it;
@@ -274,8 +274,10 @@ static int run_decode(const ms_executor *ex, ms_forward *fw, const ms_model *m, 
         }
         st[B] = B;
         ms_batch b = {B, B, tok, pos, st, ctxl, slot, bt, pps, ps, B, lidx};
-        int timed = it >= 2 && !timing_done;
-        if (fw) ms_forward_set_record_routing(fw, !timed);
+        /* steps 0-2 warm up (the first run of a batch shape is eager, the second records its CUDA
+         * graph) with the record paused, so they are what the timed steps will be */
+        const int warm = it < 3, timed = !warm && !timing_done;
+        if (fw) ms_forward_set_record_routing(fw, !warm && !timed);
         double t0 = ms_now();
         rc = ex->forward(ex->ctx, &b, lg, err);
         double dt = ms_now() - t0;
@@ -287,7 +289,7 @@ static int run_decode(const ms_executor *ex, ms_forward *fw, const ms_model *m, 
         } else if (timing_done) {
             extra++;
         }
-        if (!timed && it >= 1) {
+        if (!warm && !timed) {
             const int *routed = fw ? ms_forward_routed_experts(fw) : NULL;
             double routed_n = 0;
             for (int L = 0; routed && L < m->cfg.num_layers; L++) routed_n += routed[L];

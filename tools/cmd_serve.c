@@ -42,6 +42,7 @@ static void usage(void) {
             "  --max-request-bytes N       request body limit (default 10485760)\n"
             "  --http-threads N            HTTP worker threads (default 4)\n"
             "  --disable-radix-cache       turn the prefix cache off\n"
+            "  --disable-cuda-graph        run decode steps op by op (no CUDA graphs)\n"
             "  --log-level error|warn|info|debug\n");
 }
 
@@ -119,6 +120,7 @@ int cmd_serve(int argc, char **argv) {
     long long max_bytes = ms_args_int(&a, "max-request-bytes", 10 << 20, &bad);
     long long http_threads = ms_args_int(&a, "http-threads", 4, &bad);
     int no_radix = ms_args_flag(&a, "disable-radix-cache");
+    int no_graphs = ms_args_flag(&a, "disable-cuda-graph");
     const char *log_level = ms_args_str(&a, "log-level", NULL);
     if (bad || ms_args_check_unknown(&a, "serve") != 0) { ms_args_free(&a); return 2; }
     ms_args_free(&a);
@@ -189,6 +191,7 @@ int cmd_serve(int argc, char **argv) {
     so.exec.model_path = model_path;
     so.exec.device = device;
     so.exec.moe_runner = runner;
+    so.exec.disable_graphs = no_graphs;
     so.exec.load_format = load_format;
     so.exec.dummy_quant = dummy_quant;
     so.exec.overrides = overrides;

@@ -134,6 +134,20 @@ typedef struct ms_backend_ops {
     int (*find_nonfinite)(ms_backend *b, const ms_tensor *x, int64_t *bad_row, ms_err *err);
     /* out_d[r] = argmax of logits row r (F32 [R, V]). */
     int (*argmax)(ms_backend *b, const ms_tensor *logits, int32_t *out_d, ms_err *err);
+
+    /* ---- recorded op sequences (CUDA graphs); all NULL on backends without them ---- */
+    /* From graph_begin to graph_end the ops are recorded, not run: nothing executes, and ops that need
+     * the host to wait (upload, download, sync, buffer growth) fail, which makes graph_end fail too. */
+    int (*graph_begin)(ms_backend *b, ms_err *err);
+    /* Ends the recording. *exec = an executable graph owned by the caller (graph_free), or on failure
+     * NULL and an error; either way the backend runs ops normally again. */
+    int (*graph_end)(ms_backend *b, void **exec, ms_err *err);
+    /* Runs a recorded graph on the backend's stream (asynchronously, like any op). */
+    int (*graph_launch)(ms_backend *b, void *exec, ms_err *err);
+    void (*graph_free)(ms_backend *b, void *exec);
+    /* Changes whenever the backend's internal buffers (scratch, workspaces) move; a graph recorded at
+     * another epoch may point at freed memory and must not be launched. */
+    uint64_t (*mem_epoch)(const ms_backend *b);
 } ms_backend_ops;
 
 typedef struct ms_gpu_info {

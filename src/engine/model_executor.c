@@ -116,6 +116,7 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
         fo.n_pages = (int)((total + page_size - 1) / page_size);
         fo.moe_runner = o->moe_runner ? o->moe_runner : "auto";
         fo.check_numerics = o->check_numerics;
+        fo.graphs = !o->disable_graphs;
         fo.record_routing = o->record_routing;
         fo.record = o->record_decisions;
         fo.replay = o->replay_decisions;

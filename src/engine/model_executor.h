@@ -21,6 +21,7 @@ typedef struct ms_exec_opts {
     int page_size;            /* default 16 */
     int max_batch_tokens;     /* most tokens per forward; default 8192 */
     int check_numerics;
+    int disable_graphs;       /* run decode steps op by op even where the backend can record graphs */
     int progress;
     int record_routing;       /* forward records distinct routed experts per layer (bench-model) */
     ms_decisions *record_decisions;        /* single-step record/replay (logits, compare); see model.h */

@@ -9,6 +9,7 @@
 #include "model/forward_internal.h"
 
 #include "core/fileutil.h"
+#include "core/log.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -104,6 +105,18 @@ size_t ms_forward_kv_bytes_per_token(const ms_model *m, const ms_backend *b) {
     return n;
 }
 
+/* Drops every recorded graph and its buffers (the backend's memory moved, or the table is full). */
+static void graphs_reset(ms_forward *f) {
+    for (int i = 0; i < f->n_graphs; i++) {
+        fw_graph *g = &f->graphs[i];
+        if (g->exec) f->b->ops->graph_free(f->b, g->exec);
+        free_t(f, &g->db.buf);
+        free(g->hbuf);
+    }
+    memset(f->graphs, 0, sizeof f->graphs);
+    f->n_graphs = 0;
+}
+
 void ms_forward_free(ms_forward *f) {
     if (!f) return;
     if (f->kc)
@@ -113,9 +126,10 @@ void ms_forward_free(ms_forward *f) {
     ms_tensor *all[] = {&f->x, &f->a, &f->delta, &f->g, &f->u, &f->moe_out, &f->sh_out, &f->q, &f->k, &f->v,
                         &f->attn, &f->qa, &f->qb, &f->qabs, &f->kva, &f->c, &f->olat, &f->vout, &f->qI, &f->kI,
                         &f->iw, &f->topk, &f->ids, &f->rw, &f->rlog, &f->lrows, &f->lnorm, &f->logits, &f->moe_ws,
-                        &f->d_tok, &f->d_pos, &f->d_start, &f->d_ctx, &f->d_slot, &f->d_seq, &f->d_lidx, &f->d_bt};
+                        &f->db.buf, &f->glogits};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free_t(f, all[i]);
-    free(f->h_seq);
+    graphs_reset(f);
+    free(f->h_pack);
     free(f->routed);
     free(f->h_ids);
     free(f->h_rlog);
@@ -151,7 +165,8 @@ int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_f
     f->o = *o;
     f->max_tokens = o->max_tokens;
     f->lchunk = o->max_tokens < LOGIT_CHUNK ? o->max_tokens : LOGIT_CHUNK;
-    f->n_slots = (int64_t)o->n_pages * o->page_size;
+    /* one page more than the engine's: the pad page that padding tokens of graph steps write to */
+    f->n_slots = (int64_t)(o->n_pages + 1) * o->page_size;
     int rc = MS_OK;
     ms_moe_shape ms = moe_shape(m, o->max_tokens);
     int any_moe = 0;
@@ -188,12 +203,9 @@ int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_f
         }
         if ((rc = alloc2(f, &f->moe_ws, MS_U8, 1, (int64_t)(ws ? ws : 64), err))) goto fail;
     }
-    if ((rc = alloc2(f, &f->d_tok, MS_I32, 1, T, err)) || (rc = alloc2(f, &f->d_pos, MS_I32, 1, T, err)) ||
-        (rc = alloc2(f, &f->d_start, MS_I32, 1, T + 1, err)) || (rc = alloc2(f, &f->d_ctx, MS_I32, 1, T, err)) ||
-        (rc = alloc2(f, &f->d_slot, MS_I32, 1, T, err)) || (rc = alloc2(f, &f->d_seq, MS_I32, 1, T, err)) ||
-        (rc = alloc2(f, &f->d_lidx, MS_I32, 1, T, err)))
-        goto fail;
-    f->h_seq = malloc(sizeof(int32_t) * (size_t)T);
+    f->gmax = T < 256 ? T : 256;
+    f->graphs_on = o->graphs && b->ops->graph_begin && !o->check_numerics && !o->on_layer && !o->record &&
+                   !o->replay && !(f->forced && !strcmp(f->forced->name, "naive"));
     if (o->record_routing) {
         f->routed = calloc((size_t)c->num_layers, sizeof(int));
         f->h_ids = malloc(sizeof(int32_t) * (size_t)T * (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1));
@@ -214,7 +226,7 @@ int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_f
     }
     f->kc = calloc((size_t)c->num_layers, sizeof(ms_tensor));
     f->vc = calloc((size_t)c->num_layers, sizeof(ms_tensor));
-    if (!f->h_seq || !f->kc || !f->vc) {
+    if (!f->kc || !f->vc) {
         rc = ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
         goto fail;
     }
@@ -330,41 +342,60 @@ static int validate(const ms_forward *f, const ms_batch *bt, ms_err *err) {
     return MS_OK;
 }
 
-static int upload_batch(ms_forward *f, const ms_batch *bt, ms_err *err) {
-    const ms_backend_ops *op = f->b->ops;
-    const int T = bt->n_tokens, S = bt->n_seqs;
-    int64_t nbt = (int64_t)S * bt->max_blocks;
-    if (!f->d_bt.data || ms_tensor_numel(&f->d_bt) < nbt) {
-        free_t(f, &f->d_bt);
-        MS_TRY(alloc2(f, &f->d_bt, MS_I32, 1, nbt + nbt / 2 + 16, err));
+/* Uploads bt's arrays (and token -> sequence) packed into d->buf in one copy and points f->meta,
+ * f->tok_d and f->lidx_d at them. meta_max_ctx sizes attention launches (>= every ctx_len). d->buf
+ * grows when too small (graph entries size it once and keep their addresses). */
+static int pack_upload(ms_forward *f, fw_dbatch *d, const ms_batch *bt, int meta_max_ctx, ms_err *err) {
+    const int T = bt->n_tokens, S = bt->n_seqs, NL = bt->n_logits;
+    const int64_t nbt = (int64_t)S * bt->max_blocks;
+    const int64_t n = 4 * (int64_t)T + (S + 1) + S + NL + nbt;
+    if (!d->buf.data || ms_tensor_numel(&d->buf) < n) {
+        free_t(f, &d->buf);
+        MS_TRY(alloc2(f, &d->buf, MS_I32, 1, n + n / 2 + 16, err));
     }
+    if (f->h_pack_cap < n) {
+        int32_t *p = realloc(f->h_pack, sizeof(int32_t) * (size_t)n);
+        if (!p) return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory staging a batch of %d tokens", T);
+        f->h_pack = p;
+        f->h_pack_cap = n;
+    }
+    int32_t *h = f->h_pack, *dp = (int32_t *)d->buf.data;
+    int64_t o = 0;
+#define PACK(dst, src, cnt)                                                                        \
+    do {                                                                                           \
+        d->dst = dp + o;                                                                           \
+        if (cnt) memcpy(h + o, (src), sizeof(int32_t) * (size_t)(cnt));                           \
+        o += (cnt);                                                                                \
+    } while (0)
+    PACK(tok, bt->token_ids, T);
+    PACK(pos, bt->positions, T);
+    PACK(start, bt->seq_start, S + 1);
+    PACK(ctx, bt->ctx_len, S);
+    PACK(slot, bt->slot_mapping, T);
+    PACK(lidx, bt->logit_idx, NL);
+    PACK(bt, bt->block_table, nbt);
+#undef PACK
+    d->seq = dp + o;
     for (int s = 0; s < S; s++)
-        for (int t = bt->seq_start[s]; t < bt->seq_start[s + 1]; t++) f->h_seq[t] = s;
-    int max_ctx = 0;
-    for (int s = 0; s < S; s++) max_ctx = bt->ctx_len[s] > max_ctx ? bt->ctx_len[s] : max_ctx;
-    MS_TRY(op->upload(f->b, f->d_tok.data, bt->token_ids, 4 * (size_t)T, err));
-    MS_TRY(op->upload(f->b, f->d_pos.data, bt->positions, 4 * (size_t)T, err));
-    MS_TRY(op->upload(f->b, f->d_start.data, bt->seq_start, 4 * (size_t)(S + 1), err));
-    MS_TRY(op->upload(f->b, f->d_ctx.data, bt->ctx_len, 4 * (size_t)S, err));
-    MS_TRY(op->upload(f->b, f->d_slot.data, bt->slot_mapping, 4 * (size_t)T, err));
-    MS_TRY(op->upload(f->b, f->d_seq.data, f->h_seq, 4 * (size_t)T, err));
-    MS_TRY(op->upload(f->b, f->d_bt.data, bt->block_table, 4 * (size_t)nbt, err));
-    if (bt->n_logits) MS_TRY(op->upload(f->b, f->d_lidx.data, bt->logit_idx, 4 * (size_t)bt->n_logits, err));
-    f->meta = (ms_attn_meta){bt, max_ctx, f->d_pos.data, f->d_start.data, f->d_ctx.data, f->d_slot.data,
-                             f->d_bt.data, f->d_seq.data};
+        for (int t = bt->seq_start[s]; t < bt->seq_start[s + 1]; t++) h[o + t] = s;
+    MS_TRY(f->b->ops->upload(f->b, dp, h, sizeof(int32_t) * (size_t)n, err));
+    f->meta = (ms_attn_meta){bt, meta_max_ctx, d->pos, d->start, d->ctx, d->slot, d->bt, d->seq};
+    f->tok_d = d->tok;
+    f->lidx_d = d->lidx;
     return MS_OK;
 }
 
-int ms_forward_run(ms_forward *f, const ms_batch *bt, float *logits_host, ms_err *err) {
-    MS_TRY(validate(f, bt, err));
+/* The step once its arrays are on the device: embedding, layers, final norm and lm_head for the
+ * bt->n_logits rows. logits_host != NULL: each chunk of logits is downloaded there (eager step);
+ * NULL: the rows go to f->glogits and nothing waits for the host (recordable graph step). */
+static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, ms_err *err) {
     const ms_config *c = &f->m->cfg;
     const ms_backend_ops *op = f->b->ops;
     const int T = bt->n_tokens, H = c->hidden_size, V = c->vocab_size;
     f->batch = bt;
     f->layer = 0;
-    FW_PROF(f, "batch_upload", upload_batch(f, bt, err), err);
     ms_tensor x = fw_view2(&f->x, T, H), a = fw_view2(&f->a, T, H), delta = fw_view2(&f->delta, T, H);
-    MS_TRY(op->embed(f->b, &f->m->embed, f->d_tok.data, T, &x, err));
+    MS_TRY(op->embed(f->b, &f->m->embed, f->tok_d, T, &x, err));
     FW_TRY_CHECK(f, &x, "embed", err);
     int topk_valid = 0;
     for (int L = 0; L < c->num_layers; L++) {
@@ -393,7 +424,8 @@ int ms_forward_run(ms_forward *f, const ms_batch *bt, float *logits_host, ms_err
     for (int r0 = 0; r0 < bt->n_logits; r0 += f->lchunk) {
         int n = bt->n_logits - r0 < f->lchunk ? bt->n_logits - r0 : f->lchunk;
         ms_tensor rows = fw_view2(&f->lrows, n, H), nrm = fw_view2(&f->lnorm, n, H), lg = fw_view2(&f->logits, n, V);
-        MS_TRY(op->gather_rows(f->b, &x, (const int32_t *)f->d_lidx.data + r0, n, &rows, err));
+        if (!logits_host) lg.data = (float *)f->glogits.data + (int64_t)r0 * V;
+        MS_TRY(op->gather_rows(f->b, &x, f->lidx_d + r0, n, &rows, err));
         MS_TRY(op->rmsnorm(f->b, &rows, &f->m->final_norm, c->rms_norm_eps, &nrm, err));
         FW_PROF(f, "lm_head", op->linear(f->b, &f->m->lm_head, &nrm, &lg, err), err);
         if (f->o.check_numerics) {
@@ -404,8 +436,156 @@ int ms_forward_run(ms_forward *f, const ms_batch *bt, float *logits_host, ms_err
                 return ms_errf(err, MS_ERR_NUMERICS, "final op lm_head token position %d produced NaN/Inf",
                                bt->positions[bt->logit_idx[r0 + bad]]);
         }
-        FW_PROF(f, "logits_download",
-                op->download(f->b, logits_host + (int64_t)r0 * V, lg.data, sizeof(float) * (size_t)n * (size_t)V, err), err);
+        if (logits_host)
+            FW_PROF(f, "logits_download",
+                    op->download(f->b, logits_host + (int64_t)r0 * V, lg.data, sizeof(float) * (size_t)n * (size_t)V, err),
+                    err);
     }
+    return MS_OK;
+}
+
+/* ------------------------------------------------------------------ graph steps */
+
+static const int fw_buckets[] = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256};
+
+/* 1 when bt can run as a recorded graph: a pure decode step (one token per sequence, logits for every
+ * token in order) of at most gmax tokens, with nothing on that needs the host inside the step. */
+static int graph_fits(const ms_forward *f, const ms_batch *bt) {
+    if (!f->graphs_on || f->prof_on || (f->routed && !f->routing_paused)) return 0;
+    if (bt->n_tokens != bt->n_seqs || bt->n_logits != bt->n_tokens || bt->n_tokens > f->gmax) return 0;
+    for (int i = 0; i < bt->n_logits; i++)
+        if (bt->logit_idx[i] != i) return 0;
+    return 1;
+}
+
+/* The table entry for shape (B, mbc), made if new (NULL in *out when it cannot be made). */
+static int graph_entry(ms_forward *f, int B, int mbc, fw_graph **out, ms_err *err) {
+    *out = NULL;
+    for (int i = 0; i < f->n_graphs; i++)
+        if (f->graphs[i].B == B && f->graphs[i].mbc == mbc) {
+            *out = &f->graphs[i];
+            return MS_OK;
+        }
+    if (f->n_graphs == FW_MAX_GRAPHS) graphs_reset(f); /* many context classes seen: start over */
+    if (!f->glogits.data) MS_TRY(alloc2(f, &f->glogits, MS_F32, f->gmax, f->m->cfg.vocab_size, err));
+    fw_graph *g = &f->graphs[f->n_graphs];
+    memset(g, 0, sizeof *g);
+    const int64_t n = 5 * (int64_t)B + 1 + (int64_t)B * mbc;
+    g->hbuf = malloc(sizeof(int32_t) * (size_t)n);
+    if (!g->hbuf) return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory for a graph batch of %d tokens", B);
+    g->B = B;
+    g->mbc = mbc;
+    int32_t *p = g->hbuf;
+    ms_batch *h = &g->hb;
+    h->n_tokens = h->n_seqs = h->n_logits = B;
+    h->token_ids = p, p += B;
+    h->positions = p, p += B;
+    h->seq_start = p, p += B + 1;
+    h->ctx_len = p, p += B;
+    h->slot_mapping = p, p += B;
+    h->block_table = p;
+    h->logit_idx = h->seq_start; /* 0..B-1, as every token is a sequence */
+    h->max_blocks = mbc;
+    h->page_size = f->o.page_size;
+    for (int i = 0; i <= B; i++) g->hbuf[2 * B + i] = i;
+    f->n_graphs++;
+    *out = g;
+    return MS_OK;
+}
+
+/* Runs the pure decode step bt through the recorded graph of its padded shape (recording it on the
+ * second step of that shape). *done = 0 when this step cannot use a graph (the caller runs it eagerly). */
+static int run_graph(ms_forward *f, const ms_batch *bt, float *logits_host, int *done, ms_err *err) {
+    const ms_backend_ops *op = f->b->ops;
+    const int T = bt->n_tokens, ps = f->o.page_size, V = f->m->cfg.vocab_size;
+    *done = 0;
+    int B = f->gmax;
+    for (size_t i = 0; i < sizeof fw_buckets / sizeof fw_buckets[0]; i++)
+        if (fw_buckets[i] >= T) {
+            B = fw_buckets[i] < f->gmax ? fw_buckets[i] : f->gmax;
+            break;
+        }
+    int need = 1;
+    for (int s = 0; s < T; s++) {
+        int nb = (bt->ctx_len[s] + ps - 1) / ps;
+        need = nb > need ? nb : need;
+    }
+    int mbc = 16;
+    while (mbc < need) mbc *= 2;
+    fw_graph *g;
+    MS_TRY(graph_entry(f, B, mbc, &g, err));
+    if (!g) return MS_OK;
+    /* the padded batch (arrays laid out in hbuf by graph_entry): real sequences first, then padding
+     * in the pad page */
+    ms_batch *h = &g->hb;
+    int32_t *tok = g->hbuf, *pos = tok + B, *ctx = pos + 2 * B + 1, *slot = ctx + B, *btab = slot + B;
+    const int32_t pad = f->o.n_pages;
+    for (int s = 0; s < B; s++) {
+        int32_t *row = btab + (int64_t)s * mbc;
+        int nb = 0;
+        if (s < T) {
+            tok[s] = bt->token_ids[s];
+            pos[s] = bt->positions[s];
+            ctx[s] = bt->ctx_len[s];
+            slot[s] = bt->slot_mapping[s];
+            nb = (bt->ctx_len[s] + ps - 1) / ps;
+            memcpy(row, bt->block_table + (int64_t)s * bt->max_blocks, sizeof(int32_t) * (size_t)nb);
+        } else {
+            tok[s] = 0;
+            pos[s] = 0;
+            ctx[s] = 1;
+            slot[s] = pad * ps;
+        }
+        for (int j = nb; j < mbc; j++) row[j] = pad;
+    }
+    FW_PROF(f, "batch_upload", pack_upload(f, &g->db, h, mbc * ps, err), err);
+    const uint64_t ep = op->mem_epoch(f->b);
+    if (g->exec && g->epoch != ep) {
+        op->graph_free(f->b, g->exec);
+        g->exec = NULL;
+        g->runs = 0;
+    }
+    if (g->exec) {
+        MS_TRY(op->graph_launch(f->b, g->exec, err));
+    } else if (g->failed || g->runs < 1) {
+        /* first run of this shape eagerly: lazily made buffers reach their size before recording */
+        MS_TRY(forward_body(f, h, NULL, err));
+        g->runs++;
+    } else {
+        ms_err cerr = {0}, eerr = {0};
+        void *x = NULL;
+        MS_TRY(op->graph_begin(f->b, err));
+        int rc = forward_body(f, h, NULL, &cerr);
+        int rc2 = op->graph_end(f->b, &x, &eerr);
+        if (rc || rc2 || op->mem_epoch(f->b) != ep) {
+            if (x) op->graph_free(f->b, x);
+            g->failed = 1;
+            if (!f->graph_warned++)
+                MS_LOGW("forward: a decode step of %d tokens could not be recorded as a graph (%s); such steps run "
+                        "op by op", B, rc ? cerr.msg : rc2 ? eerr.msg : "a backend buffer moved while recording");
+            MS_TRY(forward_body(f, h, NULL, err));
+        } else {
+            g->exec = x;
+            g->epoch = ep;
+            MS_TRY(op->graph_launch(f->b, x, err));
+        }
+    }
+    FW_PROF(f, "logits_download",
+            op->download(f->b, logits_host, f->glogits.data, sizeof(float) * (size_t)T * (size_t)V, err), err);
+    *done = 1;
     return op->sync(f->b, err);
+}
+
+int ms_forward_run(ms_forward *f, const ms_batch *bt, float *logits_host, ms_err *err) {
+    MS_TRY(validate(f, bt, err));
+    if (graph_fits(f, bt)) {
+        int done = 0;
+        MS_TRY(run_graph(f, bt, logits_host, &done, err));
+        if (done) return MS_OK;
+    }
+    int max_ctx = 0;
+    for (int s = 0; s < bt->n_seqs; s++) max_ctx = bt->ctx_len[s] > max_ctx ? bt->ctx_len[s] : max_ctx;
+    FW_PROF(f, "batch_upload", pack_upload(f, &f->db, bt, max_ctx, err), err);
+    MS_TRY(forward_body(f, bt, logits_host, err));
+    return f->b->ops->sync(f->b, err);
 }

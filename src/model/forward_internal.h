@@ -6,6 +6,28 @@
 
 #include "model/model.h"
 
+/* A step's batch arrays in backend memory, packed in one buffer so a step uploads them at once. */
+typedef struct fw_dbatch {
+    ms_tensor buf; /* I32 */
+    int32_t *tok, *pos, *start, *ctx, *slot, *seq, *lidx, *bt;
+} fw_dbatch;
+
+/* A decode step recorded as a backend graph (CUDA graph), for batches of up to B one-token sequences
+ * whose block tables fit mbc pages. The graph replays fixed kernels on fixed buffers, so the batch is
+ * padded to exactly this shape: padding sequences have token 0 at position 0 with a context of 1 and
+ * write their K/V into the pad page (the cache's extra last page, never handed to the engine). */
+#define FW_MAX_GRAPHS 48
+typedef struct fw_graph {
+    int B, mbc;
+    int runs;       /* eager runs of this shape so far: the first runs eagerly, the second records */
+    int failed;     /* recording failed: this shape always runs eagerly */
+    void *exec;     /* backend graph, or NULL */
+    uint64_t epoch; /* backend memory epoch the graph was recorded in */
+    fw_dbatch db;   /* device arrays the graph reads (fixed addresses) */
+    ms_batch hb;    /* the padded host batch; arrays in hbuf */
+    int32_t *hbuf;
+} fw_graph;
+
 struct ms_forward {
     ms_model *m;
     ms_backend *b;
@@ -28,9 +50,15 @@ struct ms_forward {
     int32_t *h_sel;                             /* host [T, index_topk] (record/replay only) */
     ms_tensor lrows, lnorm, logits;             /* [lchunk, H], [lchunk, H], F32 [lchunk, V] */
     ms_tensor moe_ws;                           /* U8 */
-    /* batch arrays in backend memory */
-    ms_tensor d_tok, d_pos, d_start, d_ctx, d_slot, d_seq, d_lidx, d_bt;
-    int32_t *h_seq; /* host token -> sequence */
+    /* batch arrays in backend memory (eager steps) and the step's current token ids / logit rows */
+    fw_dbatch db;
+    const int32_t *tok_d, *lidx_d;
+    int32_t *h_pack; /* host staging of the packed arrays */
+    int64_t h_pack_cap;
+    /* recorded decode steps (CUDA graphs); graphs_on = allowed by the options and the backend */
+    int graphs_on, gmax, graph_warned, n_graphs;
+    fw_graph graphs[FW_MAX_GRAPHS];
+    ms_tensor glogits; /* F32 [gmax, V]: logits of graph steps */
     int *routed;    /* [num_layers] distinct experts of the last step (record_routing) */
     int routing_paused; /* record_routing switched off for timed steps (no per-layer download) */
     int32_t *h_ids; /* [max_tokens * topk] host copy of router ids (record_routing) */

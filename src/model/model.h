@@ -137,6 +137,10 @@ typedef struct ms_forward_opts {
     /* Record, per MoE layer, how many distinct experts the last step routed to (bench-model's byte
      * count; costs a small device->host copy per layer). */
     int record_routing;
+    /* Run pure decode steps (one token per sequence, up to 256) as recorded backend graphs where the
+     * backend has them (CUDA): one launch instead of ~25 per layer. Off with check_numerics, on_layer,
+     * record/replay or while record_routing or profiling is on. */
+    int graphs;
 } ms_forward_opts;
 
 int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_forward **out, ms_err *err);

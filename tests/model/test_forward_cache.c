@@ -4,7 +4,11 @@
  * --check-numerics names the layer, op and position of a NaN. The DSA model has index_topk smaller
  * than the sequence, "shared" indexer layers and grouped routing; the glm4_moe model has qk-norm,
  * q/k/v bias, partial NeoX RoPE, a dense first layer, and variants with NVFP4 experts and FP8
- * attention. (Agreement with transformers is the fixture conformance test's job.) */
+ * attention. (Agreement with transformers is the fixture conformance test's job.)
+ *
+ * `test_forward_cache cuda` runs the same checks on the GPU (bf16 activations, so the tolerance is
+ * TOL_GPU; skipped with a message when there is none) with decode steps recorded as CUDA graphs,
+ * plus graph steps against the same steps run op by op. */
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "model/model.h"
@@ -25,6 +29,9 @@ static float frand(void) { return (float)((rnd() & 0xffffff) / (double)0x1000000
 
 static ms_backend *B;
 static ms_err E;
+static int g_gpu;      /* running on the cuda backend */
+static double g_tol;   /* tolerance of cache/batching equivalences: 1e-4 on the CPU (float32) */
+#define TOL_GPU 3e-2   /* bf16 activations; decode (GEMV) and prefill (GEMM) round differently */
 
 /* ------------------------------------------------------------------ model builder */
 
@@ -252,12 +259,15 @@ static int step(ms_forward *f, const seq_part *parts, int n_parts, float *logits
     return rc;
 }
 
-static ms_forward *mkfwd(ms_model *m, int max_tokens) {
-    ms_forward_opts o = {.max_tokens = max_tokens, .n_pages = NPAGES, .page_size = PS, .moe_runner = "auto"};
+static ms_forward *mkfwd_g(ms_model *m, int max_tokens, int graphs) {
+    ms_forward_opts o = {.max_tokens = max_tokens, .n_pages = NPAGES, .page_size = PS, .moe_runner = "auto",
+                         .graphs = graphs};
     ms_forward *f = NULL;
     if (ms_forward_create(m, B, &o, &f, &E) != MS_OK) fprintf(stderr, "    create: %s\n", E.msg);
     return f;
 }
+
+static ms_forward *mkfwd(ms_model *m, int max_tokens) { return mkfwd_g(m, max_tokens, 1); }
 
 static double row_err(const float *a, const float *b, int n) {
     double mx = 1e-12, md = 0;
@@ -301,7 +311,7 @@ static void check_model(ms_model *m, const char *name) {
         CHECK(step(f, &p, 1, inc + t * V) == MS_OK);
     }
     ms_forward_free(f);
-    CHECK_MSG(all_close(inc, full, SEQ, 1e-4, "decode vs recompute"), "%s", name);
+    CHECK_MSG(all_close(inc, full, SEQ, g_tol, "decode vs recompute"), "%s", name);
     /* chunked prefill 4 + 4 + 5 with a smaller workspace */
     f = mkfwd(m, 5);
     for (int t0 = 0, n; t0 < SEQ; t0 += n) {
@@ -310,7 +320,7 @@ static void check_model(ms_model *m, const char *name) {
         CHECK(step(f, &p, 1, chk + t0 * V) == MS_OK);
     }
     ms_forward_free(f);
-    CHECK_MSG(all_close(chk, full, SEQ, 1e-4, "chunked vs one-shot"), "%s", name);
+    CHECK_MSG(all_close(chk, full, SEQ, g_tol, "chunked vs one-shot"), "%s", name);
     /* two sequences in one step == each alone */
     f = mkfwd(m, 32);
     p = (seq_part){ids2, PAGES_B, 0, SEQ};
@@ -319,15 +329,15 @@ static void check_model(ms_model *m, const char *name) {
     f = mkfwd(m, 32);
     seq_part two[2] = {{ids, PAGES_A, 0, 6}, {ids2, PAGES_B, 0, SEQ}};
     CHECK(step(f, two, 2, both) == MS_OK);
-    CHECK_MSG(all_close(both, full, 6, 1e-4, "batched seq A"), "%s", name);
-    CHECK_MSG(all_close(both + 6 * V, full2, SEQ, 1e-4, "batched seq B"), "%s", name);
+    CHECK_MSG(all_close(both, full, 6, g_tol, "batched seq A"), "%s", name);
+    CHECK_MSG(all_close(both + 6 * V, full2, SEQ, g_tol, "batched seq B"), "%s", name);
     /* continue A's prefill while B decodes a token past its prompt (mixed step) */
     int32_t ids2x[SEQ + 1];
     memcpy(ids2x, ids2, sizeof ids2);
     ids2x[SEQ] = 5;
     seq_part mix[2] = {{ids, PAGES_A, 6, 7}, {ids2x, PAGES_B, SEQ, 1}};
     CHECK(step(f, mix, 2, both) == MS_OK);
-    CHECK_MSG(all_close(both, full + 6 * V, 7, 1e-4, "mixed step seq A"), "%s", name);
+    CHECK_MSG(all_close(both, full + 6 * V, 7, g_tol, "mixed step seq A"), "%s", name);
     ms_forward_free(f);
     free(full);
     free(inc);
@@ -375,7 +385,7 @@ static void test_dsa_sparse_differs(void) {
 static void test_check_numerics(void) {
     ms_model *m = build_glm4(MS_WFMT_PLAIN, MS_WFMT_PLAIN, 0);
     ((uint16_t *)m->layers[1].v_proj.w.data)[5] = 0x7fc0; /* bf16 NaN */
-    ms_forward_opts o = {.max_tokens = 8, .n_pages = NPAGES, .page_size = PS, .moe_runner = "cpu", .check_numerics = 1};
+    ms_forward_opts o = {.max_tokens = 8, .n_pages = NPAGES, .page_size = PS, .moe_runner = "auto", .check_numerics = 1};
     ms_forward *f = NULL;
     CHECK(ms_forward_create(m, B, &o, &f, &E) == MS_OK);
     int32_t ids[3] = {4, 5, 6};
@@ -388,6 +398,54 @@ static void test_check_numerics(void) {
     /* a forced runner that does not exist fails at creation with the flag named */
     o.moe_runner = "grouped_turbo";
     CHECK(ms_forward_create(m, B, &o, &f, &E) == MS_ERR_INVALID && strstr(E.msg, "--moe-runner-backend"));
+    afree_all();
+}
+
+static const int32_t PAGES_C[8] = {5, 6, 8, 10, 0, 0, 0, 0};
+
+/* Three sequences (a graph bucket of 4: one padding sequence) prefill 5 tokens together, then decode
+ * 8 steps of one token each; with graphs (recorded on the second decode step, replayed after) the
+ * logits equal those of the same steps run op by op. On the CPU both run op by op. */
+static void check_graph_decode(ms_model *m, const char *name) {
+    enum { NS = 3, P0 = 5, STEPS = 8 };
+    int32_t ids[NS][SEQ];
+    for (int s = 0; s < NS; s++)
+        for (int i = 0; i < SEQ; i++) ids[s][i] = (int32_t)(3 + rnd() % (V - 3));
+    const int32_t *pages[NS] = {PAGES_A, PAGES_B, PAGES_C};
+    float *out[2];
+    for (int g = 0; g < 2; g++) {
+        out[g] = malloc(sizeof(float) * STEPS * NS * V);
+        ms_forward *f = mkfwd_g(m, 32, g);
+        CHECK(f != NULL);
+        if (!f) return;
+        float pre[NS * P0 * V];
+        seq_part p[NS];
+        for (int s = 0; s < NS; s++) p[s] = (seq_part){ids[s], pages[s], 0, P0};
+        CHECK(step(f, p, NS, pre) == MS_OK);
+        for (int t = 0; t < STEPS; t++) {
+            /* sequence 1 sits out step 3 (batch of 2, another bucket) */
+            int n = 0;
+            seq_part d[NS];
+            for (int s = 0; s < NS; s++)
+                if (!(s == 1 && t == 3)) d[n++] = (seq_part){ids[s], pages[s], P0 + t - (s == 1 && t > 3), 1};
+            float lg[NS * V];
+            CHECK(step(f, d, n, lg) == MS_OK);
+            for (int s = 0, r = 0; s < NS; s++) {
+                float *dst = out[g] + ((size_t)t * NS + s) * V;
+                if (s == 1 && t == 3) memset(dst, 0, sizeof(float) * V);
+                else memcpy(dst, lg + (size_t)r++ * V, sizeof(float) * V);
+            }
+        }
+        ms_forward_free(f);
+    }
+    CHECK_MSG(all_close(out[1], out[0], STEPS * NS, g_gpu ? 1e-2 : 0, "graph vs op-by-op decode"), "%s", name);
+    free(out[0]);
+    free(out[1]);
+}
+
+static void test_graph_decode(void) {
+    check_graph_decode(build_glm4(MS_WFMT_NVFP4, MS_WFMT_PLAIN, 1), "glm4_moe nvfp4 experts");
+    check_graph_decode(build_dsa(4, 1), "glm_moe_dsa topk 4");
     afree_all();
 }
 
@@ -408,15 +466,19 @@ static void test_bad_batch(void) {
     afree_all();
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     ms_dtype_init();
-    if (ms_backend_create("cpu", -1, &B, &E) != MS_OK) {
+    g_gpu = argc > 1 && !strcmp(argv[1], "cuda");
+    g_tol = g_gpu ? TOL_GPU : 1e-4;
+    if (ms_backend_create(g_gpu ? "cuda" : "cpu", g_gpu ? 0 : -1, &B, &E) != MS_OK) {
         fprintf(stderr, "%s\n", E.msg);
-        return 1;
+        if (g_gpu) printf("## tests/model/test_forward_cache.c: skipped, no GPU (%s)\n", E.msg);
+        return g_gpu ? 0 : 1;
     }
     RUN(test_glm4_cache);
     RUN(test_dsa_cache);
     RUN(test_dsa_sparse_differs);
+    RUN(test_graph_decode);
     RUN(test_check_numerics);
     RUN(test_bad_batch);
     ms_backend_destroy(B);

@@ -19,6 +19,7 @@ int ms_model_args_parse(ms_args *a, const char *cmd, ms_model_args *o) {
     e->n_overrides = ms_args_multi(a, "override", o->overrides, MS_MAX_OVERRIDES);
     e->overrides = o->overrides;
     e->check_numerics = ms_args_flag(a, "check-numerics");
+    e->disable_graphs = ms_args_flag(a, "disable-cuda-graph");
     long long mt = ms_args_int(a, "max-total-tokens", 0, &bad);
     long long ps = ms_args_int(a, "page-size", 16, &bad);
     long long mb = ms_args_int(a, "max-batch-tokens", 0, &bad);

@@ -97,6 +97,7 @@ int cu_scratch(ms_backend *b, int slot, size_t n, void **out, ms_err *err) {
             c->scratch_bytes[slot] = 0;
         }
         size_t want = n + n / 4 + 4096;
+        c->epoch++;
         CK(cudaMalloc(&c->scratch[slot], want));
         c->scratch_bytes[slot] = want;
     }
@@ -182,6 +183,52 @@ static int cu_sync(ms_backend *b, ms_err *err) {
     CK(cudaStreamSynchronize(cu_of(b)->stream));
     return MS_OK;
 }
+
+/* ---- graphs ---- */
+
+static int cu_graph_begin(ms_backend *b, ms_err *err) {
+    CU_ENTER(b);
+    /* thread-local mode: a host-synchronising call from this thread invalidates the capture instead of
+     * racing it, so a step that cannot be recorded fails cleanly and runs eagerly */
+    CK(cudaStreamBeginCapture(cu_of(b)->stream, cudaStreamCaptureModeThreadLocal));
+    return MS_OK;
+}
+
+static int cu_graph_end(ms_backend *b, void **exec, ms_err *err) {
+    CU_ENTER(b);
+    *exec = NULL;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(cu_of(b)->stream, &g);
+    if (e != cudaSuccess || !g) {
+        cudaGetLastError(); /* capture errors are not sticky; clear the last-error slot */
+        if (g) cudaGraphDestroy(g);
+        return ms_errf(err, MS_ERR_RUNTIME, "recording a CUDA graph failed: %s",
+                       cudaGetErrorString(e != cudaSuccess ? e : cudaErrorStreamCaptureInvalidated));
+    }
+    cudaGraphExec_t x = NULL;
+    e = cudaGraphInstantiate(&x, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return ms_errf(err, MS_ERR_RUNTIME, "instantiating a CUDA graph failed: %s", cudaGetErrorString(e));
+    }
+    *exec = (void *)x;
+    return MS_OK;
+}
+
+static int cu_graph_launch(ms_backend *b, void *exec, ms_err *err) {
+    CU_ENTER(b);
+    CK(cudaGraphLaunch((cudaGraphExec_t)exec, cu_of(b)->stream));
+    return MS_OK;
+}
+
+static void cu_graph_free(ms_backend *b, void *exec) {
+    if (!exec) return;
+    cudaSetDevice(b->device);
+    cudaGraphExecDestroy((cudaGraphExec_t)exec);
+}
+
+static uint64_t cu_mem_epoch(const ms_backend *b) { return cu_of(b)->epoch; }
 
 /* Copies n host bytes into a new device buffer. */
 static int cu_dup(ms_backend *b, const void *src, size_t n, void **out, ms_err *err) {
@@ -586,6 +633,11 @@ static void cu_ops_init(void) {
     cu_ops.argmax = cu_op_argmax;
     cu_ops.set_cols = cu_op_set_cols;
     cu_ops.scale = cu_op_scale;
+    cu_ops.graph_begin = cu_graph_begin;
+    cu_ops.graph_end = cu_graph_end;
+    cu_ops.graph_launch = cu_graph_launch;
+    cu_ops.graph_free = cu_graph_free;
+    cu_ops.mem_epoch = cu_mem_epoch;
 }
 
 

@@ -77,6 +77,7 @@ typedef struct cu_impl {
     int n_rope;
     cu_alloc_node *owned; /* freed at destroy (prepared tables etc.) */
     int max_smem_optin;
+    uint64_t epoch; /* bumped when a scratch buffer moves (recorded graphs hold its old address) */
 } cu_impl;
 
 static inline cu_impl *cu_of(const ms_backend *b) { return (cu_impl *)b->impl; }
