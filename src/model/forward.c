@@ -401,14 +401,20 @@ static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, m
     for (int L = 0; L < c->num_layers; L++) {
         const ms_layer *l = &f->m->layers[L];
         f->layer = L;
-        FW_PROF(f, "norms", op->rmsnorm(f->b, &x, &l->attn_norm, c->rms_norm_eps, &a, err), err);
+        /* layer 0 normalises the embedding; later layers got their input norm fused into the
+         * previous layer's residual add below */
+        if (L == 0) FW_PROF(f, "norms", op->rmsnorm(f->b, &x, &l->attn_norm, c->rms_norm_eps, &a, err), err);
         FW_TRY_CHECK(f, &a, "input_layernorm", err);
         if (c->arch == MS_ARCH_GLM4_MOE) FW_PROF(f, "attention", fw_attn_glm4(f, L, T, err), err);
         else FW_PROF(f, "attention", fw_attn_dsa(f, L, T, &topk_valid, err), err);
         FW_PROF(f, "norms", op->add_rmsnorm(f->b, &x, &delta, &l->ffn_norm, c->rms_norm_eps, &a, err), err);
         FW_TRY_CHECK(f, &a, "post_attention_layernorm", err);
         MS_TRY(mlp(f, L, T, err));
-        MS_TRY(op->add(f->b, &x, &delta, err));
+        if (L + 1 < c->num_layers)
+            FW_PROF(f, "norms", op->add_rmsnorm(f->b, &x, &delta, &f->m->layers[L + 1].attn_norm, c->rms_norm_eps, &a, err),
+                    err);
+        else
+            MS_TRY(op->add(f->b, &x, &delta, err));
         FW_TRY_CHECK(f, &x, "residual", err);
         if (f->o.on_layer) {
             MS_TRY(op->sync(f->b, err));
