@@ -451,6 +451,181 @@ static void test_attn_gqa(void) {
     gqa_case(3, 3, 16);
 }
 
+/* A batch of any shape for the larger attention cases: sequence i has nnew[i] new tokens at the end
+ * of a context of ctx[i] tokens. Pages come from a shuffled list of all pages, so neighbouring
+ * pages of a sequence lie far apart in the cache; each block-table row has one spare entry of -1
+ * (a kernel that read it would fault). */
+typedef struct {
+    ms_batch bt;
+    int32_t *tok, *pos, *seq_start, *ctx, *slot, *table, *tseq;
+    int n_slots;
+    ms_tensor g_arr[6], c_arr[6];
+    ms_attn_meta mg, mc;
+} gbatch;
+
+static void make_gbatch(gbatch *B, int n_seqs, const int *nnew, const int *ctx, int page) {
+    memset(B, 0, sizeof *B);
+    int T = 0, n_pages = 0, mb = 0, max_ctx = 1;
+    for (int s = 0; s < n_seqs; s++) {
+        int np = (ctx[s] + page - 1) / page;
+        T += nnew[s];
+        n_pages += np;
+        if (np > mb) mb = np;
+        if (ctx[s] > max_ctx) max_ctx = ctx[s];
+    }
+    mb += 1;
+    int32_t *perm = malloc((size_t)n_pages * 4);
+    for (int i = 0; i < n_pages; i++) perm[i] = i;
+    for (int i = n_pages - 1; i > 0; i--) {
+        int j = (int)(rnd_u32() % (uint32_t)(i + 1)), x = perm[i];
+        perm[i] = perm[j];
+        perm[j] = x;
+    }
+    B->tok = malloc((size_t)T * 4);
+    B->pos = malloc((size_t)T * 4);
+    B->slot = malloc((size_t)T * 4);
+    B->tseq = malloc((size_t)T * 4);
+    B->seq_start = malloc((size_t)(n_seqs + 1) * 4);
+    B->ctx = malloc((size_t)n_seqs * 4);
+    B->table = malloc((size_t)n_seqs * mb * 4);
+    int t = 0, pg = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        int np = (ctx[s] + page - 1) / page;
+        B->seq_start[s] = t;
+        B->ctx[s] = ctx[s];
+        for (int k = 0; k < mb; k++) B->table[s * mb + k] = k < np ? perm[pg++] : -1;
+        for (int j = 0; j < nnew[s]; j++, t++) {
+            int p = ctx[s] - nnew[s] + j;
+            B->tok[t] = t;
+            B->pos[t] = p;
+            B->tseq[t] = s;
+            B->slot[t] = B->table[s * mb + p / page] * page + p % page;
+        }
+    }
+    B->seq_start[n_seqs] = T;
+    free(perm);
+    B->n_slots = n_pages * page;
+    B->bt.n_tokens = T;
+    B->bt.n_seqs = n_seqs;
+    B->bt.token_ids = B->tok;
+    B->bt.positions = B->pos;
+    B->bt.seq_start = B->seq_start;
+    B->bt.ctx_len = B->ctx;
+    B->bt.slot_mapping = B->slot;
+    B->bt.block_table = B->table;
+    B->bt.max_blocks = mb;
+    B->bt.page_size = page;
+    const int32_t *src[6] = {B->pos, B->seq_start, B->ctx, B->slot, B->table, B->tseq};
+    int64_t n[6] = {T, n_seqs + 1, n_seqs, T, (int64_t)n_seqs * mb, T};
+    for (int i = 0; i < 6; i++) {
+        B->g_arr[i] = mk_i32(GPU, n[i], src[i]);
+        B->c_arr[i] = mk_i32(CPU, n[i], src[i]);
+    }
+    ms_attn_meta *ms[2] = {&B->mg, &B->mc};
+    ms_tensor *arr[2] = {B->g_arr, B->c_arr};
+    for (int k = 0; k < 2; k++) {
+        ms[k]->host = &B->bt;
+        ms[k]->max_ctx = max_ctx;
+        ms[k]->positions_d = arr[k][0].data;
+        ms[k]->seq_start_d = arr[k][1].data;
+        ms[k]->ctx_len_d = arr[k][2].data;
+        ms[k]->slot_mapping_d = arr[k][3].data;
+        ms[k]->block_table_d = arr[k][4].data;
+        ms[k]->token_seq_d = arr[k][5].data;
+    }
+}
+
+static void free_gbatch(gbatch *B) {
+    for (int i = 0; i < 6; i++) { fr(GPU, &B->g_arr[i]); fr(CPU, &B->c_arr[i]); }
+    free(B->tok); free(B->pos); free(B->slot); free(B->tseq); free(B->seq_start); free(B->ctx); free(B->table);
+}
+
+/* Attention outputs compared row by row (a row = one token's head): max |a-r| over the row divided
+ * by the row's max |r| (at least 0.1), so one row with a wrong mask is not hidden among thousands. */
+static double row_err(const float *a, const float *r, size_t rows, int d) {
+    double worst = 0;
+    for (size_t i = 0; i < rows; i++) {
+        double md = 0, mr = 0.1;
+        for (int c = 0; c < d; c++) {
+            double x = a[i * d + c], y = r[i * d + c];
+            if (!isfinite(x) || !isfinite(y)) return INFINITY;
+            if (fabs(x - y) > md) md = fabs(x - y);
+            if (fabs(y) > mr) mr = fabs(y);
+        }
+        if (md / mr > worst) worst = md / mr;
+    }
+    return worst;
+}
+
+/* GQA over a gbatch, GPU against the CPU, in three modes: default (tensor-core kernel with split-K
+ * where the grid is small), split-K off, and the generic kernel (MS_ATTN_NO_MMA). Queries are scaled
+ * so scores spread over several units: softmax is peaked, and a key let through (or masked) by
+ * mistake moves its row well past the tolerance. */
+static void gqa_batch_case(const char *name, int nh, int nkv, int d, int page, int n_seqs, const int *nnew,
+                           const int *ctx) {
+    gbatch B;
+    make_gbatch(&B, n_seqs, nnew, ctx, page);
+    const int T = B.bt.n_tokens, S = B.n_slots;
+    int64_t cs[3] = {S, nkv, d}, qs[3] = {T, nh, d};
+    float *kc = rand_vec((size_t)S * nkv * d, 1.f), *vc = rand_vec((size_t)S * nkv * d, 1.f);
+    float *q = rand_vec((size_t)T * nh * d, 8.f);
+    pair K = act(3, cs, kc), V = act(3, cs, vc), Q = act(3, qs, q);
+    ms_tensor oc = mk(CPU, 0, 3, qs, NULL);
+    const float sc = 1.f / sqrtf((float)d);
+    R(CPU->ops->attn_gqa(CPU, &Q.c, &K.c, &V.c, &B.mc, sc, &oc, &E));
+    float *ref = get(CPU, &oc);
+    static const char *modes[3] = {NULL, "MS_ATTN_NO_SPLIT", "MS_ATTN_NO_MMA"};
+    for (int mo = 0; mo < 3; mo++) {
+        if (modes[mo]) setenv(modes[mo], "1", 1);
+        ms_tensor og = mk(GPU, 0, 3, qs, NULL); /* NaN-poisoned */
+        R(GPU->ops->attn_gqa(GPU, &Q.g, &K.g, &V.g, &B.mg, sc, &og, &E));
+        if (modes[mo]) unsetenv(modes[mo]);
+        float *a = get(GPU, &og);
+        double e = row_err(a, ref, (size_t)T * nh, d);
+        CHECK_MSG(e <= 2e-2, "%s nh=%d nkv=%d d=%d page=%d (%s): row rel err %.3g", name, nh, nkv, d, page,
+                  modes[mo] ? modes[mo] : "default", e);
+        free(a);
+        fr(GPU, &og);
+    }
+    free(ref);
+    fr(CPU, &oc);
+    pfree(&K); pfree(&V); pfree(&Q);
+    free(kc); free(vc); free(q);
+    free_gbatch(&B);
+}
+
+static void test_attn_gqa_batches(void) {
+    { /* a prefill chunk of 300 tokens after a cached prefix of 200 */
+        int nn[1] = {300}, cx[1] = {500};
+        gqa_batch_case("prefill", 96, 8, 128, 16, 1, nn, cx);
+        gqa_batch_case("prefill", 32, 4, 64, 7, 1, nn, cx);
+    }
+    { /* decodes at contexts 1, 64, 65, 129 and 1000, a chunk of 37 after 213 cached, a fresh prompt of 70 */
+        int nn[7] = {1, 37, 1, 1, 70, 1, 1}, cx[7] = {1, 250, 64, 65, 70, 129, 1000};
+        gqa_batch_case("mixed", 96, 8, 128, 16, 7, nn, cx);
+        gqa_batch_case("mixed", 32, 4, 64, 12, 7, nn, cx);
+    }
+    { /* a decode batch of 64 sequences, contexts 1 .. 600, mostly not multiples of the 64-key tile */
+        int nn[64], cx[64];
+        for (int i = 0; i < 64; i++) {
+            nn[i] = 1;
+            cx[i] = 1 + (i * 137) % 600;
+        }
+        cx[1] = 64;
+        cx[2] = 65;
+        gqa_batch_case("decode64", 96, 8, 128, 16, 64, nn, cx);
+        gqa_batch_case("decode64", 32, 4, 64, 12, 64, nn, cx);
+    }
+    { /* a small decode batch with a long context: many key ranges per block (split-K) */
+        int nn[3] = {1, 1, 1}, cx[3] = {2000, 1, 333};
+        gqa_batch_case("decode3", 96, 8, 128, 16, 3, nn, cx);
+    }
+    { /* 80 query heads on one KV head: two head chunks per token */
+        int nn[3] = {20, 1, 1}, cx[3] = {100, 77, 1};
+        gqa_batch_case("wide-group", 80, 1, 64, 16, 3, nn, cx);
+    }
+}
+
 static void mla_case(int nh, int kvl, int dr, int sparse) {
     abatch A;
     int page = 4, S = 8 * page, D = kvl + dr;
@@ -654,6 +829,7 @@ int main(void) {
     RUN(test_rope);
     RUN(test_linear);
     RUN(test_attn_gqa);
+    RUN(test_attn_gqa_batches);
     RUN(test_mla_attn);
     RUN(test_mla_proj);
     RUN(test_indexer);

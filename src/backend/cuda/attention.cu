@@ -10,7 +10,10 @@
  * alone; bench-model --profile measured that attention kernel at 10 ms of a 28 ms step at context 256
  * and 274 ms of 292 ms at 8192. When the grid is small, the keys are split into n_split ranges on
  * gridDim.z; each block writes its unnormalised output with its running max and sum to a float
- * workspace, and k_attn_combine merges the ranges (rescaling each by exp(m_z - M)). */
+ * workspace, and k_attn_combine merges the ranges (rescaling each by exp(m_z - M)).
+ *
+ * GQA with head dim 64 or 128 on sm_80+ goes to the tensor-core kernel in attn_mma.cu instead (it
+ * shares the split sizing and the combine below); k_attn remains for other head dims and for MLA. */
 #include "backend/cuda/cuda_internal.cuh"
 
 #include <math.h>
@@ -209,6 +212,34 @@ static size_t at_smem(int R, int Dk, int Dv, int gqa) {
     return f * 4 + i * 4 + h * 2 + 16;
 }
 
+/* Split-K sizing and workspace shared with attn_mma.cu; contract in cuda_internal.cuh. */
+int cu_attn_split(ms_backend *b, int64_t blocks, int tiles, int per_sm, int T, int nh, int Dv, int *n_split,
+                  float **part, ms_err *err) {
+    int64_t target = (int64_t)per_sm * (b->gpu.n_sm > 0 ? b->gpu.n_sm : 100);
+    int64_t want = blocks > 0 ? (target + blocks - 1) / blocks : 1;
+    int ns = want < tiles ? (int)want : tiles;
+    if (ns > 64) ns = 64;
+    if (ns < 1 || getenv("MS_ATTN_NO_SPLIT")) ns = 1;
+    *n_split = ns;
+    *part = NULL;
+    if (ns > 1) {
+        void *ws;
+        size_t n = sizeof(float) * (size_t)T * (size_t)nh * (size_t)ns * (size_t)(Dv + 2);
+        MS_TRY(cu_scratch(b, SCR_ATTN, n, &ws, err));
+        *part = (float *)ws;
+    }
+    return MS_OK;
+}
+
+/* Launches k_attn_combine over the partials; contract in cuda_internal.cuh. */
+int cu_attn_combine(ms_backend *b, const float *part, int n_split, int T, int nh, int Dv, bf16 *out, ms_err *err) {
+    if (n_split <= 1) return MS_OK;
+    dim3 cg(T, nh);
+    k_attn_combine<<<cg, 128, 0, cu_of(b)->stream>>>(part, n_split, Dv, nh, out);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
 static int at_launch(ms_backend *b, at_args *a, int nkv, size_t sm, ms_err *err) {
     cu_impl *c = cu_of(b);
     if ((int)sm > c->max_smem_optin)
@@ -219,31 +250,13 @@ static int at_launch(ms_backend *b, at_args *a, int nkv, size_t sm, ms_err *err)
      * of each sequence; aim at two blocks per SM, at least a tile per range, at most 64 ranges. */
     const ms_batch *hb = a->meta_host;
     int64_t groups = (a->T + a->bq - 1) / a->bq + hb->n_seqs;
-    int64_t blocks = groups * nkv * a->n_chunks;
     int max_keys = a->topk ? a->topk_n : a->max_ctx;
-    int tiles = (max_keys + AT_TK - 1) / AT_TK;
-    int want = (int)((2 * (int64_t)(b->gpu.n_sm > 0 ? b->gpu.n_sm : 100) + blocks - 1) / blocks);
-    int ns = want < tiles ? want : tiles;
-    if (ns > 64) ns = 64;
-    if (ns < 1) ns = 1;
-    if (getenv("MS_ATTN_NO_SPLIT")) ns = 1;
-    a->n_split = ns;
-    a->part = NULL;
-    if (ns > 1) {
-        void *ws;
-        MS_TRY(cu_scratch(b, SCR_ATTN, sizeof(float) * (size_t)a->T * (size_t)a->nh * (size_t)ns * (size_t)(a->Dv + 2), &ws,
-                          err));
-        a->part = (float *)ws;
-    }
-    dim3 grid(a->T, nkv * a->n_chunks, ns);
+    MS_TRY(cu_attn_split(b, groups * nkv * a->n_chunks, (max_keys + AT_TK - 1) / AT_TK, 2, a->T, a->nh, a->Dv,
+                         &a->n_split, &a->part, err));
+    dim3 grid(a->T, nkv * a->n_chunks, a->n_split);
     k_attn<<<grid, AT_THREADS, sm, c->stream>>>(*a);
     CK_LAUNCH();
-    if (ns > 1) {
-        dim3 cg(a->T, a->nh);
-        k_attn_combine<<<cg, 128, 0, c->stream>>>(a->part, ns, a->Dv, a->nh, a->out);
-        CK_LAUNCH();
-    }
-    return MS_OK;
+    return cu_attn_combine(b, a->part, a->n_split, a->T, a->nh, a->Dv, a->out, err);
 }
 
 static void at_meta(at_args *a, const ms_attn_meta *m) {
@@ -267,6 +280,10 @@ int cu_op_attn_gqa(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, c
     if (T == 0) return MS_OK;
     if (q->dtype != MS_BF16 || kcache->dtype != MS_BF16 || vcache->dtype != MS_BF16 || out->dtype != MS_BF16)
         return ms_errf(err, MS_ERR_UNSUPPORTED, "attn_gqa: the CUDA backend needs bf16 q, caches and output");
+    int done = 0;
+    MS_TRY(cu_attn_gqa_mma(b, (const bf16 *)q->data, (const bf16 *)kcache->data, (const bf16 *)vcache->data, nh, nkv, d,
+                           m, scale, (bf16 *)out->data, &done, err));
+    if (done) return MS_OK;
     if (d % 2) return ms_errf(err, MS_ERR_UNSUPPORTED, "attn_gqa: odd head dim %d", d);
     at_args a;
     memset(&a, 0, sizeof a);

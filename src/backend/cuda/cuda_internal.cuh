@@ -141,6 +141,23 @@ int cu_gemm_grouped(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdes
                     const int32_t *row_cnt_d, const bf16 *x, void *y, int y_type, int64_t ldy, ms_err *err);
 #define CU_GG_BM 64
 
+/* ---- attention (attention.cu, attn_mma.cu) ---- */
+/* Split-K sizing shared by the attention kernels: *n_split key ranges for a launch of `blocks` blocks
+ * (before splitting) over at most `tiles` key tiles, aiming at per_sm blocks per SM (at most 64 ranges,
+ * at most one per tile; 1 when MS_ATTN_NO_SPLIT is set). When *n_split > 1, *part is the float
+ * workspace [T][nh][n_split][Dv + 2] (slot SCR_ATTN) for the partials: unnormalised O, then the
+ * range's running max m (natural log domain of the scaled scores; -inf when it saw no key) and sum l. */
+int cu_attn_split(ms_backend *b, int64_t blocks, int tiles, int per_sm, int T, int nh, int Dv, int *n_split,
+                  float **part, ms_err *err);
+/* Merges the n_split partials of every (token, head) into out [T][nh][Dv] (nothing when n_split <= 1). */
+int cu_attn_combine(ms_backend *b, const float *part, int n_split, int T, int nh, int Dv, bf16 *out, ms_err *err);
+/* Paged causal GQA on tensor cores (attn_mma.cu), the fast path of attn_gqa: q [T][nh][d], caches
+ * [S][nkv][d], out [T][nh][d], bf16 device memory, batch layout as ms_attn_meta. Sets *launched = 0
+ * and does nothing when the shape is not covered (d other than 64 or 128, a GPU below sm_80, too
+ * little shared memory, or MS_ATTN_NO_MMA set in the environment); the caller then runs k_attn. */
+int cu_attn_gqa_mma(ms_backend *b, const bf16 *q, const bf16 *kc, const bf16 *vc, int nh, int nkv, int d,
+                    const ms_attn_meta *m, float scale, bf16 *out, int *launched, ms_err *err);
+
 /* ---- device helpers ---- */
 __device__ __forceinline__ float cu_ld(const void *p, int dt, size_t i) {
     switch (dt) {
