@@ -87,7 +87,6 @@ static ms_linear lin(int fmt, int64_t N, int64_t K, int bias) {
         W.scale2 = sc / 4.0f;
     }
     if (bias) W.bias = vec_bf16(N, 0, 0.3f);
-    CHECK(B->ops->place_linear(B, &W, &E) == MS_OK);
     return W;
 }
 
@@ -230,6 +229,14 @@ static ms_model *build_dsa(int index_topk, int grouped) {
 
 enum { PS = 4, NPAGES = 16, SEQ = 13 };
 
+/* Places a built model's tensors on the test backend (the GPU copies them; the CPU keeps views). */
+static ms_model *placed(ms_model *m) {
+    int rc = ms_model_place(m, B, &E);
+    if (rc) fprintf(stderr, "    place: %s\n", E.msg);
+    CHECK(rc == MS_OK);
+    return m;
+}
+
 typedef struct {
     const int32_t *ids; /* whole sequence */
     const int32_t *pages;
@@ -347,23 +354,23 @@ static void check_model(ms_model *m, const char *name) {
 }
 
 static void test_glm4_cache(void) {
-    check_model(build_glm4(MS_WFMT_PLAIN, MS_WFMT_PLAIN, 1), "glm4_moe bf16 grouped");
-    check_model(build_glm4(MS_WFMT_NVFP4, MS_WFMT_FP8, 0), "glm4_moe nvfp4 experts, fp8 attention");
+    check_model(placed(build_glm4(MS_WFMT_PLAIN, MS_WFMT_PLAIN, 1)), "glm4_moe bf16 grouped");
+    check_model(placed(build_glm4(MS_WFMT_NVFP4, MS_WFMT_FP8, 0)), "glm4_moe nvfp4 experts, fp8 attention");
     afree_all();
 }
 
 static void test_dsa_cache(void) {
-    check_model(build_dsa(4, 1), "glm_moe_dsa topk 4 grouped");
-    check_model(build_dsa(64, 0), "glm_moe_dsa dense");
+    check_model(placed(build_dsa(4, 1)), "glm_moe_dsa topk 4 grouped");
+    check_model(placed(build_dsa(64, 0)), "glm_moe_dsa dense");
     afree_all();
 }
 
 /* The sparse path must actually change the result (otherwise the test above proves little). */
 static void test_dsa_sparse_differs(void) {
     uint64_t seed = g_rng;
-    ms_model *sp = build_dsa(4, 0);
+    ms_model *sp = placed(build_dsa(4, 0));
     g_rng = seed;
-    ms_model *de = build_dsa(64, 0);
+    ms_model *de = placed(build_dsa(64, 0));
     int32_t ids[SEQ];
     for (int i = 0; i < SEQ; i++) ids[i] = (int32_t)(3 + rnd() % (V - 3));
     float *a = malloc(sizeof(float) * SEQ * V), *b = malloc(sizeof(float) * SEQ * V);
@@ -385,6 +392,7 @@ static void test_dsa_sparse_differs(void) {
 static void test_check_numerics(void) {
     ms_model *m = build_glm4(MS_WFMT_PLAIN, MS_WFMT_PLAIN, 0);
     ((uint16_t *)m->layers[1].v_proj.w.data)[5] = 0x7fc0; /* bf16 NaN */
+    placed(m);
     ms_forward_opts o = {.max_tokens = 8, .n_pages = NPAGES, .page_size = PS, .moe_runner = "auto", .check_numerics = 1};
     ms_forward *f = NULL;
     CHECK(ms_forward_create(m, B, &o, &f, &E) == MS_OK);
@@ -444,13 +452,13 @@ static void check_graph_decode(ms_model *m, const char *name) {
 }
 
 static void test_graph_decode(void) {
-    check_graph_decode(build_glm4(MS_WFMT_NVFP4, MS_WFMT_PLAIN, 1), "glm4_moe nvfp4 experts");
-    check_graph_decode(build_dsa(4, 1), "glm_moe_dsa topk 4");
+    check_graph_decode(placed(build_glm4(MS_WFMT_NVFP4, MS_WFMT_PLAIN, 1)), "glm4_moe nvfp4 experts");
+    check_graph_decode(placed(build_dsa(4, 1)), "glm_moe_dsa topk 4");
     afree_all();
 }
 
 static void test_bad_batch(void) {
-    ms_model *m = build_glm4(MS_WFMT_PLAIN, MS_WFMT_PLAIN, 0);
+    ms_model *m = placed(build_glm4(MS_WFMT_PLAIN, MS_WFMT_PLAIN, 0));
     ms_forward *f = mkfwd(m, 4);
     int32_t ids[5] = {4, 5, 6, 7, 8};
     float lg[5 * V];
