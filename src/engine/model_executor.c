@@ -8,6 +8,7 @@
  * activation reserve, optionally capped by --max-total-tokens. */
 #include "engine/model_executor.h"
 
+#include "core/fileutil.h"
 #include "core/log.h"
 #ifdef MS_HAVE_CUDA
 #include "backend/cuda/backend_cuda.h"
@@ -121,6 +122,13 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
         fo.record = o->record_decisions;
         fo.replay = o->replay_decisions;
         rc = ms_forward_create(x->m, x->b, &fo, &x->f, err);
+        if (!rc && fo.graphs && !o->record_routing && !strcmp(x->b->name, "cuda")) {
+            /* decode graphs now, so start-up (not the first requests) pays for recording them */
+            double t0 = ms_now();
+            int n = 0;
+            rc = ms_forward_record_graphs(x->f, &n, err);
+            if (!rc) MS_LOGI("executor: recorded %d decode graphs in %.2f s", n, ms_now() - t0);
+        }
         if (!rc) {
             out->ctx = x;
             out->vocab = x->m->cfg.vocab_size;

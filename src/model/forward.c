@@ -516,7 +516,9 @@ static int run_graph(ms_forward *f, const ms_batch *bt, float *logits_host, int 
         int nb = (bt->ctx_len[s] + ps - 1) / ps;
         need = nb > need ? nb : need;
     }
-    int mbc = 16;
+    /* block-table classes are powers of two from 32 pages: few shapes to record, and attention sized
+     * for at most twice the longest context */
+    int mbc = 32;
     while (mbc < need) mbc *= 2;
     fw_graph *g;
     MS_TRY(graph_entry(f, B, mbc, &g, err));
@@ -576,10 +578,40 @@ static int run_graph(ms_forward *f, const ms_batch *bt, float *logits_host, int 
             MS_TRY(op->graph_launch(f->b, x, err));
         }
     }
-    FW_PROF(f, "logits_download",
-            op->download(f->b, logits_host, f->glogits.data, sizeof(float) * (size_t)T * (size_t)V, err), err);
+    if (logits_host)
+        FW_PROF(f, "logits_download",
+                op->download(f->b, logits_host, f->glogits.data, sizeof(float) * (size_t)T * (size_t)V, err), err);
     *done = 1;
     return op->sync(f->b, err);
+}
+
+int ms_forward_record_graphs(ms_forward *f, int *n_recorded, ms_err *err) {
+    *n_recorded = 0;
+    if (!f->graphs_on) return MS_OK;
+    const int B = f->gmax, ps = f->o.page_size;
+    int32_t *a = malloc(sizeof(int32_t) * (size_t)(6 * B + 1));
+    if (!a) return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory recording graphs");
+    int32_t *tok = a, *pos = a + B, *start = a + 2 * B, *ctx = a + 3 * B + 1, *slot = a + 4 * B + 1,
+            *page = a + 5 * B + 1;
+    for (int i = 0; i < B; i++)
+        tok[i] = 0, pos[i] = 0, start[i] = i, ctx[i] = 1, slot[i] = f->o.n_pages * ps, page[i] = f->o.n_pages;
+    start[B] = B;
+    int rc = MS_OK;
+    for (size_t i = 0; i < sizeof fw_buckets / sizeof fw_buckets[0] && !rc; i++) {
+        const int n = fw_buckets[i] < B ? fw_buckets[i] : B;
+        /* n padding-only sequences (the pad page; validate() would refuse it from a caller) */
+        ms_batch bt = {n, n, tok, pos, start, ctx, slot, page, 1, ps, n, start};
+        for (int r = 0; r < 2 && !rc; r++) {
+            int done = 0;
+            rc = run_graph(f, &bt, NULL, &done, err);
+        }
+        if (!rc) {
+            for (int g = 0; g < f->n_graphs; g++) *n_recorded += f->graphs[g].B == n && f->graphs[g].exec != NULL;
+        }
+        if (fw_buckets[i] >= B) break;
+    }
+    free(a);
+    return rc;
 }
 
 int ms_forward_run(ms_forward *f, const ms_batch *bt, float *logits_host, ms_err *err) {

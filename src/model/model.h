@@ -149,6 +149,11 @@ void ms_forward_free(ms_forward *f);
  * logits_host [n_logits, vocab] (float32). With check_numerics, a NaN/Inf fails with
  * MS_ERR_NUMERICS naming the layer, op and token position. */
 int ms_forward_run(ms_forward *f, const ms_batch *batch, float *logits_host, ms_err *err);
+/* Records the decode graphs of every batch bucket (up to min(256, max_tokens) sequences) for the
+ * shortest context class now, so the first requests do not pay for it (their longer contexts are
+ * recorded when first seen). Padding-only steps: they write K/V into the pad page alone. No-op when
+ * graphs are off; *n_recorded = graphs made. */
+int ms_forward_record_graphs(ms_forward *f, int *n_recorded, ms_err *err);
 /* With record_routing: distinct experts routed to by the last step, per layer (0 for dense
  * layers); array of cfg.num_layers owned by f. NULL otherwise. */
 const int *ms_forward_routed_experts(const ms_forward *f);
