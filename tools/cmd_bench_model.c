@@ -237,6 +237,8 @@ static int run_decode(const ms_executor *ex, ms_forward *fw, const ms_model *m, 
         free(ids), free(arr), free(lg);
         return ms_errf(err, MS_ERR_NOMEM, "bench-model: out of memory");
     }
+    /* page-locked like the engine's logits buffer, so the timed download is the server's */
+    if (ex->pin) ex->pin(ex->ctx, lg, sizeof(float) * (size_t)B * (size_t)V);
     uint64_t rng = 12345;
     for (int i = 0; i <= ctx; i++) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
@@ -334,6 +336,7 @@ static int run_decode(const ms_executor *ex, ms_forward *fw, const ms_model *m, 
     }
     free(ids);
     free(arr);
+    if (ex->unpin) ex->unpin(ex->ctx, lg);
     free(lg);
     return rc;
 }

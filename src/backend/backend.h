@@ -145,6 +145,10 @@ typedef struct ms_backend_ops {
     /* Runs a recorded graph on the backend's stream (asynchronously, like any op). */
     int (*graph_launch)(ms_backend *b, void *exec, ms_err *err);
     void (*graph_free)(ms_backend *b, void *exec);
+    /* Page-locks host memory [p, p+n) for fast downloads into it (optional; undo with host_unpin before
+     * the memory is freed). */
+    int (*host_pin)(ms_backend *b, void *p, size_t n, ms_err *err);
+    void (*host_unpin)(ms_backend *b, void *p);
     /* Changes whenever the backend's internal buffers (scratch, workspaces) move; a graph recorded at
      * another epoch may point at freed memory and must not be launched. */
     uint64_t (*mem_epoch)(const ms_backend *b);

@@ -124,11 +124,17 @@ static void run_step(ms_engine *e) {
     ms_err err = {0};
     int rc = MS_OK;
     if (b->n_logits > e->logits_rows) {
-        float *nl = realloc(e->logits, (size_t)b->n_logits * (size_t)e->exec.vocab * sizeof(float));
+        /* grow geometrically: the buffer is page-locked for the GPU, which costs time per change */
+        int rows = b->n_logits > 2 * e->logits_rows ? b->n_logits : 2 * e->logits_rows;
+        if (e->logits && e->exec.unpin) e->exec.unpin(e->exec.ctx, e->logits);
+        float *nl = realloc(e->logits, (size_t)rows * (size_t)e->exec.vocab * sizeof(float));
         if (nl) {
             e->logits = nl;
-            e->logits_rows = b->n_logits;
-        } else {
+            e->logits_rows = rows;
+        }
+        if (e->logits && e->exec.pin)
+            e->exec.pin(e->exec.ctx, e->logits, (size_t)e->logits_rows * (size_t)e->exec.vocab * sizeof(float));
+        if (!nl) {
             rc = ms_errf(&err, MS_ERR_NOMEM, "engine: out of memory for %d logits rows of %d", b->n_logits, e->exec.vocab);
         }
     }
@@ -362,6 +368,7 @@ void ms_engine_destroy(ms_engine *e) {
     ms_sampler_destroy(&e->sampler);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
+    if (e->logits && e->exec.unpin) e->exec.unpin(e->exec.ctx, e->logits);
     free(e->logits);
     free(e->aborts);
     free(e->abort_work);

@@ -29,6 +29,10 @@ typedef struct ms_executor {
     int (*forward)(void *ctx, const ms_batch *batch, float *logits, ms_err *err);
     /* optional: 1 when the executor can run another forward after a failure (NULL = always) */
     int (*healthy)(void *ctx);
+    /* optional: page-lock the host buffer [p, p+n) that receives logits, so downloads into it run at
+     * full link speed (0 = done, or nothing to do); unpin before freeing or moving it */
+    int (*pin)(void *ctx, void *p, size_t n);
+    void (*unpin)(void *ctx, void *p);
     /* end-of-sequence ids (generation_config eos_token_id); they stop a request unless its
      * ignore_eos is set (optional: the server may instead put eos into each request's stop_ids) */
     int n_eos;

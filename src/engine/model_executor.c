@@ -28,6 +28,21 @@ static int exec_forward(void *ctx, const ms_batch *batch, float *logits, ms_err 
     return ms_forward_run(((exec_ctx *)ctx)->f, batch, logits, err);
 }
 
+/* Page-locking is an optimisation: a refusal (e.g. a locked-memory limit) is logged, not fatal. */
+static int exec_pin(void *ctx, void *p, size_t n) {
+    ms_backend *b = ((exec_ctx *)ctx)->b;
+    if (!b->ops->host_pin) return 0;
+    ms_err err = {0};
+    if (b->ops->host_pin(b, p, n, &err) == MS_OK) return 0;
+    MS_LOGW("logits buffer of %zu bytes not page-locked (%s); downloads are slower", n, err.msg);
+    return -1;
+}
+
+static void exec_unpin(void *ctx, void *p) {
+    ms_backend *b = ((exec_ctx *)ctx)->b;
+    if (b->ops->host_unpin) b->ops->host_unpin(b, p);
+}
+
 /* MemAvailable from /proc/meminfo in bytes (0 when unknown). */
 static uint64_t mem_available(void) {
     FILE *fp = fopen("/proc/meminfo", "r");
@@ -136,6 +151,8 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
             out->page_size = page_size;
             out->max_batch_tokens = max_batch;
             out->forward = exec_forward;
+            out->pin = exec_pin;
+            out->unpin = exec_unpin;
             MS_LOGI("executor: %s on %s, KV cache %d pages x %d tokens (%.1f MiB), max %d tokens per step",
                     x->m->cfg.model_type, x->b->name, fo.n_pages, page_size,
                     (double)ms_forward_kv_bytes_per_token(x->m, x->b) * fo.n_pages * page_size / 1048576.0, max_batch);

@@ -230,6 +230,19 @@ static void cu_graph_free(ms_backend *b, void *exec) {
 
 static uint64_t cu_mem_epoch(const ms_backend *b) { return cu_of(b)->epoch; }
 
+static int cu_host_pin(ms_backend *b, void *p, size_t n, ms_err *err) {
+    CU_ENTER(b);
+    if (!p || !n) return MS_OK;
+    CK(cudaHostRegister(p, n, cudaHostRegisterDefault));
+    return MS_OK;
+}
+
+static void cu_host_unpin(ms_backend *b, void *p) {
+    if (!p) return;
+    cudaSetDevice(b->device);
+    if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+}
+
 /* Copies n host bytes into a new device buffer. */
 static int cu_dup(ms_backend *b, const void *src, size_t n, void **out, ms_err *err) {
     *out = NULL;
@@ -638,6 +651,8 @@ static void cu_ops_init(void) {
     cu_ops.graph_launch = cu_graph_launch;
     cu_ops.graph_free = cu_graph_free;
     cu_ops.mem_epoch = cu_mem_epoch;
+    cu_ops.host_pin = cu_host_pin;
+    cu_ops.host_unpin = cu_host_unpin;
 }
 
 
