@@ -20,14 +20,25 @@ row() { rows+=("$(printf '%-46s %-6s %s' "$1" "$2" "${3:-}")"); [ "$2" = FAIL ] 
 
 { nvidia-smi; echo; uname -a; } >"$OUT/machine.log" 2>&1
 
-# 1. test programs
-for t in backend/test_cuda_ops moe/test_moe_cuda "model/test_forward_cache cuda"; do
-  log="$OUT/$(basename ${t% *}).log"
-  if [ ! -x "$BUILD/tests/${t% *}" ]; then row "$t" FAIL "not built"; continue; fi
-  timeout 300 $BUILD/tests/$t >"$log" 2>&1
-  rc=$?
-  sum=$(grep -a '^## ' "$log" | tail -1 | sed 's/^## [^:]*: //')
-  if [ $rc = 0 ] && [[ $sum =~ ^[1-9][0-9]*\ passed,\ 0\ failed ]]; then row "$t" ok "$sum"; else row "$t" FAIL "rc=$rc ${sum:-no summary}"; fi
+# 1. test programs: with the default GEMV (tensor-core gemv_mma), then the CUDA-op and MoE tests again
+# with the CUDA-core kernels and cuBLASLt for bf16 (MS_CU_GEMV=gv2, MS_CU_BF16_GEMV_MAX_T=0) so both
+# paths stay checked; the forward cache test runs on the GPU with decode steps as CUDA graphs
+for variant in default gv2; do
+  for t in backend/test_cuda_ops moe/test_moe_cuda "model/test_forward_cache cuda"; do
+    bin=${t% *}
+    [ $variant = gv2 ] && [ "$bin" = model/test_forward_cache ] && continue
+    name=$t; [ $variant = gv2 ] && name="$t (gv2)"
+    log="$OUT/$(basename $bin)$([ $variant = gv2 ] && echo _gv2).log"
+    if [ ! -x "$BUILD/tests/$bin" ]; then row "$name" FAIL "not built"; continue; fi
+    if [ $variant = gv2 ]; then
+      MS_CU_GEMV=gv2 MS_CU_BF16_GEMV_MAX_T=0 timeout 300 $BUILD/tests/$t >"$log" 2>&1
+    else
+      timeout 300 $BUILD/tests/$t >"$log" 2>&1
+    fi
+    rc=$?
+    sum=$(grep -a '^## ' "$log" | tail -1 | sed 's/^## [^:]*: //')
+    if [ $rc = 0 ] && [[ $sum =~ ^[1-9][0-9]*\ passed,\ 0\ failed ]]; then row "$name" ok "$sum"; else row "$name" FAIL "rc=$rc ${sum:-no summary}"; fi
+  done
 done
 
 # 2. doctor (GPU facts, runner support, self-test vs the cpu runner, micro-benchmarks)

@@ -362,6 +362,23 @@ static void test_linear(void) {
     }
 }
 
+/* Shapes for the tensor-core GEMV (gemv_mma.cu): T = 1..16, N not a multiple of 16 and K not a
+ * multiple of the 64-byte super-step (a partial last step), plus K large enough that 16 tokens of x
+ * do not fit the kernel's shared memory at once (K sliced, double-buffered) and, for fp8, two
+ * 128-row scale blocks. Formats outside its alignment still take the CUDA-core kernels above. */
+static void test_linear_mma(void) {
+    const int64_t Ts[5] = {1, 3, 8, 9, 16};
+    for (int i = 0; i < 5; i++) {
+        const int64_t T = Ts[i];
+        linear_case(MS_WFMT_PLAIN, MS_BF16, T, 70, 88, i & 1, i & 1 ? MS_F32 : MS_BF16);
+        linear_case(MS_WFMT_PLAIN, MS_BF16, T, 40, 3112, 0, MS_BF16);
+        linear_case(MS_WFMT_FP8, 0, T, 200, 208, i & 1, i & 1 ? MS_BF16 : MS_F32);
+        linear_case(MS_WFMT_FP8, 0, T, 200, 1552, 0, MS_BF16);
+        linear_case(MS_WFMT_NVFP4, 0, T, 130, 160, i & 1, i & 1 ? MS_F32 : MS_BF16);
+        linear_case(MS_WFMT_NVFP4, 0, T, 66, 2080, 0, MS_BF16);
+    }
+}
+
 /* ---- attention ---- */
 
 /* Two sequences: seq 0 has 5 cached tokens and 4 new (prefill chunk); seq 1 decodes its 14th token. */
@@ -828,6 +845,7 @@ int main(void) {
     RUN(test_elementwise);
     RUN(test_rope);
     RUN(test_linear);
+    RUN(test_linear_mma);
     RUN(test_attn_gqa);
     RUN(test_attn_gqa_batches);
     RUN(test_mla_attn);

@@ -1,8 +1,8 @@
 /* test_moe_cuda.c - every CUDA MoE runner (naive, grouped, decode) against the CPU runner on the
  * same weights and routing: all three weight formats, batch sizes 1, 3, 64 and 257, routing with
- * empty experts and with every token on one expert, and hidden/intermediate sizes that are and are
- * not multiples of the kernels' vector widths. CUDA outputs are poisoned before each run. Without a
- * GPU the program reports 0 cases and says so. */
+ * empty experts and with every token on one expert (up to 48 rows on it), and hidden/intermediate
+ * sizes that are and are not multiples of the kernels' vector widths and super-steps. CUDA outputs
+ * are poisoned before each run. Without a GPU the program reports 0 cases and says so. */
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "moe/moe.h"
@@ -227,7 +227,8 @@ static void fmt_case(ms_wfmt fmt, int H, int I) {
             run_case(&L, cpu_r, gr, Ts[i], 2, 1);
             run_case(&L, cpu_r, gr, Ts[i], 3, 2);
         }
-        run_case(&L, cpu_r, gr, 5, 1, 1); /* every token on one expert */
+        run_case(&L, cpu_r, gr, 5, 1, 1);  /* every token on one expert */
+        run_case(&L, cpu_r, gr, 48, 1, 1); /* 48 rows on one expert: several token passes in decode */
     }
     free_layer(&L);
 }
@@ -238,6 +239,11 @@ static void test_nvfp4(void) { fmt_case(MS_WFMT_NVFP4, 128, 96); }
 static void test_bf16_odd(void) { fmt_case(MS_WFMT_PLAIN, 72, 40); }
 static void test_fp8_odd(void) { fmt_case(MS_WFMT_FP8, 80, 56); }
 static void test_nvfp4_odd(void) { fmt_case(MS_WFMT_NVFP4, 80, 48); }
+/* K a multiple of the tensor-core GEMV's alignment (nvfp4 32, fp8 16, bf16 8) but not of its 64-byte
+ * super-step, so the last step is partial; N not a multiple of 16 where the format allows */
+static void test_nvfp4_mma(void) { fmt_case(MS_WFMT_NVFP4, 160, 96); }
+static void test_fp8_mma(void) { fmt_case(MS_WFMT_FP8, 208, 80); }
+static void test_bf16_mma(void) { fmt_case(MS_WFMT_PLAIN, 200, 88); }
 
 static void test_supports_message(void) {
     ms_moe_shape s = {1, 128, 96, 8, 2, MS_WFMT_NVFP4, MS_BF16};
@@ -271,6 +277,9 @@ int main(void) {
     RUN(test_bf16_odd);
     RUN(test_fp8_odd);
     RUN(test_nvfp4_odd);
+    RUN(test_nvfp4_mma);
+    RUN(test_fp8_mma);
+    RUN(test_bf16_mma);
     ms_backend_destroy(GPU);
     ms_backend_destroy(CPU);
     return TEST_SUMMARY();

@@ -1,8 +1,13 @@
 /* backend.cu - the CUDA backend's core: device selection, stream, cuBLASLt handle and workspace,
- * memory and weight placement, GEMM dispatch (cuBLASLt for bf16, fused dequantizing kernels for
- * FP8/NVFP4), the router and the absorbed-MLA projections, and the ops table. Elementwise ops live in
- * elementwise.cu, attention in attention.cu, quantized kernels in quant.cu. */
+ * memory and weight placement, GEMM dispatch (cuBLASLt for bf16 beyond a few rows, the tensor-core
+ * GEMV of gemv_mma.cu for few rows, fused dequantizing kernels for FP8/NVFP4), the router and the
+ * absorbed-MLA projections, and the ops table. Elementwise ops live in elementwise.cu, attention in
+ * attention.cu, quantized kernels in quant.cu and gemv_mma.cu. */
 #include "backend/cuda/cuda_internal.cuh"
+
+extern "C" {
+#include "core/log.h"
+}
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -484,6 +489,23 @@ done:
 /* Small-T threshold under which quantized linears use the fused GEMV (weights read once). */
 #define CU_GEMV_MAX_T 16
 
+/* Rows up to which plain bf16 linears use the tensor-core GEMV instead of cuBLASLt:
+ * MS_CU_BF16_GEMV_MAX_T (read once; default 16, 0 = always cuBLASLt). */
+static int cu_bf16_gemv_max_t(void) {
+    static const int v = []() {
+        const char *e = getenv("MS_CU_BF16_GEMV_MAX_T");
+        if (!e || !*e) return 16;
+        char *end = NULL;
+        long t = strtol(e, &end, 10);
+        if (*end || t < 0 || t > 1 << 20) {
+            MS_LOGW("MS_CU_BF16_GEMV_MAX_T=%s is not a row count: using 16", e);
+            return 16;
+        }
+        return (int)t;
+    }();
+    return v;
+}
+
 static int64_t rows_of(const ms_tensor *t, int64_t cols) { return cols ? ms_tensor_numel(t) / cols : 0; }
 
 /* y [T,N] = x [T,K] · Wᵀ (+ bias). */
@@ -523,7 +545,11 @@ static int cu_linear(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_t
         return MS_OK;
     }
     if (d.fmt == MS_WFMT_PLAIN) {
-        MS_TRY(cu_gemm(b, (int)T, N, K, xb, K, MS_BF16, d.w, K, 1, y->data, N, y->dtype, 0.f, err));
+        if (T <= cu_bf16_gemv_max_t() && cu_gemv_mma_usable(b, &d, xb, 1))
+            MS_TRY(cu_gemv_mma(b, 0, NULL, NULL, &d, 1, NULL, NULL, NULL, NULL, NULL, (int)T, xb, y->data, y->dtype, N,
+                               err));
+        else
+            MS_TRY(cu_gemm(b, (int)T, N, K, xb, K, MS_BF16, d.w, K, 1, y->data, N, y->dtype, 0.f, err));
     } else if (T <= CU_GEMV_MAX_T) {
         MS_TRY(cu_gemv_grouped(b, 0, NULL, NULL, &d, 1, NULL, NULL, NULL, NULL, NULL, (int)T, xb, y->data, y->dtype, N,
                                err));

@@ -120,7 +120,8 @@ int cu_gemm(ms_backend *b, int M, int N, int K, const void *A, int64_t lda, int 
 /* ---- quantized kernels (quant.cu) ---- */
 /* Dequantizes rows of d into bf16 out [N,K] exactly as ms_linear_dequant_row, then rounds. */
 int cu_dequant_bf16(ms_backend *b, const cu_wdesc *d, bf16 *out, ms_err *err);
-/* Grouped small-batch product reading each weight once (memory-bound decode path).
+/* Grouped small-batch product reading each weight once (memory-bound decode path); runs
+ * cu_gemv_mma when cu_gemv_mma_usable allows, else the CUDA-core kernels.
  * For group g (0..n_groups-1; groups beyond *n_active_d if non-NULL are skipped) with weight
  * table entry wid = group_w_d ? group_w_d[g] : g, rows r in [row_off_d[wid], row_off_d[wid]+row_cnt_d[wid])
  * of x [*, K] (bf16, x row = row_idx_d ? row_idx_d[r] : r):
@@ -132,6 +133,18 @@ int cu_gemv_grouped(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdes
                     int n_groups, const int32_t *n_active_d, const int32_t *group_w_d, const int32_t *row_off_d,
                     const int32_t *row_cnt_d, const int32_t *row_idx_d, int rows_total, const bf16 *x, void *y,
                     int y_type, int64_t ldy, ms_err *err);
+/* ---- tensor-core grouped GEMV (gemv_mma.cu) ---- */
+/* 1 when cu_gemv_mma can run weights shaped like w with activations x: MS_CU_GEMV is not "gv2"
+ * (read once), compute capability >= 8.0, BF16 with K % 8 == 0, FP8 with K % 16 == 0 or NVFP4 with
+ * K % 32 == 0, x 16-byte aligned, and when single != 0 (one group using w itself) w's data 16-byte
+ * aligned. Rows of every weight in a device table are assumed 16-byte aligned, as in the gv2 kernels. */
+int cu_gemv_mma_usable(const ms_backend *b, const cu_wdesc *w, const void *x, int single);
+/* Same contract as cu_gemv_grouped, computed on tensor cores (mma.sync bf16, fp32 accumulate) with
+ * the weights dequantized exactly in registers; requires cu_gemv_mma_usable. */
+int cu_gemv_mma(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
+                int n_groups, const int32_t *n_active_d, const int32_t *group_w_d, const int32_t *row_off_d,
+                const int32_t *row_cnt_d, const int32_t *row_idx_d, int rows_total, const bf16 *x, void *y,
+                int y_type, int64_t ldy, ms_err *err);
 /* Grouped tensor-core GEMM (wmma bf16, fp32 accumulate) dequantizing weight tiles in shared memory.
  * Rows are grouped: tile t of the launch covers rows of group g where tile_off_d[g] <= t < tile_off_d[g+1]
  * (64-row tiles; tile_off_d has n_groups+1 entries; tiles past tile_off_d[n_groups] exit).

@@ -3,7 +3,8 @@
  * once for all tokens that need it, 16-byte loads, dequantized in registers; a staged variant keeps x
  * in shared memory and gives each warp four weight-row streams) and the grouped
  * tensor-core GEMM (wmma bf16 m16n16k16, fp32 accumulate) that dequantizes weight tiles into shared
- * memory. The MoE runners and the linear op share them. */
+ * memory. The MoE runners and the linear op share them. cu_gemv_grouped hands aligned shapes to the
+ * tensor-core GEMV of gemv_mma.cu unless MS_CU_GEMV=gv2; the kernels here are its fallback. */
 #include "backend/cuda/cuda_internal.cuh"
 
 #include <cuda_fp16.h>
@@ -438,6 +439,9 @@ int cu_gemv_grouped(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdes
                     const int32_t *row_cnt_d, const int32_t *row_idx_d, int rows_total, const bf16 *x, void *y,
                     int y_type, int64_t ldy, ms_err *err) {
     if (n_groups <= 0) return MS_OK;
+    if (cu_gemv_mma_usable(b, w_host, x, W0_d == NULL))
+        return cu_gemv_mma(b, mode, W0_d, W1_d, w_host, n_groups, n_active_d, group_w_d, row_off_d, row_cnt_d,
+                           row_idx_d, rows_total, x, y, y_type, ldy, err);
     gv_args a;
     memset(&a, 0, sizeof a);
     a.W0 = W0_d;

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The tensor-core GEMV (src/backend/cuda/gemv_mma.cu) checked without a GPU: its kernel and launch code
+# are compiled for the host with the CUDA-only lines swapped for tests/backend/gemv_mma_emu/emu.h
+# (each CUDA thread a host thread, mma.sync rebuilt from the PTX ISA fragment tables, exactness of the
+# in-register dequantization asserted) under the address and undefined-behaviour sanitizers, then
+# compared with a float64 reference (tests/backend/gemv_mma_emu/main.cpp). The GPU itself is covered
+# by test_cuda_ops and test_moe_cuda on the GPU machine.
+set -u
+cd "$(dirname "$0")/../.."
+OUTDIR=${MS_BUILD:-build}/gemv_mma_emu
+mkdir -p "$OUTDIR"
+fail() { echo "FAIL $1"; echo "## test_gemv_mma_emu: 0 passed, 1 failed"; exit 1; }
+sed -e 's|^#include "backend/cuda/cuda_internal.cuh"$|#include "emu.h"|' \
+    -e '/^extern "C" {$/,/^}$/d' \
+    -e '/\/\* ---- PTX wrappers ---- \*\//,/\/\* ---- exact decoders/{/\/\* ---- exact decoders/!d}' \
+    -e 's|extern __shared__ uint4 gm_smem\[\];|uint4 *gm_smem = EB->smem;|' \
+    -e 's|k_gmma<F, M, NT><<<grid, threads, smem, st>>>(a);|emu_launch(k_gmma<F, M, NT>, grid, threads, smem, a);|' \
+    -e 's|cudaFuncSetAttribute(k_gmma<F, M, NT>,|cudaFuncSetAttribute(0,|' \
+    src/backend/cuda/gemv_mma.cu >"$OUTDIR/gm_emu.cpp" || fail "rewriting gemv_mma.cu"
+for gone in 'asm' '<<<' 'extern __shared__' 'cuda_internal.cuh'; do
+  grep -q -- "$gone" "$OUTDIR/gm_emu.cpp" && fail "gemv_mma.cu changed shape: '$gone' is still there after the rewrite (update this script)"
+done
+grep -q 'emu_launch(k_gmma' "$OUTDIR/gm_emu.cpp" || fail "gemv_mma.cu changed shape: kernel launch not found (update this script)"
+CXX=${CXX:-g++}
+flags="-std=c++20 -O1 -g -Isrc -Itests/backend/gemv_mma_emu -I$OUTDIR -pthread"
+san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+if ! $CXX $flags $san -o "$OUTDIR/gemv_mma_emu" tests/backend/gemv_mma_emu/main.cpp 2>"$OUTDIR/build.log"; then
+  $CXX $flags -o "$OUTDIR/gemv_mma_emu" tests/backend/gemv_mma_emu/main.cpp 2>>"$OUTDIR/build.log" ||
+    { cat "$OUTDIR/build.log"; fail "building the emulation"; }
+fi
+timeout 600 "$OUTDIR/gemv_mma_emu"
+rc=$?
+[ $rc = 0 ] || echo "FAIL emulation exited with $rc"
+exit $rc
