@@ -17,7 +17,7 @@ sed -e 's|^#include "backend/cuda/cuda_internal.cuh"$|#include "emu.h"|' \
     -e 's|k_gmma<F, M, NT><<<grid, threads, smem, st>>>(a);|emu_launch(k_gmma<F, M, NT>, grid, threads, smem, a);|' \
     -e 's|cudaFuncSetAttribute(k_gmma<F, M, NT>,|cudaFuncSetAttribute(0,|' \
     src/backend/cuda/gemv_mma.cu >"$OUTDIR/gm_emu.cpp" || fail "rewriting gemv_mma.cu"
-for gone in 'asm' '<<<' 'extern __shared__' 'cuda_internal.cuh'; do
+for gone in 'asm' '<<<' 'extern __shared__' '#include "backend/cuda/cuda_internal.cuh"'; do
   grep -q -- "$gone" "$OUTDIR/gm_emu.cpp" && fail "gemv_mma.cu changed shape: '$gone' is still there after the rewrite (update this script)"
 done
 grep -q 'emu_launch(k_gmma' "$OUTDIR/gm_emu.cpp" || fail "gemv_mma.cu changed shape: kernel launch not found (update this script)"
