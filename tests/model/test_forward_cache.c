@@ -31,7 +31,8 @@ static ms_backend *B;
 static ms_err E;
 static int g_gpu;      /* running on the cuda backend */
 static double g_tol;   /* tolerance of cache/batching equivalences: 1e-4 on the CPU (float32) */
-#define TOL_GPU 3e-2   /* bf16 activations; decode (GEMV) and prefill (GEMM) round differently */
+#define TOL_GPU 5e-2   /* bf16 activations: two GPU runs taking different kernels (GEMV or GEMM, by token
+                       * count) are each within 2-3e-2 of float32 on these O(1)-weight models */
 
 /* ------------------------------------------------------------------ model builder */
 
