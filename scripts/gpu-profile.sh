@@ -33,7 +33,7 @@ for b in "${BL[@]}"; do
   csv="$OUT/ncu-b$b.csv"
   timeout 400 "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --log-file "$csv" \
     "$BIN" bench-model --device cuda --model configs/glm-4.5-air.json --load-format dummy --dummy-quant nvfp4 \
-    --override num_hidden_layers=$LAYERS --batches "$b" --ctx 256 --prefill 256 >"$OUT/ncu-b$b.log" 2>&1
+    --override num_hidden_layers=$LAYERS --batches "$b" --ctx 256 --prefill 256 --disable-cuda-graph >"$OUT/ncu-b$b.log" 2>&1
   echo "=== ncu batch $b, $LAYERS layers (rc=$?): kernels by total time; 'per step' divides by the decode steps" | tee -a "$OUT/profile-summary.txt"
   python3 - "$csv" "$OUT/ncu-b$b.log" <<'PY' | tee -a "$OUT/profile-summary.txt"
 import csv, re, sys, collections
