@@ -96,6 +96,11 @@ typedef struct ms_backend_ops {
     /* y [T,N] = x [T,K] · Wᵀ (+ bias). y may be act_dtype or F32. Any weight format. */
     int (*linear)(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_tensor *y, ms_err *err);
 
+    /* Optional fused form of silu(x·gateᵀ) * (x·upᵀ) -> out [T, I] (act dtype). May refuse a shape
+     * with MS_ERR_UNSUPPORTED; the caller then runs the two linears and silu_mul. NULL = never. */
+    int (*linear_swiglu)(ms_backend *b, const ms_linear *gate, const ms_linear *up, const ms_tensor *x, ms_tensor *out,
+                         ms_err *err);
+
     /* ---- KV cache and attention ---- */
     /* cache [S, W] row slot_d[t] = x [T, W] row t (converting dtype). */
     int (*kv_store)(ms_backend *b, ms_tensor *cache, const ms_tensor *x, const int32_t *slot_d, ms_err *err);

@@ -246,6 +246,15 @@ static int swiglu(ms_forward *f, const ms_linear *gate, const ms_linear *up, con
     const ms_backend_ops *op = f->b->ops;
     ms_tensor a = fw_view2(&f->a, T, f->m->cfg.hidden_size);
     ms_tensor g = fw_view2(&f->g, T, gate->n_out), u = fw_view2(&f->u, T, up->n_out);
+    if (op->linear_swiglu && !f->o.check_numerics) {
+        int rc = op->linear_swiglu(f->b, gate, up, &a, &g, err);
+        if (rc == MS_OK) {
+            MS_TRY(op->linear(f->b, down, &g, out, err));
+            FW_TRY_CHECK(f, out, "down_proj", err);
+            return MS_OK;
+        }
+        if (rc != MS_ERR_UNSUPPORTED) return rc;
+    }
     MS_TRY(op->linear(f->b, gate, &a, &g, err));
     FW_TRY_CHECK(f, &g, "gate_proj", err);
     MS_TRY(op->linear(f->b, up, &a, &u, err));

@@ -486,20 +486,23 @@ done:
     return rc;
 }
 
-/* Small-T threshold under which quantized linears use the fused GEMV (weights read once). */
-#define CU_GEMV_MAX_T 16
+/* Row count up to which quantized linears use the fused GEMV (which reads the weights once per 16-32
+ * rows) instead of a bf16 copy of the weights through cuBLASLt: a shared expert at batch 64 took
+ * three 33 us dequantizations per layer before the GEMM. */
+#define CU_GEMV_MAX_T 64
 
 /* Rows up to which plain bf16 linears use the tensor-core GEMV instead of cuBLASLt:
- * MS_CU_BF16_GEMV_MAX_T (read once; default 16, 0 = always cuBLASLt). */
+ * MS_CU_BF16_GEMV_MAX_T (read once; default 0 = always cuBLASLt, which measured 10-15% faster than
+ * gemv_mma for the GLM-4.5-Air projections and lm_head at one row on the H200: bench/NOTES.md). */
 static int cu_bf16_gemv_max_t(void) {
     static const int v = []() {
         const char *e = getenv("MS_CU_BF16_GEMV_MAX_T");
-        if (!e || !*e) return 16;
+        if (!e || !*e) return 0;
         char *end = NULL;
         long t = strtol(e, &end, 10);
         if (*end || t < 0 || t > 1 << 20) {
-            MS_LOGW("MS_CU_BF16_GEMV_MAX_T=%s is not a row count: using 16", e);
-            return 16;
+            MS_LOGW("MS_CU_BF16_GEMV_MAX_T=%s is not a row count: using 0", e);
+            return 0;
         }
         return (int)t;
     }();
@@ -544,12 +547,14 @@ static int cu_linear(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_t
         if (y->dtype != MS_F32) MS_TRY(cu_convert(b, yf, MS_F32, y->data, y->dtype, (size_t)T * N, err));
         return MS_OK;
     }
+    const float *bias = W->bias.data ? (const float *)W->bias.data : NULL;
+    if ((d.fmt == MS_WFMT_PLAIN ? T <= cu_bf16_gemv_max_t() : T <= CU_GEMV_MAX_T) && cu_gemv_mma_usable(b, &d, xb, 1)) {
+        /* tensor-core GEMV, bias added in its epilogue */
+        return cu_gemv_mma_ex(b, 0, NULL, NULL, &d, NULL, bias, 1, NULL, NULL, NULL, NULL, NULL, (int)T, xb, y->data,
+                              y->dtype, N, err);
+    }
     if (d.fmt == MS_WFMT_PLAIN) {
-        if (T <= cu_bf16_gemv_max_t() && cu_gemv_mma_usable(b, &d, xb, 1))
-            MS_TRY(cu_gemv_mma(b, 0, NULL, NULL, &d, 1, NULL, NULL, NULL, NULL, NULL, (int)T, xb, y->data, y->dtype, N,
-                               err));
-        else
-            MS_TRY(cu_gemm(b, (int)T, N, K, xb, K, MS_BF16, d.w, K, 1, y->data, N, y->dtype, 0.f, err));
+        MS_TRY(cu_gemm(b, (int)T, N, K, xb, K, MS_BF16, d.w, K, 1, y->data, N, y->dtype, 0.f, err));
     } else if (T <= CU_GEMV_MAX_T) {
         MS_TRY(cu_gemv_grouped(b, 0, NULL, NULL, &d, 1, NULL, NULL, NULL, NULL, NULL, (int)T, xb, y->data, y->dtype, N,
                                err));
@@ -560,6 +565,25 @@ static int cu_linear(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_t
     }
     if (W->bias.data) MS_TRY(cu_add_bias(b, y->data, y->dtype, (const float *)W->bias.data, T, N, err));
     return MS_OK;
+}
+
+/* out [T,I] = silu(x·gateᵀ) * (x·upᵀ) in one pass over both weights (tensor-core GEMV, few rows);
+ * MS_ERR_UNSUPPORTED (the caller runs two linears and silu_mul) for other shapes or formats. */
+static int cu_linear_swiglu(ms_backend *b, const ms_linear *gate, const ms_linear *up, const ms_tensor *x,
+                            ms_tensor *out, ms_err *err) {
+    CU_ENTER(b);
+    cu_wdesc dg, du;
+    MS_TRY(cu_wdesc_of(gate, &dg, err));
+    MS_TRY(cu_wdesc_of(up, &du, err));
+    const int64_t T = rows_of(x, dg.k);
+    if (x->dtype != MS_BF16 || out->dtype != MS_BF16 || T < 1 || T > 16 || gate->bias.data || up->bias.data ||
+        dg.fmt != du.fmt || dg.dtype != du.dtype || dg.n != du.n || dg.k != du.k ||
+        (dg.fmt == MS_WFMT_PLAIN && T > cu_bf16_gemv_max_t()) || !cu_gemv_mma_usable(b, &dg, x->data, 1) ||
+        !cu_gemv_mma_usable(b, &du, x->data, 1))
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "linear_swiglu: not for this shape");
+    MS_ASSERT(ms_tensor_numel(out) == T * dg.n);
+    return cu_gemv_mma_ex(b, 1, NULL, NULL, &dg, &du, NULL, 1, NULL, NULL, NULL, NULL, NULL, (int)T,
+                          (const bf16 *)x->data, out->data, MS_BF16, dg.n, err);
 }
 
 /* Internal linear used by the router and runners: same as the op. */
@@ -678,6 +702,7 @@ static void cu_ops_init(void) {
     cu_ops.graph_free = cu_graph_free;
     cu_ops.mem_epoch = cu_mem_epoch;
     cu_ops.host_pin = cu_host_pin;
+    cu_ops.linear_swiglu = cu_linear_swiglu;
     cu_ops.host_unpin = cu_host_unpin;
 }
 

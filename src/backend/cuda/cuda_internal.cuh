@@ -145,6 +145,14 @@ int cu_gemv_mma(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W
                 int n_groups, const int32_t *n_active_d, const int32_t *group_w_d, const int32_t *row_off_d,
                 const int32_t *row_cnt_d, const int32_t *row_idx_d, int rows_total, const bf16 *x, void *y,
                 int y_type, int64_t ldy, ms_err *err);
+/* cu_gemv_mma with two single-group extras (W0_d == NULL): w1_host, the up weight of a fused mode-1
+ * gate/up pair (silu(x·gateᵀ) * (x·upᵀ), both shaped like w_host), and bias_d, mode 0 only, an F32
+ * [N] bias added in the epilogue. Either may be NULL. */
+int cu_gemv_mma_ex(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
+                   const cu_wdesc *w1_host, const float *bias_d, int n_groups, const int32_t *n_active_d,
+                   const int32_t *group_w_d, const int32_t *row_off_d, const int32_t *row_cnt_d,
+                   const int32_t *row_idx_d, int rows_total, const bf16 *x, void *y, int y_type, int64_t ldy,
+                   ms_err *err);
 /* Grouped tensor-core GEMM (wmma bf16, fp32 accumulate) dequantizing weight tiles in shared memory.
  * Rows are grouped: tile t of the launch covers rows of group g where tile_off_d[g] <= t < tile_off_d[g+1]
  * (64-row tiles; tile_off_d has n_groups+1 entries; tiles past tile_off_d[n_groups] exit).

@@ -136,6 +136,50 @@ __global__ void k_norm(int mode, void *x, int xt, const void *delta, int dt, con
         cu_st(out, ot, base + c, cu_ld(x, xt, base + c) * inv * cu_ld(w, wt, c));
 }
 
+/* The forward's common case in one pass: a float32 residual row (plus a float32 delta, written
+ * back) normalised into bf16 with bf16 weights. Each thread keeps up to RN_V float4 of the row in
+ * registers, so the row is read once; the result equals k_norm's up to the order of the fp32 sum. */
+#define RN_V 4
+template <int ADD>
+__global__ __launch_bounds__(1024) void k_rmsnorm_f32(float *x, const float *delta, const bf16 *w, float eps, bf16 *out,
+                                                      int D) {
+    __shared__ float sh[32];
+    const size_t base = (size_t)blockIdx.x * D;
+    const int n4 = D / 4;
+    float4 v[RN_V];
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < RN_V; i++) {
+        const int c = threadIdx.x + i * blockDim.x;
+        if (c < n4) {
+            float4 a = ((const float4 *)(x + base))[c];
+            if (ADD) {
+                const float4 d = ((const float4 *)(delta + base))[c];
+                a.x += d.x, a.y += d.y, a.z += d.z, a.w += d.w;
+                ((float4 *)(x + base))[c] = a;
+            }
+            v[i] = a;
+            acc += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        }
+    }
+    const float inv = 1.f / sqrtf(block_sum(acc, sh) / (float)D + eps);
+#pragma unroll
+    for (int i = 0; i < RN_V; i++) {
+        const int c = threadIdx.x + i * blockDim.x;
+        if (c < n4) {
+            const uint2 wv = ((const uint2 *)w)[c];
+            const float w0 = __uint_as_float(wv.x << 16), w1 = __uint_as_float(wv.x & 0xffff0000u),
+                        w2 = __uint_as_float(wv.y << 16), w3 = __uint_as_float(wv.y & 0xffff0000u);
+            __nv_bfloat162 o0 = __floats2bfloat162_rn(v[i].x * inv * w0, v[i].y * inv * w1);
+            __nv_bfloat162 o1 = __floats2bfloat162_rn(v[i].z * inv * w2, v[i].w * inv * w3);
+            uint2 ov;
+            ov.x = *(uint32_t *)&o0;
+            ov.y = *(uint32_t *)&o1;
+            ((uint2 *)(out + base))[c] = ov;
+        }
+    }
+}
+
 static int launch_norm(ms_backend *b, int mode, ms_tensor *x, const ms_tensor *delta, const ms_tensor *w,
                        const ms_tensor *bias, float eps, ms_tensor *out, ms_err *err) {
     int64_t D = last_dim(x);
@@ -145,6 +189,20 @@ static int launch_norm(ms_backend *b, int mode, ms_tensor *x, const ms_tensor *d
     if (delta) MS_ASSERT(ms_tensor_numel(delta) == R * D);
     if (R == 0) return MS_OK;
     if (R > 0x7fffffff) return ms_errf(err, MS_ERR_INVALID, "norm: too many rows (%lld)", (long long)R);
+    if (mode != 2 && x->dtype == MS_F32 && (!delta || delta->dtype == MS_F32) && w->dtype == MS_BF16 &&
+        out->dtype == MS_BF16 && D % 4 == 0 && D <= 1024 * 4 * RN_V && !((uintptr_t)x->data & 15) &&
+        !(delta && ((uintptr_t)delta->data & 15)) && !((uintptr_t)w->data & 7) && !((uintptr_t)out->data & 7)) {
+        int th = (int)((D / 4 + RN_V - 1) / RN_V);
+        th = th < 64 ? 64 : (th + 31) & ~31;
+        if (mode == 1 && delta)
+            k_rmsnorm_f32<1><<<(unsigned)R, th, 0, stream_of(b)>>>((float *)x->data, (const float *)delta->data,
+                                                                   (const bf16 *)w->data, eps, (bf16 *)out->data, (int)D);
+        else
+            k_rmsnorm_f32<0><<<(unsigned)R, th, 0, stream_of(b)>>>((float *)x->data, NULL, (const bf16 *)w->data, eps,
+                                                                   (bf16 *)out->data, (int)D);
+        CK_LAUNCH();
+        return MS_OK;
+    }
     int th = D >= 1024 ? 512 : D >= 256 ? 256 : 128;
     k_norm<<<(unsigned)R, th, 0, stream_of(b)>>>(mode, x->data, x->dtype, delta ? delta->data : NULL,
                                                  delta ? delta->dtype : 0, w->data, w->dtype,

@@ -96,7 +96,8 @@ __device__ __forceinline__ uint32_t gm_fp4_scale(uint32_t byte) {
 
 struct gm_args {
     const cu_wdesc *W0, *W1;
-    cu_wdesc w0; /* single-group form */
+    cu_wdesc w0, w1;   /* single-group form (w1: up in mode 1) */
+    const float *bias; /* single group, mode 0: y += bias[n] (F32 [N]) or NULL */
     const int32_t *n_active, *group_w, *row_off, *row_cnt, *row_idx;
     int rows_total;
     const bf16 *x;
@@ -251,7 +252,7 @@ __global__ __launch_bounds__(256, 1) void k_gmma(gm_args a) {
         off = a.row_off[wid];
         cnt = a.row_cnt[wid];
     } else {
-        W = a.w0;
+        W = MODE == 1 && stream ? a.w1 : a.w0;
     }
     if (cnt <= 0) return; /* block-uniform: before any barrier */
     const int K = a.K, N = a.N;
@@ -365,7 +366,7 @@ __global__ __launch_bounds__(256, 1) void k_gmma(gm_args a) {
             float post0 = 1.f, post1 = 1.f;
             if (FMT == 2) {
                 post0 = 256.f * W.scale2;
-                if (MODE == 1) post1 = 256.f * (a.W0 ? a.W1[a.group_w ? a.group_w[g] : g].scale2 : W.scale2);
+                if (MODE == 1) post1 = 256.f * (a.W0 ? a.W1[a.group_w ? a.group_w[g] : g].scale2 : a.w1.scale2);
             }
             /* C fragment: c0 (row g, token 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1) */
 #pragma unroll
@@ -376,7 +377,7 @@ __global__ __launch_bounds__(256, 1) void k_gmma(gm_args a) {
                     const int tok = nt * 8 + 2 * ti + (i & 1), n = m0 + gi + 8 * (i >> 1);
                     if (tok >= nr || n >= N) continue;
                     const size_t yi = (size_t)(off + r0 + tok) * a.ldy + n;
-                    const float v0 = acc[nt][i] * post0;
+                    const float v0 = acc[nt][i] * post0 + (MODE == 0 && a.bias ? a.bias[n] : 0.f);
                     if (MODE == 1) ((bf16 *)a.y)[yi] = __float2bfloat16_rn(cu_silu(v0) * (up[nt][i] * post1));
                     else cu_st(a.y, a.y_type, yi, v0);
                 }
@@ -447,8 +448,18 @@ int cu_gemv_mma(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W
                 int n_groups, const int32_t *n_active_d, const int32_t *group_w_d, const int32_t *row_off_d,
                 const int32_t *row_cnt_d, const int32_t *row_idx_d, int rows_total, const bf16 *x, void *y,
                 int y_type, int64_t ldy, ms_err *err) {
+    return cu_gemv_mma_ex(b, mode, W0_d, W1_d, w_host, NULL, NULL, n_groups, n_active_d, group_w_d, row_off_d,
+                          row_cnt_d, row_idx_d, rows_total, x, y, y_type, ldy, err);
+}
+
+int cu_gemv_mma_ex(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
+                   const cu_wdesc *w1_host, const float *bias_d, int n_groups, const int32_t *n_active_d,
+                   const int32_t *group_w_d, const int32_t *row_off_d, const int32_t *row_cnt_d,
+                   const int32_t *row_idx_d, int rows_total, const bf16 *x, void *y, int y_type, int64_t ldy,
+                   ms_err *err) {
     if (n_groups <= 0) return MS_OK;
-    MS_ASSERT(mode == 0 || W0_d); /* gate/up fusion needs the device tables */
+    MS_ASSERT(mode == 0 || W0_d || w1_host); /* gate/up fusion: device tables, or the single pair */
+    MS_ASSERT(!bias_d || (mode == 0 && !W0_d));
     const int single = W0_d == NULL;
     if (single && rows_total <= 0) return MS_OK;
     const int f = gm_fmt_of(w_host);
@@ -458,6 +469,8 @@ int cu_gemv_mma(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W
     a.W0 = W0_d;
     a.W1 = W1_d;
     a.w0 = *w_host;
+    a.w1 = w1_host ? *w1_host : *w_host;
+    a.bias = bias_d;
     a.n_active = n_active_d;
     a.group_w = group_w_d;
     a.row_off = row_off_d;
@@ -473,7 +486,7 @@ int cu_gemv_mma(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W
 
     const int hint = rows_total > 0 ? rows_total : 8;
     int nt;
-    if (single) nt = hint <= 8 ? 1 : hint <= 16 ? 2 : 4;
+    if (single && mode == 0) nt = hint <= 8 ? 1 : hint <= 16 ? 2 : 4;
     else nt = hint <= 8 ? 1 : 2;
     a.ntok = hint < nt * 8 ? hint : nt * 8;
 

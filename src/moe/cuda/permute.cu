@@ -235,7 +235,7 @@ int moe_cu_route_permute(ms_backend *b, moe_cu_ws *w, const int32_t *ids_d, cons
 __global__ void k_moe_combine(const float *ys, int H, const int32_t *pair_pos, const float *wt, int topk, void *out,
                               int ot) {
     int t = blockIdx.x;
-    for (int c = threadIdx.x; c < H; c += blockDim.x) {
+    for (int c = blockIdx.y * blockDim.x + threadIdx.x; c < H; c += gridDim.y * blockDim.x) {
         float acc = 0.f;
         for (int k = 0; k < topk; k++) {
             int pos = pair_pos[(size_t)t * topk + k];
@@ -247,7 +247,9 @@ __global__ void k_moe_combine(const float *ys, int H, const int32_t *pair_pos, c
 
 int moe_cu_combine(ms_backend *b, const moe_cu_ws *w, const float *w_d, ms_tensor *out, ms_err *err) {
     if (w->T == 0) return MS_OK;
-    k_moe_combine<<<w->T, 256, 0, cu_of(b)->stream>>>(w->ys, w->H, w->pair_pos, w_d, w->topk, out->data, out->dtype);
+    /* few tokens (decode): spread each row over several blocks so the step does not wait on one SM */
+    const int per_row = w->T >= 64 ? 1 : (w->H + 511) / 512 < 16 ? (w->H + 511) / 512 : 16;
+    k_moe_combine<<<dim3(w->T, per_row), 256, 0, cu_of(b)->stream>>>(w->ys, w->H, w->pair_pos, w_d, w->topk, out->data, out->dtype);
     CK_LAUNCH();
     return MS_OK;
 }
