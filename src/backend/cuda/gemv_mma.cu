@@ -444,14 +444,6 @@ static cudaError_t gm_launch_nt(int nt, dim3 grid, int threads, size_t smem, cud
  * (m-tile, stream, K share); ksplit grows while the grid has fewer than 48 warps per SM, every warp
  * keeps >= 4 super-steps and a block stays <= 8 warps. Shared memory: 12 KB per warp at most for x
  * (4 warps -> 48 KB: 4 blocks per SM), sliced along K when the pass's tokens need more. */
-int cu_gemv_mma(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
-                int n_groups, const int32_t *n_active_d, const int32_t *group_w_d, const int32_t *row_off_d,
-                const int32_t *row_cnt_d, const int32_t *row_idx_d, int rows_total, const bf16 *x, void *y,
-                int y_type, int64_t ldy, ms_err *err) {
-    return cu_gemv_mma_ex(b, mode, W0_d, W1_d, w_host, NULL, NULL, n_groups, n_active_d, group_w_d, row_off_d,
-                          row_cnt_d, row_idx_d, rows_total, x, y, y_type, ldy, err);
-}
-
 int cu_gemv_mma_ex(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
                    const cu_wdesc *w1_host, const float *bias_d, int n_groups, const int32_t *n_active_d,
                    const int32_t *group_w_d, const int32_t *row_off_d, const int32_t *row_cnt_d,
@@ -536,4 +528,13 @@ int cu_gemv_mma_ex(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc
 #undef GM_L
     CK(ce);
     return MS_OK;
+}
+
+/* Contract in cuda_internal.cuh. */
+int cu_gemv_mma(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
+                int n_groups, const int32_t *n_active_d, const int32_t *group_w_d, const int32_t *row_off_d,
+                const int32_t *row_cnt_d, const int32_t *row_idx_d, int rows_total, const bf16 *x, void *y,
+                int y_type, int64_t ldy, ms_err *err) {
+    return cu_gemv_mma_ex(b, mode, W0_d, W1_d, w_host, NULL, NULL, n_groups, n_active_d, group_w_d, row_off_d,
+                          row_cnt_d, row_idx_d, rows_total, x, y, y_type, ldy, err);
 }
