@@ -1,8 +1,9 @@
 /* test_moe_cuda.c - every CUDA MoE runner (naive, grouped, decode) against the CPU runner on the
  * same weights and routing: all three weight formats, batch sizes 1, 3, 64 and 257, routing with
  * empty experts and with every token on one expert (up to 48 rows on it), and hidden/intermediate
- * sizes that are and are not multiples of the kernels' vector widths and super-steps. CUDA outputs
- * are poisoned before each run. Without a GPU the program reports 0 cases and says so. */
+ * sizes that are and are not multiples of the kernels' vector widths and super-steps; plus
+ * prefill-scale cases (2048 tokens) for the grouped runner's tensor-core GEMM. CUDA outputs are
+ * poisoned before each run. Without a GPU the program reports 0 cases and says so. */
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "moe/moe.h"
@@ -233,6 +234,45 @@ static void fmt_case(ms_wfmt fmt, int H, int I) {
     free_layer(&L);
 }
 
+/* Prefill scale for the grouped runner, whose GEMMs run on the mma.sync kernel (gemm_mma.cu) when the
+ * format and K allow: 2048 tokens on 16 experts top-4 (about 512 rows and 8 64-row tiles per expert),
+ * then everything on experts 1, 3, 6 and 7 (2048 rows each), half the experts empty, and top-1 onto one
+ * expert with 1000 rows (its last 128-row pair holds a single, partial tile). The gate/up kernel
+ * computes 128 columns per block and down 256, so inter 320 / 352 and hidden 384 / 392 leave column
+ * tails, and K = 352 / 344 / 392 leaves a partial 64-wide k-step. The first random routing is run again
+ * with MS_CU_GG=old so the wmma fallback is checked at this scale too. */
+static void prefill_case(ms_wfmt fmt, int H, int I, int full) {
+    layer L;
+    int n = 16;
+    make_layer(&L, fmt, n, H, I);
+    ms_moe_shape s = {2048, H, I, n, 4, fmt, MS_BF16};
+    const ms_moe_runner *cpu_r = NULL, *gr = NULL;
+    R(ms_moe_resolve(CPU, "cpu", &s, &cpu_r, &E));
+    R(ms_moe_resolve(GPU, "grouped", &s, &gr, &E));
+    if (!cpu_r || !gr) { free_layer(&L); return; }
+    if (cpu_r->prepare) R(cpu_r->prepare(CPU, &L.ec, &E));
+    if (gr->prepare) R(gr->prepare(GPU, &L.eg, &E));
+    run_case(&L, cpu_r, gr, 2048, 4, 0);
+    run_case(&L, cpu_r, gr, 2048, 4, 1);
+    if (full) {
+        run_case(&L, cpu_r, gr, 2048, 4, 2);
+        run_case(&L, cpu_r, gr, 1000, 1, 1);
+        setenv("MS_CU_GG", "old", 1);
+        run_case(&L, cpu_r, gr, 2048, 4, 0);
+        unsetenv("MS_CU_GG");
+    }
+    free_layer(&L);
+}
+
+static void test_prefill_bf16(void) { prefill_case(MS_WFMT_PLAIN, 512, 320, 1); }
+static void test_prefill_fp8(void) { prefill_case(MS_WFMT_FP8, 512, 320, 1); }
+static void test_prefill_nvfp4(void) { prefill_case(MS_WFMT_NVFP4, 512, 320, 1); }
+static void test_prefill_tails(void) {
+    prefill_case(MS_WFMT_PLAIN, 392, 344, 0);
+    prefill_case(MS_WFMT_FP8, 384, 352, 0);
+    prefill_case(MS_WFMT_NVFP4, 384, 352, 0);
+}
+
 static void test_bf16(void) { fmt_case(MS_WFMT_PLAIN, 128, 96); }
 static void test_fp8(void) { fmt_case(MS_WFMT_FP8, 256, 160); }
 static void test_nvfp4(void) { fmt_case(MS_WFMT_NVFP4, 128, 96); }
@@ -280,6 +320,10 @@ int main(void) {
     RUN(test_nvfp4_mma);
     RUN(test_fp8_mma);
     RUN(test_bf16_mma);
+    RUN(test_prefill_bf16);
+    RUN(test_prefill_fp8);
+    RUN(test_prefill_nvfp4);
+    RUN(test_prefill_tails);
     ms_backend_destroy(GPU);
     ms_backend_destroy(CPU);
     return TEST_SUMMARY();

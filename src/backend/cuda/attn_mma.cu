@@ -64,41 +64,12 @@ __device__ __forceinline__ int am_first_block(const int32_t *seq_start, int s, i
     return (seq_start[s] + (s + 1) * (tpb - 1)) / tpb;
 }
 
-__device__ __forceinline__ uint32_t am_saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-/* 16-byte global -> shared copy; full == false writes 16 zero bytes and reads nothing. */
-__device__ __forceinline__ void am_cp16(uint32_t dst, const void *src, bool full) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(full ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void am_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void am_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void am_ldm4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
+/* (cu_saddr, cu_cp16, cu_ldsm4, cu_mma_bf16, cu_pack_bf16 etc. are in cuda_internal.cuh.) */
 __device__ __forceinline__ void am_ldm4t(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr)
                  : "memory");
-}
-
-/* c += A (16x16, 4 regs) · B (16x8, 2 regs), fp32 accumulate. */
-__device__ __forceinline__ void am_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* Two floats as a bf16x2 register, lo in the low half. */
-__device__ __forceinline__ uint32_t am_pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(const uint32_t *)&v;
 }
 
 template <int D> static constexpr size_t am_smem_bytes() { return (size_t)2 * 2 * AM_BN * (D + 8) * sizeof(bf16); }
@@ -186,8 +157,8 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a) {
                     ok = true;
                 }
             }
-            am_cp16(am_saddr(kd + jj * LDS + lcol), ksrc, ok);
-            am_cp16(am_saddr(vd + jj * LDS + lcol), vsrc, ok);
+            cu_cp16(cu_saddr(kd + jj * LDS + lcol), ksrc, ok);
+            cu_cp16(cu_saddr(vd + jj * LDS + lcol), vsrc, ok);
         }
     };
 
@@ -198,16 +169,16 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a) {
 
     if (kt0 < kt1) {
         load_tile(kt0, 0);
-        am_commit();
+        cu_cp_commit();
     }
     for (int kt = kt0; kt < kt1; kt++) {
         const int buf = (kt - kt0) & 1;
         if (kt + 1 < kt1) {
             load_tile(kt + 1, buf ^ 1);
-            am_commit();
-            am_wait<1>();
+            cu_cp_commit();
+            cu_cp_wait<1>();
         } else {
-            am_wait<0>();
+            cu_cp_wait<0>();
         }
         __syncthreads();
         if (kt * AM_BN <= wmax) { /* warp-uniform: some row of this warp sees a key of the tile */
@@ -221,10 +192,10 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a) {
 #pragma unroll
                 for (int np = 0; np < AM_BN / 16; np++) {
                     uint32_t bk[4];
-                    am_ldm4(bk, am_saddr(kb + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDS + kk * 16 +
-                                         (((lane >> 3) & 1) << 3)));
-                    am_mma(sc[2 * np], qf[kk], bk[0], bk[1]);
-                    am_mma(sc[2 * np + 1], qf[kk], bk[2], bk[3]);
+                    cu_ldsm4(bk, cu_saddr(kb + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LDS + kk * 16 +
+                                          (((lane >> 3) & 1) << 3)));
+                    cu_mma_bf16(sc[2 * np], qf[kk], bk[0], bk[1]);
+                    cu_mma_bf16(sc[2 * np + 1], qf[kk], bk[2], bk[3]);
                 }
             /* causal mask, online softmax (log2 domain) */
             const int key0 = kt * AM_BN + 2 * tq;
@@ -265,16 +236,17 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a) {
              * ldmatrix.trans lane address: key (lane & 7) + 8 * ((lane >> 3) & 1), dims + 8 * (lane >> 4) */
 #pragma unroll
             for (int ks = 0; ks < AM_BN / 16; ks++) {
-                const uint32_t pa[4] = {am_pack(sc[2 * ks][0], sc[2 * ks][1]), am_pack(sc[2 * ks][2], sc[2 * ks][3]),
-                                        am_pack(sc[2 * ks + 1][0], sc[2 * ks + 1][1]),
-                                        am_pack(sc[2 * ks + 1][2], sc[2 * ks + 1][3])};
+                const uint32_t pa[4] = {cu_pack_bf16(sc[2 * ks][0], sc[2 * ks][1]),
+                                        cu_pack_bf16(sc[2 * ks][2], sc[2 * ks][3]),
+                                        cu_pack_bf16(sc[2 * ks + 1][0], sc[2 * ks + 1][1]),
+                                        cu_pack_bf16(sc[2 * ks + 1][2], sc[2 * ks + 1][3])};
 #pragma unroll
                 for (int dp = 0; dp < D / 16; dp++) {
                     uint32_t bv[4];
-                    am_ldm4t(bv, am_saddr(vb + (ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * LDS + dp * 16 +
+                    am_ldm4t(bv, cu_saddr(vb + (ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * LDS + dp * 16 +
                                           ((lane >> 4) << 3)));
-                    am_mma(o[2 * dp], pa, bv[0], bv[1]);
-                    am_mma(o[2 * dp + 1], pa, bv[2], bv[3]);
+                    cu_mma_bf16(o[2 * dp], pa, bv[0], bv[1]);
+                    cu_mma_bf16(o[2 * dp + 1], pa, bv[2], bv[3]);
                 }
             }
         }

@@ -153,14 +153,25 @@ int cu_gemv_mma_ex(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc
                    const int32_t *group_w_d, const int32_t *row_off_d, const int32_t *row_cnt_d,
                    const int32_t *row_idx_d, int rows_total, const bf16 *x, void *y, int y_type, int64_t ldy,
                    ms_err *err);
-/* Grouped tensor-core GEMM (wmma bf16, fp32 accumulate) dequantizing weight tiles in shared memory.
+/* Grouped tensor-core GEMM (bf16 x bf16, fp32 accumulate) dequantizing weight tiles in shared memory.
  * Rows are grouped: tile t of the launch covers rows of group g where tile_off_d[g] <= t < tile_off_d[g+1]
  * (64-row tiles; tile_off_d has n_groups+1 entries; tiles past tile_off_d[n_groups] exit).
- * x rows are contiguous per group starting at row_off_d[g] (row_cnt_d[g] rows). Modes as gemv. */
+ * x rows are contiguous per group starting at row_off_d[g] (row_cnt_d[g] rows); W0_d/W1_d are indexed
+ * by g, and W1's entries have w_host's format. Modes as gemv. Runs cu_gemm_grouped_mma when it covers
+ * the call, else the wmma kernel k_gg (quant.cu). */
 int cu_gemm_grouped(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
                     int n_groups, int max_tiles, const int32_t *tile_off_d, const int32_t *row_off_d,
                     const int32_t *row_cnt_d, const bf16 *x, void *y, int y_type, int64_t ldy, ms_err *err);
 #define CU_GG_BM 64
+/* The fast path of cu_gemm_grouped (gemm_mma.cu): same arguments and results, on mma.sync tensor cores
+ * with 128-row blocks (pairs of CU_GG_BM tiles of one group) and a pipelined dequantization. Sets
+ * *launched = 0 and does nothing when it does not cover the call (a GPU below sm_80, a format other than
+ * bf16/FP8/NVFP4, K not a multiple of 8/16/32 for those, unaligned pointers, too little shared memory,
+ * more than 65535 tiles, or MS_CU_GG=old in the environment); the caller then runs k_gg. */
+int cu_gemm_grouped_mma(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
+                        int n_groups, int max_tiles, const int32_t *tile_off_d, const int32_t *row_off_d,
+                        const int32_t *row_cnt_d, const bf16 *x, void *y, int y_type, int64_t ldy, int *launched,
+                        ms_err *err);
 
 /* ---- attention (attention.cu, attn_mma.cu) ---- */
 /* Split-K sizing shared by the attention kernels: *n_split key ranges for a launch of `blocks` blocks
@@ -222,7 +233,53 @@ __device__ __forceinline__ float cu_deq(const cu_wdesc &d, int64_t n, int64_t k)
     float bs = __fmul_rn(cu_e4m3(sc), d.scale2);
     return __fmul_rn(cu_e2m1((k & 1) ? (q >> 4) : (q & 15)), bs);
 }
+/* Fast exact decoders for the vector paths (NaN codes of e4m3 are not special-cased here:
+ * checkpoints hold finite weights; the scalar path keeps NaN). */
+__device__ __forceinline__ float e2m1_fast(uint32_t nib) {
+    return __uint_as_float(((nib & 7u) << 22) | ((nib & 8u) << 28)) * 0x1p126f;
+}
+__device__ __forceinline__ float e4m3_fast(uint32_t byte) {
+    return __uint_as_float(((byte & 0x7fu) << 20) | ((byte & 0x80u) << 24)) * 0x1p120f;
+}
 __device__ __forceinline__ float cu_silu(float g) { return g / (1.f + expf(-g)); }
+
+/* ---- tensor-core building blocks (sm_80+ PTX; attn_mma.cu, gemm_mma.cu) ---- */
+/* Fragment layouts of mma.m16n8k16 .bf16 (PTX ISA; g = lane >> 2, t = lane & 3), lower index in the
+ * low 16 bits of each register:
+ *   A 16x16 (row-major): reg0 = A[g][2t..2t+1], reg1 = A[g+8][2t..], reg2 = A[g][2t+8..], reg3 = A[g+8][2t+8..]
+ *   B 16x8  (k x n):     reg0 = B[2t..2t+1][g],  reg1 = B[2t+8..2t+9][g]
+ *   C 16x8  (fp32):      c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]
+ * ldmatrix .x4: lanes 8i..8i+7 give the row addresses of matrix i (8 rows of 16 bytes); register i of
+ * every lane receives row lane/4, elements 2(lane%4), 2(lane%4)+1 of matrix i. */
+
+/* Shared-memory address of a generic pointer into shared memory. */
+__device__ __forceinline__ uint32_t cu_saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+/* 16-byte global -> shared copy; full == false writes 16 zero bytes and reads nothing. */
+__device__ __forceinline__ void cu_cp16(uint32_t dst, const void *src, bool full) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(full ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cu_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+/* Waits until at most N of this thread's committed cp.async groups are pending. */
+template <int N> __device__ __forceinline__ void cu_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void cu_ldsm4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+/* c += A (16x16, 4 regs) · B (16x8, 2 regs), bf16 inputs, fp32 accumulate. */
+__device__ __forceinline__ void cu_mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* Two floats as a bf16x2 register (round to nearest even), lo in the low half. */
+__device__ __forceinline__ uint32_t cu_pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(const uint32_t *)&v;
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -29,14 +29,7 @@ int cu_dequant_bf16(ms_backend *b, const cu_wdesc *d, bf16 *out, ms_err *err) {
     return MS_OK;
 }
 
-/* Fast exact decoders for the vector paths (NaN codes of e4m3 are not special-cased here:
- * checkpoints hold finite weights; the scalar path keeps NaN). */
-__device__ __forceinline__ float e2m1_fast(uint32_t nib) {
-    return __uint_as_float(((nib & 7u) << 22) | ((nib & 8u) << 28)) * 0x1p126f;
-}
-__device__ __forceinline__ float e4m3_fast(uint32_t byte) {
-    return __uint_as_float(((byte & 0x7fu) << 20) | ((byte & 0x80u) << 24)) * 0x1p120f;
-}
+/* (e2m1_fast / e4m3_fast, the fast exact decoders, live in cuda_internal.cuh.) */
 __device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
@@ -670,6 +663,10 @@ int cu_gemm_grouped(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdes
                     int n_groups, int max_tiles, const int32_t *tile_off_d, const int32_t *row_off_d,
                     const int32_t *row_cnt_d, const bf16 *x, void *y, int y_type, int64_t ldy, ms_err *err) {
     if (n_groups <= 0 || max_tiles <= 0) return MS_OK;
+    int launched = 0; /* the mma.sync kernel (gemm_mma.cu) when it covers the call */
+    MS_TRY(cu_gemm_grouped_mma(b, mode, W0_d, W1_d, w_host, n_groups, max_tiles, tile_off_d, row_off_d, row_cnt_d, x,
+                               y, y_type, ldy, &launched, err));
+    if (launched) return MS_OK;
     gg_args a;
     memset(&a, 0, sizeof a);
     a.W0 = W0_d;

@@ -1,6 +1,7 @@
 /* runner_grouped.cu - the prefill / large-batch MoE runner: token rows permuted by expert, then one
  * grouped tensor-core GEMM launch for gate+up (SwiGLU fused in the epilogue) and one for down, each
- * dequantizing BF16/FP8/NVFP4 weight tiles into shared memory (quant.cu), then the fp32 combine. */
+ * dequantizing BF16/FP8/NVFP4 weight tiles into shared memory (cu_gemm_grouped: gemm_mma.cu, or
+ * quant.cu's wmma kernel for what that does not cover), then the fp32 combine. */
 #include "moe/cuda/moe_cuda.cuh"
 
 static size_t grouped_ws(const ms_backend *b, const ms_moe_shape *s) {
