@@ -487,9 +487,17 @@ done:
 }
 
 /* Row count up to which quantized linears use the fused GEMV (which reads the weights once per 16-32
- * rows) instead of a bf16 copy of the weights through cuBLASLt: a shared expert at batch 64 took
- * three 33 us dequantizations per layer before the GEMM. */
-#define CU_GEMV_MAX_T 64
+ * rows) instead of a bf16 copy of the weights through cuBLASLt (MS_CU_GEMV_MAX_T, read once;
+ * default 16). */
+static int cu_gemv_max_t(void) {
+    static const int v = []() {
+        const char *e = getenv("MS_CU_GEMV_MAX_T");
+        int t = e && *e ? atoi(e) : 16;
+        return t >= 0 && t <= 4096 ? t : 16;
+    }();
+    return v;
+}
+#define CU_GEMV_MAX_T cu_gemv_max_t()
 
 /* Rows up to which plain bf16 linears use the tensor-core GEMV instead of cuBLASLt:
  * MS_CU_BF16_GEMV_MAX_T (read once; default 0 = always cuBLASLt, which measured 10-15% faster than

@@ -401,6 +401,16 @@ static int gm_enabled(void) {
     return v;
 }
 
+/* Warps per SM the launch aims at by splitting K (MS_CU_GEMV_WARPS_PER_SM, read once; default 48). */
+static int gm_warps_per_sm(void) {
+    static const int v = []() {
+        const char *e = getenv("MS_CU_GEMV_WARPS_PER_SM");
+        int t = e && *e ? atoi(e) : 48;
+        return t >= 1 && t <= 256 ? t : 48;
+    }();
+    return v;
+}
+
 static int gm_fmt_of(const cu_wdesc *w) {
     if (w->fmt == MS_WFMT_PLAIN && w->dtype == MS_BF16 && w->k % 8 == 0) return 0;
     if (w->fmt == MS_WFMT_FP8 && w->k % 16 == 0) return 1;
@@ -492,7 +502,7 @@ int cu_gemv_mma_ex(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc
     if (optin <= 0) optin = 48 * 1024;
     const int64_t units = mt * S; /* warps without a K split */
     int ksplit = 1;
-    while (S * ksplit * 2 <= 8 && units * ksplit < (int64_t)nsm * 48 && nss >= 8 * ksplit) ksplit *= 2;
+    while (S * ksplit * 2 <= 8 && units * ksplit < (int64_t)nsm * gm_warps_per_sm() && nss >= 8 * ksplit) ksplit *= 2;
     const int64_t full = (int64_t)a.ntok * (((nss * ups + 7) & ~7) + pad) * 16; /* gm_fmt::rstride */
     int nw, cap;
     for (;;) { /* sliced staging needs two buffers of >= 2 * ksplit super-steps for every token */
