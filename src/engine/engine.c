@@ -6,7 +6,9 @@
  * An idle engine sleeps on a condition variable. */
 #include "engine/engine.h"
 
+#include "core/fileutil.h"
 #include "core/log.h"
+#include "core/threads.h"
 #include "engine/sampler.h"
 #include "sched/sched.h"
 
@@ -22,6 +24,14 @@ struct ms_engine {
     ms_executor exec;
     ms_sched sched;
     ms_sampler sampler;
+    /* parallel sampling of a step's rows: a small pool and one sampler per worker (lazily made),
+     * the tokens and events computed there, delivered in row order on the engine thread */
+    ms_pool *spool;
+    ms_sampler *wsamplers;
+    int n_wsamplers;
+    int32_t *row_tok;
+    ms_token_event *row_ev;
+    int row_cap;
     float *logits;
     int logits_rows;
     pthread_t thread;
@@ -115,6 +125,57 @@ static void fail_all(ms_engine *e, const char *msg) {
     }
 }
 
+typedef struct sample_job {
+    ms_engine *e;
+} sample_job;
+
+/* Rows [b0, b1) of this step: each row belongs to its own request (own rng), so rows are
+ * independent; worker w owns sampler w. */
+static void sample_range(void *ctx, int64_t b0, int64_t b1, int worker) {
+    ms_engine *e = ((sample_job *)ctx)->e;
+    ms_sampler *sm = worker < e->n_wsamplers ? &e->wsamplers[worker] : &e->sampler;
+    for (int64_t row = b0; row < b1; row++) {
+        ms_request *r = e->sched.logit_req[row];
+        ms_token_event *ev = &e->row_ev[row];
+        memset(ev, 0, sizeof *ev);
+        e->row_tok[row] = ms_sampler_sample(sm, &r->sp, e->logits + (size_t)row * e->exec.vocab, r->tokens, r->n_prompt,
+                                            r->n_tokens, r->rng, ev);
+    }
+}
+
+/* Samples the step's n logit rows into row_tok / row_ev: on the sampling pool when there are
+ * several rows (a 150k-vocabulary row costs ~0.1-1 ms), else inline. Falls back to one sampler
+ * when the per-worker ones cannot be made. */
+static void sample_rows(ms_engine *e, int n) {
+    if (n > e->row_cap) {
+        int cap = n > 2 * e->row_cap ? n : 2 * e->row_cap;
+        int32_t *t = realloc(e->row_tok, sizeof(int32_t) * (size_t)cap);
+        if (t) e->row_tok = t;
+        ms_token_event *v = t ? realloc(e->row_ev, sizeof(ms_token_event) * (size_t)cap) : NULL;
+        if (v) e->row_ev = v;
+        if (t && v) e->row_cap = cap;
+    }
+    MS_ASSERT(n <= e->row_cap); /* the rows fit (engine create reserved max_running_requests) */
+    if (!e->spool && n >= 4) {
+        e->spool = ms_pool_create(8);
+        int nw = e->spool ? ms_pool_size(e->spool) : 0;
+        ms_sampler *ws = nw ? calloc((size_t)nw, sizeof *ws) : NULL;
+        int ok = ws != NULL;
+        for (int i = 0; ok && i < nw; i++) {
+            ms_err err = {0};
+            if (ms_sampler_init(&ws[i], e->exec.vocab, &err) != MS_OK) {
+                for (int j = 0; j < i; j++) ms_sampler_destroy(&ws[j]);
+                ok = 0;
+            }
+        }
+        if (ok) e->wsamplers = ws, e->n_wsamplers = nw;
+        else free(ws);
+    }
+    sample_job job = {e};
+    if (e->spool && e->n_wsamplers && n >= 4) ms_pool_run(e->spool, n, 2, sample_range, &job);
+    else sample_range(&job, 0, n, 1 << 30);
+}
+
 static void run_step(ms_engine *e) {
     ms_sched *s = &e->sched;
     const ms_batch *b = ms_sched_step(s);
@@ -138,8 +199,11 @@ static void run_step(ms_engine *e) {
             rc = ms_errf(&err, MS_ERR_NOMEM, "engine: out of memory for %d logits rows of %d", b->n_logits, e->exec.vocab);
         }
     }
+    const double t0 = ms_now();
     if (rc == MS_OK) {
         rc = e->exec.forward(e->exec.ctx, b, e->logits, &err);
+        e->acc.forward_seconds += ms_now() - t0;
+        e->acc.decode_steps += b->n_tokens == b->n_seqs;
         if (rc != MS_OK && err.msg[0] == '\0') ms_errf(&err, rc, "forward failed (%s)", ms_code_name(rc));
     }
     if (rc != MS_OK) {
@@ -163,12 +227,12 @@ static void run_step(ms_engine *e) {
         return;
     }
     ms_sched_commit(s);
+    const double t1 = ms_now();
+    sample_rows(e, b->n_logits);
     for (int row = 0; row < b->n_logits; row++) {
         ms_request *r = s->logit_req[row];
-        ms_token_event ev;
-        memset(&ev, 0, sizeof ev);
-        int32_t tok = ms_sampler_sample(&e->sampler, &r->sp, e->logits + (size_t)row * e->exec.vocab, r->tokens,
-                                        r->n_prompt, r->n_tokens, r->rng, &ev);
+        ms_token_event ev = e->row_ev[row];
+        int32_t tok = e->row_tok[row];
         ms_sched_append_token(s, r, tok);
         e->acc.generated_tokens_total++;
         int n_gen = ms_request_n_generated(r);
@@ -185,6 +249,7 @@ static void run_step(ms_engine *e) {
             ms_request_free(r);
         }
     }
+    e->acc.sample_seconds += ms_now() - t1;
 }
 
 static ms_request *find_request(ms_sched *s, uint64_t id) {
@@ -318,6 +383,12 @@ int ms_engine_create(const ms_engine_config *cfg_in, const ms_executor *exec, ms
     sc.enable_prefix_cache = cfg.enable_prefix_cache;
     int rc = ms_sched_init(&e->sched, &sc, err);
     if (rc == MS_OK) rc = ms_sampler_init(&e->sampler, exec->vocab, err);
+    if (rc == MS_OK) {
+        e->row_cap = sc.max_running_requests > 0 ? sc.max_running_requests : 1;
+        e->row_tok = malloc(sizeof(int32_t) * (size_t)e->row_cap);
+        e->row_ev = malloc(sizeof(ms_token_event) * (size_t)e->row_cap);
+        if (!e->row_tok || !e->row_ev) rc = ms_errf(err, MS_ERR_NOMEM, "engine: out of memory for sampled rows");
+    }
     if (rc != MS_OK) {
         ms_sched_destroy(&e->sched);
         free(e);
@@ -348,6 +419,10 @@ void ms_engine_destroy(ms_engine *e) {
         pthread_join(e->thread, NULL);
     }
     /* the thread is gone: everything is ours */
+    if (e->acc.steps)
+        MS_LOGI("engine: %llu steps (%llu pure decode), %.1f s in forward, %.1f s sampling and callbacks",
+                (unsigned long long)e->acc.steps, (unsigned long long)e->acc.decode_steps, e->acc.forward_seconds,
+                e->acc.sample_seconds);
     while (e->inbox_head) {
         ms_request *r = e->inbox_head;
         e->inbox_head = r->next;
@@ -366,6 +441,11 @@ void ms_engine_destroy(ms_engine *e) {
     }
     ms_sched_destroy(s);
     ms_sampler_destroy(&e->sampler);
+    for (int i = 0; i < e->n_wsamplers; i++) ms_sampler_destroy(&e->wsamplers[i]);
+    free(e->wsamplers);
+    if (e->spool) ms_pool_destroy(e->spool);
+    free(e->row_tok);
+    free(e->row_ev);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     if (e->logits && e->exec.unpin) e->exec.unpin(e->exec.ctx, e->logits);

@@ -113,6 +113,9 @@ typedef struct ms_engine_stats {
     int healthy;                /* 0 after a forward failure the engine could not recover from */
     uint64_t requests_failed;   /* finished with MS_FINISH_ERROR */
     uint64_t forward_errors, steps;
+    uint64_t decode_steps;          /* steps with one token per sequence (the ones graphs can run) */
+    double forward_seconds;         /* engine thread time in the executor's forward (logits included) */
+    double sample_seconds;          /* ... sampling, stop checks and token callbacks after it */
     uint64_t integrity_failures; /* checker failures seen when idle (check_integrity) */
 } ms_engine_stats;
 

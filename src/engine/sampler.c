@@ -136,13 +136,37 @@ int ms_sampler_dist(ms_sampler *s, const ms_sampling *sp, const float *logits, c
                     int n_tokens, const int32_t **ids, const float **probs) {
     int V = s->vocab;
     float *w = s->work, *ex = s->ex;
-    for (int i = 0; i < V; i++) {
-        float v = logits[i];
-        w[i] = isnan(v) ? -INFINITY : fminf(v, FLT_MAX);
-    }
-    apply_penalties(s, sp, tokens, n_prompt, n_tokens);
     *ids = s->cand;
     *probs = s->prob;
+    const int pen = (sp->repetition_penalty > 0 && sp->repetition_penalty != 1.0f) || sp->frequency_penalty != 0.0f ||
+                    sp->presence_penalty != 0.0f;
+    if (is_greedy(sp) && !pen) {
+        /* argmax without copying the row: a max pass the compiler vectorises (NaN never wins, +inf
+         * counts as FLT_MAX as below), then the first index holding it */
+        float m = -INFINITY;
+        for (int i = 0; i < V; i++) {
+            const float v = logits[i];
+            m = v > m ? v : m;
+        }
+        if (m > FLT_MAX) m = FLT_MAX;
+        int best = 0;
+        if (m > -INFINITY)
+            for (int i = 0; i < V; i++) {
+                const float v = logits[i] > FLT_MAX ? FLT_MAX : logits[i];
+                if (v == m) {
+                    best = i;
+                    break;
+                }
+            }
+        s->cand[0] = best;
+        s->prob[0] = 1.0f;
+        return 1;
+    }
+    for (int i = 0; i < V; i++) {
+        const float v = logits[i];
+        w[i] = v != v ? -INFINITY : v > FLT_MAX ? FLT_MAX : v;
+    }
+    apply_penalties(s, sp, tokens, n_prompt, n_tokens);
     int best = 0;
     for (int i = 1; i < V; i++) if (w[i] > w[best]) best = i;
     if (is_greedy(sp) || w[best] == -INFINITY) {

@@ -139,6 +139,12 @@ void ms_metrics_write(ms_metrics *m, const ms_engine_stats *es, const char *mode
     counter(o, "moeserve:prefix_cache_query_tokens_total", "Prompt tokens looked up in the prefix cache.",
             es->prefix_query_tokens);
     gauge(o, "moeserve:engine_healthy", "1 while the engine is healthy.", es->healthy ? 1 : 0);
+    counter(o, "moeserve:engine_steps_total", "Forward steps run by the engine.", es->steps);
+    counter(o, "moeserve:engine_decode_steps_total", "Steps with one token per sequence.", es->decode_steps);
+    gauge(o, "moeserve:engine_forward_seconds_total", "Engine time in forward steps (logits included).",
+          es->forward_seconds);
+    gauge(o, "moeserve:engine_sample_seconds_total", "Engine time sampling and delivering tokens after steps.",
+          es->sample_seconds);
 
     pthread_mutex_lock(&m->mu);
     ms_hist_write(&m->ttft, o, "moeserve:time_to_first_token_seconds",
