@@ -137,7 +137,6 @@ static void cu_destroy(ms_backend *b) {
             c->owned = nx;
         }
         if (c->lt_ws) cudaFree(c->lt_ws);
-        if (c->grp_d) cudaFree(c->grp_d);
         if (c->lt) cublasLtDestroy(c->lt);
         if (c->blas) cublasDestroy(c->blas);
         if (c->stream) cudaStreamDestroy(c->stream);
@@ -350,7 +349,6 @@ static void cu_unplace_linear(ms_backend *b, ms_linear *W) {
     if (p->d.scale) cudaFree((void *)p->d.scale);
     if (p->bias_f32) cudaFree(p->bias_f32);
     if (p->deq) cudaFree(p->deq);
-    if (p->d_dev) cudaFree(p->d_dev);
     free(p);
     W->prepared = NULL;
     W->w.data = NULL;
@@ -521,45 +519,6 @@ static int cu_bf16_gemv_max_t(void) {
 
 static int64_t rows_of(const ms_tensor *t, int64_t cols) { return cols ? ms_tensor_numel(t) / cols : 0; }
 
-/* Rows up to which a quantized linear with more rows than the GEMV takes runs as a one-group grouped
- * GEMM (weights read in their format, once per 128 rows) instead of a bf16 copy of the weights
- * through cuBLASLt: the copy costs N*K*4.5 bytes of traffic, the grouped GEMM's lower rate costs
- * ~2*T*N*K*(1/300T - 1/700T) s; they cross near 400 rows on the H200. */
-#define CU_GEMM1_MAX_T 512
-
-__global__ void k_set_group(int32_t *g, int T, int tiles) {
-    g[0] = 0;
-    g[1] = tiles;
-    g[2] = 0;
-    g[3] = T;
-}
-
-/* The device copy of a placed linear's descriptor (made on first use, kept with the linear). */
-static int cu_wdesc_dev(const ms_linear *W, const cu_wdesc **out, ms_err *err) {
-    cu_linear_prep *p = (cu_linear_prep *)W->prepared;
-    if (!p) return ms_errf(err, MS_ERR_INVALID, "%s: not placed on the GPU", W->name ? W->name : "linear");
-    if (!p->d_dev) {
-        CK(cudaMalloc(&p->d_dev, sizeof(cu_wdesc)));
-        CK(cudaMemcpy(p->d_dev, &p->d, sizeof(cu_wdesc), cudaMemcpyHostToDevice));
-    }
-    *out = p->d_dev;
-    return MS_OK;
-}
-
-/* y [T, N] = x·W0ᵀ (mode 0), or silu(x·W0ᵀ) * (x·W1ᵀ) (mode 1, bf16 y), as a grouped GEMM with one
- * group of T rows (its row table written on the stream, so the call can be recorded in a graph). */
-static int cu_gemm_one_group(ms_backend *b, int mode, const ms_linear *W0, const ms_linear *W1, const cu_wdesc *dh,
-                             int T, const bf16 *x, void *y, int y_type, int64_t ldy, ms_err *err) {
-    const cu_wdesc *d0 = NULL, *d1 = NULL;
-    MS_TRY(cu_wdesc_dev(W0, &d0, err));
-    if (W1) MS_TRY(cu_wdesc_dev(W1, &d1, err));
-    cu_impl *c = cu_of(b);
-    const int tiles = (T + CU_GG_BM - 1) / CU_GG_BM;
-    k_set_group<<<1, 1, 0, c->stream>>>(c->grp_d, T, tiles);
-    CK_LAUNCH();
-    return cu_gemm_grouped(b, mode, d0, d1, dh, 1, tiles, c->grp_d, c->grp_d + 2, c->grp_d + 3, x, y, y_type, ldy, err);
-}
-
 /* y [T,N] = x [T,K] · Wᵀ (+ bias). */
 static int cu_linear(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_tensor *y, ms_err *err) {
     CU_ENTER(b);
@@ -607,8 +566,6 @@ static int cu_linear(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_t
     } else if (T <= CU_GEMV_MAX_T) {
         MS_TRY(cu_gemv_grouped(b, 0, NULL, NULL, &d, 1, NULL, NULL, NULL, NULL, NULL, (int)T, xb, y->data, y->dtype, N,
                                err));
-    } else if (T <= CU_GEMM1_MAX_T) {
-        MS_TRY(cu_gemm_one_group(b, 0, W, NULL, &d, (int)T, xb, y->data, y->dtype, N, err));
     } else {
         const bf16 *wb;
         MS_TRY(cu_weight_bf16(b, W, 0, &wb, err));
@@ -627,15 +584,12 @@ static int cu_linear_swiglu(ms_backend *b, const ms_linear *gate, const ms_linea
     MS_TRY(cu_wdesc_of(gate, &dg, err));
     MS_TRY(cu_wdesc_of(up, &du, err));
     const int64_t T = rows_of(x, dg.k);
-    if (x->dtype != MS_BF16 || out->dtype != MS_BF16 || T < 1 || gate->bias.data || up->bias.data ||
-        dg.fmt != du.fmt || dg.dtype != du.dtype || dg.n != du.n || dg.k != du.k)
-        return ms_errf(err, MS_ERR_UNSUPPORTED, "linear_swiglu: not for this shape");
-    MS_ASSERT(ms_tensor_numel(out) == T * dg.n);
-    if (dg.fmt != MS_WFMT_PLAIN && T > 16 && T <= CU_GEMM1_MAX_T) /* one-group grouped GEMM, SwiGLU in its epilogue */
-        return cu_gemm_one_group(b, 1, gate, up, &dg, (int)T, (const bf16 *)x->data, out->data, MS_BF16, dg.n, err);
-    if (T > 16 || (dg.fmt == MS_WFMT_PLAIN && T > cu_bf16_gemv_max_t()) || !cu_gemv_mma_usable(b, &dg, x->data, 1) ||
+    if (x->dtype != MS_BF16 || out->dtype != MS_BF16 || T < 1 || T > 16 || gate->bias.data || up->bias.data ||
+        dg.fmt != du.fmt || dg.dtype != du.dtype || dg.n != du.n || dg.k != du.k ||
+        (dg.fmt == MS_WFMT_PLAIN && T > cu_bf16_gemv_max_t()) || !cu_gemv_mma_usable(b, &dg, x->data, 1) ||
         !cu_gemv_mma_usable(b, &du, x->data, 1))
         return ms_errf(err, MS_ERR_UNSUPPORTED, "linear_swiglu: not for this shape");
+    MS_ASSERT(ms_tensor_numel(out) == T * dg.n);
     return cu_gemv_mma_ex(b, 1, NULL, NULL, &dg, &du, NULL, 1, NULL, NULL, NULL, NULL, NULL, (int)T,
                           (const bf16 *)x->data, out->data, MS_BF16, dg.n, err);
 }
@@ -794,7 +748,6 @@ extern "C" int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err)
         if (e2 == cudaSuccess) e2 = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
         if (e2 == cudaSuccess) e2 = cudaDeviceGetAttribute(&c->max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
         c->lt_ws_bytes = 32u << 20;
-        if (e2 == cudaSuccess) e2 = cudaMalloc(&c->grp_d, 4 * sizeof(int32_t));
         if (e2 == cudaSuccess) e2 = cudaMalloc(&c->lt_ws, c->lt_ws_bytes);
         if (e2 != cudaSuccess) {
             rc = ms_errf(err, MS_ERR_RUNTIME, "cuda backend setup on GPU %d failed: %s", device, cudaGetErrorString(e2));

@@ -78,7 +78,6 @@ typedef struct cu_impl {
     cu_alloc_node *owned; /* freed at destroy (prepared tables etc.) */
     int max_smem_optin;
     uint64_t epoch; /* bumped when a scratch buffer moves (recorded graphs hold its old address) */
-    int32_t *grp_d; /* device [4]: tile_off[2], row_off[1], row_cnt[1] of a one-group grouped GEMM */
 } cu_impl;
 
 static inline cu_impl *cu_of(const ms_backend *b) { return (cu_impl *)b->impl; }
@@ -98,7 +97,6 @@ typedef struct cu_wdesc {
 typedef struct cu_linear_prep {
     cu_wdesc d;
     bf16 *deq;        /* lazily made bf16 copy [N,K] (kv_b for absorbed MLA), NULL until needed */
-    cu_wdesc *d_dev;  /* lazily made device copy of d (one-group grouped GEMM), NULL until needed */
     float *bias_f32;  /* bias as F32 or NULL */
 } cu_linear_prep;
 
