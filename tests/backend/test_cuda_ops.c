@@ -253,55 +253,6 @@ static void rope_case(int nh, int d, int rot_off, int rot_dim, int inter, double
     free(x);
 }
 
-/* The fused bias + RoPE + cache-store op against the CPU's add, rope and kv_store on the same
- * values: q in place, the k/v cache rows of the slots written, the other rows untouched. */
-static void gqa_prep_case(int nh, int nkv, int d, int rot_dim, int with_bias) {
-    enum { T = 5, S = 12 };
-    int64_t sq[3] = {T, nh, d}, skv[3] = {T, nkv, d}, sc[3] = {S, nkv, d};
-    float *q = rand_vec((size_t)T * nh * d, 2.f), *k = rand_vec((size_t)T * nkv * d, 2.f),
-          *v = rand_vec((size_t)T * nkv * d, 2.f), *bq = rand_vec((size_t)nh * d, 1.f),
-          *bk = rand_vec((size_t)nkv * d, 1.f), *bv = rand_vec((size_t)nkv * d, 1.f),
-          *c0 = rand_vec((size_t)S * nkv * d, 1.f);
-    /* the CPU reference adds the biases on the host first (its linear would) */
-    float *qb = malloc(sizeof(float) * (size_t)T * nh * d), *kb = malloc(sizeof(float) * (size_t)T * nkv * d),
-          *vb = malloc(sizeof(float) * (size_t)T * nkv * d);
-    for (int i = 0; i < T * nh * d; i++) qb[i] = ms_bf16_to_f32(ms_f32_to_bf16(q[i])) + (with_bias ? bq[i % (nh * d)] : 0);
-    for (int i = 0; i < T * nkv * d; i++) {
-        kb[i] = ms_bf16_to_f32(ms_f32_to_bf16(k[i])) + (with_bias ? bk[i % (nkv * d)] : 0);
-        vb[i] = ms_bf16_to_f32(ms_f32_to_bf16(v[i])) + (with_bias ? bv[i % (nkv * d)] : 0);
-    }
-    int32_t pos[T] = {0, 3, 17, 250, 4099}, slot[T] = {7, 0, 9, 11, 4};
-    ms_tensor pg = mk_i32(GPU, T, pos), pc = mk_i32(CPU, T, pos), slg = mk_i32(GPU, T, slot), slc = mk_i32(CPU, T, slot);
-    ms_tensor Qg = mk(GPU, 0, 3, sq, q), Kg = mk(GPU, 0, 3, skv, k), Vg = mk(GPU, 0, 3, skv, v);
-    int64_t nq = (int64_t)nh * d, nk = (int64_t)nkv * d;
-    ms_tensor Bq = mk(GPU, MS_F32, 1, &nq, bq), Bk = mk(GPU, MS_F32, 1, &nk, bk), Bv = mk(GPU, MS_F32, 1, &nk, bv);
-    pair KC = act(3, sc, c0), VC = act(3, sc, c0);
-    ms_tensor Qc = mk(CPU, 0, 3, sq, qb), Kc = mk(CPU, 0, 3, skv, kb), Vc = mk(CPU, 0, 3, skv, vb);
-    ms_rope_cfg rc = {0, rot_dim, 0, 1e6};
-    R(GPU->ops->gqa_prep(GPU, &Qg, &Kg, &Vg, with_bias ? &Bq : NULL, with_bias ? &Bk : NULL, with_bias ? &Bv : NULL,
-                         pg.data, rot_dim ? &rc : NULL, &KC.g, &VC.g, slg.data, &E));
-    if (rot_dim) {
-        R(CPU->ops->rope(CPU, &Qc, pc.data, &rc, &E));
-        R(CPU->ops->rope(CPU, &Kc, pc.data, &rc, &E));
-    }
-    R(CPU->ops->kv_store(CPU, &KC.c, &Kc, slc.data, &E));
-    R(CPU->ops->kv_store(CPU, &VC.c, &Vc, slc.data, &E));
-    CMP(Qg, Qc, 2e-2);
-    CMP(KC.g, KC.c, 2e-2);
-    CMP(VC.g, VC.c, 2e-2);
-    fr(GPU, &Qg); fr(GPU, &Kg); fr(GPU, &Vg); fr(GPU, &Bq); fr(GPU, &Bk); fr(GPU, &Bv);
-    fr(CPU, &Qc); fr(CPU, &Kc); fr(CPU, &Vc);
-    pfree(&KC); pfree(&VC);
-    fr(GPU, &pg); fr(CPU, &pc); fr(GPU, &slg); fr(CPU, &slc);
-    free(q); free(k); free(v); free(bq); free(bk); free(bv); free(c0); free(qb); free(kb); free(vb);
-}
-
-static void test_gqa_prep(void) {
-    gqa_prep_case(12, 2, 128, 64, 1); /* GLM-4.5 style: partial NeoX rotary, q/k/v bias */
-    gqa_prep_case(4, 4, 64, 64, 0);   /* full rotary, no bias */
-    gqa_prep_case(6, 3, 32, 0, 1);    /* no rotary dims */
-}
-
 static void test_rope(void) {
     rope_case(3, 64, 0, 64, 0, 10000.0);      /* NeoX full */
     rope_case(2, 128, 0, 64, 0, 1e6);         /* NeoX partial (GLM-4.5) */
@@ -942,7 +893,6 @@ int main(void) {
     RUN(test_linear);
     RUN(test_linear_mma);
     RUN(test_linear_swiglu);
-    RUN(test_gqa_prep);
     RUN(test_attn_gqa);
     RUN(test_attn_gqa_batches);
     RUN(test_mla_attn);

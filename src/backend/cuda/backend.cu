@@ -27,9 +27,6 @@ int cu_op_set_cols(ms_backend *, const ms_tensor *, int, ms_tensor *, ms_err *);
 int cu_op_scale(ms_backend *, ms_tensor *, float, ms_err *);
 int cu_op_rope(ms_backend *, ms_tensor *, const int32_t *, const ms_rope_cfg *, ms_err *);
 int cu_op_kv_store(ms_backend *, ms_tensor *, const ms_tensor *, const int32_t *, ms_err *);
-int cu_op_gqa_prep(ms_backend *, ms_tensor *, const ms_tensor *, const ms_tensor *, const ms_tensor *, const ms_tensor *,
-                   const ms_tensor *, const int32_t *, const ms_rope_cfg *, ms_tensor *, ms_tensor *, const int32_t *,
-                   ms_err *);
 int cu_op_find_nonfinite(ms_backend *, const ms_tensor *, int64_t *, ms_err *);
 int cu_op_argmax(ms_backend *, const ms_tensor *, int32_t *, ms_err *);
 int cu_op_attn_gqa(ms_backend *, const ms_tensor *, const ms_tensor *, const ms_tensor *, const ms_attn_meta *, float,
@@ -714,7 +711,6 @@ static void cu_ops_init(void) {
     cu_ops.mem_epoch = cu_mem_epoch;
     cu_ops.host_pin = cu_host_pin;
     cu_ops.linear_swiglu = cu_linear_swiglu;
-    cu_ops.gqa_prep = cu_op_gqa_prep;
     cu_ops.host_unpin = cu_host_unpin;
 }
 
