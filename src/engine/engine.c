@@ -187,6 +187,7 @@ static void run_step(ms_engine *e) {
     if (b->n_logits > e->logits_rows) {
         /* grow geometrically: the buffer is page-locked for the GPU, which costs time per change */
         int rows = b->n_logits > 2 * e->logits_rows ? b->n_logits : 2 * e->logits_rows;
+        if (rows > e->row_cap && b->n_logits <= e->row_cap) rows = e->row_cap; /* never more rows than a step has */
         if (e->logits && e->exec.unpin) e->exec.unpin(e->exec.ctx, e->logits);
         float *nl = realloc(e->logits, (size_t)rows * (size_t)e->exec.vocab * sizeof(float));
         if (nl) {
@@ -203,7 +204,7 @@ static void run_step(ms_engine *e) {
     if (rc == MS_OK) {
         rc = e->exec.forward(e->exec.ctx, b, e->logits, &err);
         e->acc.forward_seconds += ms_now() - t0;
-        e->acc.decode_steps += b->n_tokens == b->n_seqs;
+        e->acc.decode_steps += rc == MS_OK && b->n_tokens == b->n_seqs;
         if (rc != MS_OK && err.msg[0] == '\0') ms_errf(&err, rc, "forward failed (%s)", ms_code_name(rc));
     }
     if (rc != MS_OK) {

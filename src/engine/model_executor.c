@@ -141,8 +141,12 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
             /* decode graphs now, so start-up (not the first requests) pays for recording them */
             double t0 = ms_now();
             int n = 0;
-            rc = ms_forward_record_graphs(x->f, &n, err);
-            if (!rc) MS_LOGI("executor: recorded %d decode graphs in %.2f s", n, ms_now() - t0);
+            ms_err gerr = {0};
+            /* an optimisation: on failure the steps run op by op (or record on first use) */
+            if (ms_forward_record_graphs(x->f, &n, &gerr) == MS_OK)
+                MS_LOGI("executor: recorded %d decode graphs in %.2f s", n, ms_now() - t0);
+            else
+                MS_LOGW("executor: recording decode graphs at start-up failed (%s); continuing without them", gerr.msg);
         }
         if (!rc) {
             out->ctx = x;

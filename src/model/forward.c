@@ -247,13 +247,17 @@ static int swiglu(ms_forward *f, const ms_linear *gate, const ms_linear *up, con
     ms_tensor a = fw_view2(&f->a, T, f->m->cfg.hidden_size);
     ms_tensor g = fw_view2(&f->g, T, gate->n_out), u = fw_view2(&f->u, T, up->n_out);
     if (op->linear_swiglu && !f->o.check_numerics) {
-        int rc = op->linear_swiglu(f->b, gate, up, &a, &g, err);
+        ms_err ferr = {0}; /* a refusal is not an error of this step */
+        int rc = op->linear_swiglu(f->b, gate, up, &a, &g, &ferr);
         if (rc == MS_OK) {
             MS_TRY(op->linear(f->b, down, &g, out, err));
             FW_TRY_CHECK(f, out, "down_proj", err);
             return MS_OK;
         }
-        if (rc != MS_ERR_UNSUPPORTED) return rc;
+        if (rc != MS_ERR_UNSUPPORTED) {
+            *err = ferr;
+            return rc;
+        }
     }
     MS_TRY(op->linear(f->b, gate, &a, &g, err));
     FW_TRY_CHECK(f, &g, "gate_proj", err);
@@ -614,11 +618,12 @@ int ms_forward_record_graphs(ms_forward *f, int *n_recorded, ms_err *err) {
             int done = 0;
             rc = run_graph(f, &bt, NULL, &done, err);
         }
-        if (!rc) {
-            for (int g = 0; g < f->n_graphs; g++) *n_recorded += f->graphs[g].B == n && f->graphs[g].exec != NULL;
-        }
         if (fw_buckets[i] >= B) break;
     }
+    /* count what is still valid: a later bucket's first run may have grown a scratch buffer and
+     * outdated the graphs recorded before it (they are recorded again on first use) */
+    const uint64_t ep = f->b->ops->mem_epoch(f->b);
+    for (int g = 0; !rc && g < f->n_graphs; g++) *n_recorded += f->graphs[g].exec != NULL && f->graphs[g].epoch == ep;
     free(a);
     return rc;
 }

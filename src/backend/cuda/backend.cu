@@ -191,11 +191,23 @@ static int cu_sync(ms_backend *b, ms_err *err) {
 
 /* ---- graphs ---- */
 
+/* Failed runtime calls leave CUDA's last-error slot set, and the next CK_LAUNCH would report it as
+ * its own: the optional calls below clear it before returning their error. */
+#define CK_CLEAR(call)                                                                            \
+    do {                                                                                          \
+        cudaError_t ck_e_ = (call);                                                               \
+        if (ck_e_ != cudaSuccess) {                                                               \
+            cudaGetLastError();                                                                   \
+            return ms_errf(err, MS_ERR_RUNTIME, "%s failed at %s:%d: %s", #call, __FILE__, __LINE__, \
+                           cudaGetErrorString(ck_e_));                                            \
+        }                                                                                         \
+    } while (0)
+
 static int cu_graph_begin(ms_backend *b, ms_err *err) {
     CU_ENTER(b);
     /* thread-local mode: a host-synchronising call from this thread invalidates the capture instead of
      * racing it, so a step that cannot be recorded fails cleanly and runs eagerly */
-    CK(cudaStreamBeginCapture(cu_of(b)->stream, cudaStreamCaptureModeThreadLocal));
+    CK_CLEAR(cudaStreamBeginCapture(cu_of(b)->stream, cudaStreamCaptureModeThreadLocal));
     return MS_OK;
 }
 
@@ -223,7 +235,7 @@ static int cu_graph_end(ms_backend *b, void **exec, ms_err *err) {
 
 static int cu_graph_launch(ms_backend *b, void *exec, ms_err *err) {
     CU_ENTER(b);
-    CK(cudaGraphLaunch((cudaGraphExec_t)exec, cu_of(b)->stream));
+    CK_CLEAR(cudaGraphLaunch((cudaGraphExec_t)exec, cu_of(b)->stream));
     return MS_OK;
 }
 
@@ -238,7 +250,7 @@ static uint64_t cu_mem_epoch(const ms_backend *b) { return cu_of(b)->epoch; }
 static int cu_host_pin(ms_backend *b, void *p, size_t n, ms_err *err) {
     CU_ENTER(b);
     if (!p || !n) return MS_OK;
-    CK(cudaHostRegister(p, n, cudaHostRegisterDefault));
+    CK_CLEAR(cudaHostRegister(p, n, cudaHostRegisterDefault));
     return MS_OK;
 }
 

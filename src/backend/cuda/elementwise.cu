@@ -355,7 +355,8 @@ static int rope_table(ms_backend *b, const ms_rope_cfg *rc, const float **out, m
         return ms_errf(err, MS_ERR_RUNTIME, "rope table upload failed at %s:%d: %s", __FILE__, __LINE__,
                        cudaGetErrorString(e));
     }
-    if (c->n_rope == 8) { /* evict the oldest */
+    if (c->n_rope == 8) { /* evict the oldest (recorded graphs may hold its address: new epoch) */
+        c->epoch++;
         cudaStreamSynchronize(c->stream);
         cudaFree(c->rope[0].inv_freq_d);
         memmove(&c->rope[0], &c->rope[1], sizeof(c->rope[0]) * 7);
