@@ -10,14 +10,7 @@
 #      range ratio 1), if the build has the server
 # Logs and JSON reports go to $OUT (default ./gpu-out); a short table is printed last.
 # Knobs: BUILD, OUT, AIR_LAYERS (46), BATCHES, RUNNER (auto).
-set -u
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
-OUT=${OUT:-./gpu-out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$BUILD/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0
-BIN=$BUILD/moeserve
+. "$(dirname "$0")/gpu-env.sh"
 AIR_LAYERS=${AIR_LAYERS:-46}
 BATCHES=${BATCHES:-1,8,64,256}
 RUNNER=${RUNNER:-auto}

@@ -5,14 +5,7 @@
 # runner (logits vs tests/fixtures/*/ref.json: relative error <= 2e-2 per position, greedy ids equal
 # where the reference's top-2 gap exceeds the error), and cached decode == full recompute. Full logs go
 # under $OUT (default ./gpu-out); a short summary table is printed last. Exit status 1 on any failure.
-set -u
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
-OUT=${OUT:-./gpu-out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$BUILD/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0
-BIN=$BUILD/moeserve
+. "$(dirname "$0")/gpu-env.sh"
 RUNNERS=${RUNNERS:-"naive grouped decode"}
 rows=()
 fails=0

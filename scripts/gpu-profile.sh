@@ -7,14 +7,7 @@
 # BUILD dir; logs under $OUT; tables printed last.
 #   LAYERS (default 4)  layers of the GLM-4.5-Air-shaped model profiled with ncu
 #   BATCHES (default 1,64)
-set -u
-cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
-OUT=${OUT:-./gpu-out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$BUILD/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0
-BIN=$BUILD/moeserve
+. "$(dirname "$0")/gpu-env.sh"
 LAYERS=${LAYERS:-4}
 BATCHES=${BATCHES:-1,64}
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)

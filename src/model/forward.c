@@ -610,18 +610,18 @@ int ms_forward_record_graphs(ms_forward *f, int *n_recorded, ms_err *err) {
         tok[i] = 0, pos[i] = 0, start[i] = i, ctx[i] = 1, slot[i] = f->o.n_pages * ps, page[i] = f->o.n_pages;
     start[B] = B;
     int rc = MS_OK;
-    for (size_t i = 0; i < sizeof fw_buckets / sizeof fw_buckets[0] && !rc; i++) {
-        const int n = fw_buckets[i] < B ? fw_buckets[i] : B;
-        /* n padding-only sequences (the pad page; validate() would refuse it from a caller) */
-        ms_batch bt = {n, n, tok, pos, start, ctx, slot, page, 1, ps, n, start};
-        for (int r = 0; r < 2 && !rc; r++) {
+    /* pass 0 runs every bucket once eagerly, so every scratch buffer reaches its largest size; pass 1
+     * records them all in the memory epoch that then stays (recording bucket by bucket would let a
+     * larger bucket's first run outdate the graphs recorded before it) */
+    for (int r = 0; r < 2 && !rc; r++)
+        for (size_t i = 0; i < sizeof fw_buckets / sizeof fw_buckets[0] && !rc; i++) {
+            const int n = fw_buckets[i] < B ? fw_buckets[i] : B;
+            /* n padding-only sequences (the pad page; validate() would refuse it from a caller) */
+            ms_batch bt = {n, n, tok, pos, start, ctx, slot, page, 1, ps, n, start};
             int done = 0;
             rc = run_graph(f, &bt, NULL, &done, err);
+            if (fw_buckets[i] >= B) break;
         }
-        if (fw_buckets[i] >= B) break;
-    }
-    /* count what is still valid: a later bucket's first run may have grown a scratch buffer and
-     * outdated the graphs recorded before it (they are recorded again on first use) */
     const uint64_t ep = f->b->ops->mem_epoch(f->b);
     for (int g = 0; !rc && g < f->n_graphs; g++) *n_recorded += f->graphs[g].exec != NULL && f->graphs[g].epoch == ep;
     free(a);

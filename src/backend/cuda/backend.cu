@@ -5,10 +5,6 @@
  * attention.cu, quantized kernels in quant.cu and gemv_mma.cu. */
 #include "backend/cuda/cuda_internal.cuh"
 
-extern "C" {
-#include "core/log.h"
-}
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -502,11 +498,7 @@ done:
  * rows) instead of a bf16 copy of the weights through cuBLASLt (MS_CU_GEMV_MAX_T, read once;
  * default 16). */
 static int cu_gemv_max_t(void) {
-    static const int v = []() {
-        const char *e = getenv("MS_CU_GEMV_MAX_T");
-        int t = e && *e ? atoi(e) : 16;
-        return t >= 0 && t <= 4096 ? t : 16;
-    }();
+    static const int v = cu_env_int("MS_CU_GEMV_MAX_T", 16, 0, 4096);
     return v;
 }
 #define CU_GEMV_MAX_T cu_gemv_max_t()
@@ -515,17 +507,7 @@ static int cu_gemv_max_t(void) {
  * MS_CU_BF16_GEMV_MAX_T (read once; default 0 = always cuBLASLt, which measured 10-15% faster than
  * gemv_mma for the GLM-4.5-Air projections and lm_head at one row on the H200: bench/NOTES.md). */
 static int cu_bf16_gemv_max_t(void) {
-    static const int v = []() {
-        const char *e = getenv("MS_CU_BF16_GEMV_MAX_T");
-        if (!e || !*e) return 0;
-        char *end = NULL;
-        long t = strtol(e, &end, 10);
-        if (*end || t < 0 || t > 1 << 20) {
-            MS_LOGW("MS_CU_BF16_GEMV_MAX_T=%s is not a row count: using 0", e);
-            return 0;
-        }
-        return (int)t;
-    }();
+    static const int v = cu_env_int("MS_CU_BF16_GEMV_MAX_T", 0, 0, 1 << 20);
     return v;
 }
 

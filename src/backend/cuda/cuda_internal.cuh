@@ -22,6 +22,8 @@ extern "C" {
 
 typedef __nv_bfloat16 bf16;
 
+#include "backend/cuda/grouped_call.cuh"
+
 /* Every CUDA runtime call goes through CK: failure returns an ms_err naming the call and place. */
 #define CK(call)                                                                                  \
     do {                                                                                          \
@@ -82,16 +84,6 @@ typedef struct cu_impl {
 
 static inline cu_impl *cu_of(const ms_backend *b) { return (cu_impl *)b->impl; }
 
-/* Device form of one weight matrix in its checkpoint format (all pointers device memory). */
-typedef struct cu_wdesc {
-    const void *w;
-    const void *scale;
-    float scale2;
-    int fmt;      /* ms_wfmt */
-    int dtype;    /* w dtype when PLAIN (BF16 or F32 after placement) */
-    int n, k;     /* rows (out features), cols (in features) */
-    int scale_ld; /* FP8: scale row length ceil(K/128); NVFP4: K/16 */
-} cu_wdesc;
 
 /* What place_linear stores in W->prepared. */
 typedef struct cu_linear_prep {

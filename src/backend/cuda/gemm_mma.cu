@@ -53,16 +53,8 @@ static size_t gm_smem_bytes(int fmt) {
     return (size_t)GM_A_STAGES * GM_A_STAGE + (size_t)(fmt == 0 ? 3 : 2) * GM_B_STAGE;
 }
 
-struct gm_args {
-    const cu_wdesc *W0, *W1;
-    int n_groups;
-    const int32_t *tile_off, *row_off, *row_cnt;
-    const bf16 *x;
-    void *y;
-    int y_type;
+struct gm_args : cu_gg_call {
     int pair_st; /* y takes 2-element stores (F32/BF16, even ldy, aligned base) */
-    int64_t ldy;
-    int N, K;
 };
 
 /* ---- exact decoders (bf16 pairs, lower k in the low half) ---- */
@@ -398,19 +390,8 @@ int cu_gemm_grouped_mma(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_
     if (cu_of(b)->max_smem_optin <= 0 || (size_t)cu_of(b)->max_smem_optin < smem + 256) return MS_OK;
 
     gm_args a;
-    memset(&a, 0, sizeof a);
-    a.W0 = W0_d;
-    a.W1 = W1_d ? W1_d : W0_d;
-    a.n_groups = n_groups;
-    a.tile_off = tile_off_d;
-    a.row_off = row_off_d;
-    a.row_cnt = row_cnt_d;
-    a.x = x;
-    a.y = y;
-    a.y_type = mode == 1 ? MS_BF16 : y_type;
-    a.ldy = ldy;
-    a.N = N;
-    a.K = K;
+    static_cast<cu_gg_call &>(a) = cu_gg_call_make(W0_d, W1_d ? W1_d : W0_d, w_host, n_groups, tile_off_d, row_off_d,
+                                                   row_cnt_d, x, y, mode == 1 ? MS_BF16 : y_type, ldy);
     const size_t ysz = a.y_type == MS_F32 ? 4 : 2;
     a.pair_st = (a.y_type == MS_F32 || a.y_type == MS_BF16) && ldy % 2 == 0 && ((uintptr_t)y % (2 * ysz)) == 0;
     dim3 grid(cu_blocks(N, mode == 1 ? GM_BR / 2 : GM_BR), max_tiles);

@@ -94,17 +94,9 @@ __device__ __forceinline__ uint32_t gm_fp4_scale(uint32_t byte) {
 
 /* ---- kernel ---- */
 
-struct gm_args {
-    const cu_wdesc *W0, *W1;
-    cu_wdesc w0, w1;   /* single-group form (w1: up in mode 1) */
+struct gm_args : cu_gemv_call {
+    cu_wdesc w1;       /* single-group form of up (mode 1) */
     const float *bias; /* single group, mode 0: y += bias[n] (F32 [N]) or NULL */
-    const int32_t *n_active, *group_w, *row_off, *row_cnt, *row_idx;
-    int rows_total;
-    const bf16 *x;
-    void *y;
-    int y_type;
-    int64_t ldy;
-    int N, K;
     /* warps per block = rw * S * ksplit: rw m-tiles, each computed by S (gate/up) x ksplit (K share)
      * warps whose fp32 partials meet in shared memory */
     int ksplit, rw;
@@ -403,11 +395,7 @@ static int gm_enabled(void) {
 
 /* Warps per SM the launch aims at by splitting K (MS_CU_GEMV_WARPS_PER_SM, read once; default 48). */
 static int gm_warps_per_sm(void) {
-    static const int v = []() {
-        const char *e = getenv("MS_CU_GEMV_WARPS_PER_SM");
-        int t = e && *e ? atoi(e) : 48;
-        return t >= 1 && t <= 256 ? t : 48;
-    }();
+    static const int v = cu_env_int("MS_CU_GEMV_WARPS_PER_SM", 48, 1, 256);
     return v;
 }
 
@@ -468,23 +456,10 @@ int cu_gemv_mma_ex(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc
     MS_ASSERT(f >= 0);
     gm_args a;
     memset(&a, 0, sizeof a);
-    a.W0 = W0_d;
-    a.W1 = W1_d;
-    a.w0 = *w_host;
+    static_cast<cu_gemv_call &>(a) = cu_gemv_call_make(W0_d, W1_d, w_host, n_active_d, group_w_d, row_off_d,
+                                                       row_cnt_d, row_idx_d, rows_total, x, y, y_type, ldy);
     a.w1 = w1_host ? *w1_host : *w_host;
     a.bias = bias_d;
-    a.n_active = n_active_d;
-    a.group_w = group_w_d;
-    a.row_off = row_off_d;
-    a.row_cnt = row_cnt_d;
-    a.row_idx = row_idx_d;
-    a.rows_total = rows_total;
-    a.x = x;
-    a.y = y;
-    a.y_type = y_type;
-    a.ldy = ldy;
-    a.N = w_host->n;
-    a.K = w_host->k;
 
     const int hint = rows_total > 0 ? rows_total : 8;
     int nt;

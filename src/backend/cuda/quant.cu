@@ -35,17 +35,7 @@ __device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 
 
 /* ---- grouped GEMV (decode) ---- */
 
-struct gv_args {
-    const cu_wdesc *W0, *W1;
-    cu_wdesc w0; /* single-group form */
-    const int32_t *n_active, *group_w, *row_off, *row_cnt, *row_idx;
-    int rows_total;
-    const bf16 *x;
-    void *y;
-    int y_type;
-    int64_t ldy;
-    int N, K;
-};
+typedef cu_gemv_call gv_args;
 
 #define GV_WARPS 8
 #define GV_RPW 4 /* rows per warp */
@@ -435,23 +425,8 @@ int cu_gemv_grouped(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdes
     if (cu_gemv_mma_usable(b, w_host, x, W0_d == NULL))
         return cu_gemv_mma(b, mode, W0_d, W1_d, w_host, n_groups, n_active_d, group_w_d, row_off_d, row_cnt_d,
                            row_idx_d, rows_total, x, y, y_type, ldy, err);
-    gv_args a;
-    memset(&a, 0, sizeof a);
-    a.W0 = W0_d;
-    a.W1 = W1_d;
-    a.w0 = *w_host;
-    a.n_active = n_active_d;
-    a.group_w = group_w_d;
-    a.row_off = row_off_d;
-    a.row_cnt = row_cnt_d;
-    a.row_idx = row_idx_d;
-    a.rows_total = rows_total;
-    a.x = x;
-    a.y = y;
-    a.y_type = y_type;
-    a.ldy = ldy;
-    a.N = w_host->n;
-    a.K = w_host->k;
+    gv_args a = cu_gemv_call_make(W0_d, W1_d, w_host, n_active_d, group_w_d, row_off_d, row_cnt_d, row_idx_d,
+                                  rows_total, x, y, y_type, ldy);
     MS_ASSERT(mode == 0 || W0_d); /* gate/up fusion needs the device tables */
     cudaStream_t st = cu_of(b)->stream;
     int f = gv_fmt(w_host);
@@ -502,15 +477,8 @@ using namespace nvcuda;
 #define GG_LDS (GG_BK + 8)
 #define GG_LDC (GG_BN + 4)
 
-struct gg_args {
-    const cu_wdesc *W0, *W1;
-    int n_groups;
-    const int32_t *tile_off, *row_off, *row_cnt;
-    const bf16 *x;
-    void *y;
-    int y_type;
-    int64_t ldy;
-    int N, K, vec; /* vec: K % 32 == 0 and format-aligned: vector tile loads */
+struct gg_args : cu_gg_call {
+    int vec; /* K % 32 == 0 and format-aligned: vector tile loads */
 };
 
 /* Loads the W tile rows [n0, n0+64) x cols [k0, k0+32) into Bs as bf16 (0 outside). */
@@ -668,19 +636,8 @@ int cu_gemm_grouped(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdes
                                y, y_type, ldy, &launched, err));
     if (launched) return MS_OK;
     gg_args a;
-    memset(&a, 0, sizeof a);
-    a.W0 = W0_d;
-    a.W1 = W1_d;
-    a.n_groups = n_groups;
-    a.tile_off = tile_off_d;
-    a.row_off = row_off_d;
-    a.row_cnt = row_cnt_d;
-    a.x = x;
-    a.y = y;
-    a.y_type = y_type;
-    a.ldy = ldy;
-    a.N = w_host->n;
-    a.K = w_host->k;
+    static_cast<cu_gg_call &>(a) =
+        cu_gg_call_make(W0_d, W1_d, w_host, n_groups, tile_off_d, row_off_d, row_cnt_d, x, y, y_type, ldy);
     a.vec = (a.K % GG_BK == 0) &&
             ((w_host->fmt == MS_WFMT_PLAIN && w_host->dtype == MS_BF16) || w_host->fmt == MS_WFMT_FP8 ||
              w_host->fmt == MS_WFMT_NVFP4);

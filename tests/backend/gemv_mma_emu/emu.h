@@ -53,7 +53,7 @@ static inline void cu_st(void *p, int dt, size_t i, float v) {
     else if (dt == MS_BF16) ((uint16_t *)p)[i] = ms_f32_to_bf16(v);
     else abort();
 }
-typedef struct cu_wdesc { const void *w; const void *scale; float scale2; int fmt; int dtype; int n, k; int scale_ld; } cu_wdesc;
+#include "backend/cuda/grouped_call.cuh" /* cu_wdesc and the call description, as on the GPU */
 typedef int cudaError_t; enum { cudaSuccess = 0, cudaErrorInvalidValue = 1 }; typedef void *cudaStream_t;
 enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 template <class F> static cudaError_t cudaFuncSetAttribute(F, int, int) { return 0; }
