@@ -2,7 +2,7 @@
  *
  * A backend owns a memory space (host for "cpu", one GPU for "cuda") and a stream of ops on it.
  * Ops may run asynchronously (CUDA); sync() waits. All tensors are contiguous views in the
- * backend's memory (model/tensor.h). Activations use the backend's act_dtype (F32 on the CPU, BF16
+ * backend's memory (core/tensor.h). Activations use the backend's act_dtype (F32 on the CPU, BF16
  * on CUDA) unless an op says otherwise; reductions accumulate in float32 everywhere.
  *
  * Shapes below use T = tokens in the step, H = hidden size, nh = heads, d = head dim. Every op
@@ -12,8 +12,8 @@
 #define MS_BACKEND_BACKEND_H
 
 #include "core/status.h"
-#include "model/batch.h"
-#include "model/tensor.h"
+#include "core/batch.h"
+#include "core/tensor.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -8,7 +8,7 @@
 #define MS_ENGINE_ENGINE_H
 
 #include "core/status.h"
-#include "model/batch.h"
+#include "core/batch.h"
 
 #include <stdint.h>
 

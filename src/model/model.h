@@ -10,9 +10,9 @@
 
 #include "backend/backend.h"
 #include "core/status.h"
-#include "model/batch.h"
+#include "core/batch.h"
 #include "model/config.h"
-#include "model/tensor.h"
+#include "core/tensor.h"
 #include "moe/moe.h"
 
 typedef struct ms_layer {

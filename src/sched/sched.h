@@ -18,7 +18,7 @@
 #include "core/status.h"
 #include "kv/kv_pool.h"
 #include "kv/radix.h"
-#include "model/batch.h"
+#include "core/batch.h"
 #include "sched/request.h"
 
 #include <stdint.h>

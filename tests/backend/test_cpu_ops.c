@@ -2,7 +2,7 @@
  * inputs, with odd shapes (tails of the AVX loops, row blocks, token blocks on both sides of the
  * fused/sgemm switch), all three weight formats, paged caches with scattered pages, several
  * sequences per batch, grouped routing and sparse (top-k) MLA attention. The weight formats are
- * decoded by ms_linear_dequant_row (model/tensor.c), the format definition the kernels must match. */
+ * decoded by ms_linear_dequant_row (core/tensor.c), the format definition the kernels must match. */
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "test.h"

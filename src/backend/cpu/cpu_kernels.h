@@ -3,12 +3,12 @@
  *
  * Every function here runs on the calling thread only; parallelism is the caller's business (it
  * splits rows/tokens over the pool and passes each worker its own scratch). Weights are read in
- * their stored format (model/tensor.h): plain F32/F16/BF16, FP8 block-scaled, NVFP4. */
+ * their stored format (core/tensor.h): plain F32/F16/BF16, FP8 block-scaled, NVFP4. */
 #ifndef MS_BACKEND_CPU_KERNELS_H
 #define MS_BACKEND_CPU_KERNELS_H
 
 #include "core/threads.h"
-#include "model/tensor.h"
+#include "core/tensor.h"
 
 #include <stddef.h>
 #include <immintrin.h>

@@ -10,7 +10,7 @@ extern "C" {
 #include "backend/cuda/backend_cuda.h"
 #include "core/dtype.h"
 #include "core/status.h"
-#include "model/tensor.h"
+#include "core/tensor.h"
 }
 #undef _Noreturn
 

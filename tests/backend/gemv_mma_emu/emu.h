@@ -24,7 +24,7 @@ extern "C" {
 #include "core/dtype.h"
 #include "core/status.h"
 #include "core/log.h"
-#include "model/tensor.h"
+#include "core/tensor.h"
 #undef _Noreturn
 }
 #define __global__

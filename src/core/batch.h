@@ -9,8 +9,8 @@
  * in position order; entries past its used pages are unspecified.
  *
  * All arrays are host memory owned by the caller (the scheduler) and valid during the forward. */
-#ifndef MS_MODEL_BATCH_H
-#define MS_MODEL_BATCH_H
+#ifndef MS_CORE_BATCH_H
+#define MS_CORE_BATCH_H
 
 #include <stdint.h>
 

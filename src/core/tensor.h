@@ -5,8 +5,8 @@
  * or the backend allocator does. An ms_linear is one weight matrix W [n_out, n_in] (y = x·Wᵀ + b)
  * kept in its checkpoint format; what each format means is defined in core/dtype.h and
  * reference/glm5-spec.md section 4. */
-#ifndef MS_MODEL_TENSOR_H
-#define MS_MODEL_TENSOR_H
+#ifndef MS_CORE_TENSOR_H
+#define MS_CORE_TENSOR_H
 
 #include "core/dtype.h"
 

@@ -1,5 +1,5 @@
 /* tensor.c - tensor view helpers and the reference dequantization of one weight row. */
-#include "model/tensor.h"
+#include "core/tensor.h"
 
 #include "core/status.h"
 
