@@ -11,6 +11,7 @@
  * device-independent. --profile adds a per-section breakdown of a few extra decode steps. */
 #include "common/args.h"
 #include "common/model_args.h"
+#include "model/arch.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "core/fileutil.h"
 #include "core/log.h"
@@ -122,14 +123,7 @@ static void model_weights(const ms_model *m, weight_model *w) {
 static double kv_read_bytes(const ms_model *m, const ms_backend *b, int ctx) {
     const ms_config *c = &m->cfg;
     double es = (double)ms_dtype_size(b->act_dtype), n = 0;
-    for (int L = 0; L < c->num_layers; L++) {
-        if (c->arch == MS_ARCH_GLM4_MOE) n += 2.0 * c->num_kv_heads * c->head_dim * es * ctx;
-        else {
-            int keys = ctx < c->index_topk ? ctx : c->index_topk;
-            n += (double)(c->kv_lora_rank + c->qk_rope_head_dim) * es * keys;
-            if (c->indexer_full[L] && ctx > c->index_topk) n += (double)c->index_head_dim * es * ctx;
-        }
-    }
+    for (int L = 0; L < c->num_layers; L++) n += c->arch->kv_read_bytes(c, L, ctx, es);
     return n;
 }
 
@@ -141,14 +135,7 @@ static double prefill_flops(const ms_model *m, const weight_model *w, int P) {
     for (int L = 0; L < c->num_layers; L++) n_moe += m->layers[L].is_moe;
     per_tok += 2.0 * n_moe * c->num_experts_per_tok * w->p_expert;
     double attn = 0, avg_ctx = (P + 1) / 2.0;
-    for (int L = 0; L < c->num_layers; L++) {
-        if (c->arch == MS_ARCH_GLM4_MOE) attn += 4.0 * c->num_heads * c->head_dim * avg_ctx;
-        else {
-            double keys = avg_ctx < c->index_topk ? avg_ctx : c->index_topk;
-            attn += 2.0 * c->num_heads * (2.0 * c->kv_lora_rank + c->qk_rope_head_dim) * keys;
-            if (c->indexer_full[L] && P > c->index_topk) attn += 2.0 * c->index_n_heads * c->index_head_dim * avg_ctx;
-        }
-    }
+    for (int L = 0; L < c->num_layers; L++) attn += c->arch->attn_flops(c, L, avg_ctx, P);
     return (per_tok + attn) * P + 2.0 * w->p_lm;
 }
 
@@ -177,14 +164,7 @@ static int64_t pages_needed(int B, int ctx, int ps) {
 static double attn_flops_tok(const ms_model *m, int ctx) {
     const ms_config *c = &m->cfg;
     double f = 0;
-    for (int L = 0; L < c->num_layers; L++) {
-        if (c->arch == MS_ARCH_GLM4_MOE) f += 4.0 * c->num_heads * c->head_dim * ctx;
-        else {
-            double keys = ctx < c->index_topk ? ctx : c->index_topk;
-            f += 2.0 * c->num_heads * (2.0 * c->kv_lora_rank + c->qk_rope_head_dim) * keys;
-            if (c->indexer_full[L] && ctx > c->index_topk) f += 2.0 * c->index_n_heads * c->index_head_dim * ctx;
-        }
-    }
+    for (int L = 0; L < c->num_layers; L++) f += c->arch->attn_flops(c, L, ctx, 0);
     return f;
 }
 

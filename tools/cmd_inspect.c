@@ -5,6 +5,7 @@
  * the quantization declaration. It runs the real loader (every check included), so a checkpoint
  * that inspects cleanly loads cleanly; a bad one fails with the loader's one-line error. */
 #include "common/args.h"
+#include "model/arch.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 
@@ -32,25 +33,13 @@ static const char *algo_str(const ms_quant_decl *q) {
 
 static void print_model(const ms_model *m, const ms_quant_decl *q) {
     const ms_config *c = &m->cfg;
-    int n_moe = 0, n_full = 0;
-    for (int i = 0; i < c->num_layers; i++) {
-        n_moe += c->layer_is_moe[i];
-        n_full += c->indexer_full[i];
-    }
+    int n_moe = 0;
+    for (int i = 0; i < c->num_layers; i++) n_moe += c->layer_is_moe[i];
     printf("model:         %s\n", m->dir);
     printf("architecture:  %s, %d decoder layers (%d dense, %d MoE), hidden %d, vocab %d\n", c->model_type, c->num_layers,
            c->num_layers - n_moe, n_moe, c->hidden_size, c->vocab_size);
-    if (c->arch == MS_ARCH_GLM_MOE_DSA) {
-        printf("attention:     MLA, %d heads, q_lora %d, kv_lora %d, qk %d+%d (rope), v %d, rope theta %g%s\n", c->num_heads,
-               c->q_lora_rank, c->kv_lora_rank, c->qk_nope_head_dim, c->qk_rope_head_dim, c->v_head_dim, c->rope_theta,
-               c->rope_interleave ? " interleaved" : "");
-        printf("indexer:       %d heads x %d, top-k %d; %d full layers, %d shared\n", c->index_n_heads, c->index_head_dim,
-               c->index_topk, n_full, c->num_layers - n_full);
-    } else {
-        printf("attention:     GQA, %d heads / %d kv heads, head dim %d (rotary %d), rope theta %g%s%s\n", c->num_heads,
-               c->num_kv_heads, c->head_dim, c->rotary_dim, c->rope_theta, c->use_qk_norm ? ", qk-norm" : "",
-               c->attention_bias ? ", qkv bias" : "");
-    }
+    fflush(stdout);
+    c->arch->describe(c, stdout);
     if (n_moe)
         printf("moe:           %d routed experts (top %d, groups %d/%d), %d shared, width %d, scaling %g\n", c->n_routed_experts,
                c->num_experts_per_tok, c->n_group, c->topk_group, c->n_shared_experts, c->moe_intermediate_size,

@@ -92,6 +92,16 @@ typedef struct ms_backend_ops {
     /* x [T, nh, d] rotated in place at positions pos_d[T]. */
     int (*rope)(ms_backend *b, ms_tensor *x, const int32_t *pos_d, const ms_rope_cfg *rc, ms_err *err);
 
+    /* Vocabulary-parallel embedding (tensor parallelism): the table holds rows [v0, v0 + rows) of the
+     * vocabulary; out[t,:] = table[ids_d[t] - v0,:] for ids in that range and 0 for the others (another
+     * rank contributes them; the forward sums over ranks). Ids outside [0, vocab) are the caller's
+     * to refuse. Optional (NULL: the backend cannot take a split model). */
+    int (*embed_part)(ms_backend *b, const ms_tensor *table, const int32_t *ids_d, int n, int64_t v0, ms_tensor *out,
+                      ms_err *err);
+    /* Expert parallelism: ids_d[i] becomes ids_d[i] - lo when lo <= ids_d[i] < lo + count, else -1 (an
+     * expert another rank holds), for i < n. Optional, as embed_part. */
+    int (*remap_ids)(ms_backend *b, int32_t *ids_d, int64_t n, int lo, int count, ms_err *err);
+
     /* ---- GEMM ---- */
     /* y [T,N] = x [T,K] · Wᵀ (+ bias). y may be act_dtype or F32. Any weight format. */
     int (*linear)(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_tensor *y, ms_err *err);
@@ -157,6 +167,17 @@ typedef struct ms_backend_ops {
     /* Changes whenever the backend's internal buffers (scratch, workspaces) move; a graph recorded at
      * another epoch may point at freed memory and must not be launched. */
     uint64_t (*mem_epoch)(const ms_backend *b);
+
+    /* ---- weights generated in backend memory, device facts (optional; NULL: the host does it) ---- */
+    /* --load-format dummy without a host copy: allocates t->data (t's dtype F32/BF16 and shape set)
+     * and fills it with offset + amp * U(-1,1) seeded by seed; released by unplace_tensor. */
+    int (*dummy_tensor)(ms_backend *b, ms_tensor *t, float offset, float amp, uint64_t seed, ms_err *err);
+    /* Makes W (name, fmt, n_out, n_in set) a placed weight of seeded random values in its own format,
+     * dequantized variance about 1/n_in (as model/dummy.c), with an F32 bias when with_bias; released
+     * by unplace_linear. */
+    int (*dummy_linear)(ms_backend *b, ms_linear *W, int with_bias, uint64_t seed, ms_err *err);
+    /* Refreshes b->gpu (name, compute capability, memory total and free now). */
+    int (*device_info)(ms_backend *b, ms_err *err);
 } ms_backend_ops;
 
 typedef struct ms_gpu_info {

@@ -10,9 +10,6 @@
 
 #include "core/fileutil.h"
 #include "core/log.h"
-#ifdef MS_HAVE_CUDA
-#include "backend/cuda/backend_cuda.h"
-#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,12 +112,10 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
     }
     if (!rc) rc = ms_model_load(o->model_path, &lo, &x->m, err);
     if (!rc) rc = ms_model_place(x->m, x->b, err);
-#ifdef MS_HAVE_CUDA
     /* KV sizing needs the free memory after the weights are in (the backend's figure is from its
      * creation) */
-    if (!rc && !strcmp(x->b->name, "cuda")) rc = x->b->ops->sync(x->b, err);
-    if (!rc && !strcmp(x->b->name, "cuda")) rc = ms_cuda_device_info(x->b->device, &x->b->gpu, err);
-#endif
+    if (!rc && x->b->ops->device_info) rc = x->b->ops->sync(x->b, err);
+    if (!rc && x->b->ops->device_info) rc = x->b->ops->device_info(x->b, err);
     const int page_size = o->page_size > 0 ? o->page_size : 16;
     const int max_batch = o->max_batch_tokens > 0 ? o->max_batch_tokens : 8192;
     int64_t total = 0;

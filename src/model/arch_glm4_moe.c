@@ -1,17 +1,66 @@
-/* arch_glm4_moe.c - attention of glm4_moe (GLM-4.5/4.6/4.7): grouped-query attention with q/k/v
+/* arch_glm4_moe.c - the glm4_moe table (GLM-4.5/4.6/4.7): grouped-query attention with q/k/v
  * bias, optional per-head RMSNorm of q and k (before RoPE), NeoX RoPE on the first rotary_dim dims
- * of each head, paged K/V cache per layer (spec 1.3). */
+ * of each head, paged K/V cache per layer (spec 1.3).
+ *
+ * Tensor parallelism splits the heads: q/k/v projections by output rows (whole heads, so q/k norm
+ * and RoPE need nothing from other ranks), o_proj by input columns; each rank caches only its KV
+ * heads, and the partial o_proj outputs are summed by the forward's all-reduce. */
+#include "model/arch.h"
+#include "model/config_internal.h"
 #include "model/forward_internal.h"
+#include "model/loader_internal.h"
 
 #include <math.h>
 
-int fw_alloc_glm4(ms_forward *f, ms_err *err) {
+static int parse_config(ms_cfg_reader *c, ms_config *cfg) {
+    json_t *r = c->root;
+    if (cfg->num_heads % cfg->num_kv_heads) return ms_cfg_bad(c, "num_key_value_heads", "must divide num_attention_heads");
+    MS_TRY(ms_cfg_int(c, r, "head_dim", cfg->hidden_size / cfg->num_heads, 2, &cfg->head_dim));
+    double prf = c->prf_present ? c->partial_rotary_factor : 0.5; /* Glm4MoeConfig default */
+    if (prf > 1.0) return ms_cfg_bad(c, "partial_rotary_factor", "must be at most 1");
+    double rd = cfg->head_dim * prf;
+    cfg->rotary_dim = (int)rd;
+    if (rd != cfg->rotary_dim || cfg->rotary_dim % 2 || cfg->rotary_dim <= 0)
+        return ms_cfg_bad(c, "partial_rotary_factor", "times head_dim must give an even positive rotary dimension");
+    MS_TRY(ms_cfg_bool(c, r, "use_qk_norm", 0, &cfg->use_qk_norm));
+    cfg->rope_interleave = 0;
+    return MS_OK;
+}
+
+static int check_tp(const ms_config *c, int tp, ms_err *err) {
+    if (c->num_heads % tp)
+        return ms_errf(err, MS_ERR_INVALID, "--tp %d does not divide num_attention_heads (%d) of the %s config", tp,
+                       c->num_heads, c->model_type);
+    if (c->num_kv_heads % tp)
+        return ms_errf(err, MS_ERR_INVALID, "--tp %d does not divide num_key_value_heads (%d) of the %s config", tp,
+                       c->num_kv_heads, c->model_type);
+    return MS_OK;
+}
+
+static int load_layer(ms_load_ctx *c, int L, ms_layer *ly) {
+    const ms_config *cfg = ms_ld_config(c);
+    const int64_t H = cfg->hidden_size, nh = cfg->num_heads, hd = cfg->head_dim, nkv = cfg->num_kv_heads;
+    const int bias = cfg->attention_bias ? 2 : 1;
+    char nm[256];
+#define NM(suffix) (snprintf(nm, sizeof nm, "model.layers.%d.self_attn.%s", L, suffix), nm)
+    MS_TRY(ms_ld_linear(c, NM("q_proj"), nh * hd, H, MS_GROUP_ATTN, bias, MS_SPLIT_OUT, &ly->q_proj));
+    MS_TRY(ms_ld_linear(c, NM("k_proj"), nkv * hd, H, MS_GROUP_ATTN, bias, MS_SPLIT_OUT, &ly->k_proj));
+    MS_TRY(ms_ld_linear(c, NM("v_proj"), nkv * hd, H, MS_GROUP_ATTN, bias, MS_SPLIT_OUT, &ly->v_proj));
+    MS_TRY(ms_ld_linear(c, NM("o_proj"), H, nh * hd, MS_GROUP_ATTN, 0, MS_SPLIT_IN, &ly->o_proj));
+    MS_TRY(ms_ld_tensor1(c, NM("q_norm.weight"), hd, cfg->use_qk_norm, MS_GROUP_ATTN, MS_DUMMY_NORM, &ly->q_norm));
+    MS_TRY(ms_ld_tensor1(c, NM("k_norm.weight"), hd, cfg->use_qk_norm, MS_GROUP_ATTN, MS_DUMMY_NORM, &ly->k_norm));
+#undef NM
+    return MS_OK;
+}
+
+static int alloc(ms_forward *f, ms_err *err) {
     const ms_config *c = &f->m->cfg;
-    const int T = f->max_tokens, nh = c->num_heads, nkv = c->num_kv_heads, d = c->head_dim;
+    const int tp = f->m->shard.tp_size;
+    const int T = f->max_tokens, nh = c->num_heads / tp, nkv = c->num_kv_heads / tp, d = c->head_dim;
     const ms_dtype ad = f->b->act_dtype;
     if (nh < 1 || nkv < 1 || nh % nkv || d < 1 || c->rotary_dim < 0 || c->rotary_dim > d || c->rotary_dim % 2)
         return ms_errf(err, MS_ERR_FORMAT, "config: glm4_moe heads %d / kv heads %d / head_dim %d / rotary dim %d do not fit",
-                       nh, nkv, d, c->rotary_dim);
+                       c->num_heads, c->num_kv_heads, d, c->rotary_dim);
     int64_t s[2] = {T, (int64_t)nh * d}, skv[2] = {T, (int64_t)nkv * d};
     MS_TRY(ms_backend_alloc(f->b, &f->q, ad, 2, s, err));
     MS_TRY(ms_backend_alloc(f->b, &f->attn, ad, 2, s, err));
@@ -25,12 +74,13 @@ int fw_alloc_glm4(ms_forward *f, ms_err *err) {
     return MS_OK;
 }
 
-int fw_attn_glm4(ms_forward *f, int L, int T, ms_err *err) {
+static int attention(ms_forward *f, int L, int T, ms_err *err) {
     const ms_config *c = &f->m->cfg;
     const ms_layer *l = &f->m->layers[L];
     const ms_backend_ops *op = f->b->ops;
     ms_backend *b = f->b;
-    const int H = c->hidden_size, nh = c->num_heads, nkv = c->num_kv_heads, d = c->head_dim;
+    const int tp = f->m->shard.tp_size;
+    const int H = c->hidden_size, nh = c->num_heads / tp, nkv = c->num_kv_heads / tp, d = c->head_dim;
     ms_tensor a = fw_view2(&f->a, T, H);
     ms_tensor q = fw_view2(&f->q, T, (int64_t)nh * d), k = fw_view2(&f->k, T, (int64_t)nkv * d),
               v = fw_view2(&f->v, T, (int64_t)nkv * d);
@@ -61,3 +111,35 @@ int fw_attn_glm4(ms_forward *f, int L, int T, ms_err *err) {
     FW_TRY_CHECK(f, &delta, "o_proj", err);
     return MS_OK;
 }
+
+static size_t kv_bytes_per_token(const ms_config *c, int L, size_t elem, int tp) {
+    return 2 * (size_t)(c->num_kv_heads / tp) * (size_t)c->head_dim * elem;
+}
+
+static double kv_read_bytes(const ms_config *c, int L, double ctx, double elem) {
+    return 2.0 * c->num_kv_heads * c->head_dim * elem * ctx;
+}
+
+static double attn_flops(const ms_config *c, int L, double ctx, int prefill_len) {
+    return 4.0 * c->num_heads * c->head_dim * ctx;
+}
+
+static void describe(const ms_config *c, FILE *out) {
+    fprintf(out, "attention:     GQA, %d heads / %d kv heads, head dim %d (rotary %d), rope theta %g%s%s\n", c->num_heads,
+            c->num_kv_heads, c->head_dim, c->rotary_dim, c->rope_theta, c->use_qk_norm ? ", qk-norm" : "",
+            c->attention_bias ? ", qkv bias" : "");
+}
+
+const ms_arch ms_arch_glm4_moe = {
+    .name = "glm4_moe",
+    .attention_kind = "GQA",
+    .parse_config = parse_config,
+    .check_tp = check_tp,
+    .load_layer = load_layer,
+    .alloc = alloc,
+    .attention = attention,
+    .kv_bytes_per_token = kv_bytes_per_token,
+    .kv_read_bytes = kv_read_bytes,
+    .attn_flops = attn_flops,
+    .describe = describe,
+};

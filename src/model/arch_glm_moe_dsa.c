@@ -1,16 +1,107 @@
-/* arch_glm_moe_dsa.c - attention of glm_moe_dsa (GLM-5): MLA in the weight-absorbed form over a
+/* arch_glm_moe_dsa.c - the glm_moe_dsa table (GLM-5): MLA in the weight-absorbed form over a
  * latent cache [c ; k_rope] per token per layer (spec 3.6, 3.12), with the DSA lightning indexer
  * (spec 3.8) choosing each query's top-k keys over its causal prefix. "Shared" indexer layers
  * (GLM-5.2 IndexShare) reuse the most recent full layer's selection. When no query sees more than
  * index_topk keys the selection is every causal key, so attention runs dense (same result, no
- * indexer scoring); the indexer keys are still cached for later steps. */
+ * indexer scoring); the indexer keys are still cached for later steps.
+ *
+ * Tensor parallelism splits the heads: q_b_proj and kv_b_proj by output rows (whole heads), o_proj
+ * by input columns. The latent projections, their norms and the indexer are replicated: every rank
+ * computes the same latent and the same key selection from the same (all-reduced) input, caches the
+ * whole latent, and attends with its own heads. */
+#include "model/arch.h"
+#include "model/config_internal.h"
 #include "model/forward_internal.h"
+#include "model/loader_internal.h"
 
 #include <math.h>
+#include <string.h>
 
-int fw_alloc_dsa(ms_forward *f, ms_err *err) {
+static int parse_config(ms_cfg_reader *c, ms_config *cfg) {
+    json_t *r = c->root;
+    /* MLA: head_dim in exported configs is unreliable (spec 1.1); derive from the MLA dims. */
+    if (!ms_cfg_get(r, "q_lora_rank"))
+        return ms_errf(c->err, MS_ERR_UNSUPPORTED, "%s: field 'q_lora_rank' is missing or null (MLA without a query LoRA is not supported)", c->path);
+    MS_TRY(ms_cfg_req_int(c, r, "q_lora_rank", &cfg->q_lora_rank));
+    MS_TRY(ms_cfg_req_int(c, r, "kv_lora_rank", &cfg->kv_lora_rank));
+    MS_TRY(ms_cfg_req_int(c, r, "qk_nope_head_dim", &cfg->qk_nope_head_dim));
+    MS_TRY(ms_cfg_req_int(c, r, "qk_rope_head_dim", &cfg->qk_rope_head_dim));
+    MS_TRY(ms_cfg_req_int(c, r, "v_head_dim", &cfg->v_head_dim));
+    if (cfg->qk_rope_head_dim % 2) return ms_cfg_bad(c, "qk_rope_head_dim", "must be even");
+    int qkh;
+    MS_TRY(ms_cfg_int(c, r, "qk_head_dim", cfg->qk_nope_head_dim + cfg->qk_rope_head_dim, 2, &qkh));
+    if (qkh != cfg->qk_nope_head_dim + cfg->qk_rope_head_dim)
+        return ms_cfg_bad(c, "qk_head_dim", "must equal qk_nope_head_dim + qk_rope_head_dim");
+    cfg->head_dim = qkh;
+    cfg->rotary_dim = cfg->qk_rope_head_dim;
+    MS_TRY(ms_cfg_bool(c, r, "rope_interleave", 1, &cfg->rope_interleave));
+    MS_TRY(ms_cfg_int(c, r, "index_topk", 2048, 2, &cfg->index_topk));
+    MS_TRY(ms_cfg_int(c, r, "index_n_heads", 32, 2, &cfg->index_n_heads));
+    MS_TRY(ms_cfg_int(c, r, "index_head_dim", 128, 2, &cfg->index_head_dim));
+    if (cfg->index_head_dim < cfg->qk_rope_head_dim)
+        return ms_cfg_bad(c, "index_head_dim", "must be at least qk_rope_head_dim (the indexer rotates that many dims)");
+    MS_TRY(ms_cfg_bool(c, r, "indexer_rope_interleave", 1, &cfg->indexer_rope_interleave));
+    json_t *it = ms_cfg_get(r, "indexer_types");
+    if (it) {
+        if (!json_is_array(it)) return ms_cfg_bad(c, "indexer_types", "must be a list");
+        if ((int)json_array_size(it) < cfg->num_layers) return ms_cfg_bad(c, "indexer_types", "has fewer entries than num_hidden_layers");
+        for (int i = 0; i < cfg->num_layers; i++) {
+            const char *s = json_string_value(json_array_get(it, (size_t)i));
+            if (!s || (strcmp(s, "full") && strcmp(s, "shared")))
+                return ms_cfg_bad(c, "indexer_types", "entries must be \"full\" or \"shared\"");
+            cfg->indexer_full[i] = !strcmp(s, "full");
+        }
+    } else {
+        int freq, off;
+        MS_TRY(ms_cfg_int(c, r, "index_topk_freq", 1, 2, &freq));
+        MS_TRY(ms_cfg_int(c, r, "index_skip_topk_offset", 2, 1, &off));
+        for (int i = 0; i < cfg->num_layers; i++) {
+            int x = i - off + 1;
+            if (x < 0) x = 0;
+            cfg->indexer_full[i] = x % freq == 0;
+        }
+    }
+    if (cfg->num_layers > 0 && !cfg->indexer_full[0])
+        return ms_cfg_bad(c, "indexer_types", "must make layer 0 \"full\" (a shared layer reuses an earlier full layer)");
+    return MS_OK;
+}
+
+static int check_tp(const ms_config *c, int tp, ms_err *err) {
+    if (c->num_heads % tp)
+        return ms_errf(err, MS_ERR_INVALID, "--tp %d does not divide num_attention_heads (%d) of the %s config", tp,
+                       c->num_heads, c->model_type);
+    return MS_OK;
+}
+
+static int load_layer(ms_load_ctx *c, int L, ms_layer *ly) {
+    const ms_config *cfg = ms_ld_config(c);
+    const int64_t H = cfg->hidden_size, nh = cfg->num_heads, rq = cfg->q_lora_rank, rkv = cfg->kv_lora_rank,
+                  dn = cfg->qk_nope_head_dim, dr = cfg->qk_rope_head_dim, dv = cfg->v_head_dim;
+    char nm[256];
+#define NM(suffix) (snprintf(nm, sizeof nm, "model.layers.%d.self_attn.%s", L, suffix), nm)
+    MS_TRY(ms_ld_linear(c, NM("q_a_proj"), rq, H, MS_GROUP_ATTN, 0, MS_SPLIT_NONE, &ly->q_a_proj));
+    MS_TRY(ms_ld_tensor1(c, NM("q_a_layernorm.weight"), rq, 1, MS_GROUP_ATTN, MS_DUMMY_NORM, &ly->q_a_norm));
+    MS_TRY(ms_ld_linear(c, NM("q_b_proj"), nh * (dn + dr), rq, MS_GROUP_ATTN, 0, MS_SPLIT_OUT, &ly->q_b_proj));
+    MS_TRY(ms_ld_linear(c, NM("kv_a_proj_with_mqa"), rkv + dr, H, MS_GROUP_ATTN, 0, MS_SPLIT_NONE, &ly->kv_a_proj));
+    MS_TRY(ms_ld_tensor1(c, NM("kv_a_layernorm.weight"), rkv, 1, MS_GROUP_ATTN, MS_DUMMY_NORM, &ly->kv_a_norm));
+    MS_TRY(ms_ld_linear(c, NM("kv_b_proj"), nh * (dn + dv), rkv, MS_GROUP_ATTN, 0, MS_SPLIT_OUT, &ly->kv_b_proj));
+    MS_TRY(ms_ld_linear(c, NM("o_proj"), H, nh * dv, MS_GROUP_ATTN, 0, MS_SPLIT_IN, &ly->o_proj));
+    ly->has_indexer = cfg->indexer_full[L];
+    if (ly->has_indexer) {
+        int64_t nih = cfg->index_n_heads, dih = cfg->index_head_dim;
+        MS_TRY(ms_ld_linear(c, NM("indexer.wq_b"), nih * dih, rq, MS_GROUP_INDEXER, 0, MS_SPLIT_NONE, &ly->idx_wq_b));
+        MS_TRY(ms_ld_linear(c, NM("indexer.wk"), dih, H, MS_GROUP_INDEXER, 0, MS_SPLIT_NONE, &ly->idx_wk));
+        MS_TRY(ms_ld_tensor1(c, NM("indexer.k_norm.weight"), dih, 1, MS_GROUP_INDEXER, MS_DUMMY_NORM, &ly->idx_k_norm_w));
+        MS_TRY(ms_ld_tensor1(c, NM("indexer.k_norm.bias"), dih, 1, MS_GROUP_INDEXER, MS_DUMMY_BIAS, &ly->idx_k_norm_b));
+        MS_TRY(ms_ld_linear(c, NM("indexer.weights_proj"), nih, H, MS_GROUP_INDEXER, 0, MS_SPLIT_NONE, &ly->idx_wproj));
+    }
+#undef NM
+    return MS_OK;
+}
+
+static int alloc(ms_forward *f, ms_err *err) {
     const ms_config *c = &f->m->cfg;
-    const int T = f->max_tokens, nh = c->num_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
+    const int T = f->max_tokens, nh = c->num_heads / f->m->shard.tp_size, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
               dv = c->v_head_dim, kvl = c->kv_lora_rank, ql = c->q_lora_rank;
     const int nih = c->index_n_heads, di = c->index_head_dim;
     const ms_dtype ad = f->b->act_dtype;
@@ -73,12 +164,12 @@ static int indexer(ms_forward *f, int L, int T, const ms_tensor *cq, int dense, 
     return op->indexer_topk(b, &qI3, &iw, &f->vc[L], &f->meta, c->index_topk, f->topk.data, err);
 }
 
-int fw_attn_dsa(ms_forward *f, int L, int T, int *topk_valid, ms_err *err) {
+static int attention(ms_forward *f, int L, int T, ms_err *err) {
     const ms_config *c = &f->m->cfg;
     const ms_layer *l = &f->m->layers[L];
     const ms_backend_ops *op = f->b->ops;
     ms_backend *b = f->b;
-    const int H = c->hidden_size, nh = c->num_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
+    const int H = c->hidden_size, nh = c->num_heads / f->m->shard.tp_size, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
               dv = c->v_head_dim, kvl = c->kv_lora_rank, ql = c->q_lora_rank;
     ms_tensor a = fw_view2(&f->a, T, H);
     /* queries: cq = RMSNorm(a q_a^T); q = cq q_b^T, RoPE on each head's last dr dims */
@@ -109,10 +200,10 @@ int fw_attn_dsa(ms_forward *f, int L, int T, int *topk_valid, ms_err *err) {
     const int dense = f->meta.max_ctx <= c->index_topk;
     if (c->indexer_full[L]) {
         FW_PROF(f, "indexer (in attention)", indexer(f, L, T, &cq, dense, err), err);
-        *topk_valid = !dense;
+        f->topk_valid = !dense;
         if (!dense) MS_TRY(fw_decide_index(f, L, T, err));
     }
-    const int32_t *topk = *topk_valid ? f->topk.data : NULL;
+    const int32_t *topk = f->topk_valid ? f->topk.data : NULL;
     ms_tensor olat = fw_view3(&f->olat, T, nh, kvl);
     FW_PROF(f, "attn_kernel (in attention)",
             op->mla_attn(b, &qabs, &f->kc[L], &f->meta, topk, c->index_topk, kvl, 1.0f / sqrtf((float)(dn + dr)), &olat, err),
@@ -125,3 +216,49 @@ int fw_attn_dsa(ms_forward *f, int L, int T, int *topk_valid, ms_err *err) {
     FW_TRY_CHECK(f, &delta, "o_proj", err);
     return MS_OK;
 }
+
+static size_t kv_bytes_per_token(const ms_config *c, int L, size_t elem, int tp) {
+    size_t n = (size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * elem;
+    if (c->indexer_full[L]) n += (size_t)c->index_head_dim * elem;
+    return n;
+}
+
+static double kv_read_bytes(const ms_config *c, int L, double ctx, double elem) {
+    double keys = ctx < c->index_topk ? ctx : c->index_topk;
+    double n = (double)(c->kv_lora_rank + c->qk_rope_head_dim) * elem * keys;
+    if (c->indexer_full[L] && ctx > c->index_topk) n += (double)c->index_head_dim * elem * ctx;
+    return n;
+}
+
+static double attn_flops(const ms_config *c, int L, double ctx, int prefill_len) {
+    double keys = ctx < c->index_topk ? ctx : c->index_topk;
+    double f = 2.0 * c->num_heads * (2.0 * c->kv_lora_rank + c->qk_rope_head_dim) * keys;
+    /* the indexer scores every causal key once the step's longest context exceeds top-k */
+    int scored = prefill_len > 0 ? prefill_len > c->index_topk : ctx > c->index_topk;
+    if (c->indexer_full[L] && scored) f += 2.0 * c->index_n_heads * c->index_head_dim * ctx;
+    return f;
+}
+
+static void describe(const ms_config *c, FILE *out) {
+    int n_full = 0;
+    for (int i = 0; i < c->num_layers; i++) n_full += c->indexer_full[i];
+    fprintf(out, "attention:     MLA, %d heads, q_lora %d, kv_lora %d, qk %d+%d (rope), v %d, rope theta %g%s\n", c->num_heads,
+            c->q_lora_rank, c->kv_lora_rank, c->qk_nope_head_dim, c->qk_rope_head_dim, c->v_head_dim, c->rope_theta,
+            c->rope_interleave ? " interleaved" : "");
+    fprintf(out, "indexer:       %d heads x %d, top-k %d; %d full layers, %d shared\n", c->index_n_heads, c->index_head_dim,
+            c->index_topk, n_full, c->num_layers - n_full);
+}
+
+const ms_arch ms_arch_glm_moe_dsa = {
+    .name = "glm_moe_dsa",
+    .attention_kind = "MLA + DSA indexer",
+    .parse_config = parse_config,
+    .check_tp = check_tp,
+    .load_layer = load_layer,
+    .alloc = alloc,
+    .attention = attention,
+    .kv_bytes_per_token = kv_bytes_per_token,
+    .kv_read_bytes = kv_read_bytes,
+    .attn_flops = attn_flops,
+    .describe = describe,
+};

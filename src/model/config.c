@@ -8,12 +8,16 @@
  * fails with the field named. */
 #include "model/config.h"
 
+#include "model/arch.h"
+#include "model/config_internal.h"
+
 #include "core/fileutil.h"
 
 #include <ctype.h>
 #include <fnmatch.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,96 +25,102 @@
 
 #define CFG_MAX_BYTES (16u << 20)
 
-const char *ms_config_supported_types(void) { return "glm4_moe, glm_moe_dsa"; }
+static char supported_list[256];
+static void make_supported_list(void) {
+    size_t o = 0;
+    for (const ms_arch *const *a = ms_arch_all(); *a && o < sizeof supported_list; a++)
+        o += (size_t)snprintf(supported_list + o, sizeof supported_list - o, "%s%s", o ? ", " : "", (*a)->name);
+}
 
-typedef struct pctx {
-    const char *path;
-    ms_err *err;
-    json_t *root;
-} pctx;
+const char *ms_config_supported_types(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, make_supported_list);
+    return supported_list;
+}
+
 
 /* A JSON value that is absent or null counts as absent. */
-static json_t *get(json_t *o, const char *key) {
+json_t *ms_cfg_get(json_t *o, const char *key) {
     json_t *v = json_is_object(o) ? json_object_get(o, key) : NULL;
     return json_is_null(v) ? NULL : v;
 }
 
-static int bad(pctx *c, const char *field, const char *what) {
+int ms_cfg_bad(ms_cfg_reader *c, const char *field, const char *what) {
     return ms_errf(c->err, MS_ERR_FORMAT, "%s: field '%s' %s", c->path, field, what);
 }
 
 /* Reads a number field. min_kind: 0 any finite, 1 >= 0, 2 > 0. */
-static int get_double(pctx *c, json_t *o, const char *key, double def, int min_kind, double *out) {
-    json_t *v = get(o, key);
+int ms_cfg_double(ms_cfg_reader *c, json_t *o, const char *key, double def, int min_kind, double *out) {
+    json_t *v = ms_cfg_get(o, key);
     if (!v) { *out = def; return MS_OK; }
-    if (!json_is_number(v)) return bad(c, key, "must be a number");
+    if (!json_is_number(v)) return ms_cfg_bad(c, key, "must be a number");
     double x = json_number_value(v);
-    if (!isfinite(x)) return bad(c, key, "must be a finite number");
-    if (min_kind == 1 && x < 0) return bad(c, key, "must not be negative");
-    if (min_kind == 2 && !(x > 0)) return bad(c, key, "must be positive");
+    if (!isfinite(x)) return ms_cfg_bad(c, key, "must be a finite number");
+    if (min_kind == 1 && x < 0) return ms_cfg_bad(c, key, "must not be negative");
+    if (min_kind == 2 && !(x > 0)) return ms_cfg_bad(c, key, "must be positive");
     *out = x;
     return MS_OK;
 }
 
 /* Reads an integer field (an integral real such as 4096.0 is accepted). min_kind as above. */
-static int get_int(pctx *c, json_t *o, const char *key, int def, int min_kind, int *out) {
-    json_t *v = get(o, key);
+int ms_cfg_int(ms_cfg_reader *c, json_t *o, const char *key, int def, int min_kind, int *out) {
+    json_t *v = ms_cfg_get(o, key);
     if (!v) { *out = def; return MS_OK; }
     double x;
     if (json_is_integer(v)) x = (double)json_integer_value(v);
     else if (json_is_real(v)) {
         x = json_real_value(v);
-        if (!isfinite(x) || x != floor(x)) return bad(c, key, "must be an integer");
-    } else return bad(c, key, "must be an integer");
-    if (x > 2147483647.0 || x < -2147483648.0) return bad(c, key, "is out of range");
-    if (min_kind == 1 && x < 0) return bad(c, key, "must not be negative");
-    if (min_kind == 2 && x <= 0) return bad(c, key, "must be positive");
+        if (!isfinite(x) || x != floor(x)) return ms_cfg_bad(c, key, "must be an integer");
+    } else return ms_cfg_bad(c, key, "must be an integer");
+    if (x > 2147483647.0 || x < -2147483648.0) return ms_cfg_bad(c, key, "is out of range");
+    if (min_kind == 1 && x < 0) return ms_cfg_bad(c, key, "must not be negative");
+    if (min_kind == 2 && x <= 0) return ms_cfg_bad(c, key, "must be positive");
     *out = (int)x;
     return MS_OK;
 }
 
-static int get_req_int(pctx *c, json_t *o, const char *key, int *out) {
-    if (!get(o, key)) return ms_errf(c->err, MS_ERR_FORMAT, "%s: required field '%s' is missing", c->path, key);
-    return get_int(c, o, key, 0, 2, out);
+int ms_cfg_req_int(ms_cfg_reader *c, json_t *o, const char *key, int *out) {
+    if (!ms_cfg_get(o, key)) return ms_errf(c->err, MS_ERR_FORMAT, "%s: required field '%s' is missing", c->path, key);
+    return ms_cfg_int(c, o, key, 0, 2, out);
 }
 
-static int get_bool(pctx *c, json_t *o, const char *key, int def, int *out) {
-    json_t *v = get(o, key);
+int ms_cfg_bool(ms_cfg_reader *c, json_t *o, const char *key, int def, int *out) {
+    json_t *v = ms_cfg_get(o, key);
     if (!v) { *out = def; return MS_OK; }
-    if (!json_is_boolean(v)) return bad(c, key, "must be true or false");
+    if (!json_is_boolean(v)) return ms_cfg_bad(c, key, "must be true or false");
     *out = json_is_true(v);
     return MS_OK;
 }
 
-static int get_token_id(pctx *c, json_t *o, const char *key, int32_t *out) {
-    json_t *v = get(o, key);
+static int get_token_id(ms_cfg_reader *c, json_t *o, const char *key, int32_t *out) {
+    json_t *v = ms_cfg_get(o, key);
     *out = -1;
     if (!v) return MS_OK;
     if (json_is_array(v)) v = json_array_size(v) ? json_array_get(v, 0) : NULL; /* some configs list one */
     if (!v) return MS_OK;
     if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 0x7fffffff)
-        return bad(c, key, "must be a non-negative token id");
+        return ms_cfg_bad(c, key, "must be a non-negative token id");
     *out = (int32_t)json_integer_value(v);
     return MS_OK;
 }
 
 /* eos_token_id: an int or a list of ints. */
-static int parse_eos(pctx *c, json_t *o, int *n, int32_t *ids) {
-    json_t *v = get(o, "eos_token_id");
+static int parse_eos(ms_cfg_reader *c, json_t *o, int *n, int32_t *ids) {
+    json_t *v = ms_cfg_get(o, "eos_token_id");
     if (!v) return MS_OK;
     if (json_is_integer(v)) {
-        if (json_integer_value(v) < 0 || json_integer_value(v) > 0x7fffffff) return bad(c, "eos_token_id", "must be a non-negative token id");
+        if (json_integer_value(v) < 0 || json_integer_value(v) > 0x7fffffff) return ms_cfg_bad(c, "eos_token_id", "must be a non-negative token id");
         *n = 1;
         ids[0] = (int32_t)json_integer_value(v);
         return MS_OK;
     }
-    if (!json_is_array(v)) return bad(c, "eos_token_id", "must be an integer or a list of integers");
-    if (json_array_size(v) > MS_MAX_EOS) return bad(c, "eos_token_id", "lists more ids than supported (8)");
+    if (!json_is_array(v)) return ms_cfg_bad(c, "eos_token_id", "must be an integer or a list of integers");
+    if (json_array_size(v) > MS_MAX_EOS) return ms_cfg_bad(c, "eos_token_id", "lists more ids than supported (8)");
     int k = 0;
     for (size_t i = 0; i < json_array_size(v); i++) {
         json_t *x = json_array_get(v, i);
         if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > 0x7fffffff)
-            return bad(c, "eos_token_id", "must list non-negative token ids");
+            return ms_cfg_bad(c, "eos_token_id", "must list non-negative token ids");
         ids[k++] = (int32_t)json_integer_value(x);
     }
     *n = k;
@@ -118,172 +128,116 @@ static int parse_eos(pctx *c, json_t *o, int *n, int32_t *ids) {
 }
 
 /* RoPE: legacy (rope_theta, partial_rotary_factor, rope_scaling) or v5 (rope_parameters). */
-static int parse_rope(pctx *c, json_t *r, double *theta, double *prf, int *prf_present) {
-    json_t *rp = get(r, "rope_parameters");
-    if (rp && !json_is_object(rp)) return bad(c, "rope_parameters", "must be an object");
+static int parse_rope(ms_cfg_reader *c, json_t *r, double *theta, double *prf, int *prf_present) {
+    json_t *rp = ms_cfg_get(r, "rope_parameters");
+    if (rp && !json_is_object(rp)) return ms_cfg_bad(c, "rope_parameters", "must be an object");
     *prf_present = 0;
-    MS_TRY(get_double(c, r, "rope_theta", 10000.0, 2, theta));
-    MS_TRY(get_double(c, r, "partial_rotary_factor", 1.0, 2, prf));
-    if (get(r, "partial_rotary_factor")) *prf_present = 1;
+    MS_TRY(ms_cfg_double(c, r, "rope_theta", 10000.0, 2, theta));
+    MS_TRY(ms_cfg_double(c, r, "partial_rotary_factor", 1.0, 2, prf));
+    if (ms_cfg_get(r, "partial_rotary_factor")) *prf_present = 1;
     if (rp) {
-        if (get(rp, "rope_theta")) {
+        if (ms_cfg_get(rp, "rope_theta")) {
             const char *f = "rope_parameters.rope_theta";
-            json_t *x = get(rp, "rope_theta");
-            if (!json_is_number(x) || !isfinite(json_number_value(x))) return bad(c, f, "must be a finite number");
-            if (!(json_number_value(x) > 0)) return bad(c, f, "must be positive");
+            json_t *x = ms_cfg_get(rp, "rope_theta");
+            if (!json_is_number(x) || !isfinite(json_number_value(x))) return ms_cfg_bad(c, f, "must be a finite number");
+            if (!(json_number_value(x) > 0)) return ms_cfg_bad(c, f, "must be positive");
             *theta = json_number_value(x);
         }
-        if (get(rp, "partial_rotary_factor")) {
-            json_t *x = get(rp, "partial_rotary_factor");
+        if (ms_cfg_get(rp, "partial_rotary_factor")) {
+            json_t *x = ms_cfg_get(rp, "partial_rotary_factor");
             if (!json_is_number(x) || !isfinite(json_number_value(x)) || !(json_number_value(x) > 0))
-                return bad(c, "rope_parameters.partial_rotary_factor", "must be a positive number");
+                return ms_cfg_bad(c, "rope_parameters.partial_rotary_factor", "must be a positive number");
             *prf = json_number_value(x);
             *prf_present = 1;
         }
-        json_t *t = get(rp, "rope_type");
-        if (!t) t = get(rp, "type");
+        json_t *t = ms_cfg_get(rp, "rope_type");
+        if (!t) t = ms_cfg_get(rp, "type");
         if (t && (!json_is_string(t) || strcmp(json_string_value(t), "default")))
             return ms_errf(c->err, MS_ERR_UNSUPPORTED, "%s: field 'rope_parameters.rope_type' is '%s'; only 'default' RoPE is supported",
                            c->path, json_is_string(t) ? json_string_value(t) : "?");
     }
-    json_t *rs = get(r, "rope_scaling");
+    json_t *rs = ms_cfg_get(r, "rope_scaling");
     if (rs) {
-        if (!json_is_object(rs)) return bad(c, "rope_scaling", "must be an object or null");
-        json_t *t = get(rs, "rope_type");
-        if (!t) t = get(rs, "type");
+        if (!json_is_object(rs)) return ms_cfg_bad(c, "rope_scaling", "must be an object or null");
+        json_t *t = ms_cfg_get(rs, "rope_type");
+        if (!t) t = ms_cfg_get(rs, "type");
         if (t && (!json_is_string(t) || strcmp(json_string_value(t), "default")))
             return ms_errf(c->err, MS_ERR_UNSUPPORTED, "%s: field 'rope_scaling' type '%s' is not supported (only default RoPE)",
                            c->path, json_is_string(t) ? json_string_value(t) : "?");
-        if (get(rs, "rope_theta")) {
-            json_t *x = get(rs, "rope_theta");
+        if (ms_cfg_get(rs, "rope_theta")) {
+            json_t *x = ms_cfg_get(rs, "rope_theta");
             if (!json_is_number(x) || !isfinite(json_number_value(x)) || !(json_number_value(x) > 0))
-                return bad(c, "rope_scaling.rope_theta", "must be a positive number");
+                return ms_cfg_bad(c, "rope_scaling.rope_theta", "must be a positive number");
             *theta = json_number_value(x);
         }
     }
     return MS_OK;
 }
 
-static int parse_root(pctx *c, ms_config *cfg) {
+static int parse_root(ms_cfg_reader *c, ms_config *cfg) {
     json_t *r = c->root;
     memset(cfg, 0, sizeof *cfg);
     if (!json_is_object(r)) return ms_errf(c->err, MS_ERR_FORMAT, "%s: top level is not a JSON object", c->path);
-    json_t *mt = get(r, "model_type");
+    json_t *mt = ms_cfg_get(r, "model_type");
     if (!mt) return ms_errf(c->err, MS_ERR_FORMAT, "%s: required field 'model_type' is missing (supported: %s)", c->path,
                             ms_config_supported_types());
-    if (!json_is_string(mt)) return bad(c, "model_type", "must be a string");
+    if (!json_is_string(mt)) return ms_cfg_bad(c, "model_type", "must be a string");
     const char *mts = json_string_value(mt);
-    if (!strcmp(mts, "glm4_moe")) cfg->arch = MS_ARCH_GLM4_MOE;
-    else if (!strcmp(mts, "glm_moe_dsa")) cfg->arch = MS_ARCH_GLM_MOE_DSA;
-    else return ms_errf(c->err, MS_ERR_UNSUPPORTED, "%s: model_type '%.64s' is not supported (supported: %s)", c->path, mts,
-                        ms_config_supported_types());
+    cfg->arch = ms_arch_find(mts);
+    if (!cfg->arch)
+        return ms_errf(c->err, MS_ERR_UNSUPPORTED, "%s: model_type '%.64s' is not supported (supported: %s)", c->path, mts,
+                       ms_config_supported_types());
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", mts);
-    const int dsa = cfg->arch == MS_ARCH_GLM_MOE_DSA;
 
-    MS_TRY(get_req_int(c, r, "vocab_size", &cfg->vocab_size));
-    MS_TRY(get_req_int(c, r, "hidden_size", &cfg->hidden_size));
-    MS_TRY(get_req_int(c, r, "num_hidden_layers", &cfg->num_layers));
-    if (cfg->num_layers > MS_MAX_LAYERS) return bad(c, "num_hidden_layers", "exceeds the supported maximum (256)");
-    MS_TRY(get_req_int(c, r, "num_attention_heads", &cfg->num_heads));
-    MS_TRY(get_int(c, r, "num_key_value_heads", cfg->num_heads, 2, &cfg->num_kv_heads));
+    MS_TRY(ms_cfg_req_int(c, r, "vocab_size", &cfg->vocab_size));
+    MS_TRY(ms_cfg_req_int(c, r, "hidden_size", &cfg->hidden_size));
+    MS_TRY(ms_cfg_req_int(c, r, "num_hidden_layers", &cfg->num_layers));
+    if (cfg->num_layers > MS_MAX_LAYERS) return ms_cfg_bad(c, "num_hidden_layers", "exceeds the supported maximum (256)");
+    MS_TRY(ms_cfg_req_int(c, r, "num_attention_heads", &cfg->num_heads));
+    MS_TRY(ms_cfg_int(c, r, "num_key_value_heads", cfg->num_heads, 2, &cfg->num_kv_heads));
     double eps;
-    MS_TRY(get_double(c, r, "rms_norm_eps", 1e-5, 2, &eps));
+    MS_TRY(ms_cfg_double(c, r, "rms_norm_eps", 1e-5, 2, &eps));
     cfg->rms_norm_eps = (float)eps;
-    if (!(cfg->rms_norm_eps > 0)) return bad(c, "rms_norm_eps", "is too small for float32");
-    MS_TRY(get_int(c, r, "max_position_embeddings", 131072, 2, &cfg->max_position_embeddings));
-    MS_TRY(get_bool(c, r, "tie_word_embeddings", 0, &cfg->tie_word_embeddings));
-    MS_TRY(get_bool(c, r, "attention_bias", 0, &cfg->attention_bias));
+    if (!(cfg->rms_norm_eps > 0)) return ms_cfg_bad(c, "rms_norm_eps", "is too small for float32");
+    MS_TRY(ms_cfg_int(c, r, "max_position_embeddings", 131072, 2, &cfg->max_position_embeddings));
+    MS_TRY(ms_cfg_bool(c, r, "tie_word_embeddings", 0, &cfg->tie_word_embeddings));
+    MS_TRY(ms_cfg_bool(c, r, "attention_bias", 0, &cfg->attention_bias));
 
     double theta = 0, prf = 1;
     int prf_present = 0;
     MS_TRY(parse_rope(c, r, &theta, &prf, &prf_present));
     cfg->rope_theta = theta;
 
-    if (!dsa) {
-        if (cfg->num_heads % cfg->num_kv_heads)
-            return bad(c, "num_key_value_heads", "must divide num_attention_heads");
-        MS_TRY(get_int(c, r, "head_dim", cfg->hidden_size / cfg->num_heads, 2, &cfg->head_dim));
-        if (!prf_present) prf = 0.5; /* Glm4MoeConfig default */
-        if (prf > 1.0) return bad(c, "partial_rotary_factor", "must be at most 1");
-        double rd = cfg->head_dim * prf;
-        cfg->rotary_dim = (int)rd;
-        if (rd != cfg->rotary_dim || cfg->rotary_dim % 2 || cfg->rotary_dim <= 0)
-            return bad(c, "partial_rotary_factor", "times head_dim must give an even positive rotary dimension");
-        MS_TRY(get_bool(c, r, "use_qk_norm", 0, &cfg->use_qk_norm));
-        cfg->rope_interleave = 0;
-    } else {
-        /* MLA: head_dim in exported configs is unreliable (spec 1.1); derive from the MLA dims. */
-        if (!get(r, "q_lora_rank"))
-            return ms_errf(c->err, MS_ERR_UNSUPPORTED, "%s: field 'q_lora_rank' is missing or null (MLA without a query LoRA is not supported)", c->path);
-        MS_TRY(get_req_int(c, r, "q_lora_rank", &cfg->q_lora_rank));
-        MS_TRY(get_req_int(c, r, "kv_lora_rank", &cfg->kv_lora_rank));
-        MS_TRY(get_req_int(c, r, "qk_nope_head_dim", &cfg->qk_nope_head_dim));
-        MS_TRY(get_req_int(c, r, "qk_rope_head_dim", &cfg->qk_rope_head_dim));
-        MS_TRY(get_req_int(c, r, "v_head_dim", &cfg->v_head_dim));
-        if (cfg->qk_rope_head_dim % 2) return bad(c, "qk_rope_head_dim", "must be even");
-        int qkh;
-        MS_TRY(get_int(c, r, "qk_head_dim", cfg->qk_nope_head_dim + cfg->qk_rope_head_dim, 2, &qkh));
-        if (qkh != cfg->qk_nope_head_dim + cfg->qk_rope_head_dim)
-            return bad(c, "qk_head_dim", "must equal qk_nope_head_dim + qk_rope_head_dim");
-        cfg->head_dim = qkh;
-        cfg->rotary_dim = cfg->qk_rope_head_dim;
-        MS_TRY(get_bool(c, r, "rope_interleave", 1, &cfg->rope_interleave));
-        MS_TRY(get_int(c, r, "index_topk", 2048, 2, &cfg->index_topk));
-        MS_TRY(get_int(c, r, "index_n_heads", 32, 2, &cfg->index_n_heads));
-        MS_TRY(get_int(c, r, "index_head_dim", 128, 2, &cfg->index_head_dim));
-        if (cfg->index_head_dim < cfg->qk_rope_head_dim)
-            return bad(c, "index_head_dim", "must be at least qk_rope_head_dim (the indexer rotates that many dims)");
-        MS_TRY(get_bool(c, r, "indexer_rope_interleave", 1, &cfg->indexer_rope_interleave));
-        json_t *it = get(r, "indexer_types");
-        if (it) {
-            if (!json_is_array(it)) return bad(c, "indexer_types", "must be a list");
-            if ((int)json_array_size(it) < cfg->num_layers) return bad(c, "indexer_types", "has fewer entries than num_hidden_layers");
-            for (int i = 0; i < cfg->num_layers; i++) {
-                const char *s = json_string_value(json_array_get(it, (size_t)i));
-                if (!s || (strcmp(s, "full") && strcmp(s, "shared")))
-                    return bad(c, "indexer_types", "entries must be \"full\" or \"shared\"");
-                cfg->indexer_full[i] = !strcmp(s, "full");
-            }
-        } else {
-            int freq, off;
-            MS_TRY(get_int(c, r, "index_topk_freq", 1, 2, &freq));
-            MS_TRY(get_int(c, r, "index_skip_topk_offset", 2, 1, &off));
-            for (int i = 0; i < cfg->num_layers; i++) {
-                int x = i - off + 1;
-                if (x < 0) x = 0;
-                cfg->indexer_full[i] = x % freq == 0;
-            }
-        }
-        if (cfg->num_layers > 0 && !cfg->indexer_full[0])
-            return bad(c, "indexer_types", "must make layer 0 \"full\" (a shared layer reuses an earlier full layer)");
-    }
-    if (cfg->head_dim <= 0) return bad(c, "head_dim", "must be positive");
+    c->partial_rotary_factor = prf;
+    c->prf_present = prf_present;
+    MS_TRY(cfg->arch->parse_config(c, cfg));
+    if (cfg->head_dim <= 0) return ms_cfg_bad(c, "head_dim", "must be positive");
 
     /* MLP / MoE */
-    MS_TRY(get_int(c, r, "intermediate_size", 0, 1, &cfg->intermediate_size));
-    MS_TRY(get_int(c, r, "moe_intermediate_size", 0, 1, &cfg->moe_intermediate_size));
-    MS_TRY(get_int(c, r, "n_routed_experts", 0, 1, &cfg->n_routed_experts));
-    MS_TRY(get_int(c, r, "n_shared_experts", 0, 1, &cfg->n_shared_experts));
-    MS_TRY(get_int(c, r, "num_experts_per_tok", 0, 1, &cfg->num_experts_per_tok));
-    MS_TRY(get_int(c, r, "first_k_dense_replace", 0, 1, &cfg->first_k_dense_replace));
+    MS_TRY(ms_cfg_int(c, r, "intermediate_size", 0, 1, &cfg->intermediate_size));
+    MS_TRY(ms_cfg_int(c, r, "moe_intermediate_size", 0, 1, &cfg->moe_intermediate_size));
+    MS_TRY(ms_cfg_int(c, r, "n_routed_experts", 0, 1, &cfg->n_routed_experts));
+    MS_TRY(ms_cfg_int(c, r, "n_shared_experts", 0, 1, &cfg->n_shared_experts));
+    MS_TRY(ms_cfg_int(c, r, "num_experts_per_tok", 0, 1, &cfg->num_experts_per_tok));
+    MS_TRY(ms_cfg_int(c, r, "first_k_dense_replace", 0, 1, &cfg->first_k_dense_replace));
     int freq;
-    MS_TRY(get_int(c, r, "moe_layer_freq", 1, 2, &freq));
-    MS_TRY(get_int(c, r, "n_group", 1, 2, &cfg->n_group));
-    MS_TRY(get_int(c, r, "topk_group", 1, 2, &cfg->topk_group));
-    MS_TRY(get_bool(c, r, "norm_topk_prob", 1, &cfg->norm_topk_prob));
+    MS_TRY(ms_cfg_int(c, r, "moe_layer_freq", 1, 2, &freq));
+    MS_TRY(ms_cfg_int(c, r, "n_group", 1, 2, &cfg->n_group));
+    MS_TRY(ms_cfg_int(c, r, "topk_group", 1, 2, &cfg->topk_group));
+    MS_TRY(ms_cfg_bool(c, r, "norm_topk_prob", 1, &cfg->norm_topk_prob));
     double rsf;
-    MS_TRY(get_double(c, r, "routed_scaling_factor", 1.0, 2, &rsf));
+    MS_TRY(ms_cfg_double(c, r, "routed_scaling_factor", 1.0, 2, &rsf));
     cfg->routed_scaling_factor = (float)rsf;
-    MS_TRY(get_int(c, r, "num_nextn_predict_layers", 0, 1, &cfg->num_nextn_predict_layers));
-    json_t *mlt = get(r, "mlp_layer_types");
+    MS_TRY(ms_cfg_int(c, r, "num_nextn_predict_layers", 0, 1, &cfg->num_nextn_predict_layers));
+    json_t *mlt = ms_cfg_get(r, "mlp_layer_types");
     int n_moe = 0, n_dense = 0;
     if (mlt) {
-        if (!json_is_array(mlt)) return bad(c, "mlp_layer_types", "must be a list");
-        if ((int)json_array_size(mlt) < cfg->num_layers) return bad(c, "mlp_layer_types", "has fewer entries than num_hidden_layers");
+        if (!json_is_array(mlt)) return ms_cfg_bad(c, "mlp_layer_types", "must be a list");
+        if ((int)json_array_size(mlt) < cfg->num_layers) return ms_cfg_bad(c, "mlp_layer_types", "has fewer entries than num_hidden_layers");
         for (int i = 0; i < cfg->num_layers; i++) {
             const char *s = json_string_value(json_array_get(mlt, (size_t)i));
             if (!s || (strcmp(s, "dense") && strcmp(s, "sparse")))
-                return bad(c, "mlp_layer_types", "entries must be \"dense\" or \"sparse\"");
+                return ms_cfg_bad(c, "mlp_layer_types", "entries must be \"dense\" or \"sparse\"");
             cfg->layer_is_moe[i] = !strcmp(s, "sparse");
         }
     } else {
@@ -291,16 +245,16 @@ static int parse_root(pctx *c, ms_config *cfg) {
             cfg->layer_is_moe[i] = cfg->n_routed_experts > 0 && i >= cfg->first_k_dense_replace && i % freq == 0;
     }
     for (int i = 0; i < cfg->num_layers; i++) cfg->layer_is_moe[i] ? n_moe++ : n_dense++;
-    if (n_dense && cfg->intermediate_size <= 0) return bad(c, "intermediate_size", "must be positive (the model has dense MLP layers)");
+    if (n_dense && cfg->intermediate_size <= 0) return ms_cfg_bad(c, "intermediate_size", "must be positive (the model has dense MLP layers)");
     if (n_moe) {
-        if (cfg->n_routed_experts <= 0) return bad(c, "n_routed_experts", "must be positive (the model has MoE layers)");
-        if (cfg->moe_intermediate_size <= 0) return bad(c, "moe_intermediate_size", "must be positive (the model has MoE layers)");
+        if (cfg->n_routed_experts <= 0) return ms_cfg_bad(c, "n_routed_experts", "must be positive (the model has MoE layers)");
+        if (cfg->moe_intermediate_size <= 0) return ms_cfg_bad(c, "moe_intermediate_size", "must be positive (the model has MoE layers)");
         if (cfg->num_experts_per_tok <= 0 || cfg->num_experts_per_tok > cfg->n_routed_experts)
-            return bad(c, "num_experts_per_tok", "must be between 1 and n_routed_experts");
-        if (cfg->n_routed_experts % cfg->n_group) return bad(c, "n_group", "must divide n_routed_experts");
-        if (cfg->topk_group > cfg->n_group) return bad(c, "topk_group", "must not exceed n_group");
+            return ms_cfg_bad(c, "num_experts_per_tok", "must be between 1 and n_routed_experts");
+        if (cfg->n_routed_experts % cfg->n_group) return ms_cfg_bad(c, "n_group", "must divide n_routed_experts");
+        if (cfg->topk_group > cfg->n_group) return ms_cfg_bad(c, "topk_group", "must not exceed n_group");
         if ((int64_t)cfg->topk_group * (cfg->n_routed_experts / cfg->n_group) < cfg->num_experts_per_tok)
-            return bad(c, "topk_group", "selects fewer experts than num_experts_per_tok");
+            return ms_cfg_bad(c, "topk_group", "selects fewer experts than num_experts_per_tok");
     }
 
     /* tokens, dtype */
@@ -308,9 +262,9 @@ static int parse_root(pctx *c, ms_config *cfg) {
     MS_TRY(parse_eos(c, r, &cfg->n_eos, cfg->eos_token_ids));
     MS_TRY(get_token_id(c, r, "bos_token_id", &cfg->bos_token_id));
     MS_TRY(get_token_id(c, r, "pad_token_id", &cfg->pad_token_id));
-    json_t *dt = get(r, "dtype");
-    if (!dt) dt = get(r, "torch_dtype");
-    if (dt && !json_is_string(dt)) return bad(c, "dtype", "must be a string");
+    json_t *dt = ms_cfg_get(r, "dtype");
+    if (!dt) dt = ms_cfg_get(r, "torch_dtype");
+    if (dt && !json_is_string(dt)) return ms_cfg_bad(c, "dtype", "must be a string");
     snprintf(cfg->torch_dtype, sizeof cfg->torch_dtype, "%s", dt ? json_string_value(dt) : "bfloat16");
     cfg->num_layers_ckpt = cfg->num_layers;
     return MS_OK;
@@ -366,7 +320,7 @@ static int load_json(const char *text, size_t len, const char *path, json_t **ou
 }
 
 int ms_config_parse(const char *json_text, const char *path, ms_config *cfg, ms_err *err) {
-    pctx c = {path, err, NULL};
+    ms_cfg_reader c = {path, err, NULL};
     MS_TRY(load_json(json_text, strlen(json_text), path, &c.root, err));
     int rc = parse_root(&c, cfg);
     json_decref(c.root);
@@ -397,7 +351,7 @@ static int apply_generation_config(const char *dir, ms_config *cfg, ms_err *err)
     char *text;
     size_t len;
     MS_TRY(ms_read_file(p, CFG_MAX_BYTES, &text, &len, err));
-    pctx c = {p, err, NULL};
+    ms_cfg_reader c = {p, err, NULL};
     int rc = load_json(text, len, p, &c.root, err);
     free(text);
     if (rc) return rc;
@@ -472,7 +426,7 @@ int ms_config_load_with_overrides(const char *path_or_dir, const char *const *ov
     char *text;
     size_t len;
     MS_TRY(ms_read_file(cfg_path, CFG_MAX_BYTES, &text, &len, err));
-    pctx c = {cfg_path, err, NULL};
+    ms_cfg_reader c = {cfg_path, err, NULL};
     int rc = load_json(text, len, cfg_path, &c.root, err);
     free(text);
     if (rc) return rc;
@@ -533,23 +487,23 @@ static void set_algo(ms_quant_decl *q, const char *a) {
 }
 
 static int parse_modelopt(json_t *qz, const char *path, const char *excl_field, ms_quant_decl *q, ms_err *err) {
-    json_t *a = get(qz, "quant_algo");
+    json_t *a = ms_cfg_get(qz, "quant_algo");
     if (!json_is_string(a)) return ms_errf(err, MS_ERR_FORMAT, "%s: field 'quant_algo' missing or not a string", path);
     set_algo(q, json_string_value(a));
-    pctx c = {path, err, NULL};
-    MS_TRY(get_int(&c, qz, "group_size", 16, 2, &q->group_size));
+    ms_cfg_reader c = {path, err, NULL};
+    MS_TRY(ms_cfg_int(&c, qz, "group_size", 16, 2, &q->group_size));
     if (q->algo == MS_QUANT_NVFP4 && q->group_size != 16)
         return ms_errf(err, MS_ERR_UNSUPPORTED, "%s: field 'group_size' is %d; NVFP4 uses 16", path, q->group_size);
-    json_t *kv = get(qz, "kv_cache_quant_algo");
+    json_t *kv = ms_cfg_get(qz, "kv_cache_quant_algo");
     if (json_is_string(kv)) snprintf(q->kv_cache_quant_algo, sizeof q->kv_cache_quant_algo, "%s", json_string_value(kv));
-    MS_TRY(read_patterns(get(qz, excl_field), path, excl_field, q, err));
-    if (strcmp(excl_field, "exclude_modules")) MS_TRY(read_patterns(get(qz, "exclude_modules"), path, "exclude_modules", q, err));
+    MS_TRY(read_patterns(ms_cfg_get(qz, excl_field), path, excl_field, q, err));
+    if (strcmp(excl_field, "exclude_modules")) MS_TRY(read_patterns(ms_cfg_get(qz, "exclude_modules"), path, "exclude_modules", q, err));
     return MS_OK;
 }
 
 static int decl_from_config(json_t *qc, const char *path, ms_quant_decl *q, ms_err *err) {
     if (!json_is_object(qc)) return ms_errf(err, MS_ERR_FORMAT, "%s: field 'quantization_config' must be an object", path);
-    json_t *m = get(qc, "quant_method");
+    json_t *m = ms_cfg_get(qc, "quant_method");
     if (!json_is_string(m)) return ms_errf(err, MS_ERR_FORMAT, "%s: field 'quantization_config.quant_method' missing or not a string", path);
     const char *ms = json_string_value(m);
     snprintf(q->source, sizeof q->source, "config.json quantization_config");
@@ -558,7 +512,7 @@ static int decl_from_config(json_t *qc, const char *path, ms_quant_decl *q, ms_e
         return MS_OK;
     }
     if (!strcmp(ms, "fp8")) {
-        json_t *bs = get(qc, "weight_block_size");
+        json_t *bs = ms_cfg_get(qc, "weight_block_size");
         snprintf(q->algo_name, sizeof q->algo_name, "fp8");
         if (!bs) { q->algo = MS_QUANT_OTHER; /* per-tensor FP8: tensors decide */ }
         else {
@@ -572,8 +526,8 @@ static int decl_from_config(json_t *qc, const char *path, ms_quant_decl *q, ms_e
                                path, q->block_n, q->block_k);
             q->algo = MS_QUANT_FP8_BLOCK;
         }
-        MS_TRY(read_patterns(get(qc, "modules_to_not_convert"), path, "modules_to_not_convert", q, err));
-        MS_TRY(read_patterns(get(qc, "ignored_layers"), path, "ignored_layers", q, err));
+        MS_TRY(read_patterns(ms_cfg_get(qc, "modules_to_not_convert"), path, "modules_to_not_convert", q, err));
+        MS_TRY(read_patterns(ms_cfg_get(qc, "ignored_layers"), path, "ignored_layers", q, err));
         return MS_OK;
     }
     q->algo = MS_QUANT_OTHER;
@@ -593,7 +547,7 @@ int ms_quant_decl_load(const char *dir, ms_quant_decl *q, ms_err *err) {
         rc = load_json(text, len, p, &root, err);
         free(text);
         if (rc) return rc;
-        json_t *qz = get(root, "quantization");
+        json_t *qz = ms_cfg_get(root, "quantization");
         snprintf(q->source, sizeof q->source, "hf_quant_config.json");
         if (!json_is_object(qz)) rc = ms_errf(err, MS_ERR_FORMAT, "%s: field 'quantization' missing or not an object", p);
         else rc = parse_modelopt(qz, p, "exclude_modules", q, err);
@@ -606,7 +560,7 @@ int ms_quant_decl_load(const char *dir, ms_quant_decl *q, ms_err *err) {
     rc = load_json(text, len, p, &root, err);
     free(text);
     if (rc) return rc;
-    json_t *qc = get(root, "quantization_config");
+    json_t *qc = ms_cfg_get(root, "quantization_config");
     if (qc) rc = decl_from_config(qc, p, q, err);
     json_decref(root);
     if (rc) ms_quant_decl_free(q);

@@ -13,10 +13,10 @@
 #define MS_MAX_LAYERS 256
 #define MS_MAX_EOS 8
 
-typedef enum ms_arch { MS_ARCH_GLM4_MOE = 1, MS_ARCH_GLM_MOE_DSA = 2 } ms_arch;
+struct ms_arch;
 
 typedef struct ms_config {
-    ms_arch arch;
+    const struct ms_arch *arch; /* the architecture table of model_type (model/arch.h) */
     char model_type[32];
     int vocab_size;
     int hidden_size;          /* H */
@@ -64,7 +64,7 @@ int ms_config_load(const char *dir, ms_config *cfg, ms_err *err);
 /* Applies "key=value" overrides (e.g. num_hidden_layers=12) by re-parsing; see ms_config_parse. */
 int ms_config_load_with_overrides(const char *path_or_dir, const char *const *overrides, int n_overrides,
                                   ms_config *cfg, ms_err *err);
-/* "glm4_moe, glm_moe_dsa" - for error messages. */
+/* The supported model_types, comma-separated (from the architecture tables) - for error messages. */
 const char *ms_config_supported_types(void);
 
 /* ---- quantization declaration (hf_quant_config.json or config.json quantization_config) ----

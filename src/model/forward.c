@@ -7,6 +7,7 @@
  * workspace, batch-array copies) is allocated in ms_forward_create; a step allocates nothing
  * except when a batch's block table outgrows every earlier one. */
 #include "model/forward_internal.h"
+#include "model/arch.h"
 
 #include "core/fileutil.h"
 #include "core/log.h"
@@ -95,13 +96,7 @@ int fw_prof_end(ms_forward *f, const char *name, double t0, ms_err *err) {
 size_t ms_forward_kv_bytes_per_token(const ms_model *m, const ms_backend *b) {
     const ms_config *c = &m->cfg;
     size_t es = ms_dtype_size(b->act_dtype), n = 0;
-    for (int L = 0; L < c->num_layers; L++) {
-        if (c->arch == MS_ARCH_GLM4_MOE) n += 2 * (size_t)c->num_kv_heads * (size_t)c->head_dim * es;
-        else {
-            n += (size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * es;
-            if (c->indexer_full[L]) n += (size_t)c->index_head_dim * es;
-        }
-    }
+    for (int L = 0; L < c->num_layers; L++) n += c->arch->kv_bytes_per_token(c, L, es, m->shard.tp_size);
     return n;
 }
 
@@ -126,10 +121,11 @@ void ms_forward_free(ms_forward *f) {
     ms_tensor *all[] = {&f->x, &f->a, &f->delta, &f->g, &f->u, &f->moe_out, &f->sh_out, &f->q, &f->k, &f->v,
                         &f->attn, &f->qa, &f->qb, &f->qabs, &f->kva, &f->c, &f->olat, &f->vout, &f->qI, &f->kI,
                         &f->iw, &f->topk, &f->ids, &f->rw, &f->rlog, &f->lrows, &f->lnorm, &f->logits, &f->moe_ws,
-                        &f->db.buf, &f->glogits};
+                        &f->db.buf, &f->glogits, &f->lgather};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free_t(f, all[i]);
     graphs_reset(f);
     free(f->h_pack);
+    free(f->h_gather);
     free(f->routed);
     free(f->h_ids);
     free(f->h_rlog);
@@ -139,8 +135,9 @@ void ms_forward_free(ms_forward *f) {
 
 static ms_moe_shape moe_shape(const ms_model *m, int T) {
     const ms_config *c = &m->cfg;
-    ms_moe_shape s = {T, c->hidden_size, c->moe_intermediate_size, c->n_routed_experts, c->num_experts_per_tok,
-                      MS_WFMT_PLAIN, MS_BF16};
+    const ms_shard *sh = &m->shard;
+    ms_moe_shape s = {T, c->hidden_size, c->moe_intermediate_size / sh->moe_tp_size, sh->ne, c->num_experts_per_tok,
+                      MS_WFMT_PLAIN, MS_BF16, sh->ep_size > 1 ? MS_MOE_CAP_PARTIAL : 0u};
     for (int L = 0; L < c->num_layers; L++)
         if (m->layers[L].is_moe && m->layers[L].experts.n > 0) {
             s.fmt = m->layers[L].experts.gate[0].fmt;
@@ -156,8 +153,12 @@ int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_f
     if (o->max_tokens < 1 || o->n_pages < 1 || o->page_size < 1)
         return ms_errf(err, MS_ERR_INVALID, "forward: max_tokens (%d), n_pages (%d) and page_size (%d) must be >= 1",
                        o->max_tokens, o->n_pages, o->page_size);
-    if (c->arch != MS_ARCH_GLM4_MOE && c->arch != MS_ARCH_GLM_MOE_DSA)
-        return ms_errf(err, MS_ERR_UNSUPPORTED, "forward: model_type '%s' is not supported", c->model_type);
+    if (m->shard.tp_size < 1) /* a model built by hand (tests) is one unsplit rank */
+        MS_TRY(ms_shard_make(c, 1, 1, 0, &m->shard, err));
+    const int tp = m->shard.tp_size;
+    if (tp > 1 && (!o->comm || o->comm->size != tp))
+        return ms_errf(err, MS_ERR_INVALID, "forward: the model is rank %d of a %d-way split but no communicator of %d ranks was given",
+                       m->shard.tp_rank, tp, tp);
     ms_forward *f = calloc(1, sizeof *f);
     if (!f) return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
     f->m = m;
@@ -189,6 +190,19 @@ int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_f
         (rc = alloc2(f, &f->lnorm, ad, f->lchunk, H, err)) ||
         (rc = alloc2(f, &f->logits, MS_F32, f->lchunk, c->vocab_size, err)))
         goto fail;
+    if (tp > 1) {
+        if (!b->ops->embed_part || !b->ops->remap_ids) {
+            rc = ms_errf(err, MS_ERR_UNSUPPORTED, "flag --tp %d: the %s backend cannot run a split model", tp, b->name);
+            goto fail;
+        }
+        /* rank-major gathered logits [tp][rows][V/tp] of one lm_head chunk, and its host staging */
+        if ((rc = alloc2(f, &f->lgather, MS_F32, f->lchunk, c->vocab_size, err))) goto fail;
+        f->h_gather = malloc(sizeof(float) * (size_t)f->lchunk * (size_t)c->vocab_size);
+        if (!f->h_gather) {
+            rc = ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
+            goto fail;
+        }
+    }
     if (any_moe) {
         int k = c->num_experts_per_tok;
         if ((rc = alloc2(f, &f->sh_out, MS_F32, T, H, err)) ||
@@ -205,7 +219,7 @@ int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_f
     }
     f->gmax = T < 256 ? T : 256;
     f->graphs_on = o->graphs && b->ops->graph_begin && !o->check_numerics && !o->on_layer && !o->record &&
-                   !o->replay && !(f->forced && !strcmp(f->forced->name, "naive"));
+                   !o->replay && !(f->forced && !(f->forced->caps & MS_MOE_CAP_GRAPHS));
     if (o->record_routing) {
         f->routed = calloc((size_t)c->num_layers, sizeof(int));
         f->h_ids = malloc(sizeof(int32_t) * (size_t)T * (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1));
@@ -230,7 +244,7 @@ int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_f
         rc = ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
         goto fail;
     }
-    rc = c->arch == MS_ARCH_GLM4_MOE ? fw_alloc_glm4(f, err) : fw_alloc_dsa(f, err);
+    rc = c->arch->alloc(f, err);
     if (rc) goto fail;
     *out = f;
     return MS_OK;
@@ -294,6 +308,8 @@ static int mlp(ms_forward *f, int L, int T, ms_err *err) {
             if (f->h_ids[i] >= 0 && f->h_ids[i] < 4096 && !seen[f->h_ids[i]]) seen[f->h_ids[i]] = 1, n++;
         f->routed[L] = n;
     }
+    if (f->m->shard.ep_size > 1) /* experts of other groups become -1: their ranks add them */
+        MS_TRY(op->remap_ids(f->b, f->ids.data, (int64_t)T * k, f->m->shard.e0, f->m->shard.ne, err));
     ms_moe_shape s = moe_shape(f->m, T);
     const ms_moe_runner *r = ms_moe_pick(f->b, f->forced, &s);
     FW_PROF(f, "moe_experts", r->run(f->b, &l->experts, &a, f->ids.data, f->rw.data, k, &delta, f->moe_ws.data,
@@ -398,19 +414,53 @@ static int pack_upload(ms_forward *f, fw_dbatch *d, const ms_batch *bt, int meta
     return MS_OK;
 }
 
+/* Sums a [T, H] float32 partial result over the tensor-parallel ranks (no-op on one rank). */
+static int tp_sum(ms_forward *f, ms_tensor *t, ms_err *err) {
+    if (f->m->shard.tp_size <= 1) return MS_OK;
+    ms_comm *cm = f->o.comm;
+    return cm->ops->all_reduce_sum(cm, t->data, (size_t)ms_tensor_numel(t), MS_F32, err);
+}
+
+/* Copies n gathered logit rows, laid out rank-major [tp][n][V/tp], into dst [n][V]. */
+static void unpermute_logits(const ms_forward *f, float *dst, const float *src, int n) {
+    const int tp = f->m->shard.tp_size;
+    const int64_t nv = f->m->shard.nv, V = f->m->cfg.vocab_size;
+    for (int r = 0; r < tp; r++)
+        for (int i = 0; i < n; i++) memcpy(dst + i * V + r * nv, src + ((int64_t)r * n + i) * nv, sizeof(float) * (size_t)nv);
+}
+
+/* Downloads n logit rows starting at row r0 from dev (this chunk's rows; gathered layout under tensor
+ * parallelism) into logits_host [*, V]. */
+static int download_logits(ms_forward *f, float *logits_host, const float *dev, int r0, int n, ms_err *err) {
+    const int64_t V = f->m->cfg.vocab_size;
+    if (f->m->shard.tp_size <= 1)
+        return f->b->ops->download(f->b, logits_host + (int64_t)r0 * V, dev, sizeof(float) * (size_t)n * (size_t)V, err);
+    MS_TRY(f->b->ops->download(f->b, f->h_gather, dev, sizeof(float) * (size_t)n * (size_t)V, err));
+    unpermute_logits(f, logits_host + (int64_t)r0 * V, f->h_gather, n);
+    return MS_OK;
+}
+
 /* The step once its arrays are on the device: embedding, layers, final norm and lm_head for the
- * bt->n_logits rows. logits_host != NULL: each chunk of logits is downloaded there (eager step);
- * NULL: the rows go to f->glogits and nothing waits for the host (recordable graph step). */
-static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, ms_err *err) {
+ * bt->n_logits rows. graph = 0: each chunk of logits is downloaded into logits_host (when not NULL:
+ * under tensor parallelism only rank 0 asks for them) as the step goes; graph = 1: the rows go to
+ * f->glogits and nothing waits for the host (recordable graph step). Every rank runs the same
+ * collectives in the same order. */
+static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, int graph, ms_err *err) {
     const ms_config *c = &f->m->cfg;
     const ms_backend_ops *op = f->b->ops;
     const int T = bt->n_tokens, H = c->hidden_size, V = c->vocab_size;
     f->batch = bt;
     f->layer = 0;
     ms_tensor x = fw_view2(&f->x, T, H), a = fw_view2(&f->a, T, H), delta = fw_view2(&f->delta, T, H);
-    MS_TRY(op->embed(f->b, &f->m->embed, f->tok_d, T, &x, err));
+    const ms_shard *sh = &f->m->shard;
+    if (sh->tp_size > 1) { /* vocab-parallel: each rank embeds its rows, the sum is the embedding */
+        MS_TRY(op->embed_part(f->b, &f->m->embed, f->tok_d, T, sh->v0, &x, err));
+        FW_PROF(f, "collectives", tp_sum(f, &x, err), err);
+    } else {
+        MS_TRY(op->embed(f->b, &f->m->embed, f->tok_d, T, &x, err));
+    }
     FW_TRY_CHECK(f, &x, "embed", err);
-    int topk_valid = 0;
+    f->topk_valid = 0;
     for (int L = 0; L < c->num_layers; L++) {
         const ms_layer *l = &f->m->layers[L];
         f->layer = L;
@@ -418,11 +468,12 @@ static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, m
          * previous layer's residual add below */
         if (L == 0) FW_PROF(f, "norms", op->rmsnorm(f->b, &x, &l->attn_norm, c->rms_norm_eps, &a, err), err);
         FW_TRY_CHECK(f, &a, "input_layernorm", err);
-        if (c->arch == MS_ARCH_GLM4_MOE) FW_PROF(f, "attention", fw_attn_glm4(f, L, T, err), err);
-        else FW_PROF(f, "attention", fw_attn_dsa(f, L, T, &topk_valid, err), err);
+        FW_PROF(f, "attention", c->arch->attention(f, L, T, err), err);
+        FW_PROF(f, "collectives", tp_sum(f, &delta, err), err);
         FW_PROF(f, "norms", op->add_rmsnorm(f->b, &x, &delta, &l->ffn_norm, c->rms_norm_eps, &a, err), err);
         FW_TRY_CHECK(f, &a, "post_attention_layernorm", err);
         MS_TRY(mlp(f, L, T, err));
+        FW_PROF(f, "collectives", tp_sum(f, &delta, err), err);
         if (L + 1 < c->num_layers)
             FW_PROF(f, "norms", op->add_rmsnorm(f->b, &x, &delta, &f->m->layers[L + 1].attn_norm, c->rms_norm_eps, &a, err),
                     err);
@@ -442,23 +493,28 @@ static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, m
     }
     for (int r0 = 0; r0 < bt->n_logits; r0 += f->lchunk) {
         int n = bt->n_logits - r0 < f->lchunk ? bt->n_logits - r0 : f->lchunk;
-        ms_tensor rows = fw_view2(&f->lrows, n, H), nrm = fw_view2(&f->lnorm, n, H), lg = fw_view2(&f->logits, n, V);
-        if (!logits_host) lg.data = (float *)f->glogits.data + (int64_t)r0 * V;
+        const int64_t nv = sh->nv; /* this rank's vocabulary rows (all of them on one rank) */
+        ms_tensor rows = fw_view2(&f->lrows, n, H), nrm = fw_view2(&f->lnorm, n, H), lg = fw_view2(&f->logits, n, nv);
+        /* where the chunk's full rows end up: [n, V] on one rank, rank-major [tp][n][V/tp] on several */
+        float *dst = sh->tp_size > 1 ? f->lgather.data : lg.data;
+        if (graph) dst = (float *)f->glogits.data + (int64_t)r0 * V;
+        if (graph && sh->tp_size == 1) lg.data = dst;
         MS_TRY(op->gather_rows(f->b, &x, f->lidx_d + r0, n, &rows, err));
         MS_TRY(op->rmsnorm(f->b, &rows, &f->m->final_norm, c->rms_norm_eps, &nrm, err));
         FW_PROF(f, "lm_head", op->linear(f->b, &f->m->lm_head, &nrm, &lg, err), err);
+        if (sh->tp_size > 1) {
+            ms_comm *cm = f->o.comm;
+            FW_PROF(f, "collectives", cm->ops->all_gather(cm, lg.data, dst, (size_t)n * (size_t)nv, MS_F32, err), err);
+        }
         if (f->o.check_numerics) {
             /* logit rows r0.. map to tokens logit_idx[r0..] */
             int64_t bad = -1;
-            MS_TRY(op->find_nonfinite(f->b, &lg, &bad, err));
+            MS_TRY(op->find_nonfinite(f->b, &lg, &bad, err)); /* this rank's columns: each rank checks its own */
             if (bad >= 0)
                 return ms_errf(err, MS_ERR_NUMERICS, "final op lm_head token position %d produced NaN/Inf",
                                bt->positions[bt->logit_idx[r0 + bad]]);
         }
-        if (logits_host)
-            FW_PROF(f, "logits_download",
-                    op->download(f->b, logits_host + (int64_t)r0 * V, lg.data, sizeof(float) * (size_t)n * (size_t)V, err),
-                    err);
+        if (!graph && logits_host) FW_PROF(f, "logits_download", download_logits(f, logits_host, dst, r0, n, err), err);
     }
     return MS_OK;
 }
@@ -570,13 +626,13 @@ static int run_graph(ms_forward *f, const ms_batch *bt, float *logits_host, int 
         MS_TRY(op->graph_launch(f->b, g->exec, err));
     } else if (g->failed || g->runs < 1) {
         /* first run of this shape eagerly: lazily made buffers reach their size before recording */
-        MS_TRY(forward_body(f, h, NULL, err));
+        MS_TRY(forward_body(f, h, NULL, 1, err));
         g->runs++;
     } else {
         ms_err cerr = {0}, eerr = {0};
         void *x = NULL;
         MS_TRY(op->graph_begin(f->b, err));
-        int rc = forward_body(f, h, NULL, &cerr);
+        int rc = forward_body(f, h, NULL, 1, &cerr);
         int rc2 = op->graph_end(f->b, &x, &eerr);
         if (rc || rc2 || op->mem_epoch(f->b) != ep) {
             if (x) op->graph_free(f->b, x);
@@ -584,16 +640,20 @@ static int run_graph(ms_forward *f, const ms_batch *bt, float *logits_host, int 
             if (!f->graph_warned++)
                 MS_LOGW("forward: a decode step of %d tokens could not be recorded as a graph (%s); such steps run "
                         "op by op", B, rc ? cerr.msg : rc2 ? eerr.msg : "a backend buffer moved while recording");
-            MS_TRY(forward_body(f, h, NULL, err));
+            MS_TRY(forward_body(f, h, NULL, 1, err));
         } else {
             g->exec = x;
             g->epoch = ep;
             MS_TRY(op->graph_launch(f->b, x, err));
         }
     }
-    if (logits_host)
+    if (logits_host && f->m->shard.tp_size == 1)
         FW_PROF(f, "logits_download",
                 op->download(f->b, logits_host, f->glogits.data, sizeof(float) * (size_t)T * (size_t)V, err), err);
+    for (int r0 = 0; logits_host && f->m->shard.tp_size > 1 && r0 < T; r0 += f->lchunk) /* chunks as gathered */
+        FW_PROF(f, "logits_download",
+                download_logits(f, logits_host, (float *)f->glogits.data + (int64_t)r0 * V, r0,
+                                T - r0 < f->lchunk ? T - r0 : f->lchunk, err), err);
     *done = 1;
     return op->sync(f->b, err);
 }
@@ -638,6 +698,6 @@ int ms_forward_run(ms_forward *f, const ms_batch *bt, float *logits_host, ms_err
     int max_ctx = 0;
     for (int s = 0; s < bt->n_seqs; s++) max_ctx = bt->ctx_len[s] > max_ctx ? bt->ctx_len[s] : max_ctx;
     FW_PROF(f, "batch_upload", pack_upload(f, &f->db, bt, max_ctx, err), err);
-    MS_TRY(forward_body(f, bt, logits_host, err));
+    MS_TRY(forward_body(f, bt, logits_host, 0, err));
     return f->b->ops->sync(f->b, err);
 }

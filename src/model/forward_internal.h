@@ -1,5 +1,5 @@
 /* forward_internal.h - state shared by the architecture-independent forward (forward.c) and the
- * attention blocks of each architecture (arch_glm4_moe.c, arch_glm_moe_dsa.c). Everything here is
+ * architecture tables (arch_*.c: attention, its workspace and KV cache). Everything here is
  * allocated once in ms_forward_create; a step only takes views of it. */
 #ifndef MS_MODEL_FORWARD_INTERNAL_H
 #define MS_MODEL_FORWARD_INTERNAL_H
@@ -49,6 +49,8 @@ struct ms_forward {
     float *h_rlog, *h_rw;                       /* host copies for record/replay */
     int32_t *h_sel;                             /* host [T, index_topk] (record/replay only) */
     ms_tensor lrows, lnorm, logits;             /* [lchunk, H], [lchunk, H], F32 [lchunk, V] */
+    ms_tensor lgather;                          /* tensor parallelism: F32 [lchunk, V] gathered rank-major */
+    float *h_gather;                            /* host staging of one gathered chunk [lchunk * V] */
     ms_tensor moe_ws;                           /* U8 */
     /* batch arrays in backend memory (eager steps) and the step's current token ids / logit rows */
     fw_dbatch db;
@@ -72,6 +74,7 @@ struct ms_forward {
     const ms_batch *batch;
     ms_attn_meta meta;
     int layer;
+    int topk_valid; /* DSA: f->topk holds a sparse selection made by the last full indexer layer */
 };
 
 /* View of the first rows*cols elements of buffer buf as a [rows, cols] tensor (asserts capacity). */
@@ -81,19 +84,11 @@ ms_tensor fw_view3(const ms_tensor *buf, int64_t a, int64_t b, int64_t c);
  * tokens of this step, or logit rows when logit_rows) holds NaN/Inf. */
 int fw_check(ms_forward *f, const ms_tensor *t, const char *op, int logit_rows, ms_err *err);
 
-/* Attention of one layer: reads f->a [T,H], writes f->delta [T,H], stores this step's keys. */
-int fw_attn_glm4(ms_forward *f, int L, int T, ms_err *err);
-int fw_attn_dsa(ms_forward *f, int L, int T, int *topk_valid, ms_err *err);
-
 /* Record / replay of this step's DSA selection of layer L in f->topk (no-op without the options). */
 int fw_decide_index(ms_forward *f, int L, int T, ms_err *err);
 /* Record / replay of layer L's expert choice: replay overwrites f->ids / f->rw with the recorded ids
  * and their weights from this backend's router logits; record stores ids and margins. */
 int fw_decide_experts(ms_forward *f, int L, int T, const ms_route_cfg *rc, ms_err *err);
-
-/* Bytes of activation workspace the architecture's attention needs per token (for sizing). */
-int fw_alloc_glm4(ms_forward *f, ms_err *err);
-int fw_alloc_dsa(ms_forward *f, ms_err *err);
 
 /* Profiling brackets: with f->prof_on, sync the backend before and after and add the wall time to
  * the named section. Sections nest only as documented by bench-model (attn_kernel inside attention). */

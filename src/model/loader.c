@@ -9,11 +9,9 @@
 #include "model/model.h"
 
 #include "core/log.h"
-#include "model/model_internal.h"
+#include "model/arch.h"
+#include "model/loader_internal.h"
 #include "model/safetensors.h"
-#ifdef MS_HAVE_CUDA
-#include "backend/cuda/backend_cuda.h"
-#endif
 
 #include <stdint.h>
 #include <stdio.h>
@@ -101,7 +99,7 @@ static void own_free(own_state *o) {
 
 /* ---- load context ---- */
 
-typedef struct lctx {
+struct ms_load_ctx {
     ms_model *m;
     const ms_config *cfg;
     ms_st_set *st;      /* NULL for dummy */
@@ -113,8 +111,10 @@ typedef struct lctx {
     int dummy;
     ms_wfmt dummy_fmt;
     uint64_t seed;
-    ms_backend *dev; /* dummy weights generated in this GPU backend's memory (NULL: host) */
-} lctx;
+    ms_backend *dev; /* dummy weights generated in this backend's memory (NULL: host) */
+    ms_shard sh;     /* this rank's part of the model */
+};
+typedef struct ms_load_ctx lctx;
 
 enum { DT_FLOAT = (1 << MS_F32) | (1 << MS_F16) | (1 << MS_BF16) };
 
@@ -201,13 +201,11 @@ static int load_tensor(lctx *c, const char *name, int ndim, const int64_t *shape
         if (!required) return MS_OK;
         *out = ms_tensor_make(kind == MS_DUMMY_BIAS && group == MS_GROUP_ROUTER ? MS_F32 : MS_BF16, ndim, shape);
         if (c->dev) {
-#ifdef MS_HAVE_CUDA
             /* same value ranges as ms_dummy_fill_tensor */
             float off = kind == MS_DUMMY_NORM ? 1.0f : 0.0f, amp = kind == MS_DUMMY_EMBED ? 1.7320508f : 0.1f;
-            MS_TRY(ms_cuda_dummy_tensor(c->dev, out, off, amp, seed_of(c, name), c->err));
+            MS_TRY(c->dev->ops->dummy_tensor(c->dev, out, off, amp, seed_of(c, name), c->err));
             stats_tensor(c, group, out);
             return MS_OK;
-#endif
         }
         out->data = ms_model_alloc(c->m, ms_tensor_nbytes(out));
         if (!out->data) return ms_errf(c->err, MS_ERR_NOMEM, "out of memory for dummy tensor '%s'", name);
@@ -262,11 +260,100 @@ static int decl_check(lctx *c, const char *module, const ms_linear *W, int is_ex
     return MS_OK;
 }
 
+/* ---- tensor-parallel slices ---- */
+
+/* The part (index, count) of a linear of `group` this rank holds: routed experts are sliced within
+ * their expert group, everything else across the whole tensor-parallel world. */
+static void split_part(const lctx *c, int group, int *part, int *parts) {
+    if (group == MS_GROUP_EXPERTS) *part = c->sh.moe_tp_rank, *parts = c->sh.moe_tp_size;
+    else *part = c->sh.tp_rank, *parts = c->sh.tp_size;
+}
+
+/* Checks that W [N, K] in its format can be cut `parts` ways along split without breaking a
+ * quantization block; *n is the cut dimension's size per part. */
+static int split_check(lctx *c, const ms_linear *W, ms_split split, int parts, int64_t *n) {
+    const int64_t dim = split == MS_SPLIT_OUT ? W->n_out : W->n_in;
+    const char *what = split == MS_SPLIT_OUT ? "output rows" : "input columns";
+    if (dim % parts)
+        return ms_errf(c->err, MS_ERR_INVALID, "%s: module '%s' has %lld %s, which do not split into %d tensor-parallel parts",
+                       c->dir, W->name, (long long)dim, what, parts);
+    *n = dim / parts;
+    if (W->fmt == MS_WFMT_FP8 && *n % 128)
+        return ms_errf(c->err, MS_ERR_INVALID,
+                       "%s: module '%s' is FP8 with 128x128 scale blocks; %d tensor-parallel parts of %lld %s would cut a block",
+                       c->dir, W->name, parts, (long long)*n, what);
+    if (W->fmt == MS_WFMT_NVFP4 && split == MS_SPLIT_IN && *n % 16)
+        return ms_errf(c->err, MS_ERR_INVALID,
+                       "%s: module '%s' is NVFP4 with 16-element scale groups; %d tensor-parallel parts of %lld %s would cut a group",
+                       c->dir, W->name, parts, (long long)*n, what);
+    return MS_OK;
+}
+
+/* Copies columns [c0, c0 + nc) of each of the `rows` rows of a row-major [rows, row_bytes] byte
+ * matrix (c0, nc in bytes) into model memory: only those bytes of the checkpoint are read. */
+static int copy_cols(lctx *c, const ms_linear *W, void **data, int64_t rows, int64_t row_bytes, int64_t c0, int64_t nc) {
+    char *dst = ms_model_alloc(c->m, rows * nc > 0 ? (size_t)(rows * nc) : 1);
+    if (!dst) return ms_errf(c->err, MS_ERR_NOMEM, "out of memory slicing '%s'", W->name);
+    const char *src = *data;
+    for (int64_t r = 0; r < rows; r++) memcpy(dst + r * nc, src + r * row_bytes + c0, (size_t)nc);
+    *data = dst;
+    return MS_OK;
+}
+
+/* Cuts the full-shape view W down to this rank's part (a view for output rows; a copy of the
+ * columns for input columns). */
+static int slice_linear(lctx *c, ms_linear *W, ms_split split, int part, int parts) {
+    if (split == MS_SPLIT_NONE || parts <= 1) return MS_OK;
+    int64_t n;
+    MS_TRY(split_check(c, W, split, parts, &n));
+    const int64_t N = W->n_out, K = W->n_in;
+    if (split == MS_SPLIT_OUT) {
+        const int64_t r0 = (int64_t)part * n;
+        if (W->fmt == MS_WFMT_PLAIN) {
+            W->w.data = (char *)W->w.data + r0 * K * (int64_t)ms_dtype_size(W->w.dtype);
+        } else if (W->fmt == MS_WFMT_FP8) {
+            W->w.data = (char *)W->w.data + r0 * K;
+            W->scale.data = (float *)W->scale.data + (r0 / 128) * W->scale.shape[1];
+            W->scale.shape[0] = n / 128;
+        } else {
+            W->w.data = (char *)W->w.data + r0 * (K / 2);
+            W->scale.data = (char *)W->scale.data + r0 * (K / 16);
+            W->scale.shape[0] = n;
+        }
+        W->w.shape[0] = n;
+        if (W->bias.data) {
+            W->bias.data = (char *)W->bias.data + r0 * (int64_t)ms_dtype_size(W->bias.dtype);
+            W->bias.shape[0] = n;
+        }
+        W->n_out = n;
+        return MS_OK;
+    }
+    const int64_t c0 = (int64_t)part * n;
+    if (W->fmt == MS_WFMT_PLAIN) {
+        const int64_t es = (int64_t)ms_dtype_size(W->w.dtype);
+        MS_TRY(copy_cols(c, W, &W->w.data, N, K * es, c0 * es, n * es));
+    } else if (W->fmt == MS_WFMT_FP8) {
+        MS_TRY(copy_cols(c, W, &W->w.data, N, K, c0, n));
+        MS_TRY(copy_cols(c, W, &W->scale.data, W->scale.shape[0], W->scale.shape[1] * 4, (c0 / 128) * 4, (n / 128) * 4));
+        W->scale.shape[1] = n / 128;
+    } else {
+        MS_TRY(copy_cols(c, W, &W->w.data, N, K / 2, c0 / 2, n / 2));
+        MS_TRY(copy_cols(c, W, &W->scale.data, N, K / 16, c0 / 16, n / 16));
+        W->scale.shape[1] = n / 16;
+    }
+    W->w.shape[1] = W->fmt == MS_WFMT_NVFP4 ? n / 2 : n;
+    if (part != 0) W->bias = (ms_tensor){0}; /* added once, by rank 0, before the sum over ranks */
+    W->n_in = n;
+    return MS_OK;
+}
+
 /* One Linear [N, K] named `module` (tensors module.weight, optional scales and bias). bias: 0 none,
  * 1 optional, 2 required. dummy_q: the dummy format applies to this group. */
 static int load_linear(lctx *c, const char *module, int64_t N, int64_t K, int group, int bias, int is_expert,
-                       ms_linear *W) {
+                       ms_split split, ms_linear *W) {
     memset(W, 0, sizeof *W);
+    int part, parts;
+    split_part(c, group, &part, &parts);
     W->name = ms_model_strdup(c->m, module);
     if (!W->name) return ms_errf(c->err, MS_ERR_NOMEM, "out of memory");
     W->n_out = N;
@@ -275,12 +362,18 @@ static int load_linear(lctx *c, const char *module, int64_t N, int64_t K, int gr
     if (c->dummy) {
         W->fmt = (group == MS_GROUP_EXPERTS || group == MS_GROUP_SHARED) ? c->dummy_fmt : MS_WFMT_PLAIN;
         if (W->fmt == MS_WFMT_NVFP4 && K % 16) W->fmt = MS_WFMT_PLAIN;
+        if (split != MS_SPLIT_NONE && parts > 1) { /* generate this rank's part only */
+            int64_t n;
+            MS_TRY(split_check(c, W, split, parts, &n));
+            if (split == MS_SPLIT_OUT) W->n_out = N = n;
+            else W->n_in = K = n;
+            if (split == MS_SPLIT_IN && part != 0 && bias == 2) bias = 0;
+            if (W->fmt == MS_WFMT_NVFP4 && K % 16) W->fmt = MS_WFMT_PLAIN;
+        }
         if (c->dev) {
-#ifdef MS_HAVE_CUDA
-            MS_TRY(ms_cuda_dummy_linear(c->dev, W, bias == 2, seed_of(c, module), c->err));
+            MS_TRY(c->dev->ops->dummy_linear(c->dev, W, bias == 2, seed_of(c, module), c->err));
             stats_linear(c, group, W);
             return MS_OK;
-#endif
         }
         MS_TRY(ms_dummy_linear(c->m, W, seed_of(c, module), c->err));
         if (bias == 2) {
@@ -352,8 +445,20 @@ static int load_linear(lctx *c, const char *module, int64_t N, int64_t K, int gr
         }
     }
     MS_TRY(decl_check(c, module, W, is_expert));
+    MS_TRY(slice_linear(c, W, split, part, parts));
     stats_linear(c, group, W);
     return MS_OK;
+}
+
+const ms_config *ms_ld_config(const ms_load_ctx *c) { return c->cfg; }
+
+int ms_ld_linear(ms_load_ctx *c, const char *module, int64_t N, int64_t K, int group, int bias, ms_split split,
+                 ms_linear *W) {
+    return load_linear(c, module, N, K, group, bias, 0, split, W);
+}
+
+int ms_ld_tensor1(ms_load_ctx *c, const char *name, int64_t n, int required, int group, ms_dummy_kind kind, ms_tensor *out) {
+    return load_tensor1(c, name, n, required, group, kind, out);
 }
 
 /* ---- experts ---- */
@@ -385,10 +490,10 @@ static int load_fused_experts(lctx *c, int L, const ms_st_tensor *gu, ms_experts
     ms_tensor gt, dt;
     MS_TRY(view_of(c, gu, &gt));
     MS_TRY(view_of(c, dn, &dt));
-    MS_TRY(alloc_experts(c, e, (int)E));
+    MS_TRY(alloc_experts(c, e, c->sh.ne));
     size_t es = ms_dtype_size(gt.dtype), ds = ms_dtype_size(dt.dtype);
-    for (int64_t x = 0; x < E; x++) {
-        ms_linear *g = &e->gate[x], *u = &e->up[x], *d = &e->down[x];
+    for (int64_t x = c->sh.e0; x < c->sh.e0 + c->sh.ne; x++) {
+        ms_linear *g = &e->gate[x - c->sh.e0], *u = &e->up[x - c->sh.e0], *d = &e->down[x - c->sh.e0];
         const char *kind[3] = {"gate_proj", "up_proj", "down_proj"};
         ms_linear *ls[3] = {g, u, d};
         for (int k = 0; k < 3; k++) {
@@ -409,6 +514,7 @@ static int load_fused_experts(lctx *c, int L, const ms_st_tensor *gu, ms_experts
         d->w.data = (char *)dt.data + (size_t)(x * H * I) * ds;
         for (int k = 0; k < 3; k++) {
             MS_TRY(decl_check(c, ls[k]->name, ls[k], 1));
+            MS_TRY(slice_linear(c, ls[k], k < 2 ? MS_SPLIT_OUT : MS_SPLIT_IN, c->sh.moe_tp_rank, c->sh.moe_tp_size));
             stats_linear(c, MS_GROUP_EXPERTS, ls[k]);
         }
     }
@@ -428,15 +534,17 @@ static int load_experts(lctx *c, int L, ms_experts *e) {
         }
         if (gu) return load_fused_experts(c, L, gu, e);
     }
-    MS_TRY(alloc_experts(c, e, cfg->n_routed_experts));
-    for (int x = 0; x < cfg->n_routed_experts; x++) {
+    /* this rank's expert group only (all experts without expert parallelism) */
+    MS_TRY(alloc_experts(c, e, c->sh.ne));
+    for (int i = 0; i < c->sh.ne; i++) {
+        const int x = c->sh.e0 + i;
         snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%d.gate_proj", L, x);
-        MS_TRY(load_linear(c, nm, I, H, MS_GROUP_EXPERTS, 0, 1, &e->gate[x]));
+        MS_TRY(load_linear(c, nm, I, H, MS_GROUP_EXPERTS, 0, 1, MS_SPLIT_OUT, &e->gate[i]));
         snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%d.up_proj", L, x);
-        MS_TRY(load_linear(c, nm, I, H, MS_GROUP_EXPERTS, 0, 1, &e->up[x]));
+        MS_TRY(load_linear(c, nm, I, H, MS_GROUP_EXPERTS, 0, 1, MS_SPLIT_OUT, &e->up[i]));
         snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%d.down_proj", L, x);
-        MS_TRY(load_linear(c, nm, H, I, MS_GROUP_EXPERTS, 0, 1, &e->down[x]));
-        const ms_linear *ls[3] = {&e->gate[x], &e->up[x], &e->down[x]};
+        MS_TRY(load_linear(c, nm, H, I, MS_GROUP_EXPERTS, 0, 1, MS_SPLIT_IN, &e->down[i]));
+        const ms_linear *ls[3] = {&e->gate[i], &e->up[i], &e->down[i]};
         for (int k = 0; k < 3; k++)
             if (ls[k]->fmt != e->gate[0].fmt)
                 return ms_errf(c->err, MS_ERR_FORMAT,
@@ -451,7 +559,7 @@ static int load_experts(lctx *c, int L, ms_experts *e) {
 
 static int load_layer(lctx *c, int L, ms_layer *ly) {
     const ms_config *cfg = c->cfg;
-    const int64_t H = cfg->hidden_size, nh = cfg->num_heads;
+    const int64_t H = cfg->hidden_size;
     char p[128], nm[256];
     snprintf(p, sizeof p, "model.layers.%d.", L);
 #define NM(suffix) (snprintf(nm, sizeof nm, "%s%s", p, suffix), nm)
@@ -459,43 +567,15 @@ static int load_layer(lctx *c, int L, ms_layer *ly) {
     ly->is_moe = cfg->layer_is_moe[L];
     MS_TRY(load_tensor1(c, NM("post_attention_layernorm.weight"), H, 1, ly->is_moe ? MS_GROUP_ROUTER : MS_GROUP_DENSE_MLP,
                         MS_DUMMY_NORM, &ly->ffn_norm));
-    if (cfg->arch == MS_ARCH_GLM4_MOE) {
-        int64_t hd = cfg->head_dim, nkv = cfg->num_kv_heads;
-        int bias = cfg->attention_bias ? 2 : 1;
-        MS_TRY(load_linear(c, NM("self_attn.q_proj"), nh * hd, H, MS_GROUP_ATTN, bias, 0, &ly->q_proj));
-        MS_TRY(load_linear(c, NM("self_attn.k_proj"), nkv * hd, H, MS_GROUP_ATTN, bias, 0, &ly->k_proj));
-        MS_TRY(load_linear(c, NM("self_attn.v_proj"), nkv * hd, H, MS_GROUP_ATTN, bias, 0, &ly->v_proj));
-        MS_TRY(load_linear(c, NM("self_attn.o_proj"), H, nh * hd, MS_GROUP_ATTN, 0, 0, &ly->o_proj));
-        MS_TRY(load_tensor1(c, NM("self_attn.q_norm.weight"), hd, cfg->use_qk_norm, MS_GROUP_ATTN, MS_DUMMY_NORM, &ly->q_norm));
-        MS_TRY(load_tensor1(c, NM("self_attn.k_norm.weight"), hd, cfg->use_qk_norm, MS_GROUP_ATTN, MS_DUMMY_NORM, &ly->k_norm));
-    } else {
-        int64_t rq = cfg->q_lora_rank, rkv = cfg->kv_lora_rank, dn = cfg->qk_nope_head_dim, dr = cfg->qk_rope_head_dim,
-                dv = cfg->v_head_dim;
-        MS_TRY(load_linear(c, NM("self_attn.q_a_proj"), rq, H, MS_GROUP_ATTN, 0, 0, &ly->q_a_proj));
-        MS_TRY(load_tensor1(c, NM("self_attn.q_a_layernorm.weight"), rq, 1, MS_GROUP_ATTN, MS_DUMMY_NORM, &ly->q_a_norm));
-        MS_TRY(load_linear(c, NM("self_attn.q_b_proj"), nh * (dn + dr), rq, MS_GROUP_ATTN, 0, 0, &ly->q_b_proj));
-        MS_TRY(load_linear(c, NM("self_attn.kv_a_proj_with_mqa"), rkv + dr, H, MS_GROUP_ATTN, 0, 0, &ly->kv_a_proj));
-        MS_TRY(load_tensor1(c, NM("self_attn.kv_a_layernorm.weight"), rkv, 1, MS_GROUP_ATTN, MS_DUMMY_NORM, &ly->kv_a_norm));
-        MS_TRY(load_linear(c, NM("self_attn.kv_b_proj"), nh * (dn + dv), rkv, MS_GROUP_ATTN, 0, 0, &ly->kv_b_proj));
-        MS_TRY(load_linear(c, NM("self_attn.o_proj"), H, nh * dv, MS_GROUP_ATTN, 0, 0, &ly->o_proj));
-        ly->has_indexer = cfg->indexer_full[L];
-        if (ly->has_indexer) {
-            int64_t nih = cfg->index_n_heads, dih = cfg->index_head_dim;
-            MS_TRY(load_linear(c, NM("self_attn.indexer.wq_b"), nih * dih, rq, MS_GROUP_INDEXER, 0, 0, &ly->idx_wq_b));
-            MS_TRY(load_linear(c, NM("self_attn.indexer.wk"), dih, H, MS_GROUP_INDEXER, 0, 0, &ly->idx_wk));
-            MS_TRY(load_tensor1(c, NM("self_attn.indexer.k_norm.weight"), dih, 1, MS_GROUP_INDEXER, MS_DUMMY_NORM, &ly->idx_k_norm_w));
-            MS_TRY(load_tensor1(c, NM("self_attn.indexer.k_norm.bias"), dih, 1, MS_GROUP_INDEXER, MS_DUMMY_BIAS, &ly->idx_k_norm_b));
-            MS_TRY(load_linear(c, NM("self_attn.indexer.weights_proj"), nih, H, MS_GROUP_INDEXER, 0, 0, &ly->idx_wproj));
-        }
-    }
+    MS_TRY(cfg->arch->load_layer(c, L, ly));
     if (!ly->is_moe) {
         int64_t I = cfg->intermediate_size;
-        MS_TRY(load_linear(c, NM("mlp.gate_proj"), I, H, MS_GROUP_DENSE_MLP, 0, 0, &ly->gate_proj));
-        MS_TRY(load_linear(c, NM("mlp.up_proj"), I, H, MS_GROUP_DENSE_MLP, 0, 0, &ly->up_proj));
-        MS_TRY(load_linear(c, NM("mlp.down_proj"), H, I, MS_GROUP_DENSE_MLP, 0, 0, &ly->down_proj));
+        MS_TRY(load_linear(c, NM("mlp.gate_proj"), I, H, MS_GROUP_DENSE_MLP, 0, 0, MS_SPLIT_OUT, &ly->gate_proj));
+        MS_TRY(load_linear(c, NM("mlp.up_proj"), I, H, MS_GROUP_DENSE_MLP, 0, 0, MS_SPLIT_OUT, &ly->up_proj));
+        MS_TRY(load_linear(c, NM("mlp.down_proj"), H, I, MS_GROUP_DENSE_MLP, 0, 0, MS_SPLIT_IN, &ly->down_proj));
     } else {
         int64_t E = cfg->n_routed_experts;
-        MS_TRY(load_linear(c, NM("mlp.gate"), E, H, MS_GROUP_ROUTER, 0, 0, &ly->router));
+        MS_TRY(load_linear(c, NM("mlp.gate"), E, H, MS_GROUP_ROUTER, 0, 0, MS_SPLIT_NONE, &ly->router));
         if (ly->router.fmt != MS_WFMT_PLAIN)
             return ms_errf(c->err, MS_ERR_UNSUPPORTED, "%s: router '%s' is quantized; routers must be stored as float", c->dir, ly->router.name);
         MS_TRY(load_tensor1(c, NM("mlp.gate.e_score_correction_bias"), E, c->dummy, MS_GROUP_ROUTER, MS_DUMMY_BIAS, &ly->router_bias));
@@ -510,9 +590,9 @@ static int load_layer(lctx *c, int L, ms_layer *ly) {
         ly->has_shared = cfg->n_shared_experts > 0;
         if (ly->has_shared) {
             int64_t I = (int64_t)cfg->n_shared_experts * cfg->moe_intermediate_size;
-            MS_TRY(load_linear(c, NM("mlp.shared_experts.gate_proj"), I, H, MS_GROUP_SHARED, 0, 1, &ly->sh_gate));
-            MS_TRY(load_linear(c, NM("mlp.shared_experts.up_proj"), I, H, MS_GROUP_SHARED, 0, 1, &ly->sh_up));
-            MS_TRY(load_linear(c, NM("mlp.shared_experts.down_proj"), H, I, MS_GROUP_SHARED, 0, 1, &ly->sh_down));
+            MS_TRY(load_linear(c, NM("mlp.shared_experts.gate_proj"), I, H, MS_GROUP_SHARED, 0, 1, MS_SPLIT_OUT, &ly->sh_gate));
+            MS_TRY(load_linear(c, NM("mlp.shared_experts.up_proj"), I, H, MS_GROUP_SHARED, 0, 1, MS_SPLIT_OUT, &ly->sh_up));
+            MS_TRY(load_linear(c, NM("mlp.shared_experts.down_proj"), H, I, MS_GROUP_SHARED, 0, 1, MS_SPLIT_IN, &ly->sh_down));
         }
     }
 #undef NM
@@ -558,18 +638,23 @@ static int build(lctx *c) {
     const int64_t V = cfg->vocab_size, H = cfg->hidden_size;
     m->layers = ms_model_alloc(m, (size_t)(cfg->num_layers ? cfg->num_layers : 1) * sizeof(ms_layer));
     if (!m->layers) return ms_errf(c->err, MS_ERR_NOMEM, "out of memory");
-    int64_t eshape[2] = {V, H};
+    /* vocab-parallel: this rank's rows of the embedding (and of a tied lm_head) */
+    int64_t eshape[2] = {c->dummy ? c->sh.nv : V, H};
     MS_TRY(load_tensor(c, "model.embed_tokens.weight", 2, eshape, 1, MS_GROUP_EMBED, MS_DUMMY_EMBED, &m->embed));
+    if (!c->dummy && c->sh.nv != V) {
+        m->embed.data = (char *)m->embed.data + c->sh.v0 * H * (int64_t)ms_dtype_size(m->embed.dtype);
+        m->embed.shape[0] = c->sh.nv;
+    }
     MS_TRY(load_tensor1(c, "model.norm.weight", H, 1, MS_GROUP_LM_HEAD, MS_DUMMY_NORM, &m->final_norm));
     for (int L = 0; L < cfg->num_layers; L++) MS_TRY(load_layer(c, L, &m->layers[L]));
     int have_head = c->dummy ? !cfg->tie_word_embeddings : ms_st_find(c->st, "lm_head.weight") != NULL;
     if (have_head) {
-        MS_TRY(load_linear(c, "lm_head", V, H, MS_GROUP_LM_HEAD, 0, 0, &m->lm_head));
+        MS_TRY(load_linear(c, "lm_head", V, H, MS_GROUP_LM_HEAD, 0, 0, MS_SPLIT_OUT, &m->lm_head));
     } else if (cfg->tie_word_embeddings) {
         memset(&m->lm_head, 0, sizeof m->lm_head);
         m->lm_head.name = "lm_head";
         m->lm_head.fmt = MS_WFMT_PLAIN;
-        m->lm_head.n_out = V;
+        m->lm_head.n_out = c->sh.nv;
         m->lm_head.n_in = H;
         m->lm_head.w = m->embed;
         m->tied_lm_head = 1;
@@ -595,6 +680,10 @@ int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_
     snprintf(m->dir, sizeof m->dir, "%s", dir);
     lctx c = {.m = m, .cfg = &m->cfg, .dir = dir, .err = err, .seed = opts->seed};
     int rc = ms_config_load_with_overrides(dir, opts->overrides, opts->n_overrides, &m->cfg, err);
+    if (!rc)
+        rc = ms_shard_make(&m->cfg, opts->tp_size > 0 ? opts->tp_size : 1, opts->ep_size > 0 ? opts->ep_size : 1,
+                           opts->tp_rank, &m->shard, err);
+    c.sh = m->shard;
     const char *lf = opts->load_format ? opts->load_format : "auto";
     if (!rc) {
         if (!strcmp(lf, "dummy")) {
@@ -605,16 +694,12 @@ int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_
             else if (!strcmp(q, "nvfp4")) c.dummy_fmt = MS_WFMT_NVFP4;
             else rc = ms_errf(err, MS_ERR_INVALID, "dummy weight format '%s' is not one of bf16, fp8, nvfp4", q);
             ms_backend *d = opts->dummy_device;
-            if (!rc && d && strcmp(d->name, "cpu") != 0) {
-#ifdef MS_HAVE_CUDA
+            if (!rc && d && d->ops->dummy_linear && d->ops->dummy_tensor) {
                 /* placed while built: ms_model_free unplaces whatever was made, also after an error */
                 c.dev = d;
                 m->placed = 1;
                 m->placed_on = d;
                 m->placed_at_load = 1;
-#else
-                rc = ms_errf(err, MS_ERR_UNSUPPORTED, "dummy weights on device %s: this build has no CUDA", d->name);
-#endif
             }
         } else if (!strcmp(lf, "auto") || !strcmp(lf, "safetensors")) {
             rc = ms_quant_decl_load(dir, &c.q, err);
@@ -624,7 +709,8 @@ int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_
                 c.used = calloc((size_t)ms_st_count(m->st) + 1, 1);
                 if (!c.used) rc = ms_errf(err, MS_ERR_NOMEM, "out of memory");
             }
-            if (!rc && opts->prefetch_threads >= 0) {
+            /* a rank of a split reads only its slices, as pages are touched; prefetch would read all */
+            if (!rc && opts->prefetch_threads >= 0 && m->shard.tp_size == 1) {
                 /* read ahead only what fits in free memory; a bigger checkpoint pages in on use */
                 long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
                 double avail = pages > 0 && psz > 0 ? (double)pages * (double)psz : 0;

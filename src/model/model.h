@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "core/status.h"
 #include "core/batch.h"
+#include "dist/comm.h"
 #include "model/config.h"
 #include "core/tensor.h"
 #include "moe/moe.h"
@@ -51,8 +52,27 @@ enum { MS_GROUP_EMBED, MS_GROUP_ATTN, MS_GROUP_INDEXER, MS_GROUP_DENSE_MLP, MS_G
        MS_GROUP_SHARED, MS_GROUP_LM_HEAD, MS_N_GROUPS };
 extern const char *const ms_group_names[MS_N_GROUPS];
 
+/* This rank's part of the model under tensor / expert parallelism (all 1-way for one rank). The
+ * world is the tensor-parallel group of tp_size ranks; ep_size (dividing it) groups partition the
+ * routed experts, and within a group each owned expert is sliced moe_tp_size = tp_size / ep_size
+ * ways along its intermediate dimension (SGLang's --tp / --ep meaning). */
+typedef struct ms_shard {
+    int tp_rank, tp_size;
+    int ep_rank, ep_size;         /* ep_rank = tp_rank / moe_tp_size */
+    int moe_tp_rank, moe_tp_size; /* moe_tp_rank = tp_rank % moe_tp_size */
+    int e0, ne;                   /* routed experts held: global ids [e0, e0 + ne) */
+    int64_t v0, nv;               /* vocabulary rows of the embedding and lm_head held: [v0, v0 + nv) */
+} ms_shard;
+
+/* Fills sh for rank `rank` of a tp-way world with ep expert groups, refusing (naming the config field
+ * and the values) splits the model cannot take: tp or ep < 1, ep not dividing tp, tp not dividing
+ * the heads (the architecture's rule), the vocabulary or the dense / shared-expert widths, ep not
+ * dividing the routed experts, tp/ep not dividing the expert width. */
+int ms_shard_make(const ms_config *cfg, int tp, int ep, int rank, ms_shard *sh, ms_err *err);
+
 typedef struct ms_model {
     ms_config cfg;
+    ms_shard shard; /* this rank's part (tp_size 1: the whole model) */
     char dir[1024];
     struct ms_st_set *st; /* mmap'd checkpoint (NULL for dummy weights) */
     ms_tensor embed;      /* [V, H] */
@@ -81,6 +101,9 @@ typedef struct ms_load_opts {
      * memory in its own format (no host copy of the model) and the model comes back already placed
      * on it (ms_model_place on the same backend is then a no-op). NULL or cpu: host generation. */
     ms_backend *dummy_device;
+    /* Tensor / expert parallelism: load only rank tp_rank's part of a tp_size-way split with ep_size
+     * expert groups (0 or 1: unsplit). Only the byte ranges of the rank's slices are read. */
+    int tp_rank, tp_size, ep_size;
 } ms_load_opts;
 
 /* Loads config + weights from DIR (or just config for dummy; DIR may then be a config .json path).
@@ -141,6 +164,9 @@ typedef struct ms_forward_opts {
      * backend has them (CUDA): one launch instead of ~25 per layer. Off with check_numerics, on_layer,
      * record/replay or while record_routing or profiling is on. */
     int graphs;
+    /* Tensor parallelism: the communicator of the model's tp_size ranks (this rank's handle; buffers in
+     * this backend's memory). Required when the model is split, NULL otherwise. Not owned. */
+    ms_comm *comm;
 } ms_forward_opts;
 
 int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_forward **out, ms_err *err);

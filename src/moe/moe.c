@@ -41,6 +41,16 @@ static void where(const ms_backend *b, char *buf, size_t cap) {
         snprintf(buf, cap, "the %s backend", b->name);
 }
 
+/* 1 when r runs s on b with the capabilities s needs; otherwise 0 and the reason in why. */
+static int runner_ok(const ms_moe_runner *r, const ms_backend *b, const ms_moe_shape *s, char *why, size_t cap) {
+    if (strcmp(r->backend, b->name) != 0) return snprintf(why, cap, "it is a %s runner", r->backend), 0;
+    unsigned missing = s->need_caps & ~r->caps;
+    if (missing & MS_MOE_CAP_PARTIAL)
+        return snprintf(why, cap, "it does not take expert-parallel routing (experts held by other ranks)"), 0;
+    if (missing) return snprintf(why, cap, "it lacks a capability the caller needs (flags 0x%x)", missing), 0;
+    return r->supports(b, s, why, cap);
+}
+
 /* Comma-separated names of the runners that can run s on b (or "none"). */
 static void capable(const ms_backend *b, const ms_moe_shape *s, char *buf, size_t cap) {
     size_t n = 0;
@@ -48,7 +58,7 @@ static void capable(const ms_backend *b, const ms_moe_shape *s, char *buf, size_
     for (int i = 0; g_runners[i]; i++) {
         const ms_moe_runner *r = g_runners[i];
         char why[128];
-        if (strcmp(r->backend, b->name) != 0 || !r->supports(b, s, why, sizeof why)) continue;
+        if (!runner_ok(r, b, s, why, sizeof why)) continue;
         n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, "%s%s", n ? ", " : "", r->name);
     }
     if (!buf[0]) snprintf(buf, cap, "none");
@@ -78,20 +88,20 @@ int ms_moe_resolve(const ms_backend *b, const char *name, const ms_moe_shape *s,
                        "flag --moe-runner-backend: runner '%s' cannot run on %s: it is a %s runner; runners that can: %s",
                        name, loc, r->backend, can);
     char why[256] = "";
-    if (!r->supports(b, s, why, sizeof why))
+    if (!runner_ok(r, b, s, why, sizeof why))
         return ms_errf(err, MS_ERR_UNSUPPORTED, "flag --moe-runner-backend: runner '%s' cannot run on %s: %s; runners that can: %s",
                        name, loc, why[0] ? why : "unsupported shape", can);
     *out = r;
     return MS_OK;
 }
 
-static const ms_moe_runner *find_ok(const ms_backend *b, const ms_moe_shape *s, const char *name) {
+/* The first runner (in registry order) with all of `caps` that runs s on b, or NULL. */
+static const ms_moe_runner *find_ok(const ms_backend *b, const ms_moe_shape *s, unsigned caps) {
     for (int i = 0; g_runners[i]; i++) {
         const ms_moe_runner *r = g_runners[i];
         char why[128];
-        if (strcmp(r->backend, b->name) != 0) continue;
-        if (name && strcmp(r->name, name) != 0) continue;
-        if (r->supports(b, s, why, sizeof why)) return r;
+        if ((r->caps & caps) != caps) continue;
+        if (runner_ok(r, b, s, why, sizeof why)) return r;
     }
     return NULL;
 }
@@ -99,9 +109,9 @@ static const ms_moe_runner *find_ok(const ms_backend *b, const ms_moe_shape *s, 
 const ms_moe_runner *ms_moe_pick(const ms_backend *b, const ms_moe_runner *forced, const ms_moe_shape *s) {
     if (forced) return forced;
     const ms_moe_runner *r = NULL;
-    if (s->n_tokens <= g_decode_max_tokens) r = find_ok(b, s, "decode");
-    if (!r) r = find_ok(b, s, "grouped");
-    if (!r) r = find_ok(b, s, NULL);
+    if (s->n_tokens <= g_decode_max_tokens) r = find_ok(b, s, MS_MOE_CAP_FEW_TOKENS);
+    if (!r) r = find_ok(b, s, MS_MOE_CAP_MANY_TOKENS);
+    if (!r) r = find_ok(b, s, 0);
     if (!r) /* nothing claims support: fall back to any runner of this backend (run() reports why) */
         for (int i = 0; g_runners[i] && !r; i++)
             if (!strcmp(g_runners[i]->backend, b->name)) r = g_runners[i];

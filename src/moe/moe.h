@@ -20,11 +20,21 @@ typedef struct ms_experts {
     void *prepared;  /* runner/backend-private form (e.g. device pointer tables); may be NULL */
 } ms_experts;
 
+/* What a runner can do beyond computing the routed MoE of a shape it supports (capability flags;
+ * callers choose by these, never by a runner's name). */
+enum {
+    MS_MOE_CAP_GRAPHS = 1u << 0,      /* run() may be recorded into a backend graph (no host waits inside) */
+    MS_MOE_CAP_PARTIAL = 1u << 1,     /* takes id -1 for an expert held by another rank (expert parallelism) */
+    MS_MOE_CAP_FEW_TOKENS = 1u << 2,  /* made for decode-sized calls (auto prefers it up to the threshold) */
+    MS_MOE_CAP_MANY_TOKENS = 1u << 3, /* made for prefill-sized calls (auto prefers it above the threshold) */
+};
+
 /* What a runner is asked to do in one call (for supports/workspace/auto choice). */
 typedef struct ms_moe_shape {
     int n_tokens, hidden, inter, n_experts, topk;
     ms_wfmt fmt;
     ms_dtype plain_dtype; /* weight dtype when fmt == PLAIN */
+    unsigned need_caps;   /* MS_MOE_CAP_* the caller relies on (e.g. PARTIAL under expert parallelism) */
 } ms_moe_shape;
 
 typedef struct ms_moe_runner {
@@ -39,6 +49,7 @@ typedef struct ms_moe_runner {
     /* out [T,H] = routed MoE of x [T,H] (overwrites out). ids_d/w_d [T,topk] from the router. */
     int (*run)(ms_backend *b, const ms_experts *e, const ms_tensor *x, const int32_t *ids_d, const float *w_d,
                int topk, ms_tensor *out, void *workspace, size_t ws_bytes, ms_err *err);
+    unsigned caps; /* MS_MOE_CAP_* */
 } ms_moe_runner;
 
 /* All runners compiled into this build (NULL-terminated). */

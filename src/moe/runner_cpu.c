@@ -132,6 +132,7 @@ static void comb_fn(void *p, int64_t b, int64_t en, int wk) {
         memset(o, 0, (size_t)c->H * 4);
         for (int j = 0; j < c->topk; j++) {
             int a = c->a_inv[t * c->topk + ord[j]];
+            if (a < 0) continue; /* held by another rank */
             ms_cpu_axpy(c->w[t * c->topk + ord[j]], c->part + (int64_t)a * c->H, o, c->H);
         }
     }
@@ -158,7 +159,7 @@ static int cpu_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, const
     ms_pool *pool = ms_cpu_pool();
     const int nth = ms_pool_size(pool);
     for (int64_t i = 0; i < T * topk; i++)
-        if (ids[i] < 0 || ids[i] >= e->n)
+        if (ids[i] < -1 || ids[i] >= e->n) /* -1: an expert another rank holds (expert parallelism) */
             return ms_errf(err, MS_ERR_INVALID, "moe cpu runner: expert id %d of token %lld is out of range (%d experts)",
                            ids[i], (long long)(i / topk), e->n);
     for (int64_t t0 = 0; t0 < T; t0 += CHUNK_T) {
@@ -173,7 +174,8 @@ static int cpu_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, const
         const int32_t *cid = ids + t0 * topk;
         const int A = tc * topk;
         memset(cnt, 0, 4 * (size_t)e->n);
-        for (int i = 0; i < A; i++) cnt[cid[i]]++;
+        for (int i = 0; i < A; i++)
+            if (cid[i] >= 0) cnt[cid[i]]++;
         int n_act = 0;
         off[0] = 0;
         for (int k = 0; k < e->n; k++) {
@@ -183,7 +185,12 @@ static int cpu_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, const
         /* bucket assignments by expert (tokens stay in order within a bucket); reuse cnt as fill */
         memset(cnt, 0, 4 * (size_t)e->n);
         for (int i = 0; i < A; i++) {
-            int k = cid[i], a = off[k] + cnt[k]++;
+            int k = cid[i];
+            if (k < 0) {
+                a_inv[i] = -1;
+                continue;
+            }
+            int a = off[k] + cnt[k]++;
             a_tok[a] = i / topk;
             a_inv[i] = a;
         }
@@ -210,4 +217,5 @@ const ms_moe_runner ms_moe_runner_cpu = {
     .workspace_size = cpu_ws_size,
     .prepare = NULL,
     .run = cpu_run,
+    .caps = MS_MOE_CAP_PARTIAL | MS_MOE_CAP_FEW_TOKENS | MS_MOE_CAP_MANY_TOKENS,
 };

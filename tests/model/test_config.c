@@ -17,7 +17,7 @@ static void test_legacy_equals_v5(void) {
         CHECK_MSG(ms_config_parse(jb, "v5.json", &cb, &err) == 0, "%s", err.msg);
         CHECK(memcmp(&ca, &cb, sizeof ca) == 0);
         CHECK(ca.rope_theta == 1e6);
-        if (arch == MS_ARCH_GLM4_MOE) CHECK_EQ_INT(ca.rotary_dim, TINY_HD / 2);
+        if (arch == TINY_GLM4_MOE) CHECK_EQ_INT(ca.rotary_dim, TINY_HD / 2);
         free(ja);
         free(jb);
     }
@@ -27,7 +27,7 @@ static void test_shipped_configs(void) {
     ms_config c;
     ms_err err = {0};
     CHECK_MSG(ms_config_load("configs/glm-5.json", &c, &err) == 0, "%s", err.msg);
-    CHECK_EQ_INT(c.arch, MS_ARCH_GLM_MOE_DSA);
+    CHECK(c.arch == &ms_arch_glm_moe_dsa);
     CHECK_EQ_INT(c.num_layers, 78);
     CHECK_EQ_INT(c.head_dim, 256); /* config says 64; derived from qk dims */
     CHECK_EQ_INT(c.rotary_dim, 64);
@@ -43,7 +43,7 @@ static void test_shipped_configs(void) {
     CHECK(c.rope_theta == 1e6);
     CHECK_STR(c.torch_dtype, "bfloat16");
     CHECK_MSG(ms_config_load("configs/glm-4.5-air.json", &c, &err) == 0, "%s", err.msg);
-    CHECK_EQ_INT(c.arch, MS_ARCH_GLM4_MOE);
+    CHECK(c.arch == &ms_arch_glm4_moe);
     CHECK_EQ_INT(c.num_layers, 46);
     CHECK_EQ_INT(c.head_dim, 128);
     CHECK_EQ_INT(c.rotary_dim, 64);
@@ -68,7 +68,7 @@ static int parse_with(const char *base_json, const char *key, const char *raw, m
 }
 
 static void test_layer_rules(void) {
-    tiny_opts o = {.arch = MS_ARCH_GLM_MOE_DSA, .n_layers = 78};
+    tiny_opts o = {.arch = TINY_GLM_MOE_DSA, .n_layers = 78};
     char *j = tiny_config_json(&o);
     json_t *r = json_loads(j, 0, NULL);
     free(j);
@@ -110,7 +110,7 @@ static void test_layer_rules(void) {
 }
 
 static void test_rejections(void) {
-    tiny_opts o = {.arch = MS_ARCH_GLM_MOE_DSA};
+    tiny_opts o = {.arch = TINY_GLM_MOE_DSA};
     char *j = tiny_config_json(&o);
     ms_config c;
     ms_err err = {0};
@@ -166,7 +166,7 @@ static void test_overrides_and_generation(void) {
     char d[1024], p[1100];
     snprintf(d, sizeof d, "%s/ov", g_root);
     mkdir(d, 0755);
-    tiny_opts o = {.arch = MS_ARCH_GLM_MOE_DSA, .v5_keys = 1, .n_layers = 6};
+    tiny_opts o = {.arch = TINY_GLM_MOE_DSA, .v5_keys = 1, .n_layers = 6};
     char *j = tiny_config_json(&o);
     ms_err err = {0};
     snprintf(p, sizeof p, "%s/config.json", d);

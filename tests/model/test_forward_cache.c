@@ -11,6 +11,7 @@
  * plus graph steps against the same steps run op by op. */
 #include "backend/backend.h"
 #include "core/dtype.h"
+#include "model/arch.h"
 #include "model/model.h"
 #include "test.h"
 
@@ -156,7 +157,7 @@ static void build_top(ms_model *m) {
 static ms_model *build_glm4(int efmt, int afmt, int grouped) {
     ms_model *m = amalloc(sizeof *m);
     ms_config *c = &m->cfg;
-    c->arch = MS_ARCH_GLM4_MOE;
+    c->arch = &ms_arch_glm4_moe;
     strcpy(c->model_type, "glm4_moe");
     common_cfg(c, 3, grouped);
     c->num_heads = 4;
@@ -185,7 +186,7 @@ static ms_model *build_glm4(int efmt, int afmt, int grouped) {
 static ms_model *build_dsa(int index_topk, int grouped) {
     ms_model *m = amalloc(sizeof *m);
     ms_config *c = &m->cfg;
-    c->arch = MS_ARCH_GLM_MOE_DSA;
+    c->arch = &ms_arch_glm_moe_dsa;
     strcpy(c->model_type, "glm_moe_dsa");
     common_cfg(c, 4, grouped);
     c->num_heads = 4;

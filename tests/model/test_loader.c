@@ -42,7 +42,7 @@ static void test_glm4_f32(void) {
     int rc = ms_model_load(dir, NULL, &m, &err);
     CHECK_MSG(rc == 0, "%s", err.msg);
     if (rc) return;
-    CHECK_EQ_INT(m->cfg.arch, MS_ARCH_GLM4_MOE);
+    CHECK(m->cfg.arch == &ms_arch_glm4_moe);
     CHECK_EQ_INT(m->cfg.num_layers, 3);
     CHECK(!m->layers[0].is_moe && m->layers[1].is_moe && m->layers[2].is_moe);
     CHECK_EQ_INT(m->layers[1].experts.n, TINY_E);
@@ -65,14 +65,14 @@ static void test_glm4_f32(void) {
 }
 
 static void test_dsa_bf16_sharded_mtp(void) {
-    tiny_opts o = {.arch = MS_ARCH_GLM_MOE_DSA, .dtype = MS_BF16, .sharded = 1, .mtp = 1, .v5_keys = 1};
+    tiny_opts o = {.arch = TINY_GLM_MOE_DSA, .dtype = MS_BF16, .sharded = 1, .mtp = 1, .v5_keys = 1};
     char *dir = mkcase("dsa", &o);
     ms_model *m = NULL;
     ms_err err = {0};
     int rc = ms_model_load(dir, NULL, &m, &err);
     CHECK_MSG(rc == 0, "%s", err.msg);
     if (rc) return;
-    CHECK_EQ_INT(m->cfg.arch, MS_ARCH_GLM_MOE_DSA);
+    CHECK(m->cfg.arch == &ms_arch_glm_moe_dsa);
     CHECK_EQ_INT(m->cfg.head_dim, TINY_DN + TINY_DR); /* config's head_dim (8) ignored */
     CHECK(m->layers[0].has_indexer && !m->layers[1].has_indexer && m->layers[2].has_indexer);
     CHECK(m->layers[1].idx_wk.w.data == NULL);
@@ -152,7 +152,7 @@ static void test_missing_and_bad_shape(void) {
     expect_fail("missing", &o, "model.layers.2.mlp.experts.3.up_proj.weight", "missing");
     tiny_opts o2 = {.bad_shape = "model.layers.0.self_attn.k_proj.weight"};
     expect_fail("badshape", &o2, "model.layers.0.self_attn.k_proj.weight", "[33, 64]");
-    tiny_opts o3 = {.arch = MS_ARCH_GLM_MOE_DSA, .omit = "model.layers.2.self_attn.indexer.k_norm.bias"};
+    tiny_opts o3 = {.arch = TINY_GLM_MOE_DSA, .omit = "model.layers.2.self_attn.indexer.k_norm.bias"};
     expect_fail("missing_idx", &o3, "indexer.k_norm.bias", "missing");
     tiny_opts o4 = {.tie = 0, .omit = "lm_head.weight"};
     expect_fail("nohead", &o4, "lm_head.weight", NULL);
@@ -204,7 +204,7 @@ static double dummy_row_var(const ms_linear *W) {
 }
 
 static void test_dummy(void) {
-    tiny_opts o = {.arch = MS_ARCH_GLM_MOE_DSA};
+    tiny_opts o = {.arch = TINY_GLM_MOE_DSA};
     char *dir = mkcase("dummycfg", &o);
     const char *fmts[] = {"bf16", "fp8", "nvfp4"};
     for (int f = 0; f < 3; f++) {

@@ -182,7 +182,7 @@ static void test_nvfp4_round_trip(void) {
     char in[1024], out[1024];
     snprintf(in, sizeof in, "%s/src_dsa", g_root);
     snprintf(out, sizeof out, "%s/dsa_nvfp4", g_root);
-    tiny_opts o = {.arch = MS_ARCH_GLM_MOE_DSA, .mtp = 1};
+    tiny_opts o = {.arch = TINY_GLM_MOE_DSA, .mtp = 1};
     CHECK(tiny_write(in, &o) == 0);
     CHECK(run_quantize("nvfp4", in, out, NULL) == 0);
     ms_model *m = load(out);

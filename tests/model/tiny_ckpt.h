@@ -8,6 +8,7 @@
 
 #include "core/dtype.h"
 #include "core/fileutil.h"
+#include "model/arch.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 
@@ -20,8 +21,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+enum { TINY_GLM4_MOE = 1, TINY_GLM_MOE_DSA = 2 }; /* tiny_opts.arch */
+
 typedef struct tiny_opts {
-    int arch;              /* MS_ARCH_GLM4_MOE (default when 0) or MS_ARCH_GLM_MOE_DSA */
+    int arch;              /* TINY_GLM4_MOE (default when 0) or TINY_GLM_MOE_DSA */
     ms_dtype dtype;        /* weight dtype: MS_F32 (default when 0), MS_BF16, MS_F16 */
     int fused_experts;     /* transformers-5 fused expert tensors */
     int tie;               /* tie_word_embeddings, no lm_head.weight */
@@ -103,7 +106,7 @@ static __attribute__((unused)) void tiny_layer(tiny_w *t, int L, int moe, int fu
 #define TN(fmt_) (snprintf(n, sizeof n, "model.layers.%d." fmt_, L), n)
     tiny_vec(t, TN("input_layernorm.weight"), TINY_H, 0.1f, 1.0f);
     tiny_vec(t, TN("post_attention_layernorm.weight"), TINY_H, 0.1f, 1.0f);
-    if (o->arch == MS_ARCH_GLM_MOE_DSA) {
+    if (o->arch == TINY_GLM_MOE_DSA) {
         tiny_lin(t, TN("self_attn.q_a_proj.weight"), TINY_RQ, TINY_H);
         tiny_vec(t, TN("self_attn.q_a_layernorm.weight"), TINY_RQ, 0.1f, 1.0f);
         tiny_lin(t, TN("self_attn.q_b_proj.weight"), TINY_NH * (TINY_DN + TINY_DR), TINY_RQ);
@@ -162,7 +165,7 @@ static __attribute__((unused)) void tiny_layer(tiny_w *t, int L, int moe, int fu
 static char *tiny_config_json(const tiny_opts *o) {
     int nl = o->n_layers ? o->n_layers : 3;
     json_t *c = json_object();
-    int dsa = o->arch == MS_ARCH_GLM_MOE_DSA;
+    int dsa = o->arch == TINY_GLM_MOE_DSA;
     json_object_set_new(c, "architectures", json_pack("[s]", dsa ? "GlmMoeDsaForCausalLM" : "Glm4MoeForCausalLM"));
     json_object_set_new(c, "model_type", json_string(dsa ? "glm_moe_dsa" : "glm4_moe"));
     json_object_set_new(c, "vocab_size", json_integer(TINY_V));
@@ -226,7 +229,7 @@ static char *tiny_config_json(const tiny_opts *o) {
 /* Writes config.json and the weights into dir (created if needed). Returns 0 on success. */
 static __attribute__((unused)) int tiny_write(const char *dir, const tiny_opts *o0) {
     tiny_opts o = *o0;
-    if (!o.arch) o.arch = MS_ARCH_GLM4_MOE;
+    if (!o.arch) o.arch = TINY_GLM4_MOE;
     if (!o.dtype) o.dtype = MS_F32;
     int nl = o.n_layers ? o.n_layers : 3;
     mkdir(dir, 0755);

@@ -146,6 +146,26 @@ static int cpu_embed(ms_backend *b, const ms_tensor *table, const int32_t *ids, 
     return MS_OK;
 }
 
+static int cpu_embed_part(ms_backend *b, const ms_tensor *table, const int32_t *ids, int n, int64_t v0, ms_tensor *out,
+                          ms_err *err) {
+    check_f32(out);
+    const int64_t rows = table->shape[0], H = table->shape[1];
+    const size_t es = ms_dtype_size(table->dtype);
+    MS_ASSERT(out->shape[out->ndim - 1] == H && ms_tensor_numel(out) >= (int64_t)n * H);
+    float *o = out->data;
+    for (int i = 0; i < n; i++) {
+        const int64_t r = (int64_t)ids[i] - v0;
+        if (r >= 0 && r < rows) ms_convert_to_f32(table->dtype, (const char *)table->data + r * H * (int64_t)es, o + (int64_t)i * H, (size_t)H);
+        else memset(o + (int64_t)i * H, 0, sizeof(float) * (size_t)H);
+    }
+    return MS_OK;
+}
+
+static int cpu_remap_ids(ms_backend *b, int32_t *ids, int64_t n, int lo, int count, ms_err *err) {
+    for (int64_t i = 0; i < n; i++) ids[i] = ids[i] >= lo && ids[i] < lo + count ? ids[i] - lo : -1;
+    return MS_OK;
+}
+
 typedef struct {
     float *resid;
     const float *delta;
@@ -628,6 +648,8 @@ static const ms_backend_ops cpu_ops = {
     .unplace_tensor = cpu_unplace_tensor,
     .unplace_linear = cpu_unplace_linear,
     .embed = cpu_embed,
+    .embed_part = cpu_embed_part,
+    .remap_ids = cpu_remap_ids,
     .rmsnorm = cpu_rmsnorm,
     .add_rmsnorm = cpu_add_rmsnorm,
     .layernorm = cpu_layernorm,

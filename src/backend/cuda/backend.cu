@@ -660,6 +660,9 @@ static int cu_mla_v_up(ms_backend *b, const ms_linear *kv_b, const ms_tensor *o_
     return MS_OK;
 }
 
+/* b->gpu refreshed (memory free changes as the model and caches are placed). */
+static int cu_device_info(ms_backend *b, ms_err *err) { return ms_cuda_device_info(b->device, &b->gpu, err); }
+
 /* ---- ops table and constructor ---- */
 
 /* Filled by name at first use so the table follows backend.h whatever its field order. */
@@ -706,6 +709,9 @@ static void cu_ops_init(void) {
     cu_ops.host_pin = cu_host_pin;
     cu_ops.linear_swiglu = cu_linear_swiglu;
     cu_ops.host_unpin = cu_host_unpin;
+    cu_ops.dummy_tensor = ms_cuda_dummy_tensor;
+    cu_ops.dummy_linear = ms_cuda_dummy_linear;
+    cu_ops.device_info = cu_device_info;
 }
 
 
