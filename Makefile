@@ -24,7 +24,7 @@ LDFLAGS := $(SAN) -Wl,-rpath,'$$ORIGIN/lib'
 ifeq ($(CUDA),1)
 CFLAGS_BASE += -DMS_HAVE_CUDA=1
 CUDA_INC := -I$(CUDA_HOME)/include
-LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart -lstdc++
 NVFLAGS := -std=c++17 -O3 -lineinfo $(CUDA_ARCHS) -Isrc -Xcompiler -fPIC,-Wall --expt-relaxed-constexpr -Wno-deprecated-gpu-targets
 endif
 CFLAGS ?=
