@@ -3,6 +3,7 @@
  * built-in demo model (models/demo next to the binary's ../, or under the current directory),
  * with the GLM reasoning and tool-call parsers on. */
 #include "common/args.h"
+#include "common/model_args.h"
 #include "core/fileutil.h"
 #include "core/log.h"
 #include "server/serve_deps.h"
@@ -34,7 +35,10 @@ static void usage(void) {
             "  --tool-call-parser glm45|glm47|none  parse GLM tool calls into tool_calls\n"
             "  --chat-template FILE        Jinja chat template overriding the tokenizer's\n"
             "  --enable-thinking-default true|false  enable_thinking when a request does not say\n"
-            "  --device cpu|cuda           (default cpu)   --tp N (only 1 for now)\n"
+            "  --device cpu|cuda           (default cpu)\n"
+            "  --tp N, --ep N              tensor-parallel ranks (one per GPU, or CPU threads); expert groups dividing tp\n"
+            "  --nnodes N --node-rank R --dist-init-addr HOST:PORT [--dist-timeout S]\n"
+            "                              several processes (nodes): node 0 serves HTTP, the others follow it\n"
             "  --moe-runner-backend auto|NAME   --load-format auto|dummy   --dummy-quant bf16|fp8|nvfp4\n"
             "  --override KEY=VALUE        config override with dummy weights, e.g. num_hidden_layers=12\n"
             "  --mem-fraction-static F     --max-total-tokens N   --context-length N\n"
@@ -107,7 +111,8 @@ int cmd_serve(int argc, char **argv) {
     const char *tmpl = ms_args_str(&a, "chat-template", NULL);
     const char *think_def = ms_args_str(&a, "enable-thinking-default", "true");
     const char *device = ms_args_str(&a, "device", "cpu");
-    long long tp = ms_args_int(&a, "tp", 1, &bad);
+    ms_exec_opts par = {0};
+    if (ms_parallel_args_parse(&a, "serve", &par)) bad = 1;
     const char *runner = ms_args_str(&a, "moe-runner-backend", "auto");
     const char *load_format = ms_args_str(&a, "load-format", "auto");
     const char *dummy_quant = ms_args_str(&a, "dummy-quant", "bf16");
@@ -130,10 +135,6 @@ int cmd_serve(int argc, char **argv) {
                : !strcmp(log_level, "debug") ? MS_LOG_DEBUG : !strcmp(log_level, "info") ? MS_LOG_INFO : -1;
         if (lv < 0) { fprintf(stderr, "flag --log-level: '%s' is not error, warn, info or debug\n", log_level); return 2; }
         ms_log_set_level(lv);
-    }
-    if (tp != 1) {
-        fprintf(stderr, "flag --tp: %lld is not supported yet; this build serves on one device (--tp 1)\n", tp);
-        return 2;
     }
     if (port < 0 || port > 65535) { fprintf(stderr, "flag --port: %lld is not in [0, 65535]\n", port); return 2; }
     if (strcmp(device, "cpu") && strcmp(device, "cuda")) {
@@ -188,6 +189,7 @@ int cmd_serve(int argc, char **argv) {
     double t0 = ms_now();
     ms_serve_stack_opts so;
     memset(&so, 0, sizeof so);
+    so.exec = par; /* --tp, --ep, --nnodes, --node-rank, --dist-init-addr, --dist-timeout */
     so.exec.model_path = model_path;
     so.exec.device = device;
     so.exec.moe_runner = runner;
@@ -212,6 +214,16 @@ int cmd_serve(int argc, char **argv) {
     if (ms_serve_stack_open(&so, &st, &err) != MS_OK) {
         fprintf(stderr, "serve: %s\n", err.msg);
         return 1;
+    }
+
+    if (par.nnodes > 1 && par.node_rank > 0) {
+        /* a follower node: no HTTP; run node 0's step plans until it stops the run or the run breaks */
+        printf("moeserve: node %d of %d following node 0 at %s\n", par.node_rank, par.nnodes, par.dist_init_addr);
+        fflush(stdout);
+        int rc = ms_model_executor_follow(&st.model.exec, &err);
+        if (rc) fprintf(stderr, "serve: node %d: %s\n", par.node_rank, err.msg);
+        ms_serve_stack_close(&st);
+        return rc ? 1 : 0;
     }
 
     /* Parsers default to what the model speaks: GLM reasoning tags in the vocabulary turn on the glm45
@@ -260,7 +272,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.version = MS_VERSION;
     json_t *flags = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:b, s:b}",
                               "device", device, "moe_runner_backend", runner, "load_format", load_format,
-                              "chat_template", tmpl ? tmpl : "", "tp", (int)tp, "context_length", st.context_length,
+                              "chat_template", tmpl ? tmpl : "", "tp", par.tp, "context_length", st.context_length,
                               "max_total_tokens", st.kv_tokens, "page_size", st.page_size,
                               "max_running_requests", (int)max_running, "max_queued_requests", (int)max_queued,
                               "mem_fraction_static", mem_frac, "enable_thinking_default", think, "radix_cache", !no_radix);
@@ -289,11 +301,22 @@ int cmd_serve(int argc, char **argv) {
     else printf("moeserve: serving '%s' on http://[%s]:%d (ready in %.1f s)\n", cfg.lim.model_names[0], host,
                 ms_server_port(srv), ms_now() - t0);
     fflush(stdout);
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    MS_LOGI("signal %d: shutting down", sig);
+    /* wait for a signal; meanwhile a split model's ranks and nodes are checked every second: a rank
+     * or node that failed ends the server with the cause instead of leaving it hanging */
+    int sig = 0, failed = 0;
+    struct timespec tick = {1, 0};
+    for (;;) {
+        sig = sigtimedwait(&sigs, NULL, &tick);
+        if (sig > 0) break;
+        if (ms_model_executor_check(&st.model.exec, &err) != MS_OK) {
+            fprintf(stderr, "serve: the model's ranks cannot run any more: %s\n", err.msg);
+            failed = 1;
+            break;
+        }
+    }
+    if (!failed) MS_LOGI("signal %d: shutting down", sig);
     ms_server_stop(srv);
     ms_serve_stack_close(&st);
     free(flags_txt);
-    return 0;
+    return failed ? 1 : 0;
 }

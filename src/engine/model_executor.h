@@ -26,6 +26,13 @@ typedef struct ms_exec_opts {
     int record_routing;       /* forward records distinct routed experts per layer (bench-model) */
     ms_decisions *record_decisions;        /* single-step record/replay (logits, compare); see model.h */
     const ms_decisions *replay_decisions;
+    /* Tensor / expert parallelism (SGLang's flags): tp ranks (0/1 = one), ep expert groups dividing tp.
+     * Ranks are threads of this process, one per local device (cpu: each rank its own CPU backend;
+     * cuda: GPUs device_index, device_index + 1, ...), tp / nnodes of them per node. */
+    int tp, ep;
+    int nnodes, node_rank;       /* processes (nodes) of the run and this one's index (0 = serves) */
+    const char *dist_init_addr;  /* HOST:PORT node 0 listens at (needed when nnodes > 1) */
+    double dist_timeout_s;       /* bound on every collective and control message (0 = 60 s) */
 } ms_exec_opts;
 
 /* Opens everything; on success *out is ready for ms_engine_create and *model_out (may be NULL)
@@ -37,7 +44,15 @@ int ms_model_executor_eos(const ms_executor *ex, int32_t *ids, int cap);
 /* The backend and forward open made (owned by the executor), for tools that time or inspect them. */
 ms_backend *ms_model_executor_backend(const ms_executor *ex);
 ms_forward *ms_model_executor_forward(const ms_executor *ex);
-/* Frees what open made (forward, backend, model). */
+/* Frees what open made (forward, backend, model; every rank's). On node 0 of a multi-node run it
+ * first tells the other nodes to stop. */
 void ms_model_executor_close(ms_executor *ex);
+/* Node > 0 of a multi-node run: runs the forward of every step plan node 0 sends until node 0 says
+ * stop (MS_OK) or the run breaks (node 0 gone, a collective failed or timed out: the error names the
+ * cause). Node 0 and single-node executors return MS_OK at once. */
+int ms_model_executor_follow(const ms_executor *ex, ms_err *err);
+/* MS_OK while every rank and node of the executor can run steps; otherwise the cause (a failed
+ * collective, a node whose connection closed). Cheap: for a health loop. */
+int ms_model_executor_check(const ms_executor *ex, ms_err *err);
 
 #endif

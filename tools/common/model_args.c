@@ -5,6 +5,51 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The first of several spellings of one flag that is present (NULL when none). */
+static const char *first_of(ms_args *a, const char *const *names, const char **which) {
+    for (int i = 0; names[i]; i++) {
+        const char *v = ms_args_str(a, names[i], NULL);
+        if (v) return *which = names[i], v;
+    }
+    return NULL;
+}
+
+/* A positive count flag in [1, max] given under any of names; def when absent. */
+static int count_flag(ms_args *a, const char *cmd, const char *const *names, int def, int max, int *out) {
+    const char *which = names[0], *v = first_of(a, names, &which);
+    if (!v) return *out = def, 0;
+    char *end;
+    long long n = strtoll(v, &end, 10);
+    if (!*v || *end || n < 1 || n > max)
+        return fprintf(stderr, "moeserve %s: flag --%s: '%s' is not a number in [1, %d]\n", cmd, which, v, max), -1;
+    *out = (int)n;
+    return 0;
+}
+
+int ms_parallel_args_parse(ms_args *a, const char *cmd, ms_exec_opts *e) {
+    static const char *const tp_names[] = {"tp", "tp-size", "tensor-parallel-size", NULL};
+    static const char *const ep_names[] = {"ep", "ep-size", "expert-parallel-size", NULL};
+    static const char *const nn_names[] = {"nnodes", NULL};
+    int tp = 0, ep = 0, nn = 1, bad = 0;
+    if (count_flag(a, cmd, tp_names, 0, 1024, &tp) || count_flag(a, cmd, ep_names, 0, 1024, &ep) ||
+        count_flag(a, cmd, nn_names, 1, 1024, &nn))
+        return -1;
+    if (!tp) tp = ep ? ep : 1; /* --ep N alone: N ranks, each holding 1/N of the experts */
+    if (!ep) ep = 1;
+    long long nr = ms_args_int(a, "node-rank", 0, &bad);
+    double to = ms_args_float(a, "dist-timeout", 60, &bad);
+    e->dist_init_addr = ms_args_str(a, "dist-init-addr", NULL);
+    if (bad) return -1;
+    if (tp % ep)
+        return fprintf(stderr, "moeserve %s: flag --ep %d must divide --tp %d (expert groups partition the ranks)\n", cmd, ep, tp), -1;
+    if (nr < 0 || nr >= nn) return fprintf(stderr, "moeserve %s: flag --node-rank %lld is not in [0, --nnodes %d)\n", cmd, nr, nn), -1;
+    if (!(to > 0) || to > 86400) return fprintf(stderr, "moeserve %s: flag --dist-timeout %g is not in (0, 86400] seconds\n", cmd, to), -1;
+    if (nn > 1 && !e->dist_init_addr)
+        return fprintf(stderr, "moeserve %s: flag --dist-init-addr HOST:PORT is required with --nnodes %d\n", cmd, nn), -1;
+    e->tp = tp, e->ep = ep, e->nnodes = nn, e->node_rank = (int)nr, e->dist_timeout_s = to;
+    return 0;
+}
+
 int ms_model_args_parse(ms_args *a, const char *cmd, ms_model_args *o) {
     memset(o, 0, sizeof *o);
     ms_exec_opts *e = &o->ex;
@@ -24,7 +69,7 @@ int ms_model_args_parse(ms_args *a, const char *cmd, ms_model_args *o) {
     long long ps = ms_args_int(a, "page-size", 16, &bad);
     long long mb = ms_args_int(a, "max-batch-tokens", 0, &bad);
     e->mem_fraction_static = ms_args_float(a, "mem-fraction-static", 0, &bad);
-    if (bad) return -1;
+    if (bad || ms_parallel_args_parse(a, cmd, e)) return -1;
     if (mt < 0 || mt > 1 << 30) return fprintf(stderr, "moeserve %s: flag --max-total-tokens: %lld is out of range\n", cmd, mt), -1;
     if (ps < 1 || ps > 4096) return fprintf(stderr, "moeserve %s: flag --page-size: %lld is out of range (1..4096)\n", cmd, ps), -1;
     if (mb < 0 || mb > 1 << 20) return fprintf(stderr, "moeserve %s: flag --max-batch-tokens: %lld is out of range\n", cmd, mb), -1;

@@ -15,9 +15,16 @@ typedef struct ms_model_args {
 
 /* Reads --model (or --model-path), --device, --device-index, --moe-runner-backend, --load-format,
  * --dummy-quant, --override key=value (repeatable), --check-numerics, --max-total-tokens,
- * --page-size, --max-batch-tokens, --mem-fraction-static. Returns 0, or -1 after printing one
+ * --page-size, --max-batch-tokens, --mem-fraction-static and the parallelism flags
+ * (ms_parallel_args_parse). Returns 0, or -1 after printing one
  * error line naming the flag (missing --model, malformed number). */
 int ms_model_args_parse(ms_args *a, const char *cmd, ms_model_args *out);
+
+/* Reads the parallelism flags into e (SGLang's names and aliases): --tp/--tp-size/--tensor-parallel-size
+ * N, --ep/--ep-size/--expert-parallel-size N (alone it implies --tp N), --nnodes N, --node-rank R,
+ * --dist-init-addr HOST:PORT, --dist-timeout SECONDS. Returns 0, or -1 after printing one error line
+ * naming the flag. The model-dependent checks (heads, experts, vocab divisible) happen at load. */
+int ms_parallel_args_parse(ms_args *a, const char *cmd, ms_exec_opts *e);
 
 /* Runs one forward step of a single sequence whose pages are 0,1,2,... in order: the new tokens
  * are ids[start, start+n_new) at positions start.. (earlier positions must already be cached).
