@@ -200,8 +200,9 @@ static int cpu_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, const
         rc.n_rb1 = (int)((I + RB - 1) / RB);
         rc.n_rb2 = (int)((H + RB - 1) / RB);
         gath_ctx gc = {rc.x, a_tok, rc.xg, H};
-        ms_pool_run(pool, A, ms_cpu_grain((double)H), gath_fn, &gc);
-        double per_tok = (double)A / (n_act ? n_act : 1);
+        const int A_here = off[e->n]; /* assignments to experts of this rank (all of them without EP) */
+        ms_pool_run(pool, A_here, ms_cpu_grain((double)H), gath_fn, &gc);
+        double per_tok = (double)A_here / (n_act ? n_act : 1);
         ms_pool_run(pool, (int64_t)n_act * rc.n_rb1, ms_cpu_grain(4.0 * RB * H * per_tok), up_fn, &rc);
         ms_pool_run(pool, (int64_t)n_act * rc.n_rb2, ms_cpu_grain(2.0 * RB * I * per_tok), down_fn, &rc);
         comb_ctx cc = {cid, a_inv, w + t0 * topk, rc.part, (float *)out->data + t0 * H, topk, H};

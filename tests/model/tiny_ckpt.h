@@ -37,11 +37,23 @@ typedef struct tiny_opts {
     const char *bad_shape; /* write this tensor with its first dim + 1 */
     const char *extra;     /* add an unexpected tensor of this name */
     uint64_t seed;
+    int wide;              /* split-friendly dims (tiny_dims_of) for tensor-parallel tests of quantized weights */
 } tiny_opts;
 
 /* tiny dims */
 enum { TINY_V = 128, TINY_H = 64, TINY_NH = 4, TINY_NKV = 2, TINY_HD = 16, TINY_I = 96, TINY_MI = 32, TINY_E = 8,
        TINY_TOPK = 2, TINY_RQ = 32, TINY_RKV = 16, TINY_DN = 16, TINY_DR = 8, TINY_DV = 16, TINY_NIH = 2, TINY_DIH = 16 };
+
+/* The dims a checkpoint is written with: the TINY_* defaults, or with o->wide dims whose per-rank
+ * slices keep FP8 128-row blocks and NVFP4 16-column groups whole at --tp 2 (and most at --tp 4). */
+typedef struct tiny_dims {
+    int V, H, NH, NKV, HD, I, MI, E, TOPK, RQ, RKV, DN, DR, DV, NIH, DIH;
+} tiny_dims;
+static inline tiny_dims tiny_dims_of(const tiny_opts *o) {
+    if (o->wide) return (tiny_dims){512, 256, 8, 4, 64, 256, 256, 8, 2, 128, 128, 32, 32, 32, 4, 64};
+    return (tiny_dims){TINY_V, TINY_H, TINY_NH, TINY_NKV, TINY_HD, TINY_I, TINY_MI, TINY_E, TINY_TOPK,
+                       TINY_RQ, TINY_RKV, TINY_DN, TINY_DR, TINY_DV, TINY_NIH, TINY_DIH};
+}
 
 static inline uint64_t tiny_hash(const char *s, uint64_t seed) {
     uint64_t h = 1469598103934665603ull ^ seed;
@@ -101,83 +113,85 @@ static __attribute__((unused)) void tiny_vec(tiny_w *t, const char *name, int64_
 }
 
 static __attribute__((unused)) void tiny_layer(tiny_w *t, int L, int moe, int full_indexer) {
+    const tiny_dims D = tiny_dims_of(t->o);
     const tiny_opts *o = t->o;
     char n[256];
 #define TN(fmt_) (snprintf(n, sizeof n, "model.layers.%d." fmt_, L), n)
-    tiny_vec(t, TN("input_layernorm.weight"), TINY_H, 0.1f, 1.0f);
-    tiny_vec(t, TN("post_attention_layernorm.weight"), TINY_H, 0.1f, 1.0f);
+    tiny_vec(t, TN("input_layernorm.weight"), D.H, 0.1f, 1.0f);
+    tiny_vec(t, TN("post_attention_layernorm.weight"), D.H, 0.1f, 1.0f);
     if (o->arch == TINY_GLM_MOE_DSA) {
-        tiny_lin(t, TN("self_attn.q_a_proj.weight"), TINY_RQ, TINY_H);
-        tiny_vec(t, TN("self_attn.q_a_layernorm.weight"), TINY_RQ, 0.1f, 1.0f);
-        tiny_lin(t, TN("self_attn.q_b_proj.weight"), TINY_NH * (TINY_DN + TINY_DR), TINY_RQ);
-        tiny_lin(t, TN("self_attn.kv_a_proj_with_mqa.weight"), TINY_RKV + TINY_DR, TINY_H);
-        tiny_vec(t, TN("self_attn.kv_a_layernorm.weight"), TINY_RKV, 0.1f, 1.0f);
-        tiny_lin(t, TN("self_attn.kv_b_proj.weight"), TINY_NH * (TINY_DN + TINY_DV), TINY_RKV);
-        tiny_lin(t, TN("self_attn.o_proj.weight"), TINY_H, TINY_NH * TINY_DV);
+        tiny_lin(t, TN("self_attn.q_a_proj.weight"), D.RQ, D.H);
+        tiny_vec(t, TN("self_attn.q_a_layernorm.weight"), D.RQ, 0.1f, 1.0f);
+        tiny_lin(t, TN("self_attn.q_b_proj.weight"), D.NH * (D.DN + D.DR), D.RQ);
+        tiny_lin(t, TN("self_attn.kv_a_proj_with_mqa.weight"), D.RKV + D.DR, D.H);
+        tiny_vec(t, TN("self_attn.kv_a_layernorm.weight"), D.RKV, 0.1f, 1.0f);
+        tiny_lin(t, TN("self_attn.kv_b_proj.weight"), D.NH * (D.DN + D.DV), D.RKV);
+        tiny_lin(t, TN("self_attn.o_proj.weight"), D.H, D.NH * D.DV);
         if (full_indexer) {
-            tiny_lin(t, TN("self_attn.indexer.wq_b.weight"), TINY_NIH * TINY_DIH, TINY_RQ);
-            tiny_lin(t, TN("self_attn.indexer.wk.weight"), TINY_DIH, TINY_H);
-            tiny_vec(t, TN("self_attn.indexer.k_norm.weight"), TINY_DIH, 0.1f, 1.0f);
-            tiny_vec(t, TN("self_attn.indexer.k_norm.bias"), TINY_DIH, 0.1f, 0.0f);
-            tiny_lin(t, TN("self_attn.indexer.weights_proj.weight"), TINY_NIH, TINY_H);
+            tiny_lin(t, TN("self_attn.indexer.wq_b.weight"), D.NIH * D.DIH, D.RQ);
+            tiny_lin(t, TN("self_attn.indexer.wk.weight"), D.DIH, D.H);
+            tiny_vec(t, TN("self_attn.indexer.k_norm.weight"), D.DIH, 0.1f, 1.0f);
+            tiny_vec(t, TN("self_attn.indexer.k_norm.bias"), D.DIH, 0.1f, 0.0f);
+            tiny_lin(t, TN("self_attn.indexer.weights_proj.weight"), D.NIH, D.H);
         }
     } else {
-        tiny_lin(t, TN("self_attn.q_proj.weight"), TINY_NH * TINY_HD, TINY_H);
-        tiny_vec(t, TN("self_attn.q_proj.bias"), TINY_NH * TINY_HD, 0.1f, 0.0f);
-        tiny_lin(t, TN("self_attn.k_proj.weight"), TINY_NKV * TINY_HD, TINY_H);
-        tiny_vec(t, TN("self_attn.k_proj.bias"), TINY_NKV * TINY_HD, 0.1f, 0.0f);
-        tiny_lin(t, TN("self_attn.v_proj.weight"), TINY_NKV * TINY_HD, TINY_H);
-        tiny_vec(t, TN("self_attn.v_proj.bias"), TINY_NKV * TINY_HD, 0.1f, 0.0f);
-        tiny_lin(t, TN("self_attn.o_proj.weight"), TINY_H, TINY_NH * TINY_HD);
-        tiny_vec(t, TN("self_attn.q_norm.weight"), TINY_HD, 0.1f, 1.0f);
-        tiny_vec(t, TN("self_attn.k_norm.weight"), TINY_HD, 0.1f, 1.0f);
+        tiny_lin(t, TN("self_attn.q_proj.weight"), D.NH * D.HD, D.H);
+        tiny_vec(t, TN("self_attn.q_proj.bias"), D.NH * D.HD, 0.1f, 0.0f);
+        tiny_lin(t, TN("self_attn.k_proj.weight"), D.NKV * D.HD, D.H);
+        tiny_vec(t, TN("self_attn.k_proj.bias"), D.NKV * D.HD, 0.1f, 0.0f);
+        tiny_lin(t, TN("self_attn.v_proj.weight"), D.NKV * D.HD, D.H);
+        tiny_vec(t, TN("self_attn.v_proj.bias"), D.NKV * D.HD, 0.1f, 0.0f);
+        tiny_lin(t, TN("self_attn.o_proj.weight"), D.H, D.NH * D.HD);
+        tiny_vec(t, TN("self_attn.q_norm.weight"), D.HD, 0.1f, 1.0f);
+        tiny_vec(t, TN("self_attn.k_norm.weight"), D.HD, 0.1f, 1.0f);
     }
     if (!moe) {
-        tiny_lin(t, TN("mlp.gate_proj.weight"), TINY_I, TINY_H);
-        tiny_lin(t, TN("mlp.up_proj.weight"), TINY_I, TINY_H);
-        tiny_lin(t, TN("mlp.down_proj.weight"), TINY_H, TINY_I);
+        tiny_lin(t, TN("mlp.gate_proj.weight"), D.I, D.H);
+        tiny_lin(t, TN("mlp.up_proj.weight"), D.I, D.H);
+        tiny_lin(t, TN("mlp.down_proj.weight"), D.H, D.I);
         return;
     }
-    tiny_lin(t, TN("mlp.gate.weight"), TINY_E, TINY_H);
-    int64_t e = TINY_E;
+    tiny_lin(t, TN("mlp.gate.weight"), D.E, D.H);
+    int64_t e = D.E;
     tiny_add(t, TN("mlp.gate.e_score_correction_bias"), 1, &e, 0.1f, 0.0f, o->bf16_router_bias ? MS_BF16 : MS_F32);
     if (o->fused_experts) {
-        int64_t gu[3] = {TINY_E, 2 * TINY_MI, TINY_H}, dn[3] = {TINY_E, TINY_H, TINY_MI};
-        tiny_add(t, TN("mlp.experts.gate_up_proj"), 3, gu, 1.0f / sqrtf(TINY_H), 0, o->dtype);
-        tiny_add(t, TN("mlp.experts.down_proj"), 3, dn, 1.0f / sqrtf(TINY_MI), 0, o->dtype);
+        int64_t gu[3] = {D.E, 2 * D.MI, D.H}, dn[3] = {D.E, D.H, D.MI};
+        tiny_add(t, TN("mlp.experts.gate_up_proj"), 3, gu, 1.0f / sqrtf(D.H), 0, o->dtype);
+        tiny_add(t, TN("mlp.experts.down_proj"), 3, dn, 1.0f / sqrtf(D.MI), 0, o->dtype);
     } else {
-        for (int x = 0; x < TINY_E; x++) {
+        for (int x = 0; x < D.E; x++) {
             snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.gate_proj.weight", L, x);
-            tiny_lin(t, n, TINY_MI, TINY_H);
+            tiny_lin(t, n, D.MI, D.H);
             snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.up_proj.weight", L, x);
-            tiny_lin(t, n, TINY_MI, TINY_H);
+            tiny_lin(t, n, D.MI, D.H);
             snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.down_proj.weight", L, x);
-            tiny_lin(t, n, TINY_H, TINY_MI);
+            tiny_lin(t, n, D.H, D.MI);
         }
     }
-    tiny_lin(t, TN("mlp.shared_experts.gate_proj.weight"), TINY_MI, TINY_H);
-    tiny_lin(t, TN("mlp.shared_experts.up_proj.weight"), TINY_MI, TINY_H);
-    tiny_lin(t, TN("mlp.shared_experts.down_proj.weight"), TINY_H, TINY_MI);
+    tiny_lin(t, TN("mlp.shared_experts.gate_proj.weight"), D.MI, D.H);
+    tiny_lin(t, TN("mlp.shared_experts.up_proj.weight"), D.MI, D.H);
+    tiny_lin(t, TN("mlp.shared_experts.down_proj.weight"), D.H, D.MI);
 #undef TN
 }
 
 /* config.json text for the options (caller frees). */
 static char *tiny_config_json(const tiny_opts *o) {
+    const tiny_dims D = tiny_dims_of(o);
     int nl = o->n_layers ? o->n_layers : 3;
     json_t *c = json_object();
     int dsa = o->arch == TINY_GLM_MOE_DSA;
     json_object_set_new(c, "architectures", json_pack("[s]", dsa ? "GlmMoeDsaForCausalLM" : "Glm4MoeForCausalLM"));
     json_object_set_new(c, "model_type", json_string(dsa ? "glm_moe_dsa" : "glm4_moe"));
-    json_object_set_new(c, "vocab_size", json_integer(TINY_V));
-    json_object_set_new(c, "hidden_size", json_integer(TINY_H));
+    json_object_set_new(c, "vocab_size", json_integer(D.V));
+    json_object_set_new(c, "hidden_size", json_integer(D.H));
     json_object_set_new(c, "num_hidden_layers", json_integer(nl));
-    json_object_set_new(c, "num_attention_heads", json_integer(TINY_NH));
-    json_object_set_new(c, "num_key_value_heads", json_integer(dsa ? TINY_NH : TINY_NKV));
-    json_object_set_new(c, "intermediate_size", json_integer(TINY_I));
-    json_object_set_new(c, "moe_intermediate_size", json_integer(TINY_MI));
-    json_object_set_new(c, "n_routed_experts", json_integer(TINY_E));
+    json_object_set_new(c, "num_attention_heads", json_integer(D.NH));
+    json_object_set_new(c, "num_key_value_heads", json_integer(dsa ? D.NH : D.NKV));
+    json_object_set_new(c, "intermediate_size", json_integer(D.I));
+    json_object_set_new(c, "moe_intermediate_size", json_integer(D.MI));
+    json_object_set_new(c, "n_routed_experts", json_integer(D.E));
     json_object_set_new(c, "n_shared_experts", json_integer(1));
-    json_object_set_new(c, "num_experts_per_tok", json_integer(TINY_TOPK));
+    json_object_set_new(c, "num_experts_per_tok", json_integer(D.TOPK));
     json_object_set_new(c, "first_k_dense_replace", json_integer(1));
     json_object_set_new(c, "n_group", json_integer(2));
     json_object_set_new(c, "topk_group", json_integer(1));
@@ -191,15 +205,15 @@ static char *tiny_config_json(const tiny_opts *o) {
     json_object_set_new(c, "pad_token_id", json_integer(1));
     json_object_set_new(c, o->v5_keys ? "dtype" : "torch_dtype", json_string("bfloat16"));
     if (dsa) {
-        json_object_set_new(c, "q_lora_rank", json_integer(TINY_RQ));
-        json_object_set_new(c, "kv_lora_rank", json_integer(TINY_RKV));
-        json_object_set_new(c, "qk_nope_head_dim", json_integer(TINY_DN));
-        json_object_set_new(c, "qk_rope_head_dim", json_integer(TINY_DR));
-        json_object_set_new(c, "v_head_dim", json_integer(TINY_DV));
-        json_object_set_new(c, "head_dim", json_integer(TINY_DR)); /* as transformers writes it: must be ignored */
+        json_object_set_new(c, "q_lora_rank", json_integer(D.RQ));
+        json_object_set_new(c, "kv_lora_rank", json_integer(D.RKV));
+        json_object_set_new(c, "qk_nope_head_dim", json_integer(D.DN));
+        json_object_set_new(c, "qk_rope_head_dim", json_integer(D.DR));
+        json_object_set_new(c, "v_head_dim", json_integer(D.DV));
+        json_object_set_new(c, "head_dim", json_integer(D.DR)); /* as transformers writes it: must be ignored */
         json_object_set_new(c, "index_topk", json_integer(4));
-        json_object_set_new(c, "index_n_heads", json_integer(TINY_NIH));
-        json_object_set_new(c, "index_head_dim", json_integer(TINY_DIH));
+        json_object_set_new(c, "index_n_heads", json_integer(D.NIH));
+        json_object_set_new(c, "index_head_dim", json_integer(D.DIH));
         json_object_set_new(c, "indexer_rope_interleave", json_true());
         json_object_set_new(c, "rope_interleave", json_true());
         json_t *it = json_array();
@@ -209,7 +223,7 @@ static char *tiny_config_json(const tiny_opts *o) {
         if (o->v5_keys) json_object_set_new(c, "rope_parameters", json_pack("{s:f,s:s}", "rope_theta", 1e6, "rope_type", "default"));
         else json_object_set_new(c, "rope_theta", json_real(1e6));
     } else {
-        json_object_set_new(c, "head_dim", json_integer(TINY_HD));
+        json_object_set_new(c, "head_dim", json_integer(D.HD));
         json_object_set_new(c, "use_qk_norm", json_true());
         json_object_set_new(c, "attention_bias", json_true());
         if (o->v5_keys)
@@ -228,6 +242,7 @@ static char *tiny_config_json(const tiny_opts *o) {
 
 /* Writes config.json and the weights into dir (created if needed). Returns 0 on success. */
 static __attribute__((unused)) int tiny_write(const char *dir, const tiny_opts *o0) {
+    const tiny_dims D = tiny_dims_of(o0);
     tiny_opts o = *o0;
     if (!o.arch) o.arch = TINY_GLM4_MOE;
     if (!o.dtype) o.dtype = MS_F32;
@@ -241,17 +256,17 @@ static __attribute__((unused)) int tiny_write(const char *dir, const tiny_opts *
     free(cfg);
     if (rc) { fprintf(stderr, "tiny_ckpt: %s\n", err.msg); return rc; }
     tiny_w t = {{ms_st_writer_new(), ms_st_writer_new()}, NULL, 0, &o, o.sharded ? json_object() : NULL, 0};
-    int64_t eshape[2] = {TINY_V, TINY_H};
+    int64_t eshape[2] = {D.V, D.H};
     tiny_add(&t, "model.embed_tokens.weight", 2, eshape, 1.0f, 0.0f, o.dtype);
-    tiny_vec(&t, "model.norm.weight", TINY_H, 0.1f, 1.0f);
-    if (!o.tie) tiny_lin(&t, "lm_head.weight", TINY_V, TINY_H);
+    tiny_vec(&t, "model.norm.weight", D.H, 0.1f, 1.0f);
+    if (!o.tie) tiny_lin(&t, "lm_head.weight", D.V, D.H);
     for (int L = 0; L < nl + (o.mtp ? 1 : 0); L++) tiny_layer(&t, L, L >= 1, L != 1 || L >= nl);
     if (o.mtp) {
         char n[128];
         snprintf(n, sizeof n, "model.layers.%d.enorm.weight", nl);
-        tiny_vec(&t, n, TINY_H, 0.1f, 1.0f);
+        tiny_vec(&t, n, D.H, 0.1f, 1.0f);
         snprintf(n, sizeof n, "model.layers.%d.eh_proj.weight", nl);
-        tiny_lin(&t, n, TINY_H, 2 * TINY_H);
+        tiny_lin(&t, n, D.H, 2 * D.H);
     }
     if (o.extra) tiny_vec(&t, o.extra, 4, 1.0f, 0.0f);
     if (o.sharded) {
