@@ -32,8 +32,9 @@ CFLAGS += $(CFLAGS_BASE)
 
 # Library sources: every .c under src/; files under a cuda/ folder only with CUDA=1.
 ALL_C    := $(shell find src -name '*.c' | sort)
-CUDA_C   := $(filter %/cuda/%,$(ALL_C))
-LIB_C    := $(filter-out %/cuda/%,$(ALL_C))
+# (filter patterns take one %, so "%/cuda/%" matched nothing: select by substring instead)
+CUDA_C   := $(foreach f,$(ALL_C),$(if $(findstring /cuda/,$(f)),$(f)))
+LIB_C    := $(filter-out $(CUDA_C),$(ALL_C))
 LIB_CU   :=
 ifeq ($(CUDA),1)
 LIB_C    += $(CUDA_C)

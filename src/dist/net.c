@@ -346,6 +346,7 @@ int ms_dist_accept_group(int lfd, int channel, int size, double deadline, const 
                          char (*addrs)[64], ms_err *err) {
     int have = 1;
     char refused[300] = "";
+    const char *unit = channel == MS_CH_CTL ? "node" : "rank";
     for (int r = 0; r < size; r++) fds[r] = -1;
     while (have < size) {
         int fd = -1, e = 0;
@@ -354,7 +355,7 @@ int ms_dist_accept_group(int lfd, int channel, int size, double deadline, const 
         if (rc == NET_TIMEOUT) break;
         if (rc != NET_OK) {
             for (int r = 1; r < size; r++) ms_dist_close(&fds[r]);
-            return ms_errf(err, MS_ERR_IO, "%s rank 0: accept() failed: %s", what, strerror(e));
+            return ms_errf(err, MS_ERR_IO, "%s %s 0: accept() failed: %s", what, unit, strerror(e));
         }
         /* A stray connection gets at most 2 s to say who it is, so it cannot hold up the group. */
         double hd = ms_dist_now() + 2.0;
@@ -377,8 +378,8 @@ int ms_dist_accept_group(int lfd, int channel, int size, double deadline, const 
                      channel == MS_CH_CTL ? "control channel" : "communicator");
             reject(fd, refused);
         } else if ((int)f.b != size || f.a < 1 || (int)f.a >= size || fds[f.a] >= 0) {
-            snprintf(refused, sizeof refused, "refused a connection from %s: rank %u of %u does not fit this group of %d%s",
-                     addr, f.a, f.b, size, (f.a >= 1 && (int)f.a < size && fds[f.a] >= 0) ? " (rank already connected)" : "");
+            snprintf(refused, sizeof refused, "refused a connection from %s: %s %u of %u does not fit this group of %d%s",
+                     addr, unit, f.a, f.b, size, (f.a >= 1 && (int)f.a < size && fds[f.a] >= 0) ? " (rank already connected)" : "");
             reject(fd, refused);
         } else {
             ms_frame w = {MS_DIST_MAGIC, MS_DIST_VERSION, MS_FR_WELCOME, 0, 0, 0};
@@ -388,7 +389,7 @@ int ms_dist_accept_group(int lfd, int channel, int size, double deadline, const 
                 have++;
                 continue;
             }
-            snprintf(refused, sizeof refused, "lost rank %u (%s) during the handshake", f.a, addr);
+            snprintf(refused, sizeof refused, "lost %s %u (%s) during the handshake", unit, f.a, addr);
         }
         ms_dist_close(&fd);
     }
@@ -398,6 +399,6 @@ int ms_dist_accept_group(int lfd, int channel, int size, double deadline, const 
     for (int r = 1; r < size && off < sizeof missing - 8; r++)
         if (fds[r] < 0) off += (size_t)snprintf(missing + off, sizeof missing - off, "%s%d", off ? ", " : "", r);
     for (int r = 1; r < size; r++) ms_dist_close(&fds[r]);
-    return ms_errf(err, MS_ERR_RUNTIME, "%s rank 0: rank(s) %s did not connect before the timeout%s%s", what, missing,
+    return ms_errf(err, MS_ERR_RUNTIME, "%s %s 0: %s(s) %s did not connect before the timeout%s%s", what, unit, unit, missing,
                    refused[0] ? "; last: " : "", refused);
 }

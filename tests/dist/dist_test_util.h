@@ -17,19 +17,19 @@
 #include <time.h>
 #include <unistd.h>
 
-static double tu_now(void) {
+static inline double tu_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void tu_sleep(double s) {
+static inline void tu_sleep(double s) {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     nanosleep(&ts, NULL);
 }
 
 /* A TCP port on 127.0.0.1 that was free a moment ago, with port+1 free too (the control channel). */
-static int tu_free_port(void) {
+static inline int tu_free_port(void) {
     for (int tries = 0; tries < 50; tries++) {
         int fd = socket(AF_INET, SOCK_STREAM, 0);
         struct sockaddr_in sa = {0};
@@ -53,7 +53,7 @@ static int tu_free_port(void) {
 }
 
 /* Value i of rank r's buffer for a salt: mixed magnitudes so the order of a float sum matters. */
-static float tu_val(int r, size_t i, uint32_t salt) {
+static inline float tu_val(int r, size_t i, uint32_t salt) {
     uint64_t x = ((uint64_t)(uint32_t)r << 40) ^ ((uint64_t)i * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)salt << 20);
     x ^= x >> 31;
     x *= 0xbf58476d1ce4e5b9ull;
@@ -63,7 +63,7 @@ static float tu_val(int r, size_t i, uint32_t salt) {
     return ldexpf(u, ex);
 }
 
-static void tu_fill(void *buf, ms_dtype dt, int r, size_t off, size_t n, uint32_t salt) {
+static inline void tu_fill(void *buf, ms_dtype dt, int r, size_t off, size_t n, uint32_t salt) {
     for (size_t i = 0; i < n; i++) {
         float v = tu_val(r, off + i, salt);
         if (dt == MS_F32) ((float *)buf)[i] = v;
@@ -72,7 +72,7 @@ static void tu_fill(void *buf, ms_dtype dt, int r, size_t off, size_t n, uint32_
 }
 
 /* ref[i] = sum over ranks (rank order, float32, rounded once) of element off+i. */
-static void tu_ref_sum(void *ref, ms_dtype dt, int n_ranks, size_t off, size_t n, uint32_t salt) {
+static inline void tu_ref_sum(void *ref, ms_dtype dt, int n_ranks, size_t off, size_t n, uint32_t salt) {
     for (size_t i = 0; i < n; i++) {
         float acc = 0;
         for (int r = 0; r < n_ranks; r++) {
@@ -95,7 +95,7 @@ static void tu_ref_sum(void *ref, ms_dtype dt, int n_ranks, size_t off, size_t n
 
 /* Runs every op for both dtypes and each count in counts[0..nc), checking the results against the
  * serial reference bit for bit. Returns the number of failed checks (0 = pass). */
-static int tu_rank_suite(ms_comm *c, const size_t *counts, int nc, uint32_t salt) {
+static inline int tu_rank_suite(ms_comm *c, const size_t *counts, int nc, uint32_t salt) {
     int fails = 0, n = c->size, me = c->rank;
     ms_dtype dts[2] = {MS_F32, MS_BF16};
     for (int d = 0; d < 2; d++) {

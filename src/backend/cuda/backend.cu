@@ -39,6 +39,8 @@ int cu_route(ms_backend *b, const float *logits, const void *bias, int bias_t, c
 
 /* ---- device helpers exported to the C side ---- */
 
+extern "C" void *ms_cuda_stream(ms_backend *b) { return (void *)cu_of(b)->stream; }
+
 extern "C" int ms_cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {

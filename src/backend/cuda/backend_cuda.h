@@ -14,6 +14,10 @@ extern "C" {
  * of range. The caller owns *out (ms_backend_destroy). */
 int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err);
 
+/* The backend's stream (a cudaStream_t, as void * so this header stays free of CUDA headers): code
+ * outside backend/ that enqueues its own work in order with the backend's ops (NCCL collectives). */
+void *ms_cuda_stream(ms_backend *b);
+
 /* Number of visible GPUs (0 when the driver or devices are missing; never fails). */
 int ms_cuda_device_count(void);
 /* Fills info for GPU `device` without creating a backend. */
