@@ -1,9 +1,10 @@
 /* cmd_doctor.c - `moeserve doctor`: what this machine and build can run, and a few-second proof.
  *
  * Prints the build (CUDA compiled in or not), each GPU (name, compute capability, memory, SMs),
- * driver/runtime versions, NCCL's version when libnccl loads, which MoE runners and attention paths
- * are supported here (with the reason when not), then self-tests each supported GPU runner against
- * the CPU runner on a small random layer in every weight format. Exit code 1 when a self-test fails.
+ * driver/runtime versions, the CUDA backend's environment knobs (name, value in effect, default,
+ * meaning; printed with or without a GPU), NCCL's version when libnccl loads, which MoE runners and
+ * attention paths are supported here (with the reason when not), then self-tests each supported GPU
+ * runner against the CPU runner on a small random layer in every weight format. Exit code 1 when a self-test fails.
  * With --bench, also times the GPU runners on a GLM-5-sized expert layer (hidden 6144, inter 2048,
  * 64 experts, top-8): decode at small batches (GB/s of distinct expert weights read) and grouped /
  * naive at a prefill batch (TFLOP/s).
@@ -354,6 +355,8 @@ int cmd_doctor(int argc, char **argv) {
         printf("  [%d] %s  cc %d.%d  %d SMs  memory %.1f GiB (%.1f GiB free)\n", i, gi.name, gi.cc_major, gi.cc_minor,
                gi.n_sm, gi.mem_total / 1073741824.0, gi.mem_free / 1073741824.0);
     }
+    printf("cuda knobs (environment; once = read at first use, each = at every call):\n");
+    ms_cuda_knobs_print(stdout);
     if (ng > 0 && ms_backend_create("cuda", dev, &gpu, &err) != MS_OK) {
         printf("cuda backend on GPU %d: cannot start: %s\n", dev, err.msg);
         gpu = NULL;

@@ -6,6 +6,10 @@
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "test.h"
+#ifdef MS_HAVE_CUDA
+#include "backend/cuda/backend_cuda.h"
+#include "backend/cuda/knobs.h"
+#endif
 
 #include <math.h>
 #include <stdint.h>
@@ -872,15 +876,65 @@ static void test_checks(void) {
     free(x); free(lg);
 }
 
+#ifdef MS_HAVE_CUDA
+/* The environment-knob table, GPU or not: knobs read at every call follow setenv/unsetenv (the attention
+ * and grouped-GEMM tests rely on it), a bad choice falls back to the default, and the doctor printout
+ * has a header and one line per knob. Restores the variables it touches. */
+static void test_knobs(void) {
+    static const char *vars[3] = {"MS_CU_GG", "MS_ATTN_NO_MMA", "MS_ATTN_NO_SPLIT"};
+    char *saved[3];
+    for (int i = 0; i < 3; i++) {
+        const char *v = getenv(vars[i]);
+        saved[i] = v ? strdup(v) : NULL;
+    }
+    setenv("MS_CU_GG", "old", 1);
+    CHECK_EQ_INT(cu_knob(CU_KNOB_GG), CU_GG_OLD);
+    setenv("MS_CU_GG", "mma", 1);
+    CHECK_EQ_INT(cu_knob(CU_KNOB_GG), CU_GG_MMA);
+    unsetenv("MS_CU_GG");
+    CHECK_EQ_INT(cu_knob(CU_KNOB_GG), CU_GG_MMA);
+    setenv("MS_ATTN_NO_MMA", "", 1);
+    CHECK_EQ_INT(cu_knob(CU_KNOB_ATTN_NO_MMA), 1);
+    unsetenv("MS_ATTN_NO_MMA");
+    CHECK_EQ_INT(cu_knob(CU_KNOB_ATTN_NO_MMA), 0);
+    unsetenv("MS_ATTN_NO_SPLIT");
+    CHECK_EQ_INT(cu_knob(CU_KNOB_ATTN_NO_SPLIT), 0);
+    const char *bt = getenv("MS_CU_BF16_GEMV_MAX_T"); /* read once: set in main before this runs */
+    if (bt) CHECK_EQ_INT(cu_knob(CU_KNOB_BF16_GEMV_MAX_T), atoi(bt));
+    FILE *f = tmpfile();
+    CHECK(f != NULL);
+    if (f) {
+        ms_cuda_knobs_print(f);
+        rewind(f);
+        char line[512];
+        int n = 0, seen = 0;
+        while (fgets(line, sizeof line, f)) {
+            n++;
+            if (strstr(line, "MS_CU_GEMV_MAX_T ")) seen++;
+        }
+        fclose(f);
+        CHECK_EQ_INT(n, CU_KNOB_COUNT + 1);
+        CHECK_EQ_INT(seen, 1);
+    }
+    for (int i = 0; i < 3; i++) {
+        if (saved[i]) setenv(vars[i], saved[i], 1);
+        else unsetenv(vars[i]);
+        free(saved[i]);
+    }
+}
+#endif
+
 int main(void) {
     ms_err err = {0};
     /* bf16 linears with few rows take the tensor-core GEMV here (cuBLASLt is the default; the gv2
      * run of gpu-check covers it with MS_CU_BF16_GEMV_MAX_T=0) */
     setenv("MS_CU_BF16_GEMV_MAX_T", "16", 0);
+#ifdef MS_HAVE_CUDA
+    RUN(test_knobs);
+#endif
     if (ms_backend_create("cuda", 0, &GPU, &err) != MS_OK) {
-        printf("## %s: 0 passed, 0 failed\n", __FILE__);
-        printf("no GPU: skipped (%s)\n", err.msg);
-        return 0;
+        printf("no GPU: the ops are skipped (%s)\n", err.msg);
+        return TEST_SUMMARY();
     }
     if (ms_backend_create("cpu", -1, &CPU, &err) != MS_OK) {
         fprintf(stderr, "cpu backend: %s\n", err.msg);

@@ -219,7 +219,7 @@ int cu_attn_split(ms_backend *b, int64_t blocks, int tiles, int per_sm, int T, i
     int64_t want = blocks > 0 ? (target + blocks - 1) / blocks : 1;
     int ns = want < tiles ? (int)want : tiles;
     if (ns > 64) ns = 64;
-    if (ns < 1 || getenv("MS_ATTN_NO_SPLIT")) ns = 1;
+    if (ns < 1 || cu_knob(CU_KNOB_ATTN_NO_SPLIT)) ns = 1;
     *n_split = ns;
     *part = NULL;
     if (ns > 1) {

@@ -294,7 +294,7 @@ template <int D> static int am_launch(ms_backend *b, const am_args *a, dim3 grid
 int cu_attn_gqa_mma(ms_backend *b, const bf16 *q, const bf16 *kc, const bf16 *vc, int nh, int nkv, int d,
                     const ms_attn_meta *m, float scale, bf16 *out, int *launched, ms_err *err) {
     *launched = 0;
-    if ((d != 64 && d != 128) || b->gpu.cc_major < 8 || getenv("MS_ATTN_NO_MMA")) return MS_OK;
+    if ((d != 64 && d != 128) || b->gpu.cc_major < 8 || cu_knob(CU_KNOB_ATTN_NO_MMA)) return MS_OK;
     const size_t sm = d == 64 ? am_smem_bytes<64>() : am_smem_bytes<128>();
     if (sm + 64 > (size_t)cu_of(b)->max_smem_optin) return MS_OK;
     const ms_batch *hb = m->host;

@@ -9,34 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- ops implemented in other files ---- */
-int cu_op_embed(ms_backend *, const ms_tensor *, const int32_t *, int, ms_tensor *, ms_err *);
-int cu_op_rmsnorm(ms_backend *, const ms_tensor *, const ms_tensor *, float, ms_tensor *, ms_err *);
-int cu_op_add_rmsnorm(ms_backend *, ms_tensor *, const ms_tensor *, const ms_tensor *, float, ms_tensor *, ms_err *);
-int cu_op_layernorm(ms_backend *, const ms_tensor *, const ms_tensor *, const ms_tensor *, float, ms_tensor *,
-                    ms_err *);
-int cu_op_add(ms_backend *, ms_tensor *, const ms_tensor *, ms_err *);
-int cu_op_silu_mul(ms_backend *, const ms_tensor *, const ms_tensor *, ms_tensor *, ms_err *);
-int cu_op_copy_cols(ms_backend *, const ms_tensor *, int, int, ms_tensor *, ms_err *);
-int cu_op_gather_rows(ms_backend *, const ms_tensor *, const int32_t *, int, ms_tensor *, ms_err *);
-int cu_op_set_cols(ms_backend *, const ms_tensor *, int, ms_tensor *, ms_err *);
-int cu_op_scale(ms_backend *, ms_tensor *, float, ms_err *);
-int cu_op_rope(ms_backend *, ms_tensor *, const int32_t *, const ms_rope_cfg *, ms_err *);
-int cu_op_kv_store(ms_backend *, ms_tensor *, const ms_tensor *, const int32_t *, ms_err *);
-int cu_op_find_nonfinite(ms_backend *, const ms_tensor *, int64_t *, ms_err *);
-int cu_op_argmax(ms_backend *, const ms_tensor *, int32_t *, ms_err *);
-int cu_op_attn_gqa(ms_backend *, const ms_tensor *, const ms_tensor *, const ms_tensor *, const ms_attn_meta *, float,
-                   ms_tensor *, ms_err *);
-int cu_op_mla_attn(ms_backend *, const ms_tensor *, const ms_tensor *, const ms_attn_meta *, const int32_t *, int, int,
-                   float, ms_tensor *, ms_err *);
-int cu_op_indexer_topk(ms_backend *, const ms_tensor *, const ms_tensor *, const ms_tensor *, const ms_attn_meta *,
-                       int, int32_t *, ms_err *);
-int cu_convert(ms_backend *b, const void *src, int st, void *dst, int dt, size_t n, ms_err *err);
-int cu_add_bias(ms_backend *b, void *y, int yt, const float *bias, int64_t rows, int64_t n, ms_err *err);
-int cu_copy_rope_part(ms_backend *b, const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl, ms_err *err);
-int cu_route(ms_backend *b, const float *logits, const void *bias, int bias_t, const ms_route_cfg *rc, int T,
-             int32_t *ids, float *w, ms_err *err);
-
 /* ---- device helpers exported to the C side ---- */
 
 extern "C" void *ms_cuda_stream(ms_backend *b) { return (void *)cu_of(b)->stream; }
@@ -497,21 +469,14 @@ done:
 }
 
 /* Row count up to which quantized linears use the fused GEMV (which reads the weights once per 16-32
- * rows) instead of a bf16 copy of the weights through cuBLASLt (MS_CU_GEMV_MAX_T, read once;
- * default 16). */
-static int cu_gemv_max_t(void) {
-    static const int v = cu_env_int("MS_CU_GEMV_MAX_T", 16, 0, 4096);
-    return v;
-}
+ * rows) instead of a bf16 copy of the weights through cuBLASLt (MS_CU_GEMV_MAX_T, knobs.c; default 16). */
+static int cu_gemv_max_t(void) { return cu_knob(CU_KNOB_GEMV_MAX_T); }
 #define CU_GEMV_MAX_T cu_gemv_max_t()
 
 /* Rows up to which plain bf16 linears use the tensor-core GEMV instead of cuBLASLt:
- * MS_CU_BF16_GEMV_MAX_T (read once; default 0 = always cuBLASLt, which measured 10-15% faster than
+ * MS_CU_BF16_GEMV_MAX_T (knobs.c; default 0 = always cuBLASLt, which measured 10-15% faster than
  * gemv_mma for the GLM-4.5-Air projections and lm_head at one row on the H200: bench/NOTES.md). */
-static int cu_bf16_gemv_max_t(void) {
-    static const int v = cu_env_int("MS_CU_BF16_GEMV_MAX_T", 0, 0, 1 << 20);
-    return v;
-}
+static int cu_bf16_gemv_max_t(void) { return cu_knob(CU_KNOB_BF16_GEMV_MAX_T); }
 
 static int64_t rows_of(const ms_tensor *t, int64_t cols) { return cols ? ms_tensor_numel(t) / cols : 0; }
 
@@ -554,14 +519,16 @@ static int cu_linear(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_t
     const float *bias = W->bias.data ? (const float *)W->bias.data : NULL;
     if ((d.fmt == MS_WFMT_PLAIN ? T <= cu_bf16_gemv_max_t() : T <= CU_GEMV_MAX_T) && cu_gemv_mma_usable(b, &d, xb, 1)) {
         /* tensor-core GEMV, bias added in its epilogue */
-        return cu_gemv_mma_ex(b, 0, NULL, NULL, &d, NULL, bias, 1, NULL, NULL, NULL, NULL, NULL, (int)T, xb, y->data,
-                              y->dtype, N, err);
+        const cu_gemv_call c = {.mode = 0, .n_groups = 1, .w0 = d, .bias = bias, .rows_total = (int)T, .x = xb,
+                                .y = y->data, .y_type = y->dtype, .ldy = N};
+        return cu_gemv_mma(b, &c, err);
     }
     if (d.fmt == MS_WFMT_PLAIN) {
         MS_TRY(cu_gemm(b, (int)T, N, K, xb, K, MS_BF16, d.w, K, 1, y->data, N, y->dtype, 0.f, err));
     } else if (T <= CU_GEMV_MAX_T) {
-        MS_TRY(cu_gemv_grouped(b, 0, NULL, NULL, &d, 1, NULL, NULL, NULL, NULL, NULL, (int)T, xb, y->data, y->dtype, N,
-                               err));
+        const cu_gemv_call c = {.mode = 0, .n_groups = 1, .w0 = d, .rows_total = (int)T, .x = xb, .y = y->data,
+                                .y_type = y->dtype, .ldy = N};
+        MS_TRY(cu_gemv_grouped(b, &c, err));
     } else {
         const bf16 *wb;
         MS_TRY(cu_weight_bf16(b, W, 0, &wb, err));
@@ -586,8 +553,9 @@ static int cu_linear_swiglu(ms_backend *b, const ms_linear *gate, const ms_linea
         !cu_gemv_mma_usable(b, &du, x->data, 1))
         return ms_errf(err, MS_ERR_UNSUPPORTED, "linear_swiglu: not for this shape");
     MS_ASSERT(ms_tensor_numel(out) == T * dg.n);
-    return cu_gemv_mma_ex(b, 1, NULL, NULL, &dg, &du, NULL, 1, NULL, NULL, NULL, NULL, NULL, (int)T,
-                          (const bf16 *)x->data, out->data, MS_BF16, dg.n, err);
+    const cu_gemv_call c = {.mode = 1, .n_groups = 1, .w0 = dg, .w1 = du, .rows_total = (int)T,
+                            .x = (const bf16 *)x->data, .y = out->data, .y_type = MS_BF16, .ldy = dg.n};
+    return cu_gemv_mma(b, &c, err);
 }
 
 /* Internal linear used by the router and runners: same as the op. */

@@ -5,6 +5,8 @@
 
 #include "backend/backend.h"
 
+#include <stdio.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -41,6 +43,11 @@ int ms_cuda_dummy_tensor(ms_backend *b, ms_tensor *t, float offset, float amp, u
  * scales + scale2. with_bias adds an F32 bias of U(-0.1, 0.1). Sets W->prepared exactly as
  * place_linear would, so the weight is used and released (unplace_linear) like any placed one. */
 int ms_cuda_dummy_linear(ms_backend *b, ms_linear *W, int with_bias, uint64_t seed, ms_err *err);
+
+/* Prints the CUDA backend's environment knobs (knobs.h) to out, one line each: name, value in effect,
+ * default, when it is read (once per process or at each call) and its meaning, under a header line.
+ * Needs no GPU; reading a read-once knob here fixes its value for the process, as its first use would. */
+void ms_cuda_knobs_print(FILE *out);
 
 #ifdef __cplusplus
 }

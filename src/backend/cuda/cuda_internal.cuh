@@ -1,6 +1,8 @@
 /* cuda_internal.cuh - what the CUDA backend's .cu files (and the CUDA MoE runners) share: the
  * backend's private state, checked-call macros, dtype helpers, the exact dequantization of every
- * weight format and the internal GEMM entry points. Included only from .cu files. */
+ * weight format, and the prototypes of every function one .cu file defines for another (ops,
+ * launchers, internal GEMM entry points): no .cu file declares another's functions itself.
+ * Included only from .cu files. */
 #ifndef MS_BACKEND_CUDA_INTERNAL_CUH
 #define MS_BACKEND_CUDA_INTERNAL_CUH
 
@@ -8,6 +10,7 @@
 extern "C" {
 #include "backend/backend.h"
 #include "backend/cuda/backend_cuda.h"
+#include "backend/cuda/knobs.h"
 #include "core/dtype.h"
 #include "core/status.h"
 #include "core/tensor.h"
@@ -109,22 +112,22 @@ int cu_weight_bf16(ms_backend *b, const ms_linear *W, int keep, const bf16 **out
 int cu_gemm(ms_backend *b, int M, int N, int K, const void *A, int64_t lda, int ab_type, const void *B, int64_t ldb,
             int b_trans, void *C, int64_t ldc, int c_type, float beta, ms_err *err);
 
+/* Internal linear used by the router and runners: same as the backend's linear op. */
+int cu_linear_op(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_tensor *y, ms_err *err);
+
 /* ---- quantized kernels (quant.cu) ---- */
 /* Dequantizes rows of d into bf16 out [N,K] exactly as ms_linear_dequant_row, then rounds. */
 int cu_dequant_bf16(ms_backend *b, const cu_wdesc *d, bf16 *out, ms_err *err);
-/* Grouped small-batch product reading each weight once (memory-bound decode path); runs
- * cu_gemv_mma when cu_gemv_mma_usable allows, else the CUDA-core kernels.
- * For group g (0..n_groups-1; groups beyond *n_active_d if non-NULL are skipped) with weight
- * table entry wid = group_w_d ? group_w_d[g] : g, rows r in [row_off_d[wid], row_off_d[wid]+row_cnt_d[wid])
- * of x [*, K] (bf16, x row = row_idx_d ? row_idx_d[r] : r):
+/* Grouped small-batch product reading each weight once (memory-bound decode path), described by c
+ * (fields: grouped_call.cuh); runs cu_gemv_mma when cu_gemv_mma_usable allows, else the CUDA-core
+ * kernels (which take neither c->w1 nor c->bias). For group g (0..n_groups-1; groups at or past
+ * *n_active if non-NULL are skipped) with weight table entry wid = group_w ? group_w[g] : g, rows r in
+ * [row_off[wid], row_off[wid]+row_cnt[wid]) of x [*, K] (bf16, x row = row_idx ? row_idx[r] : r):
  *   mode 0: y[r, n] = x_r · W0[wid]_nᵀ, y F32 or BF16 (y_type) with row stride ldy.
- *   mode 1: y[r, n] = silu(x_r·W0ᵀ) * (x_r·W1ᵀ) as BF16 (gate/up fused).
- * W0/W1 are device arrays of cu_wdesc indexed by wid; when W0_d is NULL there is one group using
- * *w_host itself, rows [0, rows_total) (row_off_d/row_cnt_d NULL). w_host also gives format/N/K. */
-int cu_gemv_grouped(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
-                    int n_groups, const int32_t *n_active_d, const int32_t *group_w_d, const int32_t *row_off_d,
-                    const int32_t *row_cnt_d, const int32_t *row_idx_d, int rows_total, const bf16 *x, void *y,
-                    int y_type, int64_t ldy, ms_err *err);
+ *   mode 1: y[r, n] = silu(x_r·W0ᵀ) * (x_r·W1ᵀ) as BF16 (gate/up fused; needs the tables).
+ * When W0 is NULL there is one group using c->w0 itself, rows [0, rows_total) (row_off/row_cnt
+ * NULL). c->w0 also gives format/N/K. Queued on the backend stream; c may be reused on return. */
+int cu_gemv_grouped(ms_backend *b, const cu_gemv_call *c, ms_err *err);
 /* ---- tensor-core grouped GEMV (gemv_mma.cu) ---- */
 /* 1 when cu_gemv_mma can run weights shaped like w with activations x: MS_CU_GEMV is not "gv2"
  * (read once), compute capability >= 8.0, BF16 with K % 8 == 0, FP8 with K % 16 == 0 or NVFP4 with
@@ -132,38 +135,26 @@ int cu_gemv_grouped(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdes
  * aligned. Rows of every weight in a device table are assumed 16-byte aligned, as in the gv2 kernels. */
 int cu_gemv_mma_usable(const ms_backend *b, const cu_wdesc *w, const void *x, int single);
 /* Same contract as cu_gemv_grouped, computed on tensor cores (mma.sync bf16, fp32 accumulate) with
- * the weights dequantized exactly in registers; requires cu_gemv_mma_usable. */
-int cu_gemv_mma(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
-                int n_groups, const int32_t *n_active_d, const int32_t *group_w_d, const int32_t *row_off_d,
-                const int32_t *row_cnt_d, const int32_t *row_idx_d, int rows_total, const bf16 *x, void *y,
-                int y_type, int64_t ldy, ms_err *err);
-/* cu_gemv_mma with two single-group extras (W0_d == NULL): w1_host, the up weight of a fused mode-1
- * gate/up pair (silu(x·gateᵀ) * (x·upᵀ), both shaped like w_host), and bias_d, mode 0 only, an F32
- * [N] bias added in the epilogue. Either may be NULL. */
-int cu_gemv_mma_ex(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
-                   const cu_wdesc *w1_host, const float *bias_d, int n_groups, const int32_t *n_active_d,
-                   const int32_t *group_w_d, const int32_t *row_off_d, const int32_t *row_cnt_d,
-                   const int32_t *row_idx_d, int rows_total, const bf16 *x, void *y, int y_type, int64_t ldy,
-                   ms_err *err);
-/* Grouped tensor-core GEMM (bf16 x bf16, fp32 accumulate) dequantizing weight tiles in shared memory.
- * Rows are grouped: tile t of the launch covers rows of group g where tile_off_d[g] <= t < tile_off_d[g+1]
- * (64-row tiles; tile_off_d has n_groups+1 entries; tiles past tile_off_d[n_groups] exit).
- * x rows are contiguous per group starting at row_off_d[g] (row_cnt_d[g] rows); W0_d/W1_d are indexed
- * by g, and W1's entries have w_host's format. Modes as gemv. Runs cu_gemm_grouped_mma when it covers
- * the call, else the wmma kernel k_gg (quant.cu). */
-int cu_gemm_grouped(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
-                    int n_groups, int max_tiles, const int32_t *tile_off_d, const int32_t *row_off_d,
-                    const int32_t *row_cnt_d, const bf16 *x, void *y, int y_type, int64_t ldy, ms_err *err);
+ * the weights dequantized exactly in registers; requires cu_gemv_mma_usable. Also takes the two
+ * single-group extras (W0 == NULL): c->w1, the up weight of a fused mode-1 gate/up pair
+ * (silu(x·gateᵀ) * (x·upᵀ), both shaped like w0), and c->bias, mode 0 only, an F32 [N] bias added in
+ * the epilogue. MS_ERR_UNSUPPORTED when the tokens of one pass do not fit shared memory. */
+int cu_gemv_mma(ms_backend *b, const cu_gemv_call *c, ms_err *err);
+/* Grouped tensor-core GEMM (bf16 x bf16, fp32 accumulate) dequantizing weight tiles in shared memory,
+ * described by c (fields: grouped_call.cuh). Rows are grouped: tile t of the launch covers rows of
+ * group g where tile_off[g] <= t < tile_off[g+1] (CU_GG_BM-row tiles; tiles past tile_off[n_groups]
+ * exit). x rows are contiguous per group starting at row_off[g] (row_cnt[g] rows); W0/W1 are indexed
+ * by g, and W1's entries have w0's format. Modes as gemv. Runs cu_gemm_grouped_mma when it covers
+ * the call, else the wmma kernel k_gg (quant.cu). Queued on the backend stream. */
+int cu_gemm_grouped(ms_backend *b, const cu_gg_call *c, ms_err *err);
 #define CU_GG_BM 64
-/* The fast path of cu_gemm_grouped (gemm_mma.cu): same arguments and results, on mma.sync tensor cores
+/* The fast path of cu_gemm_grouped (gemm_mma.cu): same call and results, on mma.sync tensor cores
  * with 128-row blocks (pairs of CU_GG_BM tiles of one group) and a pipelined dequantization. Sets
  * *launched = 0 and does nothing when it does not cover the call (a GPU below sm_80, a format other than
  * bf16/FP8/NVFP4, K not a multiple of 8/16/32 for those, unaligned pointers, too little shared memory,
- * more than 65535 tiles, or MS_CU_GG=old in the environment); the caller then runs k_gg. */
-int cu_gemm_grouped_mma(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
-                        int n_groups, int max_tiles, const int32_t *tile_off_d, const int32_t *row_off_d,
-                        const int32_t *row_cnt_d, const bf16 *x, void *y, int y_type, int64_t ldy, int *launched,
-                        ms_err *err);
+ * more than 65535 tiles, mode 1 without W1, or MS_CU_GG=old in the environment); the caller then runs
+ * k_gg. */
+int cu_gemm_grouped_mma(ms_backend *b, const cu_gg_call *c, int *launched, ms_err *err);
 
 /* ---- attention (attention.cu, attn_mma.cu) ---- */
 /* Split-K sizing shared by the attention kernels: *n_split key ranges for a launch of `blocks` blocks
@@ -181,6 +172,46 @@ int cu_attn_combine(ms_backend *b, const float *part, int n_split, int T, int nh
  * little shared memory, or MS_ATTN_NO_MMA set in the environment); the caller then runs k_attn. */
 int cu_attn_gqa_mma(ms_backend *b, const bf16 *q, const bf16 *kc, const bf16 *vc, int nh, int nkv, int d,
                     const ms_attn_meta *m, float scale, bf16 *out, int *launched, ms_err *err);
+
+/* ---- ops of the backend table implemented outside backend.cu (elementwise.cu, attention.cu) ----
+ * Each has the contract of the ms_backend_ops member of the same name (backend/backend.h), on the
+ * backend's stream with device tensors. */
+int cu_op_embed(ms_backend *b, const ms_tensor *table, const int32_t *ids_d, int n, ms_tensor *out, ms_err *err);
+int cu_op_rmsnorm(ms_backend *b, const ms_tensor *x, const ms_tensor *w, float eps, ms_tensor *out, ms_err *err);
+int cu_op_add_rmsnorm(ms_backend *b, ms_tensor *resid, const ms_tensor *delta, const ms_tensor *w, float eps,
+                      ms_tensor *out, ms_err *err);
+int cu_op_layernorm(ms_backend *b, const ms_tensor *x, const ms_tensor *w, const ms_tensor *bias, float eps,
+                    ms_tensor *out, ms_err *err);
+int cu_op_add(ms_backend *b, ms_tensor *y, const ms_tensor *x, ms_err *err);
+int cu_op_silu_mul(ms_backend *b, const ms_tensor *g, const ms_tensor *u, ms_tensor *out, ms_err *err);
+int cu_op_copy_cols(ms_backend *b, const ms_tensor *src, int c0, int nc, ms_tensor *dst, ms_err *err);
+int cu_op_gather_rows(ms_backend *b, const ms_tensor *src, const int32_t *idx_d, int n, ms_tensor *dst, ms_err *err);
+int cu_op_set_cols(ms_backend *b, const ms_tensor *src, int c0, ms_tensor *dst, ms_err *err);
+int cu_op_scale(ms_backend *b, ms_tensor *x, float alpha, ms_err *err);
+int cu_op_rope(ms_backend *b, ms_tensor *x, const int32_t *pos_d, const ms_rope_cfg *rc, ms_err *err);
+int cu_op_kv_store(ms_backend *b, ms_tensor *cache, const ms_tensor *x, const int32_t *slot_d, ms_err *err);
+int cu_op_find_nonfinite(ms_backend *b, const ms_tensor *x, int64_t *bad_row, ms_err *err);
+int cu_op_argmax(ms_backend *b, const ms_tensor *logits, int32_t *out_d, ms_err *err);
+int cu_op_attn_gqa(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, const ms_tensor *vcache,
+                   const ms_attn_meta *m, float scale, ms_tensor *out, ms_err *err);
+int cu_op_mla_attn(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, const ms_attn_meta *m,
+                   const int32_t *topk_d, int topk, int kvl, float scale, ms_tensor *out, ms_err *err);
+int cu_op_indexer_topk(ms_backend *b, const ms_tensor *qI, const ms_tensor *w, const ms_tensor *idx_cache,
+                       const ms_attn_meta *m, int topk, int32_t *out, ms_err *err);
+
+/* ---- elementwise helpers (elementwise.cu) ---- */
+/* n elements of src (dtype st) -> dst (dtype dt), F32/BF16/F16, on the stream. */
+int cu_convert(ms_backend *b, const void *src, int st, void *dst, int dt, size_t n, ms_err *err);
+/* y [rows, n] (dtype yt) += bias [n] (F32) broadcast over rows. */
+int cu_add_bias(ms_backend *b, void *y, int yt, const float *bias, int64_t rows, int64_t n, ms_err *err);
+/* Absorbed MLA: copies the rope part of q [T, nh, dn+dr] (columns dn..dn+dr) into columns kvl..kvl+dr
+ * of out [T, nh, kvl+dr]; the rest of out is untouched. */
+int cu_copy_rope_part(ms_backend *b, const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl, ms_err *err);
+/* MoE routing of T tokens from router logits [T, n_experts] (F32) with an optional score-correction
+ * bias (dtype bias_t, NULL = none) as rc describes: ids [T, topk] expert ids and w [T, topk] weights
+ * (device memory), the contract of the router op after its linear (backend/backend.h). */
+int cu_route(ms_backend *b, const float *logits, const void *bias, int bias_t, const ms_route_cfg *rc, int T,
+             int32_t *ids, float *w, ms_err *err);
 
 /* ---- device helpers ---- */
 __device__ __forceinline__ float cu_ld(const void *p, int dt, size_t i) {

@@ -53,7 +53,7 @@ static size_t gm_smem_bytes(int fmt) {
     return (size_t)GM_A_STAGES * GM_A_STAGE + (size_t)(fmt == 0 ? 3 : 2) * GM_B_STAGE;
 }
 
-struct gm_args : cu_gg_call {
+struct gm_args : cu_gg_kargs {
     int pair_st; /* y takes 2-element stores (F32/BF16, even ldy, aligned base) */
 };
 
@@ -367,17 +367,19 @@ static cudaError_t gm_launch(dim3 grid, size_t smem, cudaStream_t st, const gm_a
     return cudaSuccess;
 }
 
-/* W1 entries (mode 1) must have w_host's format, as for cu_gemv_grouped's vector paths; every expert's
- * weight and scale pointers are assumed as aligned as w_host's (cudaMalloc'd per tensor). */
-int cu_gemm_grouped_mma(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
-                        int n_groups, int max_tiles, const int32_t *tile_off_d, const int32_t *row_off_d,
-                        const int32_t *row_cnt_d, const bf16 *x, void *y, int y_type, int64_t ldy, int *launched,
-                        ms_err *err) {
+/* Contract in cuda_internal.cuh. W1 entries (mode 1) must have w0's format, as for cu_gemv_grouped's
+ * vector paths; every expert's weight and scale pointers are assumed as aligned as w0's (cudaMalloc'd
+ * per tensor). */
+int cu_gemm_grouped_mma(ms_backend *b, const cu_gg_call *c, int *launched, ms_err *err) {
+    const int mode = c->mode, n_groups = c->n_groups, max_tiles = c->max_tiles;
+    const cu_wdesc *w_host = &c->w0;
+    const bf16 *x = c->x;
+    void *y = c->y;
+    const int64_t ldy = c->ldy;
     *launched = 0;
-    const char *ev = getenv("MS_CU_GG");
-    if (ev && strcmp(ev, "old") == 0) return MS_OK;
+    if (cu_knob(CU_KNOB_GG) == CU_GG_OLD) return MS_OK;
     if (b->gpu.cc_major < 8 || n_groups <= 0 || max_tiles <= 0 || max_tiles > 65535) return MS_OK;
-    if (mode == 1 && !W1_d) return MS_OK;
+    if (mode == 1 && !c->W1) return MS_OK;
     const int K = w_host->k, N = w_host->n;
     int fmt = -1;
     if (w_host->fmt == MS_WFMT_PLAIN && w_host->dtype == MS_BF16 && K % 8 == 0) fmt = 0;
@@ -390,8 +392,9 @@ int cu_gemm_grouped_mma(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_
     if (cu_of(b)->max_smem_optin <= 0 || (size_t)cu_of(b)->max_smem_optin < smem + 256) return MS_OK;
 
     gm_args a;
-    static_cast<cu_gg_call &>(a) = cu_gg_call_make(W0_d, W1_d ? W1_d : W0_d, w_host, n_groups, tile_off_d, row_off_d,
-                                                   row_cnt_d, x, y, mode == 1 ? MS_BF16 : y_type, ldy);
+    cu_kargs_set(a, *c);
+    a.W1 = c->W1 ? c->W1 : c->W0;
+    a.y_type = mode == 1 ? MS_BF16 : c->y_type;
     const size_t ysz = a.y_type == MS_F32 ? 4 : 2;
     a.pair_st = (a.y_type == MS_F32 || a.y_type == MS_BF16) && ldy % 2 == 0 && ((uintptr_t)y % (2 * ysz)) == 0;
     dim3 grid(cu_blocks(N, mode == 1 ? GM_BR / 2 : GM_BR), max_tiles);

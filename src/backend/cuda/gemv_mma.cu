@@ -36,12 +36,7 @@
  * weight loads run two super-steps ahead of its math, in registers. */
 #include "backend/cuda/cuda_internal.cuh"
 
-#include <stdlib.h>
 #include <string.h>
-
-extern "C" {
-#include "core/log.h"
-}
 
 /* ---- PTX wrappers ---- */
 
@@ -94,9 +89,7 @@ __device__ __forceinline__ uint32_t gm_fp4_scale(uint32_t byte) {
 
 /* ---- kernel ---- */
 
-struct gm_args : cu_gemv_call {
-    cu_wdesc w1;       /* single-group form of up (mode 1) */
-    const float *bias; /* single group, mode 0: y += bias[n] (F32 [N]) or NULL */
+struct gm_args : cu_gemv_kargs { /* w1: the up weight of the single form (w0 when the call has none) */
     /* warps per block = rw * S * ksplit: rw m-tiles, each computed by S (gate/up) x ksplit (K share)
      * warps whose fp32 partials meet in shared memory */
     int ksplit, rw;
@@ -380,24 +373,12 @@ __global__ __launch_bounds__(256, 1) void k_gmma(gm_args a) {
 
 /* ---- host side ---- */
 
-/* MS_CU_GEMV (read once): "mma" (default) or "gv2" (the CUDA-core kernels of quant.cu, and cuBLASLt
- * for plain bf16 linears, i.e. the behaviour before this kernel). */
-static int gm_enabled(void) {
-    static const int v = []() {
-        const char *e = getenv("MS_CU_GEMV");
-        if (!e || !*e || !strcmp(e, "mma")) return 1;
-        if (!strcmp(e, "gv2")) return 0;
-        MS_LOGW("MS_CU_GEMV=%s is not one of mma, gv2: using mma", e);
-        return 1;
-    }();
-    return v;
-}
+/* MS_CU_GEMV (knobs.c, read once): "mma" (default) or "gv2" (the CUDA-core kernels of quant.cu, and
+ * cuBLASLt for plain bf16 linears, i.e. the behaviour before this kernel). */
+static int gm_enabled(void) { return cu_knob(CU_KNOB_GEMV) == CU_GEMV_MMA; }
 
-/* Warps per SM the launch aims at by splitting K (MS_CU_GEMV_WARPS_PER_SM, read once; default 48). */
-static int gm_warps_per_sm(void) {
-    static const int v = cu_env_int("MS_CU_GEMV_WARPS_PER_SM", 48, 1, 256);
-    return v;
-}
+/* Warps per SM the launch aims at by splitting K (MS_CU_GEMV_WARPS_PER_SM, knobs.c; default 48). */
+static int gm_warps_per_sm(void) { return cu_knob(CU_KNOB_GEMV_WARPS_PER_SM); }
 
 static int gm_fmt_of(const cu_wdesc *w) {
     if (w->fmt == MS_WFMT_PLAIN && w->dtype == MS_BF16 && w->k % 8 == 0) return 0;
@@ -442,24 +423,19 @@ static cudaError_t gm_launch_nt(int nt, dim3 grid, int threads, size_t smem, cud
  * (m-tile, stream, K share); ksplit grows while the grid has fewer than 48 warps per SM, every warp
  * keeps >= 4 super-steps and a block stays <= 8 warps. Shared memory: 12 KB per warp at most for x
  * (4 warps -> 48 KB: 4 blocks per SM), sliced along K when the pass's tokens need more. */
-int cu_gemv_mma_ex(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
-                   const cu_wdesc *w1_host, const float *bias_d, int n_groups, const int32_t *n_active_d,
-                   const int32_t *group_w_d, const int32_t *row_off_d, const int32_t *row_cnt_d,
-                   const int32_t *row_idx_d, int rows_total, const bf16 *x, void *y, int y_type, int64_t ldy,
-                   ms_err *err) {
+int cu_gemv_mma(ms_backend *b, const cu_gemv_call *c, ms_err *err) {
+    const int mode = c->mode, n_groups = c->n_groups, rows_total = c->rows_total;
     if (n_groups <= 0) return MS_OK;
-    MS_ASSERT(mode == 0 || W0_d || w1_host); /* gate/up fusion: device tables, or the single pair */
-    MS_ASSERT(!bias_d || (mode == 0 && !W0_d));
-    const int single = W0_d == NULL;
+    MS_ASSERT(mode == 0 || c->W0 || c->w1.w); /* gate/up fusion: device tables, or the single pair */
+    MS_ASSERT(!c->bias || (mode == 0 && !c->W0));
+    const int single = c->W0 == NULL;
     if (single && rows_total <= 0) return MS_OK;
-    const int f = gm_fmt_of(w_host);
+    const int f = gm_fmt_of(&c->w0);
     MS_ASSERT(f >= 0);
     gm_args a;
     memset(&a, 0, sizeof a);
-    static_cast<cu_gemv_call &>(a) = cu_gemv_call_make(W0_d, W1_d, w_host, n_active_d, group_w_d, row_off_d,
-                                                       row_cnt_d, row_idx_d, rows_total, x, y, y_type, ldy);
-    a.w1 = w1_host ? *w1_host : *w_host;
-    a.bias = bias_d;
+    cu_kargs_set(a, *c);
+    if (!c->w1.w) a.w1 = c->w0;
 
     const int hint = rows_total > 0 ? rows_total : 8;
     int nt;
@@ -513,13 +489,4 @@ int cu_gemv_mma_ex(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc
 #undef GM_L
     CK(ce);
     return MS_OK;
-}
-
-/* Contract in cuda_internal.cuh. */
-int cu_gemv_mma(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
-                int n_groups, const int32_t *n_active_d, const int32_t *group_w_d, const int32_t *row_off_d,
-                const int32_t *row_cnt_d, const int32_t *row_idx_d, int rows_total, const bf16 *x, void *y,
-                int y_type, int64_t ldy, ms_err *err) {
-    return cu_gemv_mma_ex(b, mode, W0_d, W1_d, w_host, NULL, NULL, n_groups, n_active_d, group_w_d, row_off_d,
-                          row_cnt_d, row_idx_d, rows_total, x, y, y_type, ldy, err);
 }

@@ -35,7 +35,7 @@ __device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 
 
 /* ---- grouped GEMV (decode) ---- */
 
-typedef cu_gemv_call gv_args;
+typedef cu_gemv_kargs gv_args;
 
 #define GV_WARPS 8
 #define GV_RPW 4 /* rows per warp */
@@ -415,21 +415,19 @@ static int gv_fmt(const cu_wdesc *w) {
     return 3;
 }
 
-/* With the device tables (W0_d != NULL), rows_total > 0 is only a hint: the usual most rows of one group,
- * which sizes the staged path's shared memory (any row count stays correct, in more passes). */
-int cu_gemv_grouped(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
-                    int n_groups, const int32_t *n_active_d, const int32_t *group_w_d, const int32_t *row_off_d,
-                    const int32_t *row_cnt_d, const int32_t *row_idx_d, int rows_total, const bf16 *x, void *y,
-                    int y_type, int64_t ldy, ms_err *err) {
+/* Contract in cuda_internal.cuh. With the device tables (c->W0 != NULL), rows_total > 0 is only a
+ * hint: the usual most rows of one group, which sizes the staged path's shared memory (any row count
+ * stays correct, in more passes). */
+int cu_gemv_grouped(ms_backend *b, const cu_gemv_call *c, ms_err *err) {
+    const int mode = c->mode, n_groups = c->n_groups, rows_total = c->rows_total;
     if (n_groups <= 0) return MS_OK;
-    if (cu_gemv_mma_usable(b, w_host, x, W0_d == NULL))
-        return cu_gemv_mma(b, mode, W0_d, W1_d, w_host, n_groups, n_active_d, group_w_d, row_off_d, row_cnt_d,
-                           row_idx_d, rows_total, x, y, y_type, ldy, err);
-    gv_args a = cu_gemv_call_make(W0_d, W1_d, w_host, n_active_d, group_w_d, row_off_d, row_cnt_d, row_idx_d,
-                                  rows_total, x, y, y_type, ldy);
-    MS_ASSERT(mode == 0 || W0_d); /* gate/up fusion needs the device tables */
+    if (cu_gemv_mma_usable(b, &c->w0, c->x, c->W0 == NULL)) return cu_gemv_mma(b, c, err);
+    gv_args a;
+    cu_kargs_set(a, *c);
+    MS_ASSERT(mode == 0 || c->W0); /* gate/up fusion needs the device tables */
+    MS_ASSERT(!c->bias && !c->w1.w); /* single-group extras are cu_gemv_mma's only */
     cudaStream_t st = cu_of(b)->stream;
-    int f = gv_fmt(w_host);
+    int f = gv_fmt(&c->w0);
     /* staged path: tokens per pass limited by registers, shared memory and the caller's row bound */
     const int KP = (a.K + 31) & ~31;
     int budget = cu_of(b)->max_smem_optin;
@@ -477,7 +475,7 @@ using namespace nvcuda;
 #define GG_LDS (GG_BK + 8)
 #define GG_LDC (GG_BN + 4)
 
-struct gg_args : cu_gg_call {
+struct gg_args : cu_gg_kargs {
     int vec; /* K % 32 == 0 and format-aligned: vector tile loads */
 };
 
@@ -627,23 +625,21 @@ __global__ __launch_bounds__(128) void k_gg(gg_args a) {
     }
 }
 
-int cu_gemm_grouped(ms_backend *b, int mode, const cu_wdesc *W0_d, const cu_wdesc *W1_d, const cu_wdesc *w_host,
-                    int n_groups, int max_tiles, const int32_t *tile_off_d, const int32_t *row_off_d,
-                    const int32_t *row_cnt_d, const bf16 *x, void *y, int y_type, int64_t ldy, ms_err *err) {
-    if (n_groups <= 0 || max_tiles <= 0) return MS_OK;
+/* Contract in cuda_internal.cuh. */
+int cu_gemm_grouped(ms_backend *b, const cu_gg_call *c, ms_err *err) {
+    if (c->n_groups <= 0 || c->max_tiles <= 0) return MS_OK;
     int launched = 0; /* the mma.sync kernel (gemm_mma.cu) when it covers the call */
-    MS_TRY(cu_gemm_grouped_mma(b, mode, W0_d, W1_d, w_host, n_groups, max_tiles, tile_off_d, row_off_d, row_cnt_d, x,
-                               y, y_type, ldy, &launched, err));
+    MS_TRY(cu_gemm_grouped_mma(b, c, &launched, err));
     if (launched) return MS_OK;
+    const cu_wdesc *w_host = &c->w0;
     gg_args a;
-    static_cast<cu_gg_call &>(a) =
-        cu_gg_call_make(W0_d, W1_d, w_host, n_groups, tile_off_d, row_off_d, row_cnt_d, x, y, y_type, ldy);
+    cu_kargs_set(a, *c);
     a.vec = (a.K % GG_BK == 0) &&
             ((w_host->fmt == MS_WFMT_PLAIN && w_host->dtype == MS_BF16) || w_host->fmt == MS_WFMT_FP8 ||
              w_host->fmt == MS_WFMT_NVFP4);
-    dim3 grid(max_tiles, cu_blocks(a.N, GG_BN));
+    dim3 grid(c->max_tiles, cu_blocks(a.N, GG_BN));
     cudaStream_t st = cu_of(b)->stream;
-    if (mode == 1) k_gg<1><<<grid, 128, 0, st>>>(a);
+    if (c->mode == 1) k_gg<1><<<grid, 128, 0, st>>>(a);
     else k_gg<0><<<grid, 128, 0, st>>>(a);
     CK_LAUNCH();
     return MS_OK;

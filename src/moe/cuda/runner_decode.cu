@@ -21,10 +21,15 @@ static int decode_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, co
     MS_TRY(moe_cu_ws_carve(&s, 0, workspace, ws_bytes, &w, err));
     MS_TRY(moe_cu_route_permute(b, &w, ids_d, (const bf16 *)x->data, 0, err));
     int slots = w.E < w.P ? w.E : w.P;
-    MS_TRY(cu_gemv_grouped(b, 1, p->gate_d, p->up_d, &p->gate_h, slots, w.n_active, w.active, w.offsets, w.counts,
-                           w.sorted_tok, w.T, (const bf16 *)x->data, w.h, MS_BF16, w.I, err));
-    MS_TRY(cu_gemv_grouped(b, 0, p->down_d, NULL, &p->down_h, slots, w.n_active, w.active, w.offsets, w.counts, NULL, w.T,
-                           w.h, w.ys, MS_F32, w.H, err));
+    const cu_gemv_call gate_up = {.mode = 1, .n_groups = slots, .W0 = p->gate_d, .W1 = p->up_d, .w0 = p->gate_h,
+                                  .n_active = w.n_active, .group_w = w.active, .row_off = w.offsets,
+                                  .row_cnt = w.counts, .row_idx = w.sorted_tok, .rows_total = w.T,
+                                  .x = (const bf16 *)x->data, .y = w.h, .y_type = MS_BF16, .ldy = w.I};
+    MS_TRY(cu_gemv_grouped(b, &gate_up, err));
+    const cu_gemv_call down = {.mode = 0, .n_groups = slots, .W0 = p->down_d, .w0 = p->down_h, .n_active = w.n_active,
+                               .group_w = w.active, .row_off = w.offsets, .row_cnt = w.counts, .rows_total = w.T,
+                               .x = w.h, .y = w.ys, .y_type = MS_F32, .ldy = w.H};
+    MS_TRY(cu_gemv_grouped(b, &down, err));
     return moe_cu_combine(b, &w, w_d, out, err);
 }
 

@@ -19,10 +19,14 @@ static int grouped_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, c
     MS_TRY(moe_cu_ws_carve(&s, 0, workspace, ws_bytes, &w, err));
     MS_TRY(moe_cu_route_permute(b, &w, ids_d, (const bf16 *)x->data, 1, err));
     int max_tiles = (w.P + CU_GG_BM - 1) / CU_GG_BM + (w.E < w.P ? w.E : w.P);
-    MS_TRY(cu_gemm_grouped(b, 1, p->gate_d, p->up_d, &p->gate_h, w.E, max_tiles, w.tile_off, w.offsets, w.counts, w.xs,
-                           w.h, MS_BF16, w.I, err));
-    MS_TRY(cu_gemm_grouped(b, 0, p->down_d, NULL, &p->down_h, w.E, max_tiles, w.tile_off, w.offsets, w.counts, w.h,
-                           w.ys, MS_F32, w.H, err));
+    const cu_gg_call gate_up = {.mode = 1, .n_groups = w.E, .max_tiles = max_tiles, .W0 = p->gate_d, .W1 = p->up_d,
+                                .w0 = p->gate_h, .tile_off = w.tile_off, .row_off = w.offsets, .row_cnt = w.counts,
+                                .x = w.xs, .y = w.h, .y_type = MS_BF16, .ldy = w.I};
+    MS_TRY(cu_gemm_grouped(b, &gate_up, err));
+    const cu_gg_call down = {.mode = 0, .n_groups = w.E, .max_tiles = max_tiles, .W0 = p->down_d, .w0 = p->down_h,
+                             .tile_off = w.tile_off, .row_off = w.offsets, .row_cnt = w.counts, .x = w.h, .y = w.ys,
+                             .y_type = MS_F32, .ldy = w.H};
+    MS_TRY(cu_gemm_grouped(b, &down, err));
     return moe_cu_combine(b, &w, w_d, out, err);
 }
 

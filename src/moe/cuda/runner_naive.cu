@@ -7,8 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int cu_op_silu_mul(ms_backend *, const ms_tensor *, const ms_tensor *, ms_tensor *, ms_err *);
-
 static size_t naive_ws(const ms_backend *b, const ms_moe_shape *s) {
     (void)b;
     return moe_cu_ws_size(s, 1);

@@ -54,6 +54,7 @@ static inline void cu_st(void *p, int dt, size_t i, float v) {
     else abort();
 }
 #include "backend/cuda/grouped_call.cuh" /* cu_wdesc and the call description, as on the GPU */
+#include "backend/cuda/knobs.h" /* cu_knob: knobs.c is linked in, as in the library */
 typedef int cudaError_t; enum { cudaSuccess = 0, cudaErrorInvalidValue = 1 }; typedef void *cudaStream_t;
 enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 template <class F> static cudaError_t cudaFuncSetAttribute(F, int, int) { return 0; }

@@ -150,8 +150,10 @@ static void single(int fmt, int T, int N, int K, int yf32) {
         printf("FAIL %s: not usable\n", what);
         return;
     }
-    int rc = cu_gemv_mma(&B, 0, NULL, NULL, &W.d, 1, NULL, NULL, NULL, NULL, NULL, T, (const bf16 *)x.data(),
-                         yf32 ? (void *)yf.data() : (void *)yb.data(), yf32 ? MS_F32 : MS_BF16, N, &err);
+    const cu_gemv_call c = {.mode = 0, .n_groups = 1, .w0 = W.d, .rows_total = T, .x = (const bf16 *)x.data(),
+                            .y = yf32 ? (void *)yf.data() : (void *)yb.data(), .y_type = yf32 ? MS_F32 : MS_BF16,
+                            .ldy = N};
+    int rc = cu_gemv_mma(&B, &c, &err);
     if (rc) {
         n_fail++;
         printf("FAIL %s: %s\n", what, err.msg);
@@ -199,8 +201,11 @@ static void moe(int fmt, int E, int H, int I, const std::vector<int> &counts, in
         printf("FAIL %s: not usable\n", what);
         return;
     }
-    int rc = cu_gemv_mma(&B, 1, gd.data(), ud.data(), &gd[0], E, &nact, active.data(), off.data(), cnt.data(),
-                         ridx.data(), hint, (const bf16 *)x.data(), h.data(), MS_BF16, ldh, &err);
+    const cu_gemv_call gate_up = {.mode = 1, .n_groups = E, .W0 = gd.data(), .W1 = ud.data(), .w0 = gd[0],
+                                  .n_active = &nact, .group_w = active.data(), .row_off = off.data(),
+                                  .row_cnt = cnt.data(), .row_idx = ridx.data(), .rows_total = hint,
+                                  .x = (const bf16 *)x.data(), .y = h.data(), .y_type = MS_BF16, .ldy = ldh};
+    int rc = cu_gemv_mma(&B, &gate_up, &err);
     if (rc) {
         n_fail++;
         printf("FAIL %s: %s\n", what, err.msg);
@@ -228,8 +233,11 @@ static void moe(int fmt, int E, int H, int I, const std::vector<int> &counts, in
     const int ldy = H + 3;
     std::vector<float> y((size_t)P * ldy, NAN);
     snprintf(what, sizeof what, "moe down fmt=%d E=%d H=%d I=%d rows=%d hint=%d", fmt, E, H, I, P, hint);
-    rc = cu_gemv_mma(&B, 0, dd.data(), NULL, &dd[0], E, &nact, active.data(), off.data(), cnt.data(), NULL, hint,
-                     (const bf16 *)hx.data(), y.data(), MS_F32, ldy, &err);
+    const cu_gemv_call down = {.mode = 0, .n_groups = E, .W0 = dd.data(), .w0 = dd[0], .n_active = &nact,
+                               .group_w = active.data(), .row_off = off.data(), .row_cnt = cnt.data(),
+                               .rows_total = hint, .x = (const bf16 *)hx.data(), .y = y.data(), .y_type = MS_F32,
+                               .ldy = ldy};
+    rc = cu_gemv_mma(&B, &down, &err);
     if (rc) {
         n_fail++;
         printf("FAIL %s: %s\n", what, err.msg);

@@ -1,0 +1,98 @@
+/* knobs.c - the table of the CUDA backend's environment knobs (contract in knobs.h): name, kind,
+ * default, range or value names, when it is read and its one-line meaning; the one reader, cu_knob,
+ * and the table's printout for `moeserve doctor`. Plain C: compiled in every CUDA build and usable
+ * without a GPU. */
+#include "backend/cuda/knobs.h"
+
+#include "backend/cuda/backend_cuda.h"
+#include "core/log.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { KN_INT, KN_CHOICE, KN_FLAG } kn_kind;
+
+typedef struct kn_def {
+    const char *name;           /* environment variable */
+    kn_kind kind;
+    int def;                    /* KN_INT: default value; KN_CHOICE: index of the default name; KN_FLAG: 0 */
+    int lo, hi;                 /* KN_INT: accepted range (inclusive) */
+    const char *const *choices; /* KN_CHOICE: value names, NULL-terminated (value = index) */
+    int once;                   /* 1: read at first use and kept; 0: read at every call */
+    const char *meaning;        /* one line for doctor */
+} kn_def;
+
+static const char *const gemv_choices[] = {"mma", "gv2", NULL};
+static const char *const gg_choices[] = {"mma", "old", NULL};
+
+static const kn_def knobs[CU_KNOB_COUNT] = {
+    [CU_KNOB_GEMV] = {"MS_CU_GEMV", KN_CHOICE, CU_GEMV_MMA, 0, 0, gemv_choices, 1,
+                      "grouped GEMV: mma = tensor cores (gemv_mma.cu); gv2 = CUDA-core kernels (quant.cu), "
+                      "cuBLASLt for bf16 linears"},
+    [CU_KNOB_GEMV_WARPS_PER_SM] = {"MS_CU_GEMV_WARPS_PER_SM", KN_INT, 48, 1, 256, NULL, 1,
+                                   "tensor-core GEMV splits K until the grid has this many warps per SM"},
+    [CU_KNOB_GEMV_MAX_T] = {"MS_CU_GEMV_MAX_T", KN_INT, 16, 0, 4096, NULL, 1,
+                            "FP8/NVFP4 linears with at most this many rows use the fused GEMV, more a bf16 "
+                            "copy through cuBLASLt"},
+    [CU_KNOB_BF16_GEMV_MAX_T] = {"MS_CU_BF16_GEMV_MAX_T", KN_INT, 0, 0, 1 << 20, NULL, 1,
+                                 "bf16 linears with at most this many rows use the tensor-core GEMV "
+                                 "(0: always cuBLASLt)"},
+    [CU_KNOB_GG] = {"MS_CU_GG", KN_CHOICE, CU_GG_MMA, 0, 0, gg_choices, 0,
+                    "grouped GEMM (prefill MoE): mma = mma.sync kernel (gemm_mma.cu), old = wmma kernel "
+                    "(quant.cu)"},
+    [CU_KNOB_ATTN_NO_SPLIT] = {"MS_ATTN_NO_SPLIT", KN_FLAG, 0, 0, 1, NULL, 0,
+                               "set: attention never splits the keys across blocks (no split-K)"},
+    [CU_KNOB_ATTN_NO_MMA] = {"MS_ATTN_NO_MMA", KN_FLAG, 0, 0, 1, NULL, 0,
+                             "set: GQA attention uses the generic kernel instead of the tensor-core one"},
+};
+
+static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */
+static atomic_int kn_warned[CU_KNOB_COUNT]; /* a choice knob's bad value was reported */
+
+/* The knob's value from the environment now (no caching). */
+static int kn_read(cu_knob_id id) {
+    const kn_def *k = &knobs[id];
+    const char *e = getenv(k->name);
+    if (k->kind == KN_FLAG) return e != NULL;
+    if (!e || !*e) return k->def;
+    if (k->kind == KN_INT) {
+        char *end = NULL;
+        long v = strtol(e, &end, 10);
+        return (*end || v < k->lo || v > k->hi) ? k->def : (int)v;
+    }
+    for (int i = 0; k->choices[i]; i++)
+        if (!strcmp(e, k->choices[i])) return i;
+    if (!atomic_exchange(&kn_warned[id], 1))
+        MS_LOGW("%s=%s is not one of %s, %s: using %s", k->name, e, k->choices[0], k->choices[1],
+                k->choices[k->def]);
+    return k->def;
+}
+
+int cu_knob(cu_knob_id id) {
+    if (!knobs[id].once) return kn_read(id);
+    int c = atomic_load(&kn_cache[id]);
+    if (c) return c - 1;
+    int v = kn_read(id);
+    atomic_store(&kn_cache[id], v + 1);
+    return v;
+}
+
+/* A knob value as text: integers in decimal, choices by name, flags as set/unset. */
+static void kn_format(const kn_def *k, int v, char *buf, size_t cap) {
+    if (k->kind == KN_INT) snprintf(buf, cap, "%d", v);
+    else if (k->kind == KN_CHOICE) snprintf(buf, cap, "%s", k->choices[v]);
+    else snprintf(buf, cap, "%s", v ? "set" : "unset");
+}
+
+void ms_cuda_knobs_print(FILE *out) {
+    fprintf(out, "  %-24s %-7s %-7s %-5s %s\n", "name", "value", "default", "read", "meaning");
+    for (int i = 0; i < CU_KNOB_COUNT; i++) {
+        const kn_def *k = &knobs[i];
+        char val[24], def[24];
+        kn_format(k, cu_knob((cu_knob_id)i), val, sizeof val);
+        kn_format(k, k->def, def, sizeof def);
+        fprintf(out, "  %-24s %-7s %-7s %-5s %s\n", k->name, val, def, k->once ? "once" : "each", k->meaning);
+    }
+}

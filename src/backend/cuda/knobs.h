@@ -1,0 +1,41 @@
+/* knobs.h - the CUDA backend's environment knobs (kernel choices and launch tuning) as one table
+ * (knobs.c): each knob's name, default, accepted values, when it is read and what it means. Every
+ * reader in backend/cuda and moe/cuda goes through cu_knob(); `moeserve doctor` prints the table
+ * (ms_cuda_knobs_print in backend_cuda.h). Plain C, free of CUDA headers (the host emulation of
+ * gemv_mma.cu links knobs.c too). */
+#ifndef MS_BACKEND_CUDA_KNOBS_H
+#define MS_BACKEND_CUDA_KNOBS_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The knobs; the table in knobs.c is indexed by these. */
+typedef enum cu_knob_id {
+    CU_KNOB_GEMV,              /* MS_CU_GEMV: CU_GEMV_MMA or CU_GEMV_GV2 (read once) */
+    CU_KNOB_GEMV_WARPS_PER_SM, /* MS_CU_GEMV_WARPS_PER_SM: integer (read once) */
+    CU_KNOB_GEMV_MAX_T,        /* MS_CU_GEMV_MAX_T: integer (read once) */
+    CU_KNOB_BF16_GEMV_MAX_T,   /* MS_CU_BF16_GEMV_MAX_T: integer (read once) */
+    CU_KNOB_GG,                /* MS_CU_GG: CU_GG_MMA or CU_GG_OLD (read at every call) */
+    CU_KNOB_ATTN_NO_SPLIT,     /* MS_ATTN_NO_SPLIT: 1 when set to anything (read at every call) */
+    CU_KNOB_ATTN_NO_MMA,       /* MS_ATTN_NO_MMA: 1 when set to anything (read at every call) */
+    CU_KNOB_COUNT
+} cu_knob_id;
+
+/* Values of the choice knobs (the index of the value's name in the table). */
+enum { CU_GEMV_MMA = 0, CU_GEMV_GV2 = 1 };
+enum { CU_GG_MMA = 0, CU_GG_OLD = 1 };
+
+/* Value in effect of knob id. Integers: the variable parsed as a decimal integer inside the knob's
+ * range, else the default. Choices: the index of the variable's value among the knob's names; unset
+ * or empty gives the default, anything else the default with one warning per process. Flags: 1 when
+ * the variable is set (to any value, even empty), else 0. A knob marked "read once" is read at its
+ * first use and kept for the process (a step never pays for getenv); the others are read at every
+ * call, so tests may set and unset them between calls. Thread-safe. */
+int cu_knob(cu_knob_id id);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
