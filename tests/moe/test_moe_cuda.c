@@ -2,7 +2,7 @@
  * same weights and routing: all three weight formats, batch sizes 1, 3, 64 and 257, routing with
  * empty experts and with every token on one expert (up to 48 rows on it), and hidden/intermediate
  * sizes that are and are not multiples of the kernels' vector widths and super-steps; plus
- * prefill-scale cases (2048 tokens) for the grouped runner's tensor-core GEMM. CUDA outputs are
+ * routing where some ids are -1 (experts held by other ranks); prefill-scale cases (2048 tokens) for the grouped runner's tensor-core GEMM. CUDA outputs are
  * poisoned before each run. Without a GPU the program reports 0 cases and says so. */
 #include "backend/backend.h"
 #include "core/dtype.h"
@@ -158,6 +158,7 @@ static void make_routing(int pattern, int T, int topk, int n, int32_t *ids, floa
                     if (!dup) break;
                 }
             }
+            if (pattern == 3 && rnd_u32() % 3 == 0) e = -1; /* expert parallelism: held by another rank */
             ids[t * topk + k] = e;
             w[t * topk + k] = 0.1f + 0.9f * (float)(rnd_u32() % 1000) / 1000.f;
         }
@@ -227,6 +228,7 @@ static void fmt_case(ms_wfmt fmt, int H, int I) {
             run_case(&L, cpu_r, gr, Ts[i], 2, 0);
             run_case(&L, cpu_r, gr, Ts[i], 2, 1);
             run_case(&L, cpu_r, gr, Ts[i], 3, 2);
+            run_case(&L, cpu_r, gr, Ts[i], 3, 3); /* some ids -1 (MS_MOE_CAP_PARTIAL) */
         }
         run_case(&L, cpu_r, gr, 5, 1, 1);  /* every token on one expert */
         run_case(&L, cpu_r, gr, 48, 1, 1); /* 48 rows on one expert: several token passes in decode */

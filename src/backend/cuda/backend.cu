@@ -651,6 +651,8 @@ static void cu_ops_init(void) {
     cu_ops.unplace_tensor = cu_unplace_tensor;
     cu_ops.unplace_linear = cu_unplace_linear;
     cu_ops.embed = cu_op_embed;
+    cu_ops.embed_part = cu_op_embed_part;
+    cu_ops.remap_ids = cu_op_remap_ids;
     cu_ops.rmsnorm = cu_op_rmsnorm;
     cu_ops.add_rmsnorm = cu_op_add_rmsnorm;
     cu_ops.layernorm = cu_op_layernorm;

@@ -177,6 +177,9 @@ int cu_attn_gqa_mma(ms_backend *b, const bf16 *q, const bf16 *kc, const bf16 *vc
  * Each has the contract of the ms_backend_ops member of the same name (backend/backend.h), on the
  * backend's stream with device tensors. */
 int cu_op_embed(ms_backend *b, const ms_tensor *table, const int32_t *ids_d, int n, ms_tensor *out, ms_err *err);
+int cu_op_embed_part(ms_backend *b, const ms_tensor *table, const int32_t *ids_d, int n, int64_t v0, ms_tensor *out,
+                     ms_err *err);
+int cu_op_remap_ids(ms_backend *b, int32_t *ids_d, int64_t n, int lo, int count, ms_err *err);
 int cu_op_rmsnorm(ms_backend *b, const ms_tensor *x, const ms_tensor *w, float eps, ms_tensor *out, ms_err *err);
 int cu_op_add_rmsnorm(ms_backend *b, ms_tensor *resid, const ms_tensor *delta, const ms_tensor *w, float eps,
                       ms_tensor *out, ms_err *err);

@@ -63,9 +63,9 @@ int cu_copy_rope_part(ms_backend *b, const bf16 *q, bf16 *out, int T, int nh, in
 
 /* ---- embedding ---- */
 
-__global__ void k_embed(const void *table, int tt, int64_t V, int64_t H, const int32_t *ids, void *out, int ot) {
+__global__ void k_embed(const void *table, int tt, int64_t V, int64_t H, const int32_t *ids, int64_t v0, void *out, int ot) {
     int64_t r = blockIdx.x;
-    int32_t id = ids[r];
+    int64_t id = (int64_t)ids[r] - v0;
     for (int64_t c = threadIdx.x; c < H; c += blockDim.x) {
         float v = (id >= 0 && id < V) ? cu_ld(table, tt, (size_t)id * H + c) : 0.f;
         cu_st(out, ot, (size_t)r * H + c, v);
@@ -77,7 +77,34 @@ int cu_op_embed(ms_backend *b, const ms_tensor *table, const int32_t *ids_d, int
     int64_t H = table->shape[1];
     MS_ASSERT(ms_tensor_numel(out) >= (int64_t)n * H);
     if (n <= 0) return MS_OK;
-    k_embed<<<n, 256, 0, stream_of(b)>>>(table->data, table->dtype, table->shape[0], H, ids_d, out->data, out->dtype);
+    k_embed<<<n, 256, 0, stream_of(b)>>>(table->data, table->dtype, table->shape[0], H, ids_d, 0, out->data, out->dtype);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+/* Vocabulary-parallel rows: ids outside [v0, v0 + rows) give zero rows (another rank adds them). */
+int cu_op_embed_part(ms_backend *b, const ms_tensor *table, const int32_t *ids_d, int n, int64_t v0, ms_tensor *out,
+                     ms_err *err) {
+    MS_ASSERT(table->ndim == 2);
+    int64_t H = table->shape[1];
+    MS_ASSERT(ms_tensor_numel(out) >= (int64_t)n * H);
+    if (n <= 0) return MS_OK;
+    k_embed<<<n, 256, 0, stream_of(b)>>>(table->data, table->dtype, table->shape[0], H, ids_d, v0, out->data, out->dtype);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+__global__ void k_remap_ids(int32_t *ids, int64_t n, int lo, int count) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int32_t e = ids[i];
+        ids[i] = e >= lo && e < lo + count ? e - lo : -1;
+    }
+}
+
+/* Expert parallelism: global expert ids -> this rank's (-1 for experts other ranks hold). */
+int cu_op_remap_ids(ms_backend *b, int32_t *ids_d, int64_t n, int lo, int count, ms_err *err) {
+    if (n <= 0) return MS_OK;
+    k_remap_ids<<<grid_for((size_t)n), 256, 0, stream_of(b)>>>(ids_d, n, lo, count);
     CK_LAUNCH();
     return MS_OK;
 }

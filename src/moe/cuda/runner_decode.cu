@@ -34,5 +34,5 @@ static int decode_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, co
 }
 
 extern "C" const ms_moe_runner ms_moe_runner_decode = {
-    "decode", "cuda", moe_cu_supports, decode_ws, moe_cu_prepare, decode_run, MS_MOE_CAP_GRAPHS | MS_MOE_CAP_FEW_TOKENS,
+    "decode", "cuda", moe_cu_supports, decode_ws, moe_cu_prepare, decode_run, MS_MOE_CAP_GRAPHS | MS_MOE_CAP_FEW_TOKENS | MS_MOE_CAP_PARTIAL,
 };

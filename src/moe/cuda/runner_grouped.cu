@@ -31,5 +31,5 @@ static int grouped_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, c
 }
 
 extern "C" const ms_moe_runner ms_moe_runner_grouped = {
-    "grouped", "cuda", moe_cu_supports, grouped_ws, moe_cu_prepare, grouped_run, MS_MOE_CAP_GRAPHS | MS_MOE_CAP_MANY_TOKENS,
+    "grouped", "cuda", moe_cu_supports, grouped_ws, moe_cu_prepare, grouped_run, MS_MOE_CAP_GRAPHS | MS_MOE_CAP_MANY_TOKENS | MS_MOE_CAP_PARTIAL,
 };

@@ -53,5 +53,5 @@ static int naive_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, con
 }
 
 extern "C" const ms_moe_runner ms_moe_runner_naive = {
-    "naive", "cuda", moe_cu_supports, naive_ws, moe_cu_prepare, naive_run, 0 /* host waits inside: no graphs */,
+    "naive", "cuda", moe_cu_supports, naive_ws, moe_cu_prepare, naive_run, MS_MOE_CAP_PARTIAL /* host waits inside: no graphs */,
 };
