@@ -113,29 +113,45 @@ static void feed_text(req *r, choice *c, const char *s, size_t n) {
     }
 }
 
-static void add_token_logprobs(req *r, choice *c, const ms_token_event *ev) {
-    char *tok = NULL;
-    size_t tl = 0;
+/* The text of one token, special tokens kept (malloc'd, never NULL; "" when decoding fails). */
+static char *token_text(req *r, int32_t id, size_t *len) {
+    char *s = NULL;
     ms_err err = {0};
-    if (r->ops.decode(r->ops.ctx, &ev->token, 1, &tok, &tl, &err) != MS_OK) { tok = strdup(""); tl = 0; }
+    *len = 0;
+    if (r->ops.decode(r->ops.ctx, &id, 1, &s, len, &err) != MS_OK || !s) {
+        free(s);
+        *len = 0;
+        return strdup("");
+    }
+    return s;
+}
+
+/* A chat logprob entry's fields: "token", "logprob" and "bytes" (no braces). */
+static void chat_logprob_fields(ms_sbuf *o, const char *tok, size_t tl, float logprob) {
+    ms_sbuf_adds(o, "\"token\":");
+    ms_sbuf_add_json_str(o, tok, tl);
+    ms_sbuf_adds(o, ",\"logprob\":");
+    ms_sbuf_add_float(o, logprob);
+    ms_sbuf_adds(o, ",\"bytes\":[");
+    for (size_t i = 0; i < tl; i++) ms_sbuf_printf(o, i ? ",%u" : "%u", (unsigned char)tok[i]);
+    ms_sbuf_addc(o, ']');
+}
+
+static void add_token_logprobs(req *r, choice *c, const ms_token_event *ev) {
+    size_t tl = 0;
+    char *tok = token_text(r, ev->token, &tl);
     if (r->api.is_chat) {
         ms_sbuf *o = &c->lp;
         if (c->lp_count++) ms_sbuf_addc(o, ',');
-        ms_sbuf_adds(o, "{\"token\":");
-        ms_sbuf_add_json_str(o, tok, tl);
-        ms_sbuf_printf(o, ",\"logprob\":%.6g,\"bytes\":[", (double)ev->logprob);
-        for (size_t i = 0; i < tl; i++) ms_sbuf_printf(o, i ? ",%u" : "%u", (unsigned char)tok[i]);
-        ms_sbuf_adds(o, "],\"top_logprobs\":[");
+        ms_sbuf_addc(o, '{');
+        chat_logprob_fields(o, tok, tl, ev->logprob);
+        ms_sbuf_adds(o, ",\"top_logprobs\":[");
         for (int k = 0; k < ev->n_top && k < r->api.top_logprobs; k++) {
-            char *t2 = NULL;
             size_t l2 = 0;
-            if (r->ops.decode(r->ops.ctx, &ev->top_ids[k], 1, &t2, &l2, &err) != MS_OK) { t2 = strdup(""); l2 = 0; }
-            if (k) ms_sbuf_addc(o, ',');
-            ms_sbuf_adds(o, "{\"token\":");
-            ms_sbuf_add_json_str(o, t2, l2);
-            ms_sbuf_printf(o, ",\"logprob\":%.6g,\"bytes\":[", (double)ev->top_logprobs[k]);
-            for (size_t i = 0; i < l2; i++) ms_sbuf_printf(o, i ? ",%u" : "%u", (unsigned char)t2[i]);
-            ms_sbuf_adds(o, "]}");
+            char *t2 = token_text(r, ev->top_ids[k], &l2);
+            ms_sbuf_adds(o, k ? ",{" : "{");
+            chat_logprob_fields(o, t2, l2, ev->top_logprobs[k]);
+            ms_sbuf_addc(o, '}');
             free(t2);
         }
         ms_sbuf_adds(o, "]}");
@@ -143,17 +159,18 @@ static void add_token_logprobs(req *r, choice *c, const ms_token_event *ev) {
         const char *sep = c->lp_count++ ? "," : "";
         ms_sbuf_adds(&c->lp_tok, sep);
         ms_sbuf_add_json_str(&c->lp_tok, tok, tl);
-        ms_sbuf_printf(&c->lp_val, "%s%.6g", sep, (double)ev->logprob);
+        ms_sbuf_adds(&c->lp_val, sep);
+        ms_sbuf_add_float(&c->lp_val, ev->logprob);
         ms_sbuf_printf(&c->lp_off, "%s%zu", sep, c->text_off);
         ms_sbuf_adds(&c->lp_top, sep);
         ms_sbuf_addc(&c->lp_top, '{');
         for (int k = 0; k < ev->n_top && k < r->api.top_logprobs; k++) {
-            char *t2 = NULL;
             size_t l2 = 0;
-            if (r->ops.decode(r->ops.ctx, &ev->top_ids[k], 1, &t2, &l2, &err) != MS_OK) { t2 = strdup(""); l2 = 0; }
+            char *t2 = token_text(r, ev->top_ids[k], &l2);
             if (k) ms_sbuf_addc(&c->lp_top, ',');
             ms_sbuf_add_json_str(&c->lp_top, t2, l2);
-            ms_sbuf_printf(&c->lp_top, ":%.6g", (double)ev->top_logprobs[k]);
+            ms_sbuf_addc(&c->lp_top, ':');
+            ms_sbuf_add_float(&c->lp_top, ev->top_logprobs[k]);
             free(t2);
         }
         ms_sbuf_addc(&c->lp_top, '}');
