@@ -187,12 +187,8 @@ static ms_engine_config small_cfg(int page_size) {
 static void check_clean(ms_engine *e) {
     ms_engine_stats st;
     /* stats are published after each step; the idle check runs once the engine goes idle */
-    for (int i = 0; i < 200; i++) {
-        ms_engine_get_stats(e, &st);
-        if (st.running == 0 && st.waiting == 0 && st.kv_pages_used == st.kv_pages_cached) break;
-        struct timespec ts = {0, 5 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
+    T_WAIT_UNTIL((ms_engine_get_stats(e, &st), st.running == 0 && st.waiting == 0 &&
+                                                st.kv_pages_used == st.kv_pages_cached));
     CHECK_EQ_INT(st.running, 0);
     CHECK_EQ_INT(st.waiting, 0);
     CHECK_EQ_INT(st.kv_pages_used, st.kv_pages_cached);
@@ -486,12 +482,8 @@ static void test_forward_error(void) {
             else CHECK_MSG(c.s[i].n >= 1 && c.s[i].n <= 2, "request %d got %d tokens", i, c.s[i].n);
         }
         ms_engine_stats st;
-        for (int i = 0; i < 400; i++) { /* stats are published at the end of the step */
-            ms_engine_get_stats(e, &st);
-            if (st.requests_failed == 3) break;
-            struct timespec ts = {0, 5 * 1000 * 1000};
-            nanosleep(&ts, NULL);
-        }
+        /* stats are published at the end of the step */
+        T_WAIT_UNTIL((ms_engine_get_stats(e, &st), st.requests_failed == 3));
         CHECK_EQ_INT(st.forward_errors, 1);
         CHECK_EQ_INT(st.requests_failed, 3);
         CHECK_EQ_INT(st.healthy, !fatal);
