@@ -8,7 +8,9 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int t_cases_pass, t_cases_fail, t_case_failed;
 static const char *t_case_name = "";
@@ -62,5 +64,39 @@ static const char *t_case_name = "";
 #define TEST_SUMMARY()                                                                            \
     (printf("## %s: %d passed, %d failed\n", __FILE__, t_cases_pass, t_cases_fail),               \
      t_cases_fail ? 1 : 0)
+
+/* Seconds on a monotonic clock (for hang guards only: tests never assert on elapsed time). */
+static inline double t_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Sleeps about ms milliseconds. */
+static inline void t_sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Evaluates cond every 2 ms until it holds (1) or T_HANG_S seconds pass (0). For waiting on an
+ * event another thread publishes (stats after a step, a request ending): the limit is only a
+ * guard against a hang, generous enough for a loaded machine, never a performance claim. */
+#define T_HANG_S 60.0
+#define T_WAIT_UNTIL(cond)                                                                        \
+    ({                                                                                            \
+        double t_dl_ = t_now() + T_HANG_S;                                                        \
+        int t_ok_;                                                                                \
+        while (!(t_ok_ = !!(cond)) && t_now() < t_dl_) t_sleep_ms(2);                             \
+        t_ok_;                                                                                    \
+    })
+
+/* Cut points 1..n-1 of an n-byte text (every split into two non-empty parts), malloc'd; *n_cuts
+ * gets their count. For feeding streaming parsers a byte at a time. */
+static inline size_t *t_cuts_every_byte(size_t n, int *n_cuts) {
+    size_t *cuts = malloc((n + 1) * sizeof *cuts);
+    for (size_t k = 0; k + 1 < n; k++) cuts[k] = k + 1;
+    *n_cuts = n > 0 ? (int)n - 1 : 0;
+    return cuts;
+}
 
 #endif

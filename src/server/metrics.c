@@ -24,35 +24,19 @@ void ms_hist_observe(ms_hist *h, double v) {
     h->total++;
 }
 
-static void write_double(ms_sbuf *out, double v) {
-    if (v == floor(v) && fabs(v) < 1e15) {
-        ms_sbuf_printf(out, "%.0f", v);
-        return;
-    }
-    char b[64];
-    snprintf(b, sizeof b, "%.17g", v);
-    /* shortest representation that round-trips */
-    for (int p = 1; p <= 17; p++) {
-        char t[64];
-        snprintf(t, sizeof t, "%.*g", p, v);
-        if (strtod(t, NULL) == v) { memcpy(b, t, sizeof t); break; }
-    }
-    ms_sbuf_adds(out, b);
-}
-
 void ms_hist_write(const ms_hist *h, ms_sbuf *out, const char *name, const char *help) {
     ms_sbuf_printf(out, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t cum = 0;
     for (int i = 0; i < h->n; i++) {
         cum += h->count[i];
         ms_sbuf_printf(out, "%s_bucket{le=\"", name);
-        write_double(out, h->le[i]);
+        ms_sbuf_add_double(out, h->le[i]);
         ms_sbuf_printf(out, "\"} %llu\n", (unsigned long long)cum);
     }
     cum += h->count[h->n];
     ms_sbuf_printf(out, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
     ms_sbuf_printf(out, "%s_sum ", name);
-    write_double(out, h->sum);
+    ms_sbuf_add_double(out, h->sum);
     ms_sbuf_printf(out, "\n%s_count %llu\n", name, (unsigned long long)h->total);
 }
 
@@ -105,7 +89,7 @@ void ms_metrics_http(ms_metrics *m, int status) {
 
 static void gauge(ms_sbuf *o, const char *name, const char *help, double v) {
     ms_sbuf_printf(o, "# HELP %s %s\n# TYPE %s gauge\n%s ", name, help, name, name);
-    write_double(o, v);
+    ms_sbuf_add_double(o, v);
     ms_sbuf_addc(o, '\n');
 }
 

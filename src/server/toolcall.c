@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
+#include <utf8proc.h>
 
 static const char TC_START[] = "<tool_call>";
 static const char TC_END[] = "</tool_call>";
@@ -54,10 +55,7 @@ static void dump_real(ms_sbuf *b, double d) {
     if (isnan(d)) { ms_sbuf_adds(b, "NaN"); return; }
     if (isinf(d)) { ms_sbuf_adds(b, d < 0 ? "-Infinity" : "Infinity"); return; }
     char buf[48];
-    for (int p = 1; p <= 17; p++) {
-        snprintf(buf, sizeof buf, "%.*e", p - 1, d);
-        if (strtod(buf, NULL) == d) break;
-    }
+    ms_fmt_shortest(buf, sizeof buf, d, 1, 0);
     /* buf: [-]D[.DDD]e[+-]XX -> shortest digits + decimal exponent, then Python repr layout. */
     const char *s = buf;
     int neg = 0;
@@ -153,12 +151,9 @@ static json_t *py_string(pyp *p) {
                 cp = cp * 16 + (unsigned)(isdigit((unsigned char)h) ? h - '0' : (tolower(h) - 'a' + 10));
             }
             if (cp >= 0xD800 && cp < 0xE000) goto fail;
-            char u[4];
-            int nu;
-            if (cp < 0x80) { u[0] = (char)cp; nu = 1; }
-            else if (cp < 0x800) { u[0] = (char)(0xC0 | cp >> 6); u[1] = (char)(0x80 | (cp & 63)); nu = 2; }
-            else { u[0] = (char)(0xE0 | cp >> 12); u[1] = (char)(0x80 | ((cp >> 6) & 63)); u[2] = (char)(0x80 | (cp & 63)); nu = 3; }
-            ms_sbuf_add(&out, u, (size_t)nu);
+            utf8proc_uint8_t u[4];
+            utf8proc_ssize_t nu = utf8proc_encode_char((utf8proc_int32_t)cp, u);
+            ms_sbuf_add(&out, (const char *)u, (size_t)nu);
             break;
         }
         default: ms_sbuf_addc(&out, '\\'); ms_sbuf_addc(&out, c); break;

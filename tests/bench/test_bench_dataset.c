@@ -92,6 +92,12 @@ static void test_poisson_arrivals(void) {
         d = fmax(d, fmax(a, b));
     }
     CHECK_MSG(d < 1.63 / sqrt(n - 1), "KS distance %g", d);
+    /* same seed, same schedule, to the bit */
+    double t2[10];
+    ms_bench_rng_seed(&r, 1);
+    ms_bench_arrivals(&r, 10, rate, t2);
+    for (int i = 0; i < 10; i++) CHECK(t2[i] == t[i]);
+    CHECK(t2[9] > 0);
     /* inf rate: everything at 0 */
     ms_bench_arrivals(&r, 5, INFINITY, t);
     for (int i = 0; i < 5; i++) CHECK_CLOSE(t[i], 0, 0);

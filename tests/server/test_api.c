@@ -2,6 +2,7 @@
  * matching across token boundaries, and the Prometheus text of the metrics. */
 #include "server/api.h"
 #include "server/metrics.h"
+#include "server/sbuf.h"
 #include "server/stopstr.h"
 #include "test.h"
 
@@ -293,6 +294,24 @@ static void test_metrics_text(void) {
     ms_metrics_destroy(&m);
 }
 
+/* The one number printer of the layer: shortest round-trip text, floats at float precision. */
+static void test_number_printers(void) {
+    static const struct { double v; int is_float; const char *want; } cases[] = {
+        {3, 0, "3"}, {-0.5, 0, "-0.5"}, {0.1, 0, "0.1"}, {0.005, 0, "0.005"}, {1e300, 0, "1e+300"},
+        {(float)0.1, 1, "0.1"}, {(float)-0.6931472, 1, "-0.6931472"}, {(float)1e-7, 1, "1e-07"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ms_sbuf b = {0};
+        if (cases[i].is_float) ms_sbuf_add_float(&b, (float)cases[i].v);
+        else ms_sbuf_add_double(&b, cases[i].v);
+        CHECK_STR(ms_sbuf_str(&b), cases[i].want);
+        ms_sbuf_free(&b);
+    }
+    char buf[48];
+    ms_fmt_shortest(buf, sizeof buf, 0.1, 1, 0);
+    CHECK_STR(buf, "1e-01");
+}
+
 int main(void) {
     RUN(test_chat_defaults);
     RUN(test_chat_fields);
@@ -302,5 +321,6 @@ int main(void) {
     RUN(test_stop_strings);
     RUN(test_histogram_text);
     RUN(test_metrics_text);
+    RUN(test_number_printers);
     return TEST_SUMMARY();
 }

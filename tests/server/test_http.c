@@ -142,14 +142,24 @@ static json_t *jget(json_t *o, const char *path) {
     return cur;
 }
 
-static int wait_idle(void) {
-    for (int i = 0; i < 500; i++) {
-        ms_engine_stats st;
-        fk_stats(g_eng, &st);
-        if (st.running == 0 && st.kv_pages_used == 0) return 1;
-        usleep(10000);
+/* 1 once engine e runs nothing and holds no KV page (0 after the hang guard). */
+static int engine_idle(fk_engine *e) {
+    ms_engine_stats st;
+    return T_WAIT_UNTIL((fk_stats(e, &st), st.running == 0 && st.kv_pages_used == 0));
+}
+
+static int wait_idle(void) { return engine_idle(g_eng); }
+
+/* Starts a server on a free port over fake engine e with cfg (port forced to 0); 0 on failure. */
+static ms_server *start_fake_server(ms_server_config *cfg, const ms_server_ops *ops) {
+    ms_server *s = NULL;
+    ms_err err = {0};
+    cfg->port = 0;
+    if (ms_server_start(cfg, ops, &s, &err) != MS_OK) {
+        fprintf(stderr, "server start failed: %s\n", err.msg);
+        return NULL;
     }
-    return 0;
+    return s;
 }
 
 /* ---- routes ----------------------------------------------------------------------------------- */
@@ -699,16 +709,15 @@ static void test_auth_and_busy(void) {
     ms_server_ops o2 = fk_ops(e2);
     ms_server_config cfg;
     ms_server_config_default(&cfg);
-    cfg.port = 0;
     cfg.api_key = "s3cret";
     cfg.lim.model_names[0] = "m2";
     cfg.lim.context_length = 256;
     cfg.lim.vocab_size = FK_VOCAB;
     cfg.eos_ids[0] = FK_EOS;
     cfg.n_eos = 1;
-    ms_server *s2;
-    ms_err err = {0};
-    CHECK(ms_server_start(&cfg, &o2, &s2, &err) == MS_OK);
+    ms_server *s2 = start_fake_server(&cfg, &o2);
+    CHECK(s2 != NULL);
+    if (!s2) return;
     int saved = g_port;
     g_port = ms_server_port(s2);
     resp r;
@@ -731,12 +740,7 @@ static void test_auth_and_busy(void) {
     CHECK(is_error(&r, 503, NULL, "server_busy"));
     CHECK(strstr(ms_sbuf_str(&r.headers), "Retry-After: 1") != NULL);
     resp_free(&r);
-    for (int i = 0; i < 300; i++) {
-        ms_engine_stats st;
-        fk_stats(e2, &st);
-        if (!st.running) break;
-        usleep(10000);
-    }
+    CHECK(engine_idle(e2));
     ms_engine_stats st;
     fk_stats(e2, &st);
     CHECK_EQ_INT(st.running, 0);
@@ -763,13 +767,12 @@ static void test_stop_with_inflight(void) {
     ms_server_ops o3 = fk_ops(e3);
     ms_server_config cfg;
     ms_server_config_default(&cfg);
-    cfg.port = 0;
     cfg.lim.model_names[0] = "m3";
     cfg.lim.context_length = 256;
     cfg.lim.vocab_size = FK_VOCAB;
-    ms_server *s3;
-    ms_err err = {0};
-    CHECK(ms_server_start(&cfg, &o3, &s3, &err) == MS_OK);
+    ms_server *s3 = start_fake_server(&cfg, &o3);
+    CHECK(s3 != NULL);
+    if (!s3) return;
     int saved = g_port;
     g_port = ms_server_port(s3);
     resp r;

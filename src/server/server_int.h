@@ -1,0 +1,159 @@
+/* server_int.h - what the parts of the HTTP server share (private to src/server).
+ *
+ * server.c is split by concern (daemon and dispatch, request objects and the token -> text
+ * pipeline, SSE, non-streaming responses, generation routes, simple routes); they all work on the
+ * same request object, so its layout and the few cross-file helpers live here. Nothing outside
+ * src/server includes this header. */
+#ifndef MS_SERVER_SERVER_INT_H
+#define MS_SERVER_SERVER_INT_H
+
+#include "server/server.h"
+
+#include "server/metrics.h"
+#include "server/reasoning.h"
+#include "server/sbuf.h"
+#include "server/stopstr.h"
+#include "server/toolcall.h"
+
+#include <microhttpd.h>
+#include <pthread.h>
+#include <sys/types.h>
+
+struct ms_server {
+    ms_server_config cfg;
+    ms_server_ops ops;
+    struct MHD_Daemon *d;
+    int port;
+    ms_metrics metrics;
+    pthread_mutex_t live_mu;
+    struct req *live; /* requests whose connection is still open */
+    _Atomic int stopping;
+    double t_start;
+    char fingerprint[64];
+};
+
+typedef struct ev_item {
+    ms_token_event ev;
+    double t;
+    int choice;
+} ev_item;
+
+typedef struct choice {
+    struct req *r;
+    int index;
+    int n_prompt_tokens;
+    uint64_t eid;
+    int submitted, engine_done, done;
+    int fr;                   /* MS_FR_* */
+    void *detok;
+    ms_sbuf dt;               /* detokenizer output scratch */
+    ms_stopstr stop;
+    int use_reasoning, use_tools;
+    ms_reasoning rp;
+    ms_tool_stream *ts;
+    ms_tool_out to;
+    ms_sbuf text;             /* whole output text (after stop strings) */
+    ms_sbuf lp;               /* logprob items not yet sent (stream) or all (non-stream) */
+    ms_sbuf lp_tok, lp_val, lp_top, lp_off; /* completions-format logprob arrays */
+    int lp_count;
+    size_t text_off;
+    int n_gen, n_prompt, n_cached;
+    double t_last;
+    char *error;
+} choice;
+
+enum { PH_BODY, PH_WAIT, PH_STREAM, PH_DONE };
+
+typedef struct req {
+    ms_server *srv;
+    ms_server_ops ops;        /* copy: a req may outlive the server struct (engine callbacks) */
+    pthread_mutex_t mu;
+    int refs;
+    struct MHD_Connection *conn;
+    int suspended, mhd_done;
+    int shutdown, force_end;  /* set by ms_server_stop (under mu) */
+    ev_item *q;
+    int qn, qcap;
+    /* fields below are used by the HTTP thread only */
+    int phase;
+    ms_sbuf body;
+    int too_large;
+    int is_post;
+    char url[128];
+    ms_api_req api;
+    choice *ch;
+    int n_ch;
+    json_t *parser_tools;     /* tools the parser accepts (only the named one for a named tool_choice) */
+    char id[64];
+    long created;
+    double t0;
+    ms_sbuf out;
+    size_t out_pos;
+    int stream_closed;
+    int first_token_seen;
+    int shutdown_seen;
+    struct req *live_next, *live_prev;
+} req;
+
+/* ---- server.c: responses ------------------------------------------------------------------- */
+
+/* Queues a response with the given body (copied) and records its status in the metrics. */
+enum MHD_Result ms_srv_send_buf(ms_server *s, struct MHD_Connection *c, int status, const char *ctype,
+                                const char *data, size_t len, const char *retry_after);
+/* Queues b as an application/json response. */
+enum MHD_Result ms_srv_send_json(ms_server *s, struct MHD_Connection *c, int status, const ms_sbuf *b);
+/* Queues the OpenAI error object of e (Retry-After on 503; 5xx are logged). */
+enum MHD_Result ms_srv_send_error(ms_server *s, struct MHD_Connection *c, const ms_api_error *e);
+/* Builds and queues an error response from its fields. */
+enum MHD_Result ms_srv_fail(ms_server *s, struct MHD_Connection *c, int status, const char *type,
+                            const char *param, const char *code, const char *msg);
+
+/* ---- request.c: request objects and the token -> text pipeline ----------------------------- */
+
+/* Engine callback (engine thread; user is a choice): queues the event and resumes the connection. */
+void ms_srv_on_token(void *user, const ms_token_event *ev);
+/* Drops one reference (r->mu not held); frees r on the last. */
+void ms_srv_req_unref(req *r);
+/* 1 when every choice of r has finished. */
+int ms_srv_all_done(req *r);
+/* Aborts every submitted engine request of r that has not finished (HTTP thread). */
+void ms_srv_abort_all(req *r);
+/* HTTP thread: handles server shutdown, then every queued engine event of r. */
+void ms_srv_process_events(req *r);
+
+/* ---- sse.c: streaming responses ------------------------------------------------------------ */
+
+/* Appends one SSE chunk for choice c: delta_json (chat) or text[0..tlen) (completions); finish is
+ * the finish_reason or NULL. Consumes the choice's pending logprobs. */
+void ms_srv_emit_chunk(req *r, choice *c, const char *delta_json, const char *text, size_t tlen,
+                       const char *finish);
+/* Routes released text through the reasoning and tool parsers into chunks; final flushes them. */
+void ms_srv_stream_text(req *r, choice *c, const char *s, size_t n, int final);
+/* libmicrohttpd content reader of a streaming response (cls is the req). */
+ssize_t ms_srv_stream_reader(void *cls, uint64_t pos, char *buf, size_t max);
+
+/* ---- response.c: non-streaming responses and shared response fields ------------------------- */
+
+/* The OpenAI finish_reason string of an MS_FR_* value. */
+const char *ms_srv_fr_name(int fr);
+/* Appends the usage object (the prompt of each distinct input counted once). */
+void ms_srv_usage_json(req *r, ms_sbuf *o);
+/* Appends the logprobs of choice c ("null" when not asked for) and consumes them. */
+void ms_srv_add_logprobs(req *r, choice *c, ms_sbuf *o);
+/* A non-streaming request resumed by an engine event: answers once all choices are done,
+ * otherwise suspends the connection again. */
+enum MHD_Result ms_srv_continue_wait(req *r, struct MHD_Connection *conn);
+
+/* ---- generate.c: POST /v1/chat/completions and /v1/completions ----------------------------- */
+
+/* Parses r->body, tokenizes the prompt(s), submits one engine request per choice and either
+ * queues the streaming response or suspends the connection until the engine answers. */
+enum MHD_Result ms_srv_start_generation(req *r, struct MHD_Connection *conn);
+
+/* ---- routes.c: the routes that do not generate --------------------------------------------- */
+
+/* Answers a request for url that is not a generation route: the chat page, /health, /metrics,
+ * /v1/models[/NAME], /get_server_info, or 404. get: the method was GET or HEAD. */
+enum MHD_Result ms_srv_route_other(ms_server *s, struct MHD_Connection *c, const char *url, int get);
+
+#endif
