@@ -47,7 +47,7 @@ CFLAGS_TOOLS := -Itools
 TEST_C   := $(shell find tests -name 'test_*.c' | sort)
 TEST_BIN := $(TEST_C:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all build test serve asan format clean deps bench gpu-check FORCE
+.PHONY: all build test serve asan format clean deps bench gpu-check check-deps FORCE
 
 # Rebuild everything when the compile flags change (e.g. CUDA=0 then CUDA=1 in one build dir).
 FLAGS_STAMP := $(BUILD)/.flags
@@ -90,7 +90,12 @@ deps:
 # The README's test command: installs what is missing, builds, runs every test layer.
 test: deps
 	@$(MAKE) --no-print-directory build
+	@scripts/check-deps.sh
 	@tests/run.sh $(BUILD)
+
+# Fails on an include that goes up the layer order (DESIGN.md) or a CUDA header outside cuda/.
+check-deps:
+	@scripts/check-deps.sh
 
 # Serves the built-in demo model on 127.0.0.1:8000 (PORT=... to change).
 serve: deps

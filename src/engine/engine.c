@@ -79,6 +79,23 @@ void ms_engine_config_default(ms_engine_config *c) {
 
 /* ---- events ---- */
 
+/* What the engine keeps per request beside the scheduler's view of it (sched/request.h): sampling
+ * parameters, the request's own random stream and where its tokens go. Hung on ms_request.owner. */
+typedef struct req_ext {
+    ms_sampling sp;
+    uint64_t rng[4]; /* xoshiro256** state */
+    ms_token_cb cb;
+    void *user;
+} req_ext;
+#define REQ_EXT(r) ((req_ext *)(r)->owner)
+
+/* Frees a request and the engine's part of it. */
+static void req_free(ms_request *r) {
+    if (!r) return;
+    free(r->owner);
+    ms_request_free(r);
+}
+
 static void emit_final(ms_engine *e, ms_request *r, int finish, const char *error) {
     ms_token_event ev;
     memset(&ev, 0, sizeof ev);
@@ -89,7 +106,7 @@ static void emit_final(ms_engine *e, ms_request *r, int finish, const char *erro
     ev.n_cached = r->n_cached;
     ev.n_generated = ms_request_n_generated(r);
     ev.error = error;
-    if (r->cb) r->cb(r->user, &ev);
+    if (REQ_EXT(r)->cb) REQ_EXT(r)->cb(REQ_EXT(r)->user, &ev);
     if (finish == MS_FINISH_ABORT) e->acc.requests_aborted++;
     else if (finish == MS_FINISH_ERROR) e->acc.requests_failed++;
     else e->acc.requests_finished++;
@@ -98,13 +115,13 @@ static void emit_final(ms_engine *e, ms_request *r, int finish, const char *erro
 /* Ends r with a final event and frees it; it must already be out of the scheduler. */
 static void end_request(ms_engine *e, ms_request *r, int finish, const char *error) {
     emit_final(e, r, finish, error);
-    ms_request_free(r);
+    req_free(r);
 }
 
 /* vLLM semantics: the request's stop ids always stop; the executor's eos ids unless ignore_eos. */
 static int is_stop(const ms_engine *e, const ms_request *r, int32_t tok) {
-    for (int i = 0; i < r->sp.n_stop_ids; i++) if (r->sp.stop_ids[i] == tok) return 1;
-    if (r->sp.ignore_eos) return 0;
+    for (int i = 0; i < REQ_EXT(r)->sp.n_stop_ids; i++) if (REQ_EXT(r)->sp.stop_ids[i] == tok) return 1;
+    if (REQ_EXT(r)->sp.ignore_eos) return 0;
     for (int i = 0; i < e->exec.n_eos; i++) if (e->exec.eos_ids[i] == tok) return 1;
     return 0;
 }
@@ -138,8 +155,8 @@ static void sample_range(void *ctx, int64_t b0, int64_t b1, int worker) {
         ms_request *r = e->sched.logit_req[row];
         ms_token_event *ev = &e->row_ev[row];
         memset(ev, 0, sizeof *ev);
-        e->row_tok[row] = ms_sampler_sample(sm, &r->sp, e->logits + (size_t)row * e->exec.vocab, r->tokens, r->n_prompt,
-                                            r->n_tokens, r->rng, ev);
+        e->row_tok[row] = ms_sampler_sample(sm, &REQ_EXT(r)->sp, e->logits + (size_t)row * e->exec.vocab, r->tokens, r->n_prompt,
+                                            r->n_tokens, REQ_EXT(r)->rng, ev);
     }
 }
 
@@ -243,11 +260,11 @@ static void run_step(ms_engine *e) {
         ev.n_prompt = r->n_prompt;
         ev.n_cached = r->n_cached;
         ev.n_generated = n_gen;
-        if (r->cb) r->cb(r->user, &ev);
+        if (REQ_EXT(r)->cb) REQ_EXT(r)->cb(REQ_EXT(r)->user, &ev);
         if (finish != MS_FINISH_NONE) {
             ms_sched_release(s, r, 1);
             e->acc.requests_finished++;
-            ms_request_free(r);
+            req_free(r);
         }
     }
     e->acc.sample_seconds += ms_now() - t1;
@@ -494,23 +511,24 @@ int ms_engine_submit(ms_engine *e, const int32_t *prompt, int n_prompt, const ms
         return ms_errf(err, MS_ERR_INVALID, "prompt (%d tokens) + max_tokens (%d) exceed the KV cache capacity (%d tokens)",
                        n_prompt, max_new, n_pages * ps);
     ms_request *r = ms_request_create(0, prompt, n_prompt, max_new, ps);
+    if (r && !(r->owner = calloc(1, sizeof(req_ext)))) ms_request_free(r), r = NULL;
     if (!r) return ms_errf(err, MS_ERR_NOMEM, "out of memory for a request of %d + %d tokens", n_prompt, max_new);
-    r->sp = *sp;
-    r->cb = cb;
-    r->user = user;
+    REQ_EXT(r)->sp = *sp;
+    REQ_EXT(r)->cb = cb;
+    REQ_EXT(r)->user = user;
     pthread_mutex_lock(&e->mu);
     if (!e->healthy) {
         pthread_mutex_unlock(&e->mu);
-        ms_request_free(r);
+        req_free(r);
         return ms_errf(err, MS_ERR_RUNTIME, "%s", e->fatal_msg);
     }
     if (e->n_inbox + e->pub_waiting >= c->max_waiting_requests) {
         pthread_mutex_unlock(&e->mu);
-        ms_request_free(r);
+        req_free(r);
         return ms_errf(err, MS_ERR_BUSY, "the waiting queue is full (%d requests, max_waiting_requests)", c->max_waiting_requests);
     }
     r->id = e->next_id++;
-    ms_rng_seed(r->rng, sp->has_seed ? sp->seed : ms_rng_next(e->seed_rng));
+    ms_rng_seed(REQ_EXT(r)->rng, sp->has_seed ? sp->seed : ms_rng_next(e->seed_rng));
     if (e->inbox_tail) e->inbox_tail->next = r;
     else e->inbox_head = r;
     e->inbox_tail = r;

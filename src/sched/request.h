@@ -8,8 +8,6 @@
 #ifndef MS_SCHED_REQUEST_H
 #define MS_SCHED_REQUEST_H
 
-#include "engine/engine.h"
-
 #include <stdint.h>
 
 enum ms_req_state { MS_REQ_NEW = 0, MS_REQ_WAITING, MS_REQ_RUNNING, MS_REQ_FINISHED };
@@ -31,12 +29,8 @@ typedef struct ms_request {
     /* scheduler scratch for the step being built */
     int step_new;            /* tokens of this request in the current batch */
     uint64_t step_id;        /* step in which step_new is valid */
-    /* engine side */
-    ms_sampling sp;
-    uint64_t rng[4];         /* xoshiro256** state: this request's own random stream */
-    ms_token_cb cb;
-    void *user;
-    int finish;              /* enum ms_finish once decided */
+    void *owner;             /* what the layer above keeps per request (the engine's sampling state);
+                              * not touched here, freed by the owner */
 } ms_request;
 
 /* Creates a request with a copy of prompt[0..n_prompt) and room for max_new generated tokens,
