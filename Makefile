@@ -18,7 +18,7 @@ DEPS_PKGS := jansson libmicrohttpd oniguruma libutf8proc libcurl
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -Wno-sign-compare \
     -Wno-missing-field-initializers -Wno-format-truncation -fno-strict-aliasing -pthread -g $(OPT) -march=x86-64-v3 -mtune=generic \
     -Isrc -I/usr/include/x86_64-linux-gnu/openblas-pthread $(SAN)
-LDLIBS  := -ljansson -lmicrohttpd -lonig -lutf8proc -lopenblas -lcurl -lxxhash -lpthread -lm -ldl
+LDLIBS  := -ljansson -lmicrohttpd -lonig -lutf8proc -lopenblas -lcurl -lxxhash -lhwloc -lpthread -lm -ldl
 LDFLAGS := $(SAN) -Wl,-rpath,'$$ORIGIN/lib'
 
 ifeq ($(CUDA),1)
