@@ -1,4 +1,5 @@
-# moeserve build. `make` / `make build` -> build/moeserve; `make test`; `make serve`; `make asan`.
+# moeserve build. `make` / `make build` -> build/moeserve; `make test`; `make serve`; `make asan`;
+# `make test-portable` (the plain C CPU paths, PORTABLE=1).
 # The CUDA backend is compiled whenever nvcc is found (CUDA=0 to skip). All output goes to build/.
 
 CC      ?= gcc
@@ -14,11 +15,24 @@ CUDA_ARCHS ?= -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_80,cod
 BUILD   ?= build
 OPT     ?= -O2
 SAN     ?=
+# CPU code paths are chosen at build time from the compiler's target macros (backend/cpu/cpu_kernels.h):
+# AVX2+FMA+F16C on x86_64 (-march=x86-64-v3), NEON on aarch64 (baseline there, no flag needed).
+# PORTABLE=1 builds the plain C paths instead, with no target flag (the CI checks them on x86).
+PORTABLE ?= 0
+TARGET_ARCH_NAME := $(firstword $(subst -, ,$(shell $(CC) -dumpmachine)))
+MULTIARCH := $(or $(shell $(CC) -print-multiarch 2>/dev/null),$(shell $(CC) -dumpmachine))
+ifeq ($(PORTABLE),1)
+ARCH_FLAGS := -DMS_CPU_PORTABLE=1
+else ifeq ($(TARGET_ARCH_NAME),x86_64)
+ARCH_FLAGS := -march=x86-64-v3 -mtune=generic
+else
+ARCH_FLAGS :=
+endif
 DEPS_PKGS := jansson libmicrohttpd oniguruma libutf8proc libcurl
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -Wno-sign-compare \
-    -Wno-missing-field-initializers -Wno-format-truncation -fno-strict-aliasing -pthread -g $(OPT) -march=x86-64-v3 -mtune=generic \
-    -Isrc -I/usr/include/x86_64-linux-gnu/openblas-pthread $(SAN)
-LDLIBS  := -ljansson -lmicrohttpd -lonig -lutf8proc -lopenblas -lcurl -lxxhash -lpthread -lm -ldl
+    -Wno-missing-field-initializers -Wno-format-truncation -fno-strict-aliasing -pthread -g $(OPT) $(ARCH_FLAGS) \
+    -Isrc -I/usr/include/$(MULTIARCH)/openblas-pthread $(SAN)
+LDLIBS  := -ljansson -lmicrohttpd -lonig -lutf8proc -lopenblas -lcurl -lxxhash -lhwloc -lpthread -lm -ldl
 LDFLAGS := $(SAN) -Wl,-rpath,'$$ORIGIN/lib'
 
 ifeq ($(CUDA),1)
@@ -47,7 +61,7 @@ CFLAGS_TOOLS := -Itools
 TEST_C   := $(shell find tests -name 'test_*.c' | sort)
 TEST_BIN := $(TEST_C:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all build test serve asan format clean deps bench gpu-check check-deps FORCE
+.PHONY: all build test test-portable serve asan format clean deps bench gpu-check check-deps FORCE
 
 # Rebuild everything when the compile flags change (e.g. CUDA=0 then CUDA=1 in one build dir).
 FLAGS_STAMP := $(BUILD)/.flags
@@ -108,6 +122,16 @@ asan: deps
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" build
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 MS_ASAN=1 tests/run.sh build-asan
 
+# The plain C CPU paths (PORTABLE=1, what a target without AVX2/NEON runs) through the test layers
+# that do CPU math: core (threads), the CPU ops, the CPU MoE runner, and the model against the
+# transformers fixtures. Only those test programs are built. No `deps`: CI runs it after `make test`.
+PORTABLE_TESTS := core,backend/test_cpu,moe/test_moe_cpu,model
+test-portable:
+	@$(MAKE) --no-print-directory BUILD=build-portable PORTABLE=1 CUDA=0 build-portable/moeserve \
+	  $(filter $(addprefix build-portable/tests/,core/% backend/test_cpu% moe/test_moe_cpu% model/%), \
+	    $(TEST_C:tests/%.c=build-portable/tests/%))
+	@tests/run.sh build-portable $(PORTABLE_TESTS)
+
 bench: build
 	@scripts/bench.sh $(BUILD)
 
@@ -118,4 +142,4 @@ format:
 	clang-format -i $$(find src tools tests -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh')
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-portable

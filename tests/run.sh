@@ -2,6 +2,7 @@
 # Runs every test layer and prints the total as the last line: "N passed, N failed".
 # Each test program prints "## <name>: N passed, M failed" lines; a program that crashes or exits
 # non-zero without such a line counts as one failure. Usage: tests/run.sh [BUILD_DIR] [FILTER]
+# FILTER: a substring of the test path, or several separated by commas (a test runs if any matches).
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -9,6 +10,13 @@ FILTER=${2:-}
 export MS_BIN="$PWD/$BUILD/moeserve" MS_BUILD="$PWD/$BUILD"
 export MS_THREADS=${MS_THREADS:-2}
 pass=0; fail=0
+
+wanted() { # test path -> status 0 when FILTER is empty or one of its substrings is in the path
+  [ -z "$FILTER" ] && return 0
+  local f IFS=,
+  for f in $FILTER; do [[ $1 == *$f* ]] && return 0; done
+  return 1
+}
 logdir=$BUILD/test-logs; mkdir -p "$logdir"
 
 run_one() { # name, command...
@@ -32,12 +40,12 @@ run_one() { # name, command...
 
 for t in $(find "$BUILD/tests" -type f -perm -u+x -name 'test_*' | sort); do
   name=${t#$BUILD/tests/}
-  [ -n "$FILTER" ] && [[ $name != *$FILTER* ]] && continue
+  wanted "$name" || continue
   run_one "$name" "$t"
 done
 if [ -z "${MS_ASAN:-}" ] || [ "${MS_ASAN_NODE:-1}" = 1 ]; then
   for t in $(find tests -name 'test_*.mjs' -o -name 'test_*.sh' | sort); do
-    [ -n "$FILTER" ] && [[ $t != *$FILTER* ]] && continue
+    wanted "$t" || continue
     case $t in
       *.mjs) run_one "$t" node "$t" ;;
       *.sh) run_one "$t" bash "$t" ;;

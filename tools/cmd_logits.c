@@ -80,7 +80,7 @@ int cmd_logits(int argc, char **argv) {
         goto done;
     }
     size_t cnt = (size_t)n * (size_t)ex.vocab;
-    int ok = fwrite(lg, sizeof(float), cnt, fp) == cnt; /* x86-64: host floats are little-endian */
+    int ok = fwrite(lg, sizeof(float), cnt, fp) == cnt; /* x86-64 and aarch64 Linux: host floats are little-endian */
     ok &= fclose(fp) == 0;
     if (!ok) {
         fprintf(stderr, "moeserve logits: writing %s failed\n", outp);

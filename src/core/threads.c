@@ -7,12 +7,17 @@
  * soon as every item is done (an atomic count), never waiting for workers that have not woken yet:
  * on a loaded 2-core machine a wake-up can take milliseconds, and waiting for it made small ops
  * cost more than the work. Rejected: OpenMP (its runtime spins and fights the engine threads and
- * libmicrohttpd's pool for the two cores CI has). */
+ * libmicrohttpd's pool for the two cores CI has).
+ *
+ * The default size counts what the process may use, not what the machine has: the CPUs of the
+ * affinity mask (sched_getaffinity), grouped into physical cores with hwloc. */
 #include "core/threads.h"
 
 #include "core/status.h"
 
+#include <hwloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -80,12 +85,82 @@ static void *worker_main(void *arg) {
     }
 }
 
-ms_pool *ms_pool_create(int n_threads) {
-    if (n_threads <= 0) {
-        const char *env = getenv("MS_THREADS");
-        n_threads = env ? atoi(env) : (int)sysconf(_SC_NPROCESSORS_ONLN);
-        if (n_threads <= 0) n_threads = 1;
+/* The calling thread's affinity mask, allocated with CPU_ALLOC (free with CPU_FREE); *size gets its
+ * size in bytes. NULL when it cannot be read. Grows past 1024 CPUs when the kernel asks for it. */
+static cpu_set_t *affinity_mask(size_t *size) {
+    for (int ncpu = 1024; ncpu <= (1 << 16); ncpu *= 2) {
+        cpu_set_t *set = CPU_ALLOC(ncpu);
+        if (!set) return NULL;
+        size_t sz = CPU_ALLOC_SIZE(ncpu);
+        CPU_ZERO_S(sz, set);
+        if (sched_getaffinity(0, sz, set) == 0) {
+            *size = sz;
+            return set;
+        }
+        CPU_FREE(set);
     }
+    return NULL;
+}
+
+static int online_cpus(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n >= 1 ? (int)n : 1;
+}
+
+int ms_cpu_count_allowed(void) {
+    size_t sz;
+    cpu_set_t *set = affinity_mask(&sz);
+    if (!set) return online_cpus();
+    int n = CPU_COUNT_S(sz, set);
+    CPU_FREE(set);
+    return n >= 1 ? n : online_cpus();
+}
+
+/* Physical cores with at least one hardware thread in `set`; 0 when hwloc cannot tell. */
+static int cores_in(const cpu_set_t *set, size_t sz) {
+    hwloc_topology_t topo;
+    if (hwloc_topology_init(&topo) != 0) return 0;
+    /* only cores and their hardware threads are needed: skip caches, NUMA details, I/O */
+    hwloc_topology_set_all_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_NONE);
+    hwloc_topology_set_type_filter(topo, HWLOC_OBJ_CORE, HWLOC_TYPE_FILTER_KEEP_ALL);
+    int n = 0;
+    hwloc_bitmap_t allowed = hwloc_bitmap_alloc();
+    if (allowed && hwloc_topology_load(topo) == 0) {
+        for (int cpu = 0; cpu < (int)(sz * 8); cpu++)
+            if (CPU_ISSET_S(cpu, sz, set)) hwloc_bitmap_set(allowed, (unsigned)cpu);
+        int ncore = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE);
+        for (int i = 0; i < ncore; i++) {
+            hwloc_obj_t core = hwloc_get_obj_by_type(topo, HWLOC_OBJ_CORE, (unsigned)i);
+            if (core && core->cpuset && hwloc_bitmap_intersects(core->cpuset, allowed)) n++;
+        }
+    }
+    hwloc_bitmap_free(allowed);
+    hwloc_topology_destroy(topo);
+    return n;
+}
+
+int ms_cpu_count_cores(void) {
+    size_t sz;
+    cpu_set_t *set = affinity_mask(&sz);
+    if (!set) return online_cpus();
+    int allowed = CPU_COUNT_S(sz, set);
+    int cores = allowed >= 1 ? cores_in(set, sz) : 0;
+    CPU_FREE(set);
+    if (allowed < 1) return online_cpus();
+    return cores >= 1 && cores <= allowed ? cores : allowed;
+}
+
+int ms_default_threads(void) {
+    const char *env = getenv("MS_THREADS");
+    if (env) {
+        int n = atoi(env);
+        return n >= 1 ? n : 1;
+    }
+    return ms_cpu_count_cores();
+}
+
+ms_pool *ms_pool_create(int n_threads) {
+    if (n_threads <= 0) n_threads = ms_default_threads();
     if (n_threads > 256) n_threads = 256;
     ms_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;

@@ -2,8 +2,11 @@
  * inputs, with odd shapes (tails of the AVX loops, row blocks, token blocks on both sides of the
  * fused/sgemm switch), all three weight formats, paged caches with scattered pages, several
  * sequences per batch, grouped routing and sparse (top-k) MLA attention. The weight formats are
- * decoded by ms_linear_dequant_row (core/tensor.c), the format definition the kernels must match. */
+ * decoded by ms_linear_dequant_row (core/tensor.c), the format definition the kernels must match.
+ * The build's SIMD kernels (AVX2 or NEON) are also checked against the plain C ones that
+ * `make test-portable` runs: dequantization bit for bit, dot products to rounding. */
 #include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
 #include "core/dtype.h"
 #include "test.h"
 
@@ -163,6 +166,82 @@ static void test_linear_nvfp4(void) {
         check_linear(MS_WFMT_NVFP4, MS_U8, 3, 16, Ts[ti], 0);
         check_linear(MS_WFMT_NVFP4, MS_U8, 129, 272, Ts[ti], 1);
     }
+}
+
+/* ------------------------------------------------------------------ SIMD vs plain C kernels */
+
+/* The path PORTABLE=1 selects must really be the plain C one, and a default x86-64-v3 build AVX2. */
+static void test_simd_path(void) {
+    const char *name = ms_cpu_simd_name();
+    fprintf(stderr, "    cpu kernels: %s\n", name);
+#if defined(MS_CPU_PORTABLE)
+    CHECK_STR(name, "portable");
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    CHECK_STR(name, "avx2");
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+    CHECK_STR(name, "neon");
+#endif
+}
+
+/* ms_cpu_dequant (the build's path) and ms_cpu_dequant_portable give the same floats, and both
+ * the reference row dequantizer's, for every format, in chunks as the kernels call it. */
+static void test_dequant_paths(void) {
+    const int fmts[5] = {MS_WFMT_PLAIN, MS_WFMT_PLAIN, MS_WFMT_PLAIN, MS_WFMT_FP8, MS_WFMT_NVFP4};
+    const ms_dtype dts[5] = {MS_F32, MS_BF16, MS_F16, MS_F8E4M3, MS_U8};
+    const int64_t N = 130, K = 400;
+    float *a = malloc(K * 4), *b = malloc(K * 4), *r = malloc(K * 4);
+    for (int f = 0; f < 5; f++) {
+        qlin q = make_linear(fmts[f], dts[f], N, K, 0);
+        int bad = 0;
+        for (int64_t n = 0; n < N; n++) {
+            for (int64_t k0 = 0; k0 < K; k0 += 256) {
+                int64_t len = K - k0 < 256 ? K - k0 : 256;
+                ms_cpu_dequant(&q.W, n, k0, len, a + k0);
+                ms_cpu_dequant_portable(&q.W, n, k0, len, b + k0);
+            }
+            ms_linear_dequant_row(&q.W, n, r);
+            bad += memcmp(a, b, K * 4) != 0 || memcmp(a, r, K * 4) != 0;
+        }
+        CHECK_MSG(bad == 0, "format %d dtype %d: %d rows differ between the SIMD, plain C and reference dequantizers",
+                  fmts[f], dts[f], bad);
+        free_linear(&q);
+    }
+    free(a);
+    free(b);
+    free(r);
+}
+
+/* ms_cpu_dot / ms_cpu_axpy against the plain C dot and a scalar axpy on lengths around every
+ * vector width and tail. */
+static void test_dot_axpy_paths(void) {
+    const int64_t ns[12] = {1, 3, 4, 7, 8, 9, 15, 16, 17, 33, 128, 577};
+    float *a = malloc(577 * 4), *b = malloc(577 * 4), *o1 = malloc(577 * 4), *o2 = malloc(577 * 4);
+    for (int i = 0; i < 12; i++) {
+        int64_t n = ns[i];
+        fill(a, n, 1.0f);
+        fill(b, n, 2.0f);
+        double mag = 0, exact = 0;
+        for (int64_t k = 0; k < n; k++) {
+            mag += fabs((double)a[k] * b[k]);
+            exact += (double)a[k] * b[k];
+        }
+        float d1 = ms_cpu_dot(a, b, n), d2 = ms_cpu_dot_portable(a, b, n);
+        CHECK_MSG(fabs(d1 - d2) <= 1e-6 * mag + 1e-30, "dot n=%lld: %.9g vs plain C %.9g", (long long)n, d1, d2);
+        CHECK_MSG(fabs(d2 - exact) <= 1e-6 * mag + 1e-30, "plain C dot n=%lld: %.9g vs %.9g", (long long)n, d2, exact);
+        fill(o1, n, 1.0f);
+        memcpy(o2, o1, (size_t)n * 4);
+        ms_cpu_axpy(0.37f, a, o1, n);
+        int bad = 0;
+        for (int64_t k = 0; k < n; k++) {
+            float want = o2[k] + 0.37f * a[k];
+            bad += fabsf(o1[k] - want) > 1e-6f * (fabsf(want) + 1.0f);
+        }
+        CHECK_MSG(bad == 0, "axpy n=%lld: %d elements differ", (long long)n, bad);
+    }
+    free(a);
+    free(b);
+    free(o1);
+    free(o2);
 }
 
 /* ------------------------------------------------------------------ elementwise and norms */
@@ -645,6 +724,9 @@ int main(void) {
         fprintf(stderr, "%s\n", E.msg);
         return 1;
     }
+    RUN(test_simd_path);
+    RUN(test_dequant_paths);
+    RUN(test_dot_axpy_paths);
     RUN(test_linear_plain);
     RUN(test_linear_fp8);
     RUN(test_linear_nvfp4);

@@ -1,12 +1,15 @@
 /* test_core.c - core layer: dtype conversions against their definitions, the worker pool under
- * many back-to-back jobs (no lost, duplicated or cross-job items), error formatting. */
+ * many back-to-back jobs (no lost, duplicated or cross-job items), the default thread count
+ * following the CPU affinity mask and MS_THREADS, error formatting. */
 #include "core/dtype.h"
 #include "core/status.h"
 #include "core/threads.h"
 #include "test.h"
 
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 static void test_e4m3_roundtrip(void) {
     ms_dtype_init();
@@ -63,6 +66,43 @@ static void test_pool_many_jobs(void) {
     ms_pool_destroy(p);
 }
 
+/* The counts follow the affinity mask: narrowed to one CPU, every count is 1 (the pool must not
+ * start a worker per machine CPU when the process may use one); MS_THREADS overrides. */
+static void test_cpu_count_affinity(void) {
+    cpu_set_t old;
+    CPU_ZERO(&old);
+    CHECK(sched_getaffinity(0, sizeof old, &old) == 0);
+    int allowed = ms_cpu_count_allowed(), cores = ms_cpu_count_cores();
+    CHECK_EQ_INT(allowed, CPU_COUNT(&old));
+    CHECK_MSG(cores >= 1 && cores <= allowed, "cores %d, allowed cpus %d", cores, allowed);
+    int first = 0;
+    while (first < CPU_SETSIZE && !CPU_ISSET(first, &old)) first++;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    CHECK(sched_setaffinity(0, sizeof one, &one) == 0);
+    CHECK_EQ_INT(ms_cpu_count_allowed(), 1);
+    CHECK_EQ_INT(ms_cpu_count_cores(), 1);
+    const char *env = getenv("MS_THREADS");
+    char *saved = env ? strdup(env) : NULL;
+    unsetenv("MS_THREADS");
+    CHECK_EQ_INT(ms_default_threads(), 1);
+    ms_pool *p = ms_pool_create(0);
+    CHECK(p != NULL);
+    CHECK_EQ_INT(ms_pool_size(p), 1);
+    ms_pool_destroy(p);
+    setenv("MS_THREADS", "3", 1);
+    CHECK_EQ_INT(ms_default_threads(), 3);
+    setenv("MS_THREADS", "0", 1);
+    CHECK_EQ_INT(ms_default_threads(), 1);
+    if (saved) setenv("MS_THREADS", saved, 1);
+    else unsetenv("MS_THREADS");
+    free(saved);
+    CHECK(sched_setaffinity(0, sizeof old, &old) == 0);
+    CHECK_EQ_INT(ms_cpu_count_allowed(), allowed);
+    CHECK_EQ_INT(ms_cpu_count_cores(), cores);
+}
+
 static void test_errf(void) {
     ms_err e = {0};
     int rc = ms_errf(&e, MS_ERR_FORMAT, "%s: field %s", "f.json", "x");
@@ -78,6 +118,7 @@ int main(void) {
     RUN(test_e2m1);
     RUN(test_bf16_f16);
     RUN(test_pool_many_jobs);
+    RUN(test_cpu_count_affinity);
     RUN(test_errf);
     return TEST_SUMMARY();
 }

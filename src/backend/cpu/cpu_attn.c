@@ -7,7 +7,6 @@
 #include "backend/cpu/cpu_impl.h"
 
 #include <cblas.h>
-#include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,9 +66,11 @@ typedef struct {
     size_t scr_per;
 } gqa_ctx;
 
-/* Scores of query q against 8 keys at k0, k0+stride, ... (d % 8 == 0): eight accumulators, then
- * one transpose-add (hadd tree) instead of eight horizontal sums. */
+/* Scores of query q against 8 keys at k0, k0+stride, ... (d % 8 == 0). AVX2: eight accumulators,
+ * then one transpose-add (hadd tree) instead of eight horizontal sums; NEON: eight accumulators
+ * and eight across-vector adds; plain C: eight 8-lane accumulators. */
 static inline void dot8(const float *q, const float *k0, int64_t stride, int64_t d, float scale, float *out) {
+#if defined(MS_CPU_AVX2)
     __m256 a[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
@@ -83,6 +84,26 @@ static inline void dot8(const float *q, const float *k0, int64_t stride, int64_t
     __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
     __m256 lo = _mm256_permute2f128_ps(s0123, s4567, 0x20), hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
     _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_add_ps(lo, hi), _mm256_set1_ps(scale)));
+#elif defined(MS_CPU_NEON)
+    float32x4_t a[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) a[i] = vdupq_n_f32(0);
+    for (int64_t c = 0; c < d; c += 4) {
+        float32x4_t qv = vld1q_f32(q + c);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) a[i] = vfmaq_f32(a[i], qv, vld1q_f32(k0 + i * stride + c));
+    }
+    for (int i = 0; i < 8; i++) out[i] = vaddvq_f32(a[i]) * scale;
+#else
+    float a[8][8] = {{0}};
+    for (int64_t c = 0; c < d; c += 8)
+        for (int i = 0; i < 8; i++)
+            for (int l = 0; l < 8; l++) a[i][l] += q[c + l] * k0[i * stride + c + l];
+    for (int i = 0; i < 8; i++) {
+        const float *v = a[i];
+        out[i] = (((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]))) * scale;
+    }
+#endif
 }
 
 /* One (token, kv head) item: scores of the G query heads sharing the kv head against every causal
@@ -113,14 +134,17 @@ static void gqa_fn(void *p, int64_t b, int64_t e, int wk) {
         }
         for (int64_t h = 0; h < G; h++) softmax(sc + h * n, n);
         float *o = c->out + (t * c->nh + g * G) * d;
+#if defined(MS_CPU_AVX2) || defined(MS_CPU_NEON)
         if (d % 32 == 0) {
-            /* 32 output floats per pass kept in four named registers (an indexed array with a
-             * run-time bound was spilled to the stack on every key) */
+            /* 32 output floats per pass kept in named registers (an indexed array with a run-time
+             * bound was spilled to the stack on every key) */
             for (int64_t h = 0; h < G; h++)
                 for (int64_t c0 = 0; c0 < d; c0 += 32) {
+                    const float *w = sc + h * n;
+                    float *oo = o + h * d + c0;
+#if defined(MS_CPU_AVX2)
                     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
                            a3 = _mm256_setzero_ps();
-                    const float *w = sc + h * n;
                     for (int64_t p0 = 0; p0 < n; p0 += ps) {
                         const float *v = c->vc + ((int64_t)bt[p0 / ps] * ps * nkv + g) * d + c0;
                         int64_t cnt = n - p0 < ps ? n - p0 : ps;
@@ -132,12 +156,26 @@ static void gqa_fn(void *p, int64_t b, int64_t e, int wk) {
                             a3 = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v + 24), a3);
                         }
                     }
-                    float *oo = o + h * d + c0;
                     _mm256_storeu_ps(oo, a0), _mm256_storeu_ps(oo + 8, a1), _mm256_storeu_ps(oo + 16, a2),
                         _mm256_storeu_ps(oo + 24, a3);
+#else
+                    float32x4_t a[8];
+                    for (int i = 0; i < 8; i++) a[i] = vdupq_n_f32(0);
+                    for (int64_t p0 = 0; p0 < n; p0 += ps) {
+                        const float *v = c->vc + ((int64_t)bt[p0 / ps] * ps * nkv + g) * d + c0;
+                        int64_t cnt = n - p0 < ps ? n - p0 : ps;
+                        for (int64_t j = 0; j < cnt; j++, v += row) {
+                            float pw = w[p0 + j];
+#pragma GCC unroll 8
+                            for (int i = 0; i < 8; i++) a[i] = vfmaq_n_f32(a[i], vld1q_f32(v + 4 * i), pw);
+                        }
+                    }
+                    for (int i = 0; i < 8; i++) vst1q_f32(oo + 4 * i, a[i]);
+#endif
                 }
             continue;
         }
+#endif
         memset(o, 0, (size_t)(G * d) * 4);
         for (int64_t p0 = 0; p0 < n; p0 += ps) {
             const float *v = c->vc + ((int64_t)bt[p0 / ps] * ps * nkv + g) * d;

@@ -1,8 +1,9 @@
 /* cpu_linear.c - dequantizing GEMM kernels of the CPU backend.
  *
  * Decode (few tokens) is memory-bound: each weight row is read once, dequantized in L1-sized chunks
- * with AVX2 (bf16 by shift, f16 by F16C, fp8 through the e4m3 table, nvfp4 through an 8-entry
- * magnitude permute plus sign bit) and dotted with every token at once, so the weight stream is
+ * (AVX2: bf16 by shift, f16 by F16C, fp8 through the e4m3 table, nvfp4 through an 8-entry
+ * magnitude permute plus sign bit; NEON: bf16 by shift, f16 by vcvt; plain C otherwise, see
+ * cpu_kernels.h) and dotted with every token at once, so the weight stream is
  * the only memory traffic. Prefill (many tokens) is compute-bound: a block of rows is dequantized
  * into an f32 tile and handed to OpenBLAS sgemm (single-threaded; we parallelise over tiles).
  * Nothing is ever expanded to float32 beyond one tile per thread. */
@@ -12,12 +13,21 @@
 #include "core/status.h"
 
 #include <cblas.h>
-#include <immintrin.h>
 #include <string.h>
 
 #define CHUNK 256 /* columns dequantized at a time in the fused kernel (multiple of 128) */
 
 ms_pool *ms_cpu_pool(void) { return ms_pool_default(); }
+
+const char *ms_cpu_simd_name(void) {
+#if defined(MS_CPU_AVX2)
+    return "avx2";
+#elif defined(MS_CPU_NEON)
+    return "neon";
+#else
+    return "portable";
+#endif
+}
 
 int64_t ms_cpu_grain(double work_per_item) {
     const double min_work = 262144.0; /* ~50-100 us of work: below that waking a worker (worse on a loaded machine) costs more than it saves */
@@ -38,6 +48,7 @@ static inline float vec_at(const ms_tensor *v, int64_t n) {
     }
 }
 
+#if defined(MS_CPU_AVX2)
 static inline float hsum256(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
     lo = _mm_add_ps(lo, hi);
@@ -57,7 +68,54 @@ static inline __m256 nvfp4_8(uint32_t four, __m256 sc) {
     __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(8)), 28);
     return _mm256_mul_ps(_mm256_xor_ps(v, _mm256_castsi256_ps(sign)), sc);
 }
+#endif
 
+/* E2M1 magnitudes by 3-bit code; bit 3 of a nibble is the sign. */
+static const float e2m1_mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+void ms_cpu_dequant_portable(const ms_linear *W, int64_t n, int64_t k0, int64_t len, float *out) {
+    const int64_t K = W->n_in;
+    switch (W->fmt) {
+    case MS_WFMT_PLAIN:
+        switch (W->w.dtype) {
+        case MS_F32: memcpy(out, (const float *)W->w.data + n * K + k0, (size_t)len * 4); return;
+        case MS_BF16: {
+            const uint16_t *p = (const uint16_t *)W->w.data + n * K + k0;
+            for (int64_t i = 0; i < len; i++) out[i] = ms_bf16_to_f32(p[i]);
+            return;
+        }
+        case MS_F16: {
+            const uint16_t *p = (const uint16_t *)W->w.data + n * K + k0;
+            for (int64_t i = 0; i < len; i++) out[i] = ms_f16_to_f32(p[i]);
+            return;
+        }
+        default: MS_ASSERT(!"linear: unsupported plain weight dtype");
+        }
+        return;
+    case MS_WFMT_FP8: {
+        const uint8_t *q = (const uint8_t *)W->w.data + n * K + k0;
+        const float *s = (const float *)W->scale.data + (n / 128) * W->scale.shape[1];
+        for (int64_t i = 0; i < len; i++) out[i] = ms_e4m3_table[q[i]] * s[(k0 + i) / 128];
+        return;
+    }
+    case MS_WFMT_NVFP4: {
+        MS_ASSERT(k0 % 16 == 0 && len % 16 == 0);
+        const uint8_t *q = (const uint8_t *)W->w.data + n * (K / 2) + k0 / 2;
+        const uint8_t *s = (const uint8_t *)W->scale.data + n * (K / 16) + k0 / 16;
+        for (int64_t i = 0; i < len; i += 16) {
+            float sc = ms_e4m3_table[s[i / 16]] * W->scale2;
+            for (int j = 0; j < 16; j++) {
+                uint8_t c = (uint8_t)(q[(i + j) / 2] >> (4 * (j & 1))) & 15;
+                float v = e2m1_mag[c & 7];
+                out[i + j] = (c & 8 ? -v : v) * sc;
+            }
+        }
+        return;
+    }
+    }
+}
+
+#if defined(MS_CPU_AVX2)
 void ms_cpu_dequant(const ms_linear *W, int64_t n, int64_t k0, int64_t len, float *out) {
     const int64_t K = W->n_in;
     int64_t i = 0;
@@ -111,6 +169,34 @@ void ms_cpu_dequant(const ms_linear *W, int64_t n, int64_t k0, int64_t len, floa
     }
 }
 
+#elif defined(MS_CPU_NEON)
+void ms_cpu_dequant(const ms_linear *W, int64_t n, int64_t k0, int64_t len, float *out) {
+    const int64_t K = W->n_in;
+    int64_t i = 0;
+    if (W->fmt == MS_WFMT_PLAIN && W->w.dtype == MS_BF16) {
+        const uint16_t *p = (const uint16_t *)W->w.data + n * K + k0;
+        for (; i + 8 <= len; i += 8) {
+            uint16x8_t v = vld1q_u16(p + i);
+            vst1q_f32(out + i, vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(v), 16)));
+            vst1q_f32(out + i + 4, vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(v), 16)));
+        }
+        for (; i < len; i++) out[i] = ms_bf16_to_f32(p[i]);
+        return;
+    }
+    if (W->fmt == MS_WFMT_PLAIN && W->w.dtype == MS_F16) {
+        const uint16_t *p = (const uint16_t *)W->w.data + n * K + k0;
+        for (; i + 4 <= len; i += 4) vst1q_f32(out + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + i))));
+        for (; i < len; i++) out[i] = ms_f16_to_f32(p[i]);
+        return;
+    }
+    ms_cpu_dequant_portable(W, n, k0, len, out); /* fp8 / nvfp4: table lookups, plain C */
+}
+#else
+void ms_cpu_dequant(const ms_linear *W, int64_t n, int64_t k0, int64_t len, float *out) {
+    ms_cpu_dequant_portable(W, n, k0, len, out);
+}
+#endif
+
 size_t ms_cpu_linear_scratch_floats(const ms_linear *W, int64_t nr, int T) {
     if (T <= MS_CPU_FUSED_MAX_T) return 0;
     if (W->fmt == MS_WFMT_PLAIN && W->w.dtype == MS_F32) return 0;
@@ -128,9 +214,24 @@ static void rows_fused(const ms_linear *W, int64_t n0, int64_t n1, const float *
     for (int64_t n = n0; n < n1; n++) {
         for (int t0 = 0; t0 < T; t0 += MS_CPU_FUSED_MAX_T) {
             int nt = T - t0 < MS_CPU_FUSED_MAX_T ? T - t0 : MS_CPU_FUSED_MAX_T;
+#if defined(MS_CPU_AVX2)
             __m256 acc[MS_CPU_FUSED_MAX_T];
+#elif defined(MS_CPU_NEON)
+            float32x4_t acc[MS_CPU_FUSED_MAX_T][2];
+#else
+            float acc[MS_CPU_FUSED_MAX_T][8];
+#endif
             float tail[MS_CPU_FUSED_MAX_T];
-            for (int t = 0; t < nt; t++) { acc[t] = _mm256_setzero_ps(); tail[t] = 0; }
+            for (int t = 0; t < nt; t++) {
+#if defined(MS_CPU_AVX2)
+                acc[t] = _mm256_setzero_ps();
+#elif defined(MS_CPU_NEON)
+                acc[t][0] = acc[t][1] = vdupq_n_f32(0);
+#else
+                for (int l = 0; l < 8; l++) acc[t][l] = 0;
+#endif
+                tail[t] = 0;
+            }
             for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
                 int64_t len = K - k0 < CHUNK ? K - k0 : CHUNK;
                 const float *wp;
@@ -139,14 +240,36 @@ static void rows_fused(const ms_linear *W, int64_t n0, int64_t n1, const float *
                 int64_t len8 = len & ~(int64_t)7;
                 for (int t = 0; t < nt; t++) {
                     const float *xp = x + (int64_t)(t0 + t) * ldx + k0;
+#if defined(MS_CPU_AVX2)
                     __m256 a = acc[t];
                     for (int64_t k = 0; k < len8; k += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(wp + k), _mm256_loadu_ps(xp + k), a);
                     acc[t] = a;
+#elif defined(MS_CPU_NEON)
+                    float32x4_t a0 = acc[t][0], a1 = acc[t][1];
+                    for (int64_t k = 0; k < len8; k += 8) {
+                        a0 = vfmaq_f32(a0, vld1q_f32(wp + k), vld1q_f32(xp + k));
+                        a1 = vfmaq_f32(a1, vld1q_f32(wp + k + 4), vld1q_f32(xp + k + 4));
+                    }
+                    acc[t][0] = a0, acc[t][1] = a1;
+#else
+                    float a[8];
+                    for (int l = 0; l < 8; l++) a[l] = acc[t][l];
+                    for (int64_t k = 0; k < len8; k += 8)
+                        for (int l = 0; l < 8; l++) a[l] += wp[k + l] * xp[k + l];
+                    for (int l = 0; l < 8; l++) acc[t][l] = a[l];
+#endif
                     for (int64_t k = len8; k < len; k++) tail[t] += wp[k] * xp[k];
                 }
             }
             for (int t = 0; t < nt; t++) {
+#if defined(MS_CPU_AVX2)
                 float v = hsum256(acc[t]) + tail[t];
+#elif defined(MS_CPU_NEON)
+                float v = vaddvq_f32(vaddq_f32(acc[t][0], acc[t][1])) + tail[t];
+#else
+                const float *a = acc[t];
+                float v = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])) + tail[t];
+#endif
                 if (bias) v += vec_at(bias, n);
                 y[(int64_t)(t0 + t) * ldy + (n - n0)] = v;
             }
