@@ -26,7 +26,7 @@ int ms_fmt_shortest(double v, char digits[24], int *exp10) {
 }
 
 /* Writes sign + digits with the decimal point after `point` digits (point may be <= 0 or > k). */
-static char *put_fixed(char *o, const char *digits, int k, int point, int py_dot0) {
+static char *put_fixed(char *o, const char *digits, int k, int point) {
     if (point <= 0) {
         *o++ = '0';
         *o++ = '.';
@@ -38,7 +38,7 @@ static char *put_fixed(char *o, const char *digits, int k, int point, int py_dot
         memcpy(o, digits, (size_t)k);
         o += k;
         for (int i = 0; i < point - k; i++) *o++ = '0';
-        if (py_dot0) *o++ = '.', *o++ = '0';
+        *o++ = '.', *o++ = '0'; /* Python keeps ".0" on integral floats */
         return o;
     }
     memcpy(o, digits, (size_t)point);
@@ -68,7 +68,7 @@ size_t ms_fmt_pyfloat(double v, char out[40]) {
     char *o = out;
     if (v < 0) *o++ = '-';
     int point = e + 1; /* CPython's decpt: repr switches to exponent form outside (-4, 16] */
-    if (point > -4 && point <= 16) o = put_fixed(o, d, k, point, 1);
+    if (point > -4 && point <= 16) o = put_fixed(o, d, k, point);
     else o = put_exp(o, d, k, e, 2);
     *o = 0;
     return (size_t)(o - out);
@@ -78,19 +78,4 @@ size_t ms_fmt_pyjson_float(double v, char out[40]) {
     if (isnan(v)) return (size_t)sprintf(out, "NaN");
     if (isinf(v)) return (size_t)sprintf(out, v < 0 ? "-Infinity" : "Infinity");
     return ms_fmt_pyfloat(v, out);
-}
-
-size_t ms_fmt_jsnum(double v, char out[40]) {
-    if (isnan(v)) return (size_t)sprintf(out, "NaN");
-    if (isinf(v)) return (size_t)sprintf(out, v < 0 ? "-Infinity" : "Infinity");
-    if (v == 0) return (size_t)sprintf(out, "0");
-    char d[24];
-    int e, k = ms_fmt_shortest(v, d, &e);
-    char *o = out;
-    if (v < 0) *o++ = '-';
-    int point = e + 1; /* ECMAScript: fixed for 1e-7 < |v| < 1e21 */
-    if (point > -6 && point <= 21) o = put_fixed(o, d, k, point, 0);
-    else o = put_exp(o, d, k, e, 1);
-    *o = 0;
-    return (size_t)(o - out);
 }

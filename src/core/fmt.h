@@ -1,6 +1,6 @@
-/* fmt.h - number printing that must match other programs byte for byte (Python's repr of floats
- * for chat templates, JavaScript's Number#toString for the JS-port compatibility paths), kept in
- * one place so every layer prints the same digits. */
+/* fmt.h - number printing that must match other programs byte for byte (Python's repr of floats,
+ * as chat templates and OpenAI-compatible JSON producers print them), kept in one place so every
+ * layer prints the same digits. */
 #ifndef MS_CORE_FMT_H
 #define MS_CORE_FMT_H
 
@@ -17,8 +17,5 @@ size_t ms_fmt_pyfloat(double v, char out[40]);
 
 /* Python's json.dumps of a float (allow_nan=True): repr, except "Infinity", "-Infinity", "NaN". */
 size_t ms_fmt_pyjson_float(double v, char out[40]);
-
-/* JavaScript's Number.prototype.toString(): "1", "0.1", "1e-7", "1e+21", "NaN", "Infinity". */
-size_t ms_fmt_jsnum(double v, char out[40]);
 
 #endif
