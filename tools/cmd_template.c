@@ -43,6 +43,15 @@ static int split_doc(json_t *doc, json_t **messages, json_t **tools, const char 
     return 0;
 }
 
+/* Parses messages/kwargs JSON keeping 1 and 1.0 apart (templates print them differently, as
+ * Python's json.loads does); only a document with an integer beyond 64 bits reads every integer
+ * as a double. */
+static json_t *load_json(const char *text, size_t len, json_error_t *je) {
+    json_t *j = json_loadb(text, len, JSON_ALLOW_NUL, je);
+    if (!j) j = json_loadb(text, len, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, je);
+    return j;
+}
+
 static int run_jsonl(const ms_template *t, const char *bos, const char *eos) {
     char *line = NULL;
     size_t cap = 0;
@@ -55,7 +64,7 @@ static int run_jsonl(const ms_template *t, const char *bos, const char *eos) {
         ms_err err = {0};
         json_error_t je;
         json_t *res = NULL;
-        json_t *in = json_loadb(line, (size_t)n, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &je);
+        json_t *in = load_json(line, (size_t)n, &je);
         if (!in) {
             ms_errf(&err, MS_ERR_FORMAT, "stdin line %ld: %s", lineno, je.text);
         } else {
@@ -167,7 +176,7 @@ int cmd_template(int argc, char **argv) {
         goto out;
     }
     json_error_t je;
-    doc = json_loadb(text, len, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &je);
+    doc = load_json(text, len, &je);
     free(text);
     if (!doc) {
         fprintf(stderr, "moeserve template: %s:%d: %s\n", mpath, je.line, je.text);

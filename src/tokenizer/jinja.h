@@ -1,16 +1,16 @@
 /* jinja.h - internals of the chat-template engine (a bounded Jinja subset), shared by the lexer,
- * parser and interpreter. Semantics follow @huggingface/jinja (the engine transformers.js and the
- * Hub use, and our test oracle): its preprocessing (trim_blocks, lstrip_blocks, generation tags),
- * its operator precedence, its value model (integers and floats are doubles with a type tag,
- * undefined prints as "", `==` is loose equality) and its filter/test/method set. Where it differs
- * from Python's jinja2 we follow it and say so in a comment.
- *
+ * parser and interpreter. Rendering follows Python's jinja2 as transformers' apply_chat_template sets
+ * it up (what SGLang and vLLM render with, so what the models were trained on): its value printing
+ * (None, True, 1.0, 1e-05, Python reprs), == and `in`, str(), json.dumps-style tojson. Lexing,
+ * preprocessing and operator precedence came from @huggingface/jinja, the first oracle; the places
+ * that still follow it are listed in docs/templates.md. *
  * Memory: everything made while compiling lives in the template's arena (freed with the template);
  * everything made while rendering lives in a per-render arena whose total size is capped. */
 #ifndef MS_TOKENIZER_JINJA_H
 #define MS_TOKENIZER_JINJA_H
 
 #include "core/status.h"
+#include "core/utf8.h"
 
 #include <jansson.h>
 #include <stddef.h>
@@ -47,16 +47,15 @@ void jj_buf_free(jj_buf *b);
 
 /* ---- text helpers (UTF-8 in, JavaScript string semantics where the oracle uses them) ---------- */
 
-/* Decodes one UTF-8 sequence at s[0..n) into *cp; returns its length (>=1). Malformed bytes decode
- * as U+FFFD with length 1. */
-int jj_utf8_dec(const char *s, size_t n, uint32_t *cp);
-int jj_utf8_enc(uint32_t cp, char out[4]);
+/* UTF-8 decoding/encoding: core/utf8.h (ms_utf8_dec, ms_utf8_enc). */
 /* JavaScript's \s / String.prototype.trim whitespace set. */
 int jj_is_js_space(uint32_t cp);
-/* Length in UTF-16 code units (JavaScript's .length). */
-size_t jj_utf16_len(const char *s, size_t n);
-/* Formats a double as JavaScript's Number.prototype.toString does (shortest round trip). */
-void jj_js_num(double v, char out[40]);
+/* Length in code points (Python's len() of a str). */
+size_t jj_cp_len(const char *s, size_t n);
+/* Python's str.isprintable() for one code point (what repr() leaves unescaped). */
+int jj_py_printable(uint32_t cp);
+/* Python's str.isspace() for one code point (the set str.strip() removes). */
+int jj_is_py_space(uint32_t cp);
 /* Appends JSON.stringify(string) to b; ascii=1 also escapes U+007F and above as \uXXXX (UTF-16). */
 int jj_json_quote(jj_buf *b, const char *s, size_t n, int ascii);
 

@@ -1,14 +1,15 @@
-/* jinja_eval.c - renders a parsed template. The value model and every filter, test and method
- * reproduce @huggingface/jinja's runtime (our oracle), including its departures from Python's
- * jinja2 that change bytes: `none`/undefined print as "", booleans print as true/false, `==` is
- * JavaScript loose equality, `~`/`+` stringify floats like JavaScript (1.0 -> "1") while `{{ }}`
- * prints them Python-style (1.0 -> "1.0"), strip()/lstrip()/rstrip() ignore their argument, string
- * lengths count UTF-16 units, macros see the caller's variables, and a break/continue drops the
- * output of the current iteration. Filters and str methods the oracle lacks (count, d, select, reject,
- * round, wordcount, escape, find, rsplit, ...) are extensions with Python jinja2 semantics; the oracle
- * fails on them. Rendering is bounded by jj_limits (output bytes, arena bytes, steps = loop
+/* jinja_eval.c - renders a parsed template the way Python's jinja2 does under transformers, so a
+ * prompt carries the bytes the model was trained on: undefined prints as "", none as "None",
+ * booleans as True/False, floats as Python's repr (1.0, 1e-05), containers as Python reprs, `~` is
+ * str() concatenation, `+` on a string needs a string, == and `in` are Python's, string lengths and
+ * indexes count code points, and tojson is json.dumps (ensure_ascii=False). Filters and methods
+ * jinja2 has but @huggingface/jinja lacks (count, d, select, reject, round, wordcount, escape,
+ * find, rsplit, ...) are included. What still follows @huggingface/jinja is listed in
+ * docs/templates.md. Rendering is bounded by jj_limits (output bytes, arena bytes, steps = loop
  * iterations + macro calls + range() elements, macro nesting) and by a cap on evaluation nesting. */
 #include "tokenizer/jinja.h"
+
+#include "core/fmt.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -30,7 +31,8 @@ typedef struct jfn jfn;
 
 typedef struct jv {
     int t;
-    size_t n; /* string length in bytes */
+    size_t n;     /* string length in bytes */
+    long long iv; /* V_INT from JSON: the exact value (u.d may have rounded it past 2^53) */
     union {
         double d;
         int b;
@@ -313,7 +315,7 @@ static int map_case(R *r, const jj_node *at, jv s, int upper, jv *out) {
     jj_buf b = new_buf(r);
     for (size_t i = 0; i < s.n;) {
         uint32_t cp;
-        int l = jj_utf8_dec(s.u.s + i, s.n - i, &cp);
+        int l = ms_utf8_dec(s.u.s + i, s.n - i, &cp);
         if (cp == 0xFFFD) {
             jj_buf_put(&b, s.u.s + i, (size_t)l); /* keep malformed bytes as they are */
             i += (size_t)l;
@@ -326,7 +328,7 @@ static int map_case(R *r, const jj_node *at, jv s, int upper, jv *out) {
         }
         uint32_t m = (uint32_t)(upper ? utf8proc_toupper((utf8proc_int32_t)cp) : utf8proc_tolower((utf8proc_int32_t)cp));
         char enc[4];
-        jj_buf_put(&b, enc, (size_t)jj_utf8_enc(m, enc));
+        jj_buf_put(&b, enc, (size_t)ms_utf8_enc(m, enc));
     }
     if (buf_check(r, at, &b)) {
         jj_buf_free(&b);
@@ -335,14 +337,26 @@ static int map_case(R *r, const jj_node *at, jv s, int upper, jv *out) {
     return buf_to_str(r, at, &b, out);
 }
 
-/* JavaScript trim/trimStart/trimEnd (which: 1 start, 2 end, 3 both). */
-static jv js_trim(jv s, int which) {
+/* Whether code point cp is in the UTF-8 set chars (str.strip(chars)), or Python whitespace when
+ * chars is not a string. */
+static int strip_member(uint32_t cp, jv chars) {
+    if (chars.t != V_STR) return jj_is_py_space(cp);
+    for (size_t i = 0; i < chars.n;) {
+        uint32_t c;
+        i += (size_t)ms_utf8_dec(chars.u.s + i, chars.n - i, &c);
+        if (c == cp) return 1;
+    }
+    return 0;
+}
+
+/* Python's str.lstrip/rstrip/strip([chars]) (which: 1 start, 2 end, 3 both). */
+static jv py_strip(jv s, int which, jv chars) {
     size_t a = 0, e = s.n;
     if (which & 1) {
         while (a < e) {
             uint32_t cp;
-            int l = jj_utf8_dec(s.u.s + a, e - a, &cp);
-            if (!jj_is_js_space(cp)) break;
+            int l = ms_utf8_dec(s.u.s + a, e - a, &cp);
+            if (!strip_member(cp, chars)) break;
             a += (size_t)l;
         }
     }
@@ -351,8 +365,8 @@ static jv js_trim(jv s, int which) {
             size_t st = e - 1;
             while (st > a && ((unsigned char)s.u.s[st] & 0xC0) == 0x80 && e - st < 4) st--;
             uint32_t cp;
-            int l = jj_utf8_dec(s.u.s + st, e - st, &cp);
-            if ((size_t)l != e - st || !jj_is_js_space(cp)) break;
+            int l = ms_utf8_dec(s.u.s + st, e - st, &cp);
+            if ((size_t)l != e - st || !strip_member(cp, chars)) break;
             e = st;
         }
     }
@@ -382,7 +396,7 @@ static int capitalize(R *r, const jj_node *at, jv s, jv *out) {
         return RC_OK;
     }
     uint32_t cp;
-    int l = jj_utf8_dec(s.u.s, s.n, &cp);
+    int l = ms_utf8_dec(s.u.s, s.n, &cp);
     if (cp >= 0x10000 || cp == 0xFFFD) {
         *out = s;
         return RC_OK;
@@ -398,24 +412,6 @@ static int capitalize(R *r, const jj_node *at, jv s, jv *out) {
     return RC_OK;
 }
 
-/* UTF-16 ordering of two UTF-8 strings (JavaScript's < on strings). */
-static int utf16_cmp(const char *a, size_t an, const char *b, size_t bn) {
-    size_t i = 0, j = 0;
-    while (i < an && j < bn) {
-        uint32_t x, y;
-        i += (size_t)jj_utf8_dec(a + i, an - i, &x);
-        j += (size_t)jj_utf8_dec(b + j, bn - j, &y);
-        if (x == y) continue;
-        uint32_t kx = x >= 0x10000 ? 0xD800 + ((x - 0x10000) >> 10) : x;
-        uint32_t ky = y >= 0x10000 ? 0xD800 + ((y - 0x10000) >> 10) : y;
-        if (kx != ky) return kx < ky ? -1 : 1;
-        return x < y ? -1 : 1;
-    }
-    if (i < an) return 1;
-    if (j < bn) return -1;
-    return 0;
-}
-
 /* ---- conversions to text -------------------------------------------------------------------- */
 
 typedef struct jopts {
@@ -428,57 +424,99 @@ typedef struct jopts {
 
 static int to_json(R *r, const jj_node *at, jv v, const jopts *o, int depth, int undef_null, jj_buf *b);
 
-static void put_num(jj_buf *b, double d) {
-    char tmp[40];
-    jj_js_num(d, tmp);
+/* Python's str(int): exact for integers that came from JSON (iv), else the double's integer digits. */
+static void put_int(jj_buf *b, jv v) {
+    char tmp[400];
+    if ((double)v.iv == v.u.d) snprintf(tmp, sizeof tmp, "%lld", v.iv);
+    else if (isfinite(v.u.d)) snprintf(tmp, sizeof tmp, "%.0f", v.u.d);
+    else ms_fmt_pyfloat(v.u.d, tmp);
     jj_buf_puts(b, tmp);
 }
 
-static void put_float_print(jj_buf *b, double d) {
-    if (d == 0 && signbit(d)) {
-        jj_buf_puts(b, "-0.0");
-        return;
-    }
-    if (isfinite(d) && fmod(d, 1.0) == 0 && fabs(d) < 1e21) {
-        char tmp[64];
-        snprintf(tmp, sizeof tmp, "%.1f", d);
-        jj_buf_puts(b, tmp);
-        return;
-    }
-    put_num(b, d);
+static void put_float(jj_buf *b, double d) {
+    char tmp[40];
+    ms_fmt_pyfloat(d, tmp);
+    jj_buf_puts(b, tmp);
 }
 
-/* RuntimeValue.toString(): what {{ }} prints and what arrays show for their elements. */
-static int to_print(R *r, const jj_node *at, jv v, jj_buf *b) {
+/* Python's repr(str): single quotes unless the text has ' and no ", backslash escapes for the
+ * quote, \\, \t \n \r, and \xNN / \uNNNN / \UNNNNNNNN for characters str.isprintable() rejects. */
+static void put_str_repr(jj_buf *b, const char *s, size_t n) {
+    int has_sq = memchr(s, '\'', n) != NULL, has_dq = memchr(s, '"', n) != NULL;
+    char q = has_sq && !has_dq ? '"' : '\'';
+    jj_buf_putc(b, q);
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int l = ms_utf8_dec(s + i, n - i, &cp);
+        char esc[16];
+        if (cp == (uint32_t)q || cp == '\\') {
+            jj_buf_putc(b, '\\');
+            jj_buf_putc(b, (char)cp);
+        } else if (cp == '\t') jj_buf_puts(b, "\\t");
+        else if (cp == '\n') jj_buf_puts(b, "\\n");
+        else if (cp == '\r') jj_buf_puts(b, "\\r");
+        else if (cp < 0x20 || cp == 0x7F) {
+            snprintf(esc, sizeof esc, "\\x%02x", cp);
+            jj_buf_puts(b, esc);
+        } else if (cp >= 0x80 && !jj_py_printable(cp)) {
+            if (cp < 0x100) snprintf(esc, sizeof esc, "\\x%02x", cp);
+            else if (cp < 0x10000) snprintf(esc, sizeof esc, "\\u%04x", cp);
+            else snprintf(esc, sizeof esc, "\\U%08x", cp);
+            jj_buf_puts(b, esc);
+        } else jj_buf_put(b, s + i, (size_t)l);
+        i += (size_t)l;
+    }
+    jj_buf_putc(b, q);
+}
+
+static int to_repr(R *r, const jj_node *at, jv v, jj_buf *b, int depth);
+
+/* Python's str() of a value: what {{ }}, `~`, join and |string print. Undefined is "", none is
+ * "None", booleans "True"/"False", floats their repr, containers their Python repr. */
+static int to_str_d(R *r, const jj_node *at, jv v, jj_buf *b, int depth) {
     switch (v.t) {
-    case V_UNDEF: jj_buf_puts(b, "undefined"); return RC_OK;
-    case V_NULL: jj_buf_puts(b, "null"); return RC_OK;
-    case V_BOOL: jj_buf_puts(b, v.u.b ? "true" : "false"); return RC_OK;
-    case V_INT: put_num(b, v.u.d); return RC_OK;
-    case V_FLOAT: put_float_print(b, v.u.d); return RC_OK;
+    case V_UNDEF: return RC_OK;
     case V_STR: jj_buf_put(b, v.u.s, v.n); return RC_OK;
-    case V_ARR: case V_TUPLE: case V_OBJ: case V_KWARGS: case V_NS: {
-        jopts o = {-1, 0, 0, ", ", ": ", 2, 2};
-        return to_json(r, at, v, &o, 0, 0, b);
+    default: return to_repr(r, at, v, b, depth);
+    }
+}
+
+static int to_print(R *r, const jj_node *at, jv v, jj_buf *b) { return to_str_d(r, at, v, b, 0); }
+
+static int to_repr(R *r, const jj_node *at, jv v, jj_buf *b, int depth) {
+    if (depth > 512) return rerr(r, at, "value nested too deeply to print");
+    switch (v.t) {
+    case V_UNDEF: jj_buf_puts(b, "Undefined"); return RC_OK;
+    case V_NULL: jj_buf_puts(b, "None"); return RC_OK;
+    case V_BOOL: jj_buf_puts(b, v.u.b ? "True" : "False"); return RC_OK;
+    case V_INT: put_int(b, v); return RC_OK;
+    case V_FLOAT: put_float(b, v.u.d); return RC_OK;
+    case V_STR: put_str_repr(b, v.u.s, v.n); return RC_OK;
+    case V_ARR: case V_TUPLE: {
+        jj_buf_putc(b, v.t == V_ARR ? '[' : '(');
+        for (size_t i = 0; i < v.u.a->n; i++) {
+            if (i) jj_buf_puts(b, ", ");
+            MS_TRY(to_repr(r, at, v.u.a->v[i], b, depth + 1));
+        }
+        if (v.t == V_TUPLE && v.u.a->n == 1) jj_buf_putc(b, ',');
+        jj_buf_putc(b, v.t == V_ARR ? ']' : ')');
+        return b->over ? buf_check(r, at, b) : RC_OK;
+    }
+    case V_OBJ: case V_KWARGS: case V_NS: {
+        if (v.t == V_NS) jj_buf_puts(b, "<Namespace ");
+        jj_buf_putc(b, '{');
+        for (size_t i = 0; i < v.u.o->n; i++) {
+            if (i) jj_buf_puts(b, ", ");
+            put_str_repr(b, v.u.o->k[i].s, v.u.o->k[i].n);
+            jj_buf_puts(b, ": ");
+            MS_TRY(to_repr(r, at, v.u.o->v[i], b, depth + 1));
+        }
+        jj_buf_putc(b, '}');
+        if (v.t == V_NS) jj_buf_putc(b, '>');
+        return b->over ? buf_check(r, at, b) : RC_OK;
     }
     default:
-        return rerr(r, at, "cannot convert a function to a string");
-    }
-}
-
-/* value.toString(): what `~` and string `+` use (JavaScript's conversion of the raw value). */
-static int to_raw(R *r, const jj_node *at, jv v, jj_buf *b) {
-    switch (v.t) {
-    case V_INT: case V_FLOAT: put_num(b, v.u.d); return RC_OK;
-    case V_ARR: case V_TUPLE:
-        for (size_t i = 0; i < v.u.a->n; i++) {
-            if (i) jj_buf_putc(b, ',');
-            MS_TRY(to_print(r, at, v.u.a->v[i], b));
-        }
-        return RC_OK;
-    case V_OBJ: case V_KWARGS: case V_NS: jj_buf_puts(b, "[object Map]"); return RC_OK;
-    case V_UNDEF: case V_NULL: return rerr(r, at, "cannot convert %s to a string", type_name(v.t));
-    default: return to_print(r, at, v, b);
+        return rerr(r, at, "cannot convert a %s to a string", type_name(v.t));
     }
 }
 
@@ -486,25 +524,28 @@ static int to_json(R *r, const jj_node *at, jv v, const jopts *o, int depth, int
     if (depth > 512) return rerr(r, at, "value nested too deeply for tojson");
     switch (v.t) {
     case V_NULL: jj_buf_puts(b, "null"); return RC_OK;
-    case V_UNDEF: jj_buf_puts(b, undef_null ? "null" : "undefined"); return RC_OK;
     case V_BOOL: jj_buf_puts(b, v.u.b ? "true" : "false"); return RC_OK;
-    case V_INT: case V_FLOAT:
-        if (!isfinite(v.u.d)) jj_buf_puts(b, "null");
-        else put_num(b, v.u.d);
+    case V_INT: put_int(b, v); return RC_OK;
+    case V_FLOAT: {
+        char tmp[40];
+        ms_fmt_pyjson_float(v.u.d, tmp);
+        jj_buf_puts(b, tmp);
         return RC_OK;
+    }
     case V_STR: jj_json_quote(b, v.u.s, v.n, o->ascii); return RC_OK;
-    case V_ARR: case V_OBJ: case V_NS: break;
+    case V_ARR: case V_TUPLE: case V_OBJ: case V_KWARGS: break;
     default: return rerr(r, at, "cannot convert %s to JSON", type_name(v.t));
     }
-    int ind = o->indent > 0;
-    size_t nitems = v.t == V_ARR ? v.u.a->n : v.u.o->n;
+    int ind = o->indent >= 0; /* json.dumps: indent=0 still breaks lines */
+    int arr = v.t == V_ARR || v.t == V_TUPLE;
+    size_t nitems = arr ? v.u.a->n : v.u.o->n;
     /* padding strings: "\n" + indent*(depth) and one level deeper */
     #define PAD(lvl)                                                                               \
         do {                                                                                      \
             jj_buf_putc(b, '\n');                                                                 \
             for (long q = 0; q < (long)o->indent * (lvl); q++) jj_buf_putc(b, ' ');                \
         } while (0)
-    if (v.t == V_ARR) {
+    if (arr) {
         jj_buf_putc(b, '[');
         for (size_t i = 0; i < nitems; i++) {
             if (i) jj_buf_put(b, o->item_sep, o->item_sep_n);
@@ -524,7 +565,8 @@ static int to_json(R *r, const jj_node *at, jv v, const jopts *o, int depth, int
             size_t x = order[i], j = i;
             while (j > 0) {
                 jkey *ka = &v.u.o->k[order[j - 1]], *kb = &v.u.o->k[x];
-                if (utf16_cmp(ka->s, ka->n, kb->s, kb->n) <= 0) break;
+                int c = memcmp(ka->s, kb->s, ka->n < kb->n ? ka->n : kb->n); /* code point order */
+                if (c < 0 || (c == 0 && ka->n <= kb->n)) break;
                 order[j] = order[j - 1];
                 j--;
             }
@@ -595,13 +637,11 @@ static int from_json(R *r, json_t *j, jv *out, int depth) {
         return RC_OK;
     }
     case JSON_STRING: *out = vstr(json_string_value(j), json_string_length(j)); return RC_OK;
-    case JSON_INTEGER: *out = vnum(V_INT, (double)json_integer_value(j)); return RC_OK;
-    case JSON_REAL: {
-        double d = json_real_value(j);
-        /* JSON.parse gives one number type; the oracle calls integral ones integers */
-        *out = vnum(isfinite(d) && d == floor(d) ? V_INT : V_FLOAT, d);
+    case JSON_INTEGER:
+        *out = vnum(V_INT, (double)json_integer_value(j));
+        out->iv = (long long)json_integer_value(j);
         return RC_OK;
-    }
+    case JSON_REAL: *out = vnum(V_FLOAT, json_real_value(j)); return RC_OK; /* 1.0 stays a float, as in json.loads */
     case JSON_TRUE: *out = vbool(1); return RC_OK;
     case JSON_FALSE: *out = vbool(0); return RC_OK;
     default: *out = V(V_NULL); return RC_OK;
@@ -609,54 +649,6 @@ static int from_json(R *r, json_t *j, jv *out, int depth) {
 }
 
 /* ---- comparisons ---------------------------------------------------------------------------- */
-
-/* JavaScript StringToNumber. */
-static double js_to_number(jv s) {
-    jv t = js_trim(s, 3);
-    const char *p = t.u.s;
-    size_t n = t.n;
-    if (n == 0) return 0;
-    char buf[128];
-    if (n >= sizeof buf) return NAN;
-    memcpy(buf, p, n);
-    buf[n] = 0;
-    if (!strcmp(buf, "Infinity") || !strcmp(buf, "+Infinity")) return INFINITY;
-    if (!strcmp(buf, "-Infinity")) return -INFINITY;
-    if (n > 2 && buf[0] == '0' && strchr("xXoObB", buf[1])) {
-        int base = (buf[1] == 'x' || buf[1] == 'X') ? 16 : (buf[1] == 'o' || buf[1] == 'O') ? 8 : 2;
-        double v = 0;
-        for (size_t i = 2; i < n; i++) {
-            int d = buf[i] >= '0' && buf[i] <= '9' ? buf[i] - '0'
-                    : buf[i] >= 'a' && buf[i] <= 'f' ? buf[i] - 'a' + 10
-                    : buf[i] >= 'A' && buf[i] <= 'F' ? buf[i] - 'A' + 10 : 99;
-            if (d >= base) return NAN;
-            v = v * base + d;
-        }
-        return v;
-    }
-    /* decimal literal: [+-] (digits [. digits] | . digits) [e [+-] digits] */
-    size_t i = 0;
-    if (buf[i] == '+' || buf[i] == '-') i++;
-    size_t d0 = i;
-    while (i < n && buf[i] >= '0' && buf[i] <= '9') i++;
-    size_t nd = i - d0;
-    if (i < n && buf[i] == '.') {
-        i++;
-        size_t f0 = i;
-        while (i < n && buf[i] >= '0' && buf[i] <= '9') i++;
-        nd += i - f0;
-    }
-    if (nd == 0) return NAN;
-    if (i < n && (buf[i] == 'e' || buf[i] == 'E')) {
-        i++;
-        if (i < n && (buf[i] == '+' || buf[i] == '-')) i++;
-        size_t e0 = i;
-        while (i < n && buf[i] >= '0' && buf[i] <= '9') i++;
-        if (i == e0) return NAN;
-    }
-    if (i != n) return NAN;
-    return strtod(buf, NULL);
-}
 
 enum { K_UNDEF, K_NULL, K_BOOL, K_NUM, K_STR, K_OBJ };
 static int js_kind(int t) {
@@ -693,55 +685,34 @@ static int strict_eq(jv a, jv b, int zero) {
     }
 }
 
-/* a.value == b.value (JavaScript abstract equality). */
-static int loose_eq(R *r, const jj_node *at, jv a, jv b, int *res) {
-    for (int guard = 0; guard < 4; guard++) {
-        int ka = js_kind(a.t), kb = js_kind(b.t);
-        if (ka == kb) {
-            *res = strict_eq(a, b, 0);
-            return RC_OK;
+/* Python's a == b: numbers (booleans included) by value, strings by bytes, lists and tuples
+ * element-wise (a list never equals a tuple), dicts by key set and values, undefined only equals
+ * undefined, anything else by identity. */
+static int py_eq(jv a, jv b, int depth) {
+    int na = a.t == V_INT || a.t == V_FLOAT || a.t == V_BOOL, nb = b.t == V_INT || b.t == V_FLOAT || b.t == V_BOOL;
+    if (na || nb) return na && nb && (a.t == V_BOOL ? a.u.b : a.u.d) == (b.t == V_BOOL ? b.u.b : b.u.d);
+    if (a.t == V_KWARGS) a.t = V_OBJ;
+    if (b.t == V_KWARGS) b.t = V_OBJ;
+    if (a.t != b.t) return 0;
+    switch (a.t) {
+    case V_UNDEF: case V_NULL: return 1;
+    case V_STR: return str_eq(a, b);
+    case V_ARR: case V_TUPLE:
+        if (a.u.a == b.u.a) return 1;
+        if (a.u.a->n != b.u.a->n || depth > 512) return 0;
+        for (size_t i = 0; i < a.u.a->n; i++)
+            if (!py_eq(a.u.a->v[i], b.u.a->v[i], depth + 1)) return 0;
+        return 1;
+    case V_OBJ:
+        if (a.u.o == b.u.o) return 1;
+        if (a.u.o->n != b.u.o->n || depth > 512) return 0;
+        for (size_t i = 0; i < a.u.o->n; i++) {
+            const jv *w = obj_get(b.u.o, a.u.o->k[i].s, a.u.o->k[i].n);
+            if (!w || !py_eq(a.u.o->v[i], *w, depth + 1)) return 0;
         }
-        if ((ka == K_UNDEF || ka == K_NULL) && (kb == K_UNDEF || kb == K_NULL)) {
-            *res = 1;
-            return RC_OK;
-        }
-        if (ka == K_UNDEF || ka == K_NULL || kb == K_UNDEF || kb == K_NULL) {
-            *res = 0;
-            return RC_OK;
-        }
-        if (ka == K_NUM && kb == K_STR) {
-            *res = a.u.d == js_to_number(b);
-            return RC_OK;
-        }
-        if (ka == K_STR && kb == K_NUM) {
-            *res = js_to_number(a) == b.u.d;
-            return RC_OK;
-        }
-        if (ka == K_BOOL) {
-            a = vnum(V_INT, a.u.b);
-            continue;
-        }
-        if (kb == K_BOOL) {
-            b = vnum(V_INT, b.u.b);
-            continue;
-        }
-        /* object vs number/string: compare its primitive (string) form */
-        jv *obj = ka == K_OBJ ? &a : &b;
-        if (obj->t == V_FUNC) {
-            *res = 0;
-            return RC_OK;
-        }
-        jj_buf tb = new_buf(r);
-        int rc = to_raw(r, at, *obj, &tb);
-        if (!rc) rc = buf_check(r, at, &tb);
-        if (rc) {
-            jj_buf_free(&tb);
-            return rc;
-        }
-        MS_TRY(buf_to_str(r, at, &tb, obj));
+        return 1;
+    default: return obj_identity(a) == obj_identity(b);
     }
-    *res = 0;
-    return RC_OK;
 }
 
 /* compareRuntimeValues: numbers (and booleans) with each other, strings with strings. */
@@ -763,7 +734,8 @@ static int compare_values(R *r, const jj_node *at, jv a, jv b, int case_sensitiv
         MS_TRY(map_case(r, at, a, 0, &a));
         MS_TRY(map_case(r, at, b, 0, &b));
     }
-    *res = utf16_cmp(a.u.s, a.n, b.u.s, b.n);
+    int c = memcmp(a.u.s, b.u.s, a.n < b.n ? a.n : b.n); /* code point order, as Python */
+    *res = c ? (c < 0 ? -1 : 1) : a.n < b.n ? -1 : a.n > b.n ? 1 : 0;
     return RC_OK;
 }
 
@@ -930,7 +902,7 @@ static int eval_slice(R *r, jenv *e, jv obj, const jj_node *sl, jv *out) {
         for (size_t i = 0; i < obj.n;) {
             uint32_t cp;
             offs[len++] = i;
-            i += (size_t)jj_utf8_dec(obj.u.s + i, obj.n - i, &cp);
+            i += (size_t)ms_utf8_dec(obj.u.s + i, obj.n - i, &cp);
         }
         offs[len] = obj.n;
     } else {
@@ -976,7 +948,7 @@ static int builtin_member(R *r, const jj_node *at, jv obj, jv key, jv *out) {
     size_t n = key.n;
 #define IS(lit) (n == sizeof(lit) - 1 && !memcmp(k, lit, n))
     if (obj.t == V_STR) {
-        if (IS("length")) *out = vnum(V_INT, (double)jj_utf16_len(obj.u.s, obj.n));
+        if (IS("length")) *out = V(V_UNDEF); /* a Python str has no .length */
         else if (IS("upper")) return method(r, at, obj, M_UPPER, out);
         else if (IS("lower")) return method(r, at, obj, M_LOWER, out);
         else if (IS("strip")) return method(r, at, obj, M_STRIP, out);
@@ -1070,15 +1042,15 @@ static int eval_member(R *r, jenv *e, const jj_node *x, jv *out) {
         if (prop.t == V_INT) {
             double idx = trunc(prop.u.d);
             if (obj.t == V_STR) {
-                double len = (double)jj_utf16_len(obj.u.s, obj.n);
+                double len = (double)jj_cp_len(obj.u.s, obj.n);
                 if (idx < 0) idx += len;
                 if (idx < 0 || idx >= len) return RC_OK;
                 /* walk UTF-16 units; an index inside a surrogate pair yields U+FFFD */
                 size_t unit = 0, target = (size_t)idx;
                 for (size_t i = 0; i < obj.n;) {
                     uint32_t cp;
-                    int l = jj_utf8_dec(obj.u.s + i, obj.n - i, &cp);
-                    size_t w = cp >= 0x10000 ? 2 : 1;
+                    int l = ms_utf8_dec(obj.u.s + i, obj.n - i, &cp);
+                    size_t w = 1; /* Python indexes code points */
                     if (target < unit + w) {
                         if (w == 2) {
                             *out = vcstr("\xEF\xBF\xBD");
@@ -1120,7 +1092,8 @@ static int run_test(R *r, const jj_node *at, const char *name, size_t n, jv a, j
     else if (IS("string")) *res = a.t == V_STR;
     else if (IS("number")) *res = a.t == V_INT || a.t == V_FLOAT;
     else if (IS("integer")) *res = a.t == V_INT;
-    else if (IS("iterable")) *res = a.t == V_ARR || a.t == V_STR; /* tuples and dicts are not, in the oracle */
+    else if (IS("iterable")) /* Python: anything with __iter__, undefined included */
+        *res = a.t == V_ARR || a.t == V_TUPLE || a.t == V_STR || a.t == V_OBJ || a.t == V_KWARGS || a.t == V_UNDEF;
     else if (IS("mapping")) *res = a.t == V_OBJ || a.t == V_KWARGS;
     else if (IS("sequence")) *res = a.t == V_ARR || a.t == V_TUPLE || a.t == V_OBJ || a.t == V_KWARGS || a.t == V_STR;
     else if (IS("lower") || IS("upper")) {
@@ -1134,7 +1107,7 @@ static int run_test(R *r, const jj_node *at, const char *name, size_t n, jv a, j
     else if (IS("undefined")) *res = a.t == V_UNDEF;
     else if (IS("equalto") || IS("eq")) {
         if (!b) return rerr(r, at, "test '%.*s' needs a value to compare with", (int)n, name);
-        *res = strict_eq(a, *b, 0);
+        *res = py_eq(a, *b, 0);
     } else return rerr(r, at, "unknown test '%.*s'", (int)n, name);
 #undef IS
     return RC_OK;
@@ -1142,9 +1115,21 @@ static int run_test(R *r, const jj_node *at, const char *name, size_t n, jv a, j
 
 /* ---- filters -------------------------------------------------------------------------------- */
 
+/* Python's int(s) then int(float(s)) as jinja2's int filter tries them; NaN when neither parses. */
+static double py_parse_int(jv s) {
+    jv t = py_strip(s, 3, V(V_UNDEF));
+    char buf[128], *end;
+    if (t.n == 0 || t.n >= sizeof buf) return NAN;
+    memcpy(buf, t.u.s, t.n);
+    buf[t.n] = 0;
+    double d = strtod(buf, &end);
+    if (*end || !strpbrk(buf, "0123456789") || strpbrk(buf, "xXpP")) return NAN;
+    return trunc(d);
+}
+
 /* JavaScript parseInt(s, 10) / parseFloat(s); NaN when nothing parses. */
 static double js_parse_int(jv s) {
-    jv t = js_trim(s, 1);
+    jv t = py_strip(s, 1, V(V_UNDEF));
     size_t i = 0;
     int neg = 0;
     if (i < t.n && (t.u.s[i] == '+' || t.u.s[i] == '-')) neg = t.u.s[i++] == '-';
@@ -1156,7 +1141,7 @@ static double js_parse_int(jv s) {
 }
 
 static double js_parse_float(jv s) {
-    jv t = js_trim(s, 1);
+    jv t = py_strip(s, 1, V(V_UNDEF));
     char buf[128];
     size_t n = t.n < sizeof buf - 1 ? t.n : sizeof buf - 1;
     memcpy(buf, t.u.s, n);
@@ -1235,7 +1220,7 @@ static int join_values(R *r, const jj_node *at, jv operand, jv sep, jv *out) {
     if (operand.t == V_STR) {
         for (size_t i = 0; i < operand.n;) {
             uint32_t cp;
-            int l = jj_utf8_dec(operand.u.s + i, operand.n - i, &cp);
+            int l = ms_utf8_dec(operand.u.s + i, operand.n - i, &cp);
             if (i) jj_buf_put(&b, sep.u.s, sep.n);
             jj_buf_put(&b, operand.u.s + i, (size_t)l);
             i += (size_t)l;
@@ -1244,7 +1229,7 @@ static int join_values(R *r, const jj_node *at, jv operand, jv sep, jv *out) {
         for (size_t i = 0; i < operand.u.a->n && !rc; i++) {
             if (i) jj_buf_put(&b, sep.u.s, sep.n);
             jv x = operand.u.a->v[i];
-            if (x.t != V_NULL && x.t != V_UNDEF) rc = to_raw(r, at, x, &b);
+            rc = to_print(r, at, x, &b);
         }
     }
     if (!rc) rc = buf_check(r, at, &b);
@@ -1297,7 +1282,7 @@ static int ext_filter(R *r, jenv *e, const jj_node *f, jv v, jv *out) {
     jobj *kw = NULL;
     if (f->flag) MS_TRY(eval_args(r, e, f->list, f->n, &args, &na, &kw));
     if (IS("count")) { /* = length */
-        if (v.t == V_STR) return *out = vnum(V_INT, (double)jj_utf16_len(v.u.s, v.n)), RC_OK;
+        if (v.t == V_STR) return *out = vnum(V_INT, (double)jj_cp_len(v.u.s, v.n)), RC_OK;
         if (v.t == V_ARR || v.t == V_TUPLE) return *out = vnum(V_INT, (double)v.u.a->n), RC_OK;
         if (v.t == V_OBJ || v.t == V_KWARGS || v.t == V_NS) return *out = vnum(V_INT, (double)v.u.o->n), RC_OK;
         return rerr(r, at, "cannot apply filter \"count\" to type %s", type_name(v.t));
@@ -1345,7 +1330,7 @@ static int ext_filter(R *r, jenv *e, const jj_node *f, jv v, jv *out) {
         int in = 0;
         for (size_t i = 0; i < v.n;) {
             uint32_t cp;
-            i += (size_t)jj_utf8_dec(v.u.s + i, v.n - i, &cp);
+            i += (size_t)ms_utf8_dec(v.u.s + i, v.n - i, &cp);
             utf8proc_category_t c = utf8proc_category((utf8proc_int32_t)cp);
             int w = cp == '_' || (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_LO) ||
                     (c >= UTF8PROC_CATEGORY_ND && c <= UTF8PROC_CATEGORY_NO);
@@ -1380,7 +1365,7 @@ static double cp_index(jv s, size_t off) {
     double n = 0;
     for (size_t i = 0; i < off && i < s.n;) {
         uint32_t cp;
-        i += (size_t)jj_utf8_dec(s.u.s + i, s.n - i, &cp);
+        i += (size_t)ms_utf8_dec(s.u.s + i, s.n - i, &cp);
         n++;
     }
     return n;
@@ -1440,7 +1425,7 @@ static int py_str_method(R *r, const jj_node *at, int id, jv self, jv *args, siz
             cap *= 2;
         }
         if (sep.t == V_NULL) {
-            jv rest = js_trim(vstr(self.u.s, end), 2);
+            jv rest = py_strip(vstr(self.u.s, end), 2, V(V_UNDEF));
             end = rest.n;
             if (end == 0) break;
             if (maxsplit >= 0 && (double)cnt >= maxsplit) {
@@ -1452,8 +1437,8 @@ static int py_str_method(R *r, const jj_node *at, int id, jv self, jv *args, siz
                 size_t q = st - 1;
                 while (q > 0 && ((unsigned char)self.u.s[q] & 0xC0) == 0x80) q--;
                 uint32_t cp;
-                jj_utf8_dec(self.u.s + q, st - q, &cp);
-                if (jj_is_js_space(cp)) break;
+                ms_utf8_dec(self.u.s + q, st - q, &cp);
+                if (jj_is_py_space(cp)) break;
                 st = q;
             }
             parts[cnt++] = vstr(self.u.s + st, end - st);
@@ -1494,6 +1479,9 @@ static int apply_filter(R *r, jenv *e, const jj_node *f, jv v, jv *out) {
         return ext_filter(r, e, f, v, out);
     if (!f->flag) { /* bare name */
         if (IS("safe")) return *out = v, RC_OK;
+        if (v.t != V_STR && (IS("upper") || IS("lower") || IS("title") || IS("capitalize") || IS("trim")))
+            MS_TRY(print_to_str(r, at, v, &v)); /* jinja2 converts with str() first (undefined -> "") */
+        if (v.t == V_UNDEF && IS("length")) return *out = vnum(V_INT, 0), RC_OK;
         if (IS("tojson")) {
             jopts o = {-1, 0, 0, ", ", ": ", 2, 2};
             return tojson_value(r, at, v, &o, out);
@@ -1516,9 +1504,8 @@ static int apply_filter(R *r, jenv *e, const jj_node *f, jv v, jv *out) {
             if (IS("sort")) return sort_values(r, at, a->v, a->v, a->n, 0, 0, out);
             if (IS("join")) return join_values(r, at, v, vcstr(""), out);
             if (IS("string")) {
-                jopts o = {-1, 0, 0, ", ", ": ", 2, 2};
                 jj_buf b = new_buf(r);
-                int rc = to_json(r, at, v, &o, 0, 0, &b);
+                int rc = to_print(r, at, v, &b);
                 if (!rc) rc = buf_check(r, at, &b);
                 if (rc) {
                     jj_buf_free(&b);
@@ -1542,16 +1529,16 @@ static int apply_filter(R *r, jenv *e, const jj_node *f, jv v, jv *out) {
             return rerr(r, at, "unknown ArrayValue filter: %.*s", (int)nl, name);
         }
         if (v.t == V_STR) {
-            if (IS("length")) return *out = vnum(V_INT, (double)jj_utf16_len(v.u.s, v.n)), RC_OK;
+            if (IS("length")) return *out = vnum(V_INT, (double)jj_cp_len(v.u.s, v.n)), RC_OK;
             if (IS("upper")) return map_case(r, at, v, 1, out);
             if (IS("lower")) return map_case(r, at, v, 0, out);
             if (IS("title")) return title_case(r, at, v, out);
             if (IS("capitalize")) return capitalize(r, at, v, out);
-            if (IS("trim")) return *out = js_trim(v, 3), RC_OK;
+            if (IS("trim")) return *out = py_strip(v, 3, V(V_UNDEF)), RC_OK;
             if (IS("indent")) return indent_lines(r, at, v, 4, 0, 0, out);
             if (IS("join") || IS("string")) return *out = v, RC_OK;
             if (IS("int")) {
-                double d = js_parse_int(v);
+                double d = py_parse_int(v);
                 return *out = vnum(V_INT, isnan(d) ? 0 : d), RC_OK;
             }
             if (IS("float")) {
@@ -1562,7 +1549,7 @@ static int apply_filter(R *r, jenv *e, const jj_node *f, jv v, jv *out) {
         }
         if (v.t == V_INT || v.t == V_FLOAT) {
             if (IS("abs")) return *out = vnum(v.t, fabs(v.u.d)), RC_OK;
-            if (IS("int")) return *out = vnum(V_INT, floor(v.u.d)), RC_OK;
+            if (IS("int")) return *out = vnum(V_INT, trunc(v.u.d)), RC_OK;
             if (IS("float")) return *out = vnum(V_FLOAT, v.u.d), RC_OK;
             if (IS("string")) return print_to_str(r, at, v, out);
             return rerr(r, at, "unknown NumericValue filter: %.*s", (int)nl, name);
@@ -1580,7 +1567,7 @@ static int apply_filter(R *r, jenv *e, const jj_node *f, jv v, jv *out) {
             if (IS("bool")) return *out = v, RC_OK;
             if (IS("int")) return *out = vnum(V_INT, v.u.b), RC_OK;
             if (IS("float")) return *out = vnum(V_FLOAT, v.u.b), RC_OK;
-            if (IS("string")) return *out = vcstr(v.u.b ? "true" : "false"), RC_OK;
+            if (IS("string")) return *out = vcstr(v.u.b ? "True" : "False"), RC_OK;
             return rerr(r, at, "unknown BooleanValue filter: %.*s", (int)nl, name);
         }
         return rerr(r, at, "cannot apply filter \"%.*s\" to type %s", (int)nl, name, type_name(v.t));
@@ -1661,10 +1648,10 @@ static int apply_filter(R *r, jenv *e, const jj_node *f, jv v, jv *out) {
         int isint = IS("int");
         jv def = arg_or(args, na, 0, kw, "default", vnum(isint ? V_INT : V_FLOAT, 0));
         if (v.t == V_STR) {
-            double d = isint ? js_parse_int(v) : js_parse_float(v);
+            double d = isint ? py_parse_int(v) : js_parse_float(v);
             return *out = isnan(d) ? def : vnum(isint ? V_INT : V_FLOAT, d), RC_OK;
         }
-        if (v.t == V_INT || v.t == V_FLOAT) return *out = v, RC_OK;
+        if (v.t == V_INT || v.t == V_FLOAT) return *out = vnum(isint ? V_INT : V_FLOAT, isint ? trunc(v.u.d) : v.u.d), RC_OK;
         if (v.t == V_BOOL) return *out = vnum(isint ? V_INT : V_FLOAT, v.u.b), RC_OK;
         return rerr(r, at, "cannot apply filter \"%.*s\" to type %s", (int)nl, name, type_name(v.t));
     }
@@ -1690,7 +1677,7 @@ static int apply_filter(R *r, jenv *e, const jj_node *f, jv v, jv *out) {
             char tmp[40];
             jv path = attr;
             if (attr.t == V_INT) {
-                jj_js_num(attr.u.d, tmp);
+                snprintf(tmp, sizeof tmp, "%.0f", attr.u.d);
                 path = vcstr(tmp);
             }
             for (size_t i = 0; i < a->n; i++) keys[i] = attr.t == V_NULL ? a->v[i] : attr_path(a->v[i], path.u.s, path.n);
@@ -1798,19 +1785,19 @@ static int split_str(R *r, const jj_node *at, jv self, jv *args, size_t n, jv *o
         parts[cnt++] = (val);                                                                     \
     } while (0)
     if (sep.t == V_NULL) {
-        jv text = js_trim(self, 1);
+        jv text = py_strip(self, 1, V(V_UNDEF));
         size_t i = 0;
         while (i < text.n) {
             uint32_t cp;
-            int l = jj_utf8_dec(text.u.s + i, text.n - i, &cp);
-            if (jj_is_js_space(cp)) {
+            int l = ms_utf8_dec(text.u.s + i, text.n - i, &cp);
+            if (jj_is_py_space(cp)) {
                 i += (size_t)l;
                 continue;
             }
             size_t st = i;
             while (i < text.n) {
-                l = jj_utf8_dec(text.u.s + i, text.n - i, &cp);
-                if (jj_is_js_space(cp)) break;
+                l = ms_utf8_dec(text.u.s + i, text.n - i, &cp);
+                if (jj_is_py_space(cp)) break;
                 i += (size_t)l;
             }
             if (maxsplit != -1 && (double)cnt >= maxsplit) {
@@ -1883,7 +1870,7 @@ static int replace_str(R *r, const jj_node *at, jv self, jv *args, size_t n, jv 
             }
             if (i >= self.n) break;
             uint32_t cp;
-            int l = jj_utf8_dec(self.u.s + i, self.n - i, &cp);
+            int l = ms_utf8_dec(self.u.s + i, self.n - i, &cp);
             jj_buf_put(&b, self.u.s + i, (size_t)l);
             i += (size_t)l;
         }
@@ -1912,9 +1899,11 @@ static int call_method(R *r, const jj_node *at, int id, jv self, jv *args, size_
     switch (id) {
     case M_UPPER: return map_case(r, at, self, 1, out);
     case M_LOWER: return map_case(r, at, self, 0, out);
-    case M_STRIP: return *out = js_trim(self, 3), RC_OK;
-    case M_LSTRIP: return *out = js_trim(self, 1), RC_OK;
-    case M_RSTRIP: return *out = js_trim(self, 2), RC_OK;
+    case M_STRIP: case M_LSTRIP: case M_RSTRIP: {
+        jv chars = n > 0 ? args[0] : V(V_UNDEF);
+        if (chars.t != V_STR && chars.t != V_NULL && chars.t != V_UNDEF) return rerr(r, at, "strip arg must be None or str");
+        return *out = py_strip(self, id == M_STRIP ? 3 : id == M_LSTRIP ? 1 : 2, chars), RC_OK;
+    }
     case M_TITLE: return title_case(r, at, self, out);
     case M_CAPITALIZE: return capitalize(r, at, self, out);
     case M_STARTSWITH: return prefix_test(r, at, self, args, n, 0, out);
@@ -2008,8 +1997,7 @@ static int call_builtin(R *r, const jj_node *at, int id, jv *args, size_t n, jv 
         if (n > 0) msg = args[0];
         jj_buf b = new_buf(r);
         if (msg.t != V_UNDEF) {
-            if (msg.t == V_NULL) jj_buf_puts(&b, "null");
-            else if (to_raw(r, at, msg, &b)) jj_buf_puts(&b, "?");
+            if (to_print(r, at, msg, &b)) jj_buf_puts(&b, "?");
         }
         ms_errf(r->err, MS_ERR_INVALID, "chat template line %d: raise_exception: %s", at ? at->line : 0, b.p ? b.p : "");
         jj_buf_free(&b);
@@ -2170,22 +2158,30 @@ static int eval_binary(R *r, jenv *e, const jj_node *x, jv *out) {
     if (op == OP_OR) return is_truthy(a) ? (*out = a, RC_OK) : eval(r, e, x->b, out);
     MS_TRY(eval(r, e, x->b, &b));
     if (op == OP_EQ || op == OP_NE) {
-        int eq = 0;
-        MS_TRY(loose_eq(r, x, a, b, &eq));
+        int eq = py_eq(a, b, 0);
         *out = vbool(op == OP_EQ ? eq : !eq);
         return RC_OK;
     }
     static const char *opn[] = {"or", "and", "not", "==", "!=", "<", ">", "<=", ">=", "in", "not in", "+", "-",
                                 "~", "*", "/", "//", "%", "**", "-", "+"};
-    if (a.t == V_UNDEF || b.t == V_UNDEF) {
-        if (b.t == V_UNDEF && (op == OP_IN || op == OP_NOTIN)) return *out = vbool(op == OP_NOTIN), RC_OK;
-        return rerr(r, x, "cannot perform operation %s on undefined values", opn[op]);
+    if (op == OP_IN || op == OP_NOTIN) {
+        /* Python's `in`: undefined is an empty iterable; lists compare with ==; dict keys are strings */
+        int found = 0;
+        if (b.t == V_UNDEF) found = 0;
+        else if (b.t == V_ARR || b.t == V_TUPLE) {
+            for (size_t i = 0; i < b.u.a->n && !found; i++) found = py_eq(b.u.a->v[i], a, 0);
+        } else if (b.t == V_STR) {
+            if (a.t != V_STR) return rerr(r, x, "'in <string>' requires a string as left operand, not %s", type_name(a.t));
+            found = str_find_ll(b, 0, a) >= 0;
+        } else if (b.t == V_OBJ || b.t == V_KWARGS || b.t == V_NS) {
+            found = a.t == V_STR && obj_get(b.u.o, a.u.s, a.n) != NULL;
+        } else return rerr(r, x, "argument of type %s is not iterable", type_name(b.t));
+        return *out = vbool(op == OP_IN ? found : !found), RC_OK;
     }
-    if (a.t == V_NULL || b.t == V_NULL) return rerr(r, x, "cannot perform operation %s on null values", opn[op]);
-    if (op == OP_CONCAT) {
+    if (op == OP_CONCAT) { /* str(a) + str(b): undefined is "", none is "None" */
         jj_buf t = new_buf(r);
-        int rc = to_raw(r, x, a, &t);
-        if (!rc) rc = to_raw(r, x, b, &t);
+        int rc = to_print(r, x, a, &t);
+        if (!rc) rc = to_print(r, x, b, &t);
         if (!rc) rc = buf_check(r, x, &t);
         if (rc) {
             jj_buf_free(&t);
@@ -2193,6 +2189,8 @@ static int eval_binary(R *r, jenv *e, const jj_node *x, jv *out) {
         }
         return buf_to_str(r, x, &t, out);
     }
+    if (a.t == V_UNDEF || b.t == V_UNDEF) return rerr(r, x, "cannot perform operation %s on undefined values", opn[op]);
+    if (a.t == V_NULL || b.t == V_NULL) return rerr(r, x, "cannot perform operation %s on null values", opn[op]);
     int na = a.t == V_INT || a.t == V_FLOAT, nb = b.t == V_INT || b.t == V_FLOAT;
     if (op == OP_POW && (na || a.t == V_BOOL) && (nb || b.t == V_BOOL)) {
         double p = a.t == V_BOOL ? a.u.b : a.u.d, q = b.t == V_BOOL ? b.u.b : b.u.d;
@@ -2209,9 +2207,14 @@ static int eval_binary(R *r, jenv *e, const jj_node *x, jv *out) {
         case OP_ADD: return *out = vnum(fl ? V_FLOAT : V_INT, p + q), RC_OK;
         case OP_SUB: return *out = vnum(fl ? V_FLOAT : V_INT, p - q), RC_OK;
         case OP_MUL: return *out = vnum(fl ? V_FLOAT : V_INT, p * q), RC_OK;
-        case OP_DIV: return *out = vnum(V_FLOAT, p / q), RC_OK;
-        case OP_FLOORDIV: return *out = vnum(fl ? V_FLOAT : V_INT, floor(p / q)), RC_OK;
-        case OP_MOD: return *out = vnum(fl ? V_FLOAT : V_INT, fmod(p, q)), RC_OK;
+        case OP_DIV: case OP_FLOORDIV: case OP_MOD: {
+            if (q == 0) return rerr(r, x, "division by zero");
+            if (op == OP_DIV) return *out = vnum(V_FLOAT, p / q), RC_OK;
+            if (op == OP_FLOORDIV) return *out = vnum(fl ? V_FLOAT : V_INT, floor(p / q)), RC_OK;
+            double m = fmod(p, q); /* Python: the result takes the divisor's sign */
+            if (m != 0 && (m < 0) != (q < 0)) m += q;
+            return *out = vnum(fl ? V_FLOAT : V_INT, m), RC_OK;
+        }
         case OP_LT: return *out = vbool(p < q), RC_OK;
         case OP_GT: return *out = vbool(p > q), RC_OK;
         case OP_GE: return *out = vbool(p >= q), RC_OK;
@@ -2226,31 +2229,17 @@ static int eval_binary(R *r, jenv *e, const jj_node *x, jv *out) {
             if (b.u.a->n) memcpy(c->v + a.u.a->n, b.u.a->v, b.u.a->n * sizeof(jv));
             return *out = varr(c, V_ARR), RC_OK;
         }
-    } else if (b.t == V_ARR || b.t == V_TUPLE) {
-        if (op == OP_IN || op == OP_NOTIN) {
-            int found = 0;
-            for (size_t i = 0; i < b.u.a->n && !found; i++) found = strict_eq(b.u.a->v[i], a, 0);
-            return *out = vbool(op == OP_IN ? found : !found), RC_OK;
-        }
     }
-    if ((a.t == V_STR || b.t == V_STR) && op == OP_ADD) {
+    if (a.t == V_STR && b.t == V_STR && op == OP_ADD) {
         jj_buf t = new_buf(r);
-        int rc = to_raw(r, x, a, &t);
-        if (!rc) rc = to_raw(r, x, b, &t);
+        int rc = to_print(r, x, a, &t);
+        if (!rc) rc = to_print(r, x, b, &t);
         if (!rc) rc = buf_check(r, x, &t);
         if (rc) {
             jj_buf_free(&t);
             return rc;
         }
         return buf_to_str(r, x, &t, out);
-    }
-    if (a.t == V_STR && b.t == V_STR && (op == OP_IN || op == OP_NOTIN)) {
-        int found = str_find_ll(b, 0, a) >= 0;
-        return *out = vbool(op == OP_IN ? found : !found), RC_OK;
-    }
-    if (a.t == V_STR && (b.t == V_OBJ || b.t == V_KWARGS) && (op == OP_IN || op == OP_NOTIN)) {
-        int found = obj_get(b.u.o, a.u.s, a.n) != NULL;
-        return *out = vbool(op == OP_IN ? found : !found), RC_OK;
     }
     return rerr(r, x, "unknown operator \"%s\" between %s and %s", opn[op], type_name(a.t), type_name(b.t));
 }
@@ -2375,6 +2364,20 @@ static int exec_for(R *r, jenv *env, const jj_node *x, jj_buf *out) {
         jarr *k = new_arr(r, iter.u.o->n);
         if (!k) return oom(r, x);
         for (size_t i = 0; i < iter.u.o->n; i++) k->v[i] = vstr(iter.u.o->k[i].s, iter.u.o->k[i].n);
+        iter = varr(k, V_ARR);
+    } else if (iter.t == V_UNDEF) { /* jinja2's Undefined iterates as empty */
+        jarr *k = new_arr(r, 0);
+        if (!k) return oom(r, x);
+        iter = varr(k, V_ARR);
+    } else if (iter.t == V_STR) { /* a str iterates over its characters */
+        jarr *k = new_arr(r, jj_cp_len(iter.u.s, iter.n));
+        if (!k) return oom(r, x);
+        for (size_t i = 0, q = 0; i < iter.n; q++) {
+            uint32_t cp;
+            int l = ms_utf8_dec(iter.u.s + i, iter.n - i, &cp);
+            k->v[q] = vstr(iter.u.s + i, (size_t)l);
+            i += (size_t)l;
+        }
         iter = varr(k, V_ARR);
     } else if (iter.t != V_ARR && iter.t != V_TUPLE) {
         return rerr(r, x, "expected an iterable or object in the for loop, got %s", type_name(iter.t));
@@ -2505,13 +2508,13 @@ static int exec_node(R *r, jenv *e, const jj_node *x, jj_buf *out) {
         jv body, res;
         MS_TRY(buf_to_str(r, x, &b, &body));
         MS_TRY(apply_filter(r, e, x, body, &res));
-        if (res.t == V_NULL || res.t == V_UNDEF) return RC_OK;
+        if (res.t == V_UNDEF) return RC_OK;
         return to_print(r, x, res, out);
     }
     default: {
         jv v;
         MS_TRY(eval(r, e, x, &v));
-        if (v.t == V_NULL || v.t == V_UNDEF) return RC_OK;
+        if (v.t == V_UNDEF) return RC_OK;
         return to_print(r, x, v, out);
     }
     }

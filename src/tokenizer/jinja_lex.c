@@ -39,7 +39,7 @@ static void emit(ptext *o, const ptext *in, size_t i) {
 static int space_at(const char *s, size_t n, size_t i) {
     if (i >= n) return 0;
     uint32_t cp;
-    int l = jj_utf8_dec(s + i, n - i, &cp);
+    int l = ms_utf8_dec(s + i, n - i, &cp);
     return jj_is_js_space(cp) ? l : 0;
 }
 
@@ -178,7 +178,7 @@ static void strip_trailing_ws(lexer *L) {
         size_t st = n - 1;
         while (st > 0 && ((unsigned char)t->s[st] & 0xC0) == 0x80 && n - st < 4) st--;
         uint32_t cp;
-        int l = jj_utf8_dec(t->s + st, n - st, &cp);
+        int l = ms_utf8_dec(t->s + st, n - st, &cp);
         if ((size_t)l != n - st || !jj_is_js_space(cp)) break;
         n = st;
     }
@@ -232,7 +232,7 @@ static int lex_string(lexer *L, char quote) {
                 L->pos += (size_t)len;
                 char enc[4];
                 if (v >= 0xD800 && v <= 0xDBFF) {
-                    if (pending_hi) jj_buf_put(&b, enc, (size_t)jj_utf8_enc(0xFFFD, enc));
+                    if (pending_hi) jj_buf_put(&b, enc, (size_t)ms_utf8_enc(0xFFFD, enc));
                     pending_hi = v;
                     continue;
                 }
@@ -241,10 +241,10 @@ static int lex_string(lexer *L, char quote) {
                     pending_hi = 0;
                 }
                 if (pending_hi) {
-                    jj_buf_put(&b, enc, (size_t)jj_utf8_enc(0xFFFD, enc));
+                    jj_buf_put(&b, enc, (size_t)ms_utf8_enc(0xFFFD, enc));
                     pending_hi = 0;
                 }
-                jj_buf_put(&b, enc, (size_t)jj_utf8_enc(v, enc));
+                jj_buf_put(&b, enc, (size_t)ms_utf8_enc(v, enc));
                 continue;
             }
             char u;
@@ -267,7 +267,7 @@ static int lex_string(lexer *L, char quote) {
             }
             if (pending_hi) {
                 char enc[4];
-                jj_buf_put(&b, enc, (size_t)jj_utf8_enc(0xFFFD, enc));
+                jj_buf_put(&b, enc, (size_t)ms_utf8_enc(0xFFFD, enc));
                 pending_hi = 0;
             }
             jj_buf_putc(&b, u);
@@ -275,7 +275,7 @@ static int lex_string(lexer *L, char quote) {
         }
         if (pending_hi) {
             char enc[4];
-            jj_buf_put(&b, enc, (size_t)jj_utf8_enc(0xFFFD, enc));
+            jj_buf_put(&b, enc, (size_t)ms_utf8_enc(0xFFFD, enc));
             pending_hi = 0;
         }
         jj_buf_putc(&b, c);
@@ -283,7 +283,7 @@ static int lex_string(lexer *L, char quote) {
     }
     if (pending_hi) {
         char enc[4];
-        jj_buf_put(&b, enc, (size_t)jj_utf8_enc(0xFFFD, enc));
+        jj_buf_put(&b, enc, (size_t)ms_utf8_enc(0xFFFD, enc));
     }
     L->pos++; /* closing quote */
     if (b.over) {
@@ -440,7 +440,7 @@ static int tokenize(lexer *L) {
             continue;
         }
         uint32_t cp;
-        jj_utf8_dec(s + p, n - p, &cp);
+        ms_utf8_dec(s + p, n - p, &cp);
         char msg[64];
         if (cp >= 0x20 && cp < 0x7F) snprintf(msg, sizeof msg, "unexpected character '%c'", (char)cp);
         else snprintf(msg, sizeof msg, "unexpected character U+%04X", cp);

@@ -179,7 +179,7 @@ static int dec_step(const tk_dec *d, plist *in, plist *out, int first, int more,
             int ok = 1;
             for (size_t j = 0; j < n && ok;) {
                 uint32_t cp;
-                int l = tk_utf8_dec(s + j, n - j, &cp);
+                int l = ms_utf8_dec_valid(s + j, n - j, &cp);
                 int b = tk_bytelevel_byte(cp);
                 if (b < 0) ok = 0;
                 else {
@@ -425,7 +425,7 @@ int ms_detok_push(ms_detok *d, int32_t id, char **buf, size_t *len, size_t *cap,
         /* never cut inside a character (the common prefix may end mid-way) */
         size_t j = stable - 1;
         while (j > 0 && ((unsigned char)d->full.p[j] & 0xC0) == 0x80) j--;
-        if (j + (size_t)tk_utf8_len((unsigned char)d->full.p[j]) <= stable) break;
+        if (j + (size_t)ms_utf8_len((unsigned char)d->full.p[j]) <= stable) break;
         stable = j;
     }
     if (stable > d->emitted) {

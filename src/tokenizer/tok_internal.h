@@ -8,6 +8,7 @@
 #define MS_TOKENIZER_TOK_INTERNAL_H
 
 #include "core/status.h"
+#include "core/utf8.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -22,22 +23,7 @@ int tk_buf_put(tk_buf *b, const void *data, size_t n);
 void tk_buf_free(tk_buf *b);
 
 /* ---- UTF-8 and Unicode properties ---- */
-/* Decodes one code point from valid UTF-8 (s[0..n), n >= 1); returns its byte length. */
-static inline int tk_utf8_dec(const unsigned char *s, size_t n, uint32_t *cp) {
-    unsigned c = s[0];
-    if (c < 0x80) { *cp = c; return 1; }
-    if (c < 0xE0 && n >= 2) { *cp = ((c & 0x1F) << 6) | (s[1] & 0x3F); return 2; }
-    if (c < 0xF0 && n >= 3) { *cp = ((c & 0x0F) << 12) | ((s[1] & 0x3F) << 6) | (s[2] & 0x3F); return 3; }
-    if (n >= 4) {
-        *cp = ((c & 0x07) << 18) | ((s[1] & 0x3F) << 12) | ((s[2] & 0x3F) << 6) | (s[3] & 0x3F);
-        return 4;
-    }
-    *cp = 0xFFFD;
-    return 1;
-}
-static inline int tk_utf8_len(unsigned char c) { return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4; }
-int tk_utf8_enc(uint32_t cp, char *out); /* writes 1..4 bytes, returns the count */
-
+/* Decoding/encoding single code points: core/utf8.h (ms_utf8_dec_valid, ms_utf8_len, ms_utf8_enc). */
 /* Byte length of the WHATWG-style replacement of s[0..n): invalid sequences become U+FFFD
  * (maximal subparts, as TextDecoder and Rust's from_utf8_lossy do). Returns 1 and a malloc'd
  * valid copy in *out when s was invalid, 0 when s is already valid (*out untouched), -1 on OOM. */

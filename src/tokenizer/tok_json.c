@@ -138,7 +138,7 @@ static int js_str(js *j, const char *field, tk_buf *out) {
                 return js_fail(j, field, "lone surrogate in \\u escape");
             }
             char enc[4];
-            int k = tk_utf8_enc(cp, enc);
+            int k = ms_utf8_enc(cp, enc);
             if (tk_buf_put(out, enc, (size_t)k)) return ms_errf(j->err, MS_ERR_NOMEM, "%s: out of memory", j->path);
             continue;
         }
@@ -544,7 +544,7 @@ static int add_pretok(ctx *c, json_t *o, const char *field, int depth) {
         if (r && !json_is_null(r)) {
             MS_TRY(dup_str(c, r, &p->lit, &p->lit_len, f));
             uint32_t cp;
-            if (p->lit_len == 0 || (size_t)tk_utf8_len((unsigned char)p->lit[0]) != p->lit_len ||
+            if (p->lit_len == 0 || (size_t)ms_utf8_len((unsigned char)p->lit[0]) != p->lit_len ||
                 tk_utf8_valid_prefix((const unsigned char *)p->lit, p->lit_len) != p->lit_len)
                 return bad(c, f, "expected one character");
             (void)cp;
@@ -579,7 +579,7 @@ static int add_pretok(ctx *c, json_t *o, const char *field, int depth) {
         t->n_pretoks++;
         snprintf(f, sizeof f, "%s.delimiter", field);
         MS_TRY(dup_str(c, json_object_get(o, "delimiter"), &p->lit, &p->lit_len, f));
-        if (p->lit_len == 0 || (size_t)tk_utf8_len((unsigned char)p->lit[0]) != p->lit_len) return bad(c, f, "expected one character");
+        if (p->lit_len == 0 || (size_t)ms_utf8_len((unsigned char)p->lit[0]) != p->lit_len) return bad(c, f, "expected one character");
         return 0;
     }
     if (!strcmp(ty, "Whitespace")) {
@@ -632,7 +632,7 @@ static int add_dec(ctx *c, json_t *o, const char *field, int depth) {
         d->kind = TK_D_STRIP;
         snprintf(f, sizeof f, "%s.content", field);
         MS_TRY(dup_str(c, json_object_get(o, "content"), &d->content, &d->content_len, f));
-        if (d->content_len == 0 || (size_t)tk_utf8_len((unsigned char)d->content[0]) != d->content_len)
+        if (d->content_len == 0 || (size_t)ms_utf8_len((unsigned char)d->content[0]) != d->content_len)
             return bad(c, f, "expected one character");
         json_t *a = json_object_get(o, "start"), *b = json_object_get(o, "stop");
         if (!json_is_integer(a) || !json_is_integer(b) || json_integer_value(a) < 0 || json_integer_value(b) < 0 ||
@@ -1044,7 +1044,7 @@ int tk_load_json(ms_tokenizer *t, const char *path, const char *buf, size_t len,
     t->byte_direct = !t->cont_prefix_len && !t->eow_suffix_len;
     for (int b = 0; b < 256; b++) {
         char enc[4];
-        int k = tk_utf8_enc(tk_bytelevel_char((unsigned)b), enc);
+        int k = ms_utf8_enc(tk_bytelevel_char((unsigned)b), enc);
         t->byte_id[b] = tk_vocab_find(t, enc, (size_t)k);
         if (t->byte_id[b] < 0) t->byte_direct = 0;
         char fb[8];
@@ -1057,7 +1057,7 @@ int tk_load_json(ms_tokenizer *t, const char *path, const char *buf, size_t len,
         if (!t->char_id) { rc = ms_errf(err, MS_ERR_NOMEM, "out of memory"); goto out; }
         for (uint32_t cp = 0; cp < 65536; cp++) {
             char enc[4];
-            int k = tk_utf8_enc(cp, enc);
+            int k = ms_utf8_enc(cp, enc);
             t->char_id[cp] = (cp >= 0xD800 && cp <= 0xDFFF) ? -1 : tk_vocab_find(t, enc, (size_t)k);
         }
     }

@@ -237,7 +237,7 @@ static int parse_escape(rx_parser *P, int *kind, uint32_t *cp, uint32_t *bits) {
             return unsup(P, "escape \\%c", c);
         if (c >= 0x80) {
             P->p--;
-            int l = tk_utf8_dec((const unsigned char *)P->p, (size_t)(P->end - P->p), cp);
+            int l = ms_utf8_dec_valid((const unsigned char *)P->p, (size_t)(P->end - P->p), cp);
             P->p += l;
             return 0;
         }
@@ -247,7 +247,7 @@ static int parse_escape(rx_parser *P, int *kind, uint32_t *cp, uint32_t *bits) {
 }
 
 static int next_cp(rx_parser *P, uint32_t *cp) {
-    int l = tk_utf8_dec((const unsigned char *)P->p, (size_t)(P->end - P->p), cp);
+    int l = ms_utf8_dec_valid((const unsigned char *)P->p, (size_t)(P->end - P->p), cp);
     P->p += l;
     return 0;
 }
@@ -548,7 +548,7 @@ static long m_seq(const rx_m *m, int seq, int idx, size_t pos, const rx_k *k) {
             if (nd->min == 1 && nd->max == 1) {
                 if (pos >= n) return -1;
                 uint32_t cp;
-                int l = s[pos] < 0x80 ? (cp = s[pos], 1) : tk_utf8_dec(s + pos, n - pos, &cp);
+                int l = s[pos] < 0x80 ? (cp = s[pos], 1) : ms_utf8_dec_valid(s + pos, n - pos, &cp);
                 if (!cls_has(r, c, cp)) return -1;
                 pos += (size_t)l;
                 continue;
@@ -557,7 +557,7 @@ static long m_seq(const rx_m *m, int seq, int idx, size_t pos, const rx_k *k) {
             int cnt = 0;
             while (cnt < nd->max && p < n) {
                 uint32_t cp;
-                int l = s[p] < 0x80 ? (cp = s[p], 1) : tk_utf8_dec(s + p, n - p, &cp);
+                int l = s[p] < 0x80 ? (cp = s[p], 1) : ms_utf8_dec_valid(s + p, n - p, &cp);
                 if (!cls_has(r, c, cp)) break;
                 p += (size_t)l;
                 cnt++;
@@ -701,7 +701,7 @@ int tk_regex_find(const tk_regex *r, const char *s, size_t n, size_t from, size_
                 if (e >= 0) { *ms = p; *me = (size_t)e; return 1; }
             }
             if (p == n) break;
-            p += (size_t)tk_utf8_len((unsigned char)s[p]);
+            p += (size_t)ms_utf8_len((unsigned char)s[p]);
         }
         return 0;
     }

@@ -41,19 +41,6 @@ void tk_buf_free(tk_buf *b) {
     b->len = b->cap = 0;
 }
 
-int tk_utf8_enc(uint32_t cp, char *o) {
-    unsigned char *u = (unsigned char *)o;
-    if (cp < 0x80) { u[0] = (unsigned char)cp; return 1; }
-    if (cp < 0x800) { u[0] = 0xC0 | (cp >> 6); u[1] = 0x80 | (cp & 0x3F); return 2; }
-    if (cp < 0x10000) {
-        u[0] = 0xE0 | (cp >> 12); u[1] = 0x80 | ((cp >> 6) & 0x3F); u[2] = 0x80 | (cp & 0x3F);
-        return 3;
-    }
-    u[0] = 0xF0 | (cp >> 18); u[1] = 0x80 | ((cp >> 12) & 0x3F);
-    u[2] = 0x80 | ((cp >> 6) & 0x3F); u[3] = 0x80 | (cp & 0x3F);
-    return 4;
-}
-
 /* Length of the valid sequence at s[i..n), or -(bytes to replace by one U+FFFD). WHATWG: the
  * bytes of a valid-so-far prefix are replaced together, the offending byte is looked at again. */
 static int utf8_step(const unsigned char *s, size_t n, size_t i) {
@@ -198,7 +185,7 @@ static int normalize_segment(int form, const char *s, size_t n, tk_buf *out) {
     int rc = 0;
     if (k < 0 || tk_buf_reserve(out, (size_t)k * 4)) rc = -1;
     else
-        for (utf8proc_ssize_t i = 0; i < k; i++) out->len += (size_t)tk_utf8_enc((uint32_t)buf[i], out->p + out->len);
+        for (utf8proc_ssize_t i = 0; i < k; i++) out->len += (size_t)ms_utf8_enc((uint32_t)buf[i], out->p + out->len);
     if (buf != stackbuf) free(buf);
     return rc;
 }
@@ -213,7 +200,7 @@ int tk_unicode_normalize(int form, const char *s, size_t n, tk_buf *out) {
         int l = 1, safe = 1;
         if (i < n) {
             if (u[i] < 0x80) { cp = u[i]; l = 1; }
-            else l = tk_utf8_dec(u + i, n - i, &cp);
+            else l = ms_utf8_dec_valid(u + i, n - i, &cp);
             safe = cp < 0x80 || norm_safe(cp, form);
         }
         if (safe) {
@@ -240,26 +227,26 @@ int tk_lowercase(const char *s, size_t n, tk_buf *out) {
     uint32_t prev_cased = 0;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        int l = tk_utf8_dec(u + i, n - i, &cp);
+        int l = ms_utf8_dec_valid(u + i, n - i, &cp);
         char enc[8];
         int k;
         if (cp == 0x130) {
-            k = tk_utf8_enc('i', enc);
-            k += tk_utf8_enc(0x307, enc + k);
+            k = ms_utf8_enc('i', enc);
+            k += ms_utf8_enc(0x307, enc + k);
         } else if (cp == 0x3A3) {
             /* Final sigma: preceded by a cased letter and not followed by one. */
             uint32_t next = 0;
             size_t j = i + (size_t)l;
             while (j < n) {
-                int l2 = tk_utf8_dec(u + j, n - j, &next);
+                int l2 = ms_utf8_dec_valid(u + j, n - j, &next);
                 if (!(tk_cat(next) & (TK_C_MN | TK_C_ME | TK_C_LM))) break;
                 next = 0;
                 j += (size_t)l2;
             }
             int next_cased = next && (tk_cat(next) & (TK_C_LU | TK_C_LL | TK_C_LT));
-            k = tk_utf8_enc(prev_cased && !next_cased ? 0x3C2 : 0x3C3, enc);
+            k = ms_utf8_enc(prev_cased && !next_cased ? 0x3C2 : 0x3C3, enc);
         } else {
-            k = tk_utf8_enc((uint32_t)utf8proc_tolower((utf8proc_int32_t)cp), enc);
+            k = ms_utf8_enc((uint32_t)utf8proc_tolower((utf8proc_int32_t)cp), enc);
         }
         uint32_t c = tk_cat(cp);
         if (c & (TK_C_LU | TK_C_LL | TK_C_LT)) prev_cased = 1;
@@ -274,7 +261,7 @@ int tk_strip_accents(const char *s, size_t n, tk_buf *out) {
     const unsigned char *u = (const unsigned char *)s;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        int l = tk_utf8_dec(u + i, n - i, &cp);
+        int l = ms_utf8_dec_valid(u + i, n - i, &cp);
         if (!(tk_cat(cp) & TK_C_MN) && tk_buf_put(out, s + i, (size_t)l)) return -1;
         i += (size_t)l;
     }
@@ -295,7 +282,7 @@ int tk_replace_all(const char *s, size_t n, const char *pat, size_t pl, const tk
             if (f < 0) return -1;
             if (!f) break;
             if (ms == me && last_match_end == (long)me) {
-                last_end += last_end < n ? (size_t)tk_utf8_len((unsigned char)s[last_end]) : 1;
+                last_end += last_end < n ? (size_t)ms_utf8_len((unsigned char)s[last_end]) : 1;
                 continue;
             }
             last_end = me;

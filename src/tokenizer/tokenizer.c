@@ -25,7 +25,7 @@ static size_t ws_prefix(const char *s, size_t n) {
     size_t i = 0;
     while (i < n) {
         uint32_t cp;
-        int l = tk_utf8_dec((const unsigned char *)s + i, n - i, &cp);
+        int l = ms_utf8_dec_valid((const unsigned char *)s + i, n - i, &cp);
         if (!tk_is_ws(cp)) break;
         i += (size_t)l;
     }
@@ -38,7 +38,7 @@ static size_t ws_suffix_start(const char *s, size_t n) {
         size_t j = i - 1;
         while (j > 0 && ((unsigned char)s[j] & 0xC0) == 0x80) j--;
         uint32_t cp;
-        tk_utf8_dec((const unsigned char *)s + j, i - j, &cp);
+        ms_utf8_dec_valid((const unsigned char *)s + j, i - j, &cp);
         if (!tk_is_ws(cp)) break;
         i = j;
     }
@@ -270,7 +270,7 @@ static int syms_reserve(enc *e, size_t n) {
 static int map_bytelevel(tk_buf *out, const char *s, size_t n) {
     out->len = 0;
     if (tk_buf_reserve(out, 2 * n + 1)) return -1;
-    for (size_t i = 0; i < n; i++) out->len += (size_t)tk_utf8_enc(tk_bytelevel_char((unsigned char)s[i]), out->p + out->len);
+    for (size_t i = 0; i < n; i++) out->len += (size_t)ms_utf8_enc(tk_bytelevel_char((unsigned char)s[i]), out->p + out->len);
     return 0;
 }
 
@@ -282,14 +282,14 @@ static int char_symbols(enc *e, const char *s, size_t n, size_t *nsym) {
     tk_buf *key = &e->scratch[t->n_pretoks];
     MS_TRY(syms_reserve(e, 4 * n + 2));
     for (size_t i = 0; i < n;) {
-        size_t l = (size_t)tk_utf8_len((unsigned char)s[i]);
+        size_t l = (size_t)ms_utf8_len((unsigned char)s[i]);
         if (l > n - i) l = n - i;
         const char *ks = s + i;
         size_t kl = l;
         int last = i + l >= n;
         if (t->char_id && l <= 3) {
             uint32_t cp;
-            tk_utf8_dec((const unsigned char *)s + i, l, &cp);
+            ms_utf8_dec_valid((const unsigned char *)s + i, l, &cp);
             int32_t cid = t->char_id[cp];
             if (cid >= 0) {
                 if (unk >= 0) { e->syms[k++].id = unk; unk = -1; }
@@ -494,7 +494,7 @@ static int split_run(enc *e, int st, const char *s, size_t n, int first, int bl,
             if (f < 0) return ms_errf(e->err, MS_ERR_RUNTIME, "tokenizer: regex engine failed in pre_tokenizer");
             if (!f) break;
             if (ms == me && last_match_end == (long)me) {
-                last_end += last_end < n ? (size_t)tk_utf8_len((unsigned char)s[last_end]) : 1;
+                last_end += last_end < n ? (size_t)ms_utf8_len((unsigned char)s[last_end]) : 1;
                 continue;
             }
             last_end = me;
@@ -516,7 +516,7 @@ static int split_run(enc *e, int st, const char *s, size_t n, int first, int bl,
     } else {
         for (size_t i = 0; i < n;) {
             uint32_t cp;
-            int l = tk_utf8_dec((const unsigned char *)s + i, n - i, &cp);
+            int l = ms_utf8_dec_valid((const unsigned char *)s + i, n - i, &cp);
             if (pred_ok(pred, cp, ch)) {
                 if (prev != i) MS_TRY(sp_entry(&p, prev, i, 0));
                 MS_TRY(sp_entry(&p, i, i + (size_t)l, 1));
@@ -562,7 +562,7 @@ static int pt_run(enc *e, int st, const char *s, size_t n, int first, int bl) {
         return split_run(e, st, s, n, first, 0, NULL, NULL, 0, PRED_PUNCT, 0, p->behavior, 0);
     case TK_PT_CHARDELIM: {
         uint32_t ch;
-        tk_utf8_dec((const unsigned char *)p->lit, p->lit_len, &ch);
+        ms_utf8_dec_valid((const unsigned char *)p->lit, p->lit_len, &ch);
         return split_run(e, st, s, n, first, 0, NULL, NULL, 0, PRED_CHAR, ch, TK_SPLIT_REMOVED, 0);
     }
     case TK_PT_WHITESPACE:
@@ -592,14 +592,14 @@ static int ends_with_word(const char *s, size_t n) {
     size_t j = n - 1;
     while (j > 0 && ((unsigned char)s[j] & 0xC0) == 0x80) j--;
     uint32_t cp;
-    tk_utf8_dec((const unsigned char *)s + j, n - j, &cp);
+    ms_utf8_dec_valid((const unsigned char *)s + j, n - j, &cp);
     return (tk_cat(cp) & (TK_C_L | TK_C_N | TK_C_MN | TK_C_MC)) != 0;
 }
 
 static int starts_with_word(const char *s, size_t n) {
     if (!n) return 0;
     uint32_t cp;
-    tk_utf8_dec((const unsigned char *)s, n, &cp);
+    ms_utf8_dec_valid((const unsigned char *)s, n, &cp);
     return (tk_cat(cp) & (TK_C_L | TK_C_N | TK_C_MN | TK_C_MC)) != 0;
 }
 

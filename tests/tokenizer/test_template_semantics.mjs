@@ -1,8 +1,11 @@
 // test_template_semantics.mjs - one small template per Jinja feature (statements, whitespace
-// control, operators, filters, tests, methods, undefined handling, errors), each rendered by the
-// oracle (@huggingface/jinja) and by `moeserve template --jsonl`, which must agree byte for byte
-// (or both fail). The snippets cover the engine beyond what real chat templates happen to use.
-import { oracleRender, moeserveRender, compare } from "../fixtures/templates/harness.mjs";
+// control, operators, filters, tests, methods, undefined handling, errors), each rendered by both
+// oracles (Python jinja2 as transformers sets it up, and @huggingface/jinja) and by `moeserve
+// template --jsonl`. moeserve must agree byte for byte with jinja2 (or both fail); the snippets in
+// STILL_JS are the documented gaps (docs/templates.md) where moeserve does not match jinja2 yet: they
+// are reported, not counted. The snippets cover the engine beyond what real
+// chat templates happen to use.
+import { oracleRender, moeserveRender, compare, jinja2RenderMany } from "../fixtures/templates/harness.mjs";
 
 const CTX = {
   s: "Hello World", u: "  Ünï 😀 café\n", e: "", n: 7, f: 2.5, fi: 3.0, neg: -4, b: true, nb: false, z: null,
@@ -124,16 +127,29 @@ const EXTENSIONS = [
     "a,b|c a|b|c a b|c x-y-z"],
 ];
 
+// Indices into CASES where moeserve does not match jinja2 yet (docs/templates.md, "not yet"): tuple unpacking of tuple literals, break keeping the iteration's output, varargs as a
+// tuple, string/list ordering, strict undefined attribute chains, zero slice steps, none/float
+// indexing, .length and int attributes, title/capitalize, dict views and generators, filters jinja2
+// lacks (bool, keys) or treats otherwise (list of a string, first of []), macro callability,
+// is odd on floats, test arguments without parentheses, raw blocks, non-string dict keys, exponent
+// literals, CRLF normalisation, lstrip_blocks on Unicode spaces, and a trailing "%}" line.
+const STILL_JS = new Set([30, 32, 50, 66, 74, 78, 79, 80, 81, 83, 85, 90, 91, 97, 98, 116, 117, 121, 122, 129, 130, 131, 141, 144, 145, 147, 150, 167, 172, 173, 178]);
+
 const jobs = CASES.map((src) => ({ template: src, messages: [], kwargs: CTX }));
 const got = moeserveRender([], jobs);
-let pass = 0, fail = 0;
+const py = jinja2RenderMany(CASES.map((src) => ({ src, jobs: [{ messages: [], kwargs: CTX }] }))).map((x) => x[0]);
+let pass = 0, fail = 0, disagree = 0, gaps = 0;
 CASES.forEach((src, i) => {
-  const want = oracleRender(src, { messages: [], kwargs: CTX });
-  const d = compare(want, got[i]);
-  if (d === null) pass++;
+  const js = oracleRender(src, { messages: [], kwargs: CTX });
+  if (compare(py[i], js) !== null) disagree++;
+  const d = compare(py[i], got[i]);
+  if (STILL_JS.has(i)) {
+    if (d !== null) gaps++;
+    else console.log(`case ${i} now matches jinja2: take it out of STILL_JS`);
+  } else if (d === null) pass++;
   else {
     fail++;
-    console.error(`FAIL case ${i} ${JSON.stringify(src)}: ${d}`);
+    console.error(`FAIL case ${i} ${JSON.stringify(src)}: ${d.replace("oracle", "jinja2")}`);
   }
 });
 const extGot = moeserveRender([], EXTENSIONS.map(([src]) => ({ template: src, messages: [], kwargs: EXT_CTX })));
@@ -145,6 +161,6 @@ EXTENSIONS.forEach(([src, want], i) => {
     console.error(`FAIL extension ${JSON.stringify(src)}: moeserve ${JSON.stringify(extGot[i])}, want ${JSON.stringify(want)} (oracle: ${JSON.stringify(oracle)})`);
   }
 });
-console.log(`${CASES.length} snippets, ${EXTENSIONS.length} extensions`);
+console.log(`${CASES.length} snippets compared with jinja2 (the oracles disagree on ${disagree}; ${gaps} known gaps not counted), ${EXTENSIONS.length} extensions`);
 console.log(`## test_template_semantics: ${pass} passed, ${fail} failed`);
 process.exit(fail ? 1 : 0);

@@ -447,7 +447,7 @@ static void test_regex_matches_oniguruma(void) {
             char s[400];
             size_t n = 0;
             int chars = (int)(rnd() % 60);
-            for (int c = 0; c < chars; c++) n += (size_t)tk_utf8_enc(pool[rnd() % (sizeof pool / sizeof pool[0])], s + n);
+            for (int c = 0; c < chars; c++) n += (size_t)ms_utf8_enc(pool[rnd() % (sizeof pool / sizeof pool[0])], s + n);
             size_t pa = 0;
             while (pa <= n) {
                 size_t s1, e1, s2, e2;
@@ -457,7 +457,7 @@ static void test_regex_matches_oniguruma(void) {
                     break;
                 }
                 if (f1 != 1) break;
-                pa = e1 > s1 ? e1 : s1 + (s1 < n ? (size_t)tk_utf8_len((unsigned char)s[s1]) : 1);
+                pa = e1 > s1 ? e1 : s1 + (s1 < n ? (size_t)ms_utf8_len((unsigned char)s[s1]) : 1);
             }
         }
         tk_regex_free(a);
