@@ -7,14 +7,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+void ms_fmt_roundtrip(char *buf, size_t cap, double v, int exp_form, int is_float) {
+    const int max_digits = is_float ? 9 : 17;
+    for (int p = 1; p <= max_digits; p++) {
+        if (exp_form) snprintf(buf, cap, "%.*e", p - 1, v);
+        else snprintf(buf, cap, "%.*g", p, v);
+        double back = strtod(buf, NULL);
+        if (is_float ? (float)back == (float)v : back == v) return;
+    }
+}
+
 int ms_fmt_shortest(double v, char digits[24], int *exp10) {
     char tmp[40];
-    int prec;
-    for (prec = 1; prec <= 17; prec++) {
-        snprintf(tmp, sizeof tmp, "%.*e", prec - 1, fabs(v));
-        if (strtod(tmp, NULL) == fabs(v)) break;
-    }
-    if (prec > 17) snprintf(tmp, sizeof tmp, "%.16e", fabs(v));
+    ms_fmt_roundtrip(tmp, sizeof tmp, fabs(v), 1, 0);
     int k = 0;
     const char *p = tmp;
     for (; *p && *p != 'e'; p++)

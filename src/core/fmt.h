@@ -6,6 +6,11 @@
 
 #include <stddef.h>
 
+/* Writes v into buf with the fewest significant digits that read back (strtod) as the same double,
+ * or the same float when is_float: "%.*e" layout when exp_form, else "%.*g". The one digit search
+ * behind every float printer (server metrics and JSON, the tool parser's repr, the templates'). */
+void ms_fmt_roundtrip(char *buf, size_t cap, double v, int exp_form, int is_float);
+
 /* Shortest round-trip digits of a finite, non-zero |v|: writes 1..17 decimal digits (no sign, no
  * dot, no trailing zeros) and a NUL to digits, and sets *exp10 so that |v| = d.ddd x 10^exp10.
  * Returns the digit count. */

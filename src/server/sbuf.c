@@ -108,23 +108,13 @@ char *ms_sbuf_take(ms_sbuf *b) {
 
 const char *ms_sbuf_str(const ms_sbuf *b) { return b->s ? b->s : ""; }
 
-void ms_fmt_shortest(char *buf, size_t cap, double v, int exp_form, int is_float) {
-    const int max_digits = is_float ? 9 : 17;
-    for (int p = 1; p <= max_digits; p++) {
-        if (exp_form) snprintf(buf, cap, "%.*e", p - 1, v);
-        else snprintf(buf, cap, "%.*g", p, v);
-        double back = strtod(buf, NULL);
-        if (is_float ? (float)back == (float)v : back == v) return;
-    }
-}
-
 static void add_shortest(ms_sbuf *b, double v, int is_float) {
     if (isfinite(v) && v == floor(v) && fabs(v) < 1e15) {
         ms_sbuf_printf(b, "%.0f", v);
         return;
     }
     char t[64];
-    ms_fmt_shortest(t, sizeof t, v, 0, is_float);
+    ms_fmt_roundtrip(t, sizeof t, v, 0, is_float);
     ms_sbuf_adds(b, t);
 }
 

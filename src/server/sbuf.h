@@ -6,6 +6,8 @@
 #ifndef MS_SERVER_SBUF_H
 #define MS_SERVER_SBUF_H
 
+#include "core/fmt.h"
+
 #include <stddef.h>
 
 typedef struct ms_sbuf {
@@ -30,10 +32,6 @@ void ms_sbuf_add_json_str(ms_sbuf *b, const char *s, size_t n);
 void ms_sbuf_add_double(ms_sbuf *b, double v);
 /* The same for a float: the shortest form that reads back as the same float (at most 9 digits). */
 void ms_sbuf_add_float(ms_sbuf *b, float v);
-/* Writes v into buf with the fewest significant digits that read back (strtod) as the same double,
- * or the same float when is_float: "%.*e" layout when exp_form, else "%.*g". The digit search
- * behind the printers above and the tool parser's Python-style repr. */
-void ms_fmt_shortest(char *buf, size_t cap, double v, int exp_form, int is_float);
 /* Drops the first n bytes. */
 void ms_sbuf_consume(ms_sbuf *b, size_t n);
 void ms_sbuf_clear(ms_sbuf *b);

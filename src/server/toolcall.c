@@ -55,7 +55,7 @@ static void dump_real(ms_sbuf *b, double d) {
     if (isnan(d)) { ms_sbuf_adds(b, "NaN"); return; }
     if (isinf(d)) { ms_sbuf_adds(b, d < 0 ? "-Infinity" : "Infinity"); return; }
     char buf[48];
-    ms_fmt_shortest(buf, sizeof buf, d, 1, 0);
+    ms_fmt_roundtrip(buf, sizeof buf, d, 1, 0);
     /* buf: [-]D[.DDD]e[+-]XX -> shortest digits + decimal exponent, then Python repr layout. */
     const char *s = buf;
     int neg = 0;

@@ -308,7 +308,7 @@ static void test_number_printers(void) {
         ms_sbuf_free(&b);
     }
     char buf[48];
-    ms_fmt_shortest(buf, sizeof buf, 0.1, 1, 0);
+    ms_fmt_roundtrip(buf, sizeof buf, 0.1, 1, 0);
     CHECK_STR(buf, "1e-01");
 }
 
