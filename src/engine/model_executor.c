@@ -62,6 +62,7 @@ struct exec_ctx {
     ms_comm *local_comms[MS_MAX_LOCAL_RANKS];
     unsigned char nccl_id[MS_COMM_NCCL_ID_BYTES];
     int use_nccl;
+    int with_comm; /* ranks run with a communicator (tp > 1, or forced for one rank) */
     ms_dist_ctl *ctl;
     int broken; /* atomic; broken_err and the control channel under bmu */
     pthread_mutex_t bmu;
@@ -170,7 +171,7 @@ static int rank_open(rank_st *r, ms_err *err) {
     const int page_size = o->page_size > 0 ? o->page_size : 16;
     const int max_batch = o->max_batch_tokens > 0 ? o->max_batch_tokens : 8192;
     if (!rc) rc = size_kv(o, r->m, r->b, page_size, max_batch, &r->kv_tokens, err);
-    if (!rc && x->tp > 1) {
+    if (!rc && x->with_comm) {
         if (x->use_nccl) rc = ms_comm_nccl_create(r->b, x->nccl_id, r->rank, x->tp, x->timeout_s, &r->comm, err);
         else if (x->nnodes > 1) rc = ms_comm_tcp_create(o->dist_init_addr, r->rank, x->tp, x->timeout_s, &r->comm, err);
         else r->comm = x->local_comms[r->local], x->local_comms[r->local] = NULL;
@@ -198,7 +199,7 @@ static int rank_graphs(rank_st *r, ms_err *err) {
     MS_LOGW("executor: rank %d: recording decode graphs at start-up failed (%s); continuing without them", r->rank,
             gerr.msg);
     /* under tensor parallelism a failed recording may have left the ranks' collectives out of step */
-    if (r->x->tp > 1) return ms_errf(err, MS_ERR_RUNTIME, "rank %d: %s", r->rank, gerr.msg);
+    if (r->x->with_comm) return ms_errf(err, MS_ERR_RUNTIME, "rank %d: %s", r->rank, gerr.msg);
     return MS_OK;
 }
 
@@ -344,7 +345,7 @@ static int is_broken(exec_ctx *x, ms_err *err) {
 
 static int exec_forward(void *ctx, const ms_batch *batch, float *logits, ms_err *err) {
     exec_ctx *x = ctx;
-    if (x->tp == 1) return ms_forward_run(x->f, batch, logits, err);
+    if (!x->threaded) return ms_forward_run(x->f, batch, logits, err);
     if (is_broken(x, err)) return MS_ERR_RUNTIME;
     int rc = MS_OK;
     if (x->nnodes > 1) {
@@ -414,7 +415,11 @@ static int plan_ranks(exec_ctx *x, const ms_exec_opts *o, ms_err *err) {
         return ms_errf(err, MS_ERR_INVALID, "flag --tp %d: %d ranks on one node exceed the %d this build runs per node", x->tp,
                        x->n_local, MS_MAX_LOCAL_RANKS);
     const char *dev = o->device ? o->device : "cpu";
-    if (x->tp > 1) {
+    /* MS_DIST_FORCE_COMM=1: one rank still runs through a communicator (its split code paths and, on
+     * a GPU, NCCL), so a machine with one GPU checks the collectives path (scripts/gpu-check.sh) */
+    const char *force = getenv("MS_DIST_FORCE_COMM");
+    x->with_comm = x->tp > 1 || (force && !strcmp(force, "1"));
+    if (x->with_comm) {
         const char *kind = ms_comm_kind_for_backend(dev, x->nnodes);
         char why[256] = "";
         if (!ms_dist_available(kind, why, sizeof why))
@@ -441,12 +446,12 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
         x->ranks[i] = (rank_st){.x = x, .local = i, .rank = x->node_rank * x->n_local + i};
     /* the communicators' rendezvous: an NCCL id shared by node 0; local ranks' handles; the control
      * channel that carries node 0's step plans to the other nodes */
-    if (!rc && x->tp > 1 && x->use_nccl) {
+    if (!rc && x->with_comm && x->use_nccl) {
         if (x->node_rank == 0) rc = ms_comm_nccl_unique_id(x->nccl_id, err);
         if (!rc && x->nnodes > 1)
             rc = ms_dist_bootstrap_share(o->dist_init_addr, x->node_rank, x->nnodes, x->timeout_s, x->nccl_id,
                                          sizeof x->nccl_id, err);
-    } else if (!rc && x->tp > 1 && x->nnodes == 1) {
+    } else if (!rc && x->with_comm && x->nnodes == 1) {
         rc = ms_comm_local_create(x->n_local, x->timeout_s, x->local_comms, err);
     }
     if (!rc && x->nnodes > 1) {
@@ -454,7 +459,7 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
         rc = ms_dist_ctl_addr(o->dist_init_addr, caddr, sizeof caddr, err);
         if (!rc) rc = ms_dist_ctl_open(caddr, x->node_rank, x->nnodes, x->timeout_s, &x->ctl, err);
     }
-    if (!rc && x->tp > 1) {
+    if (!rc && x->with_comm) {
         x->threaded = 1;
         pthread_mutex_init(&x->mu, NULL);
         pthread_cond_init(&x->go, NULL);
@@ -507,7 +512,7 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
         MS_LOGI("executor: %s on %s, KV cache %d pages x %d tokens (%.1f MiB per rank), max %d tokens per step%s",
                 x->m->cfg.model_type, x->b->name, x->fo.n_pages, page_size,
                 (double)ms_forward_kv_bytes_per_token(x->m, x->b) * x->fo.n_pages * page_size / 1048576.0, max_batch, "");
-        if (x->tp > 1)
+        if (x->with_comm)
             MS_LOGI("executor: %d ranks (tp %d, ep %d, %d node%s; this node runs ranks %d..%d), collectives: %s", x->tp, x->tp,
                     x->ep, x->nnodes, x->nnodes == 1 ? "" : "s", x->ranks[0].rank, x->ranks[x->n_local - 1].rank,
                     x->ranks[0].comm ? x->ranks[0].comm->name : "?");

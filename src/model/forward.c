@@ -156,9 +156,9 @@ int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_f
     if (m->shard.tp_size < 1) /* a model built by hand (tests) is one unsplit rank */
         MS_TRY(ms_shard_make(c, 1, 1, 0, &m->shard, err));
     const int tp = m->shard.tp_size;
-    if (tp > 1 && (!o->comm || o->comm->size != tp))
-        return ms_errf(err, MS_ERR_INVALID, "forward: the model is rank %d of a %d-way split but no communicator of %d ranks was given",
-                       m->shard.tp_rank, tp, tp);
+    if ((tp > 1 && !o->comm) || (o->comm && o->comm->size != tp))
+        return ms_errf(err, MS_ERR_INVALID, "forward: the model is rank %d of a %d-way split but the communicator has %d ranks",
+                       m->shard.tp_rank, tp, o->comm ? o->comm->size : 0);
     ms_forward *f = calloc(1, sizeof *f);
     if (!f) return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
     f->m = m;
@@ -190,7 +190,8 @@ int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_f
         (rc = alloc2(f, &f->lnorm, ad, f->lchunk, H, err)) ||
         (rc = alloc2(f, &f->logits, MS_F32, f->lchunk, c->vocab_size, err)))
         goto fail;
-    if (tp > 1) {
+    f->split = o->comm != NULL;
+    if (f->split) {
         if (!b->ops->embed_part || !b->ops->remap_ids) {
             rc = ms_errf(err, MS_ERR_UNSUPPORTED, "flag --tp %d: the %s backend cannot run a split model", tp, b->name);
             goto fail;
@@ -416,7 +417,7 @@ static int pack_upload(ms_forward *f, fw_dbatch *d, const ms_batch *bt, int meta
 
 /* Sums a [T, H] float32 partial result over the tensor-parallel ranks (no-op on one rank). */
 static int tp_sum(ms_forward *f, ms_tensor *t, ms_err *err) {
-    if (f->m->shard.tp_size <= 1) return MS_OK;
+    if (!f->split) return MS_OK;
     ms_comm *cm = f->o.comm;
     return cm->ops->all_reduce_sum(cm, t->data, (size_t)ms_tensor_numel(t), MS_F32, err);
 }
@@ -433,7 +434,7 @@ static void unpermute_logits(const ms_forward *f, float *dst, const float *src, 
  * parallelism) into logits_host [*, V]. */
 static int download_logits(ms_forward *f, float *logits_host, const float *dev, int r0, int n, ms_err *err) {
     const int64_t V = f->m->cfg.vocab_size;
-    if (f->m->shard.tp_size <= 1)
+    if (!f->split)
         return f->b->ops->download(f->b, logits_host + (int64_t)r0 * V, dev, sizeof(float) * (size_t)n * (size_t)V, err);
     MS_TRY(f->b->ops->download(f->b, f->h_gather, dev, sizeof(float) * (size_t)n * (size_t)V, err));
     unpermute_logits(f, logits_host + (int64_t)r0 * V, f->h_gather, n);
@@ -453,7 +454,7 @@ static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, i
     f->layer = 0;
     ms_tensor x = fw_view2(&f->x, T, H), a = fw_view2(&f->a, T, H), delta = fw_view2(&f->delta, T, H);
     const ms_shard *sh = &f->m->shard;
-    if (sh->tp_size > 1) { /* vocab-parallel: each rank embeds its rows, the sum is the embedding */
+    if (f->split) { /* vocab-parallel: each rank embeds its rows, the sum is the embedding */
         MS_TRY(op->embed_part(f->b, &f->m->embed, f->tok_d, T, sh->v0, &x, err));
         FW_PROF(f, "collectives", tp_sum(f, &x, err), err);
     } else {
@@ -496,13 +497,13 @@ static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, i
         const int64_t nv = sh->nv; /* this rank's vocabulary rows (all of them on one rank) */
         ms_tensor rows = fw_view2(&f->lrows, n, H), nrm = fw_view2(&f->lnorm, n, H), lg = fw_view2(&f->logits, n, nv);
         /* where the chunk's full rows end up: [n, V] on one rank, rank-major [tp][n][V/tp] on several */
-        float *dst = sh->tp_size > 1 ? f->lgather.data : lg.data;
+        float *dst = f->split ? f->lgather.data : lg.data;
         if (graph) dst = (float *)f->glogits.data + (int64_t)r0 * V;
-        if (graph && sh->tp_size == 1) lg.data = dst;
+        if (graph && !f->split) lg.data = dst;
         MS_TRY(op->gather_rows(f->b, &x, f->lidx_d + r0, n, &rows, err));
         MS_TRY(op->rmsnorm(f->b, &rows, &f->m->final_norm, c->rms_norm_eps, &nrm, err));
         FW_PROF(f, "lm_head", op->linear(f->b, &f->m->lm_head, &nrm, &lg, err), err);
-        if (sh->tp_size > 1) {
+        if (f->split) {
             ms_comm *cm = f->o.comm;
             FW_PROF(f, "collectives", cm->ops->all_gather(cm, lg.data, dst, (size_t)n * (size_t)nv, MS_F32, err), err);
         }
@@ -647,10 +648,10 @@ static int run_graph(ms_forward *f, const ms_batch *bt, float *logits_host, int 
             MS_TRY(op->graph_launch(f->b, x, err));
         }
     }
-    if (logits_host && f->m->shard.tp_size == 1)
+    if (logits_host && !f->split)
         FW_PROF(f, "logits_download",
                 op->download(f->b, logits_host, f->glogits.data, sizeof(float) * (size_t)T * (size_t)V, err), err);
-    for (int r0 = 0; logits_host && f->m->shard.tp_size > 1 && r0 < T; r0 += f->lchunk) /* chunks as gathered */
+    for (int r0 = 0; logits_host && f->split && r0 < T; r0 += f->lchunk) /* chunks as gathered */
         FW_PROF(f, "logits_download",
                 download_logits(f, logits_host, (float *)f->glogits.data + (int64_t)r0 * V, r0,
                                 T - r0 < f->lchunk ? T - r0 : f->lchunk, err), err);

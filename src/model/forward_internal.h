@@ -74,6 +74,7 @@ struct ms_forward {
     const ms_batch *batch;
     ms_attn_meta meta;
     int layer;
+    int split;      /* a communicator is given: the split code paths run (also with one rank) */
     int topk_valid; /* DSA: f->topk holds a sparse selection made by the last full indexer layer */
 };
 

@@ -165,7 +165,9 @@ typedef struct ms_forward_opts {
      * record/replay or while record_routing or profiling is on. */
     int graphs;
     /* Tensor parallelism: the communicator of the model's tp_size ranks (this rank's handle; buffers in
-     * this backend's memory). Required when the model is split, NULL otherwise. Not owned. */
+     * this backend's memory). Required when the model is split; given with one rank, the split code
+     * paths (vocab-parallel embedding, collectives, gathered logits) run as one-rank collectives, which
+     * is how one GPU checks the NCCL path. Not owned. */
     ms_comm *comm;
 } ms_forward_opts;
 
