@@ -17,9 +17,9 @@ row() { rows+=("$(printf '%-46s %-6s %s' "$1" "$2" "${3:-}")"); [ "$2" = FAIL ] 
 # with the CUDA-core kernels and cuBLASLt for bf16 (MS_CU_GEMV=gv2, MS_CU_BF16_GEMV_MAX_T=0) so both
 # paths stay checked; the forward cache test runs on the GPU with decode steps as CUDA graphs
 for variant in default gv2; do
-  for t in backend/test_cuda_ops moe/test_moe_cuda "model/test_forward_cache cuda"; do
+  for t in backend/test_cuda_ops moe/test_moe_cuda "model/test_forward_cache cuda" dist/test_comm_nccl; do
     bin=${t% *}
-    [ $variant = gv2 ] && [ "$bin" = model/test_forward_cache ] && continue
+    [ $variant = gv2 ] && { [ "$bin" = model/test_forward_cache ] || [ "$bin" = dist/test_comm_nccl ]; } && continue
     name=$t; [ $variant = gv2 ] && name="$t (gv2)"
     log="$OUT/$(basename $bin)$([ $variant = gv2 ] && echo _gv2).log"
     if [ ! -x "$BUILD/tests/$bin" ]; then row "$name" FAIL "not built"; continue; fi
@@ -35,11 +35,11 @@ for variant in default gv2; do
 done
 
 # 2. doctor (GPU facts, runner support, self-test vs the cpu runner, micro-benchmarks)
-timeout 300 "$BIN" doctor --bench >"$OUT/doctor.log" 2>&1
+timeout 300 "$BIN" doctor ${DOCTOR_FLAGS---bench} >"$OUT/doctor.log" 2>&1
 rc=$?
 if [ $rc = 0 ]; then row "moeserve doctor --bench" ok "$(grep -c ' ok$' "$OUT/doctor.log") self-test rows ok"; else row "moeserve doctor --bench" FAIL "rc=$rc"; fi
 
-# 3. fixture conformance and cached decode == full recompute
+# 3. fixture conformance and cached decode == full recompute, for each runner and through NCCL (one rank)
 if ! "$BIN" logits --help >/dev/null 2>&1 && ! "$BIN" logits 2>&1 | grep -qi 'flag\|usage\|model'; then
   row "fixtures" FAIL "moeserve logits not in this build"
 else
@@ -47,10 +47,14 @@ else
     fx=${fx%/}
     [ -f "$fx/ref.json" ] || continue
     name=$(basename "$fx")
-    for r in $RUNNERS; do
+    # the last pass runs the split code paths through NCCL with one rank (MS_DIST_FORCE_COMM=1):
+    # vocab-parallel embedding, all-reduces in the stream and in the recorded graphs, gathered logits
+    for r in $RUNNERS nccl1; do
       log="$OUT/fixtures.log"
       echo "=== $name runner=$r" >>"$log"
-      res=$(timeout 180 python3 - "$BIN" "$fx" "$r" "$OUT" 2>>"$log" <<'PY'
+      force=0; rr=$r
+      [ $r = nccl1 ] && force=1 && rr=auto
+      res=$(MS_DIST_FORCE_COMM=$force timeout 180 python3 - "$BIN" "$fx" "$rr" "$OUT" 2>>"$log" <<'PY'
 import json, os, subprocess, sys
 import numpy as np
 binp, fx, runner, out = sys.argv[1:5]

@@ -95,7 +95,8 @@ static double lin_bytes(const ms_linear *W) { return W->w.data ? (double)ms_line
 static double lin_params(const ms_linear *W) { return W->w.data ? (double)W->n_out * (double)W->n_in : 0; }
 
 typedef struct {
-    double attn, indexer, dense, router, shared, expert_each, lm_head; /* bytes */
+    double attn, indexer, dense, router, shared, expert_each, lm_head; /* bytes (this rank's part) */
+    double ep_frac; /* share of the routed experts this rank holds */
     double p_attn, p_indexer, p_dense, p_router, p_shared, p_expert, p_lm; /* params (sum over layers) */
 } weight_model;
 
@@ -128,13 +129,20 @@ static void model_weights(const ms_model *m, weight_model *w) {
     }
     w->lm_head = lin_bytes(&m->lm_head);
     w->p_lm = lin_params(&m->lm_head);
+    /* under expert parallelism a rank holds ne of the routed experts: its share of a step's routed
+     * experts (the record counts them over all experts) */
+    w->ep_frac = m->cfg.n_routed_experts > 0 ? (double)m->shard.ne / m->cfg.n_routed_experts : 1.0;
 }
 
-/* KV bytes one decode step reads for one sequence at context ctx. */
+/* KV bytes one decode step reads for one sequence at context ctx on one rank (a rank caches its
+ * share of a layer's KV: kv_bytes_per_token with and without the split gives it). */
 static double kv_read_bytes(const ms_model *m, const ms_backend *b, int ctx) {
     const ms_config *c = &m->cfg;
-    double es = (double)ms_dtype_size(b->act_dtype), n = 0;
-    for (int L = 0; L < c->num_layers; L++) n += c->arch->kv_read_bytes(c, L, ctx, es);
+    const size_t es = ms_dtype_size(b->act_dtype);
+    double n = 0;
+    for (int L = 0; L < c->num_layers; L++)
+        n += c->arch->kv_read_bytes(c, L, ctx, (double)es) * (double)c->arch->kv_bytes_per_token(c, L, es, m->shard.tp_size) /
+             (double)c->arch->kv_bytes_per_token(c, L, es, 1);
     return n;
 }
 
@@ -144,9 +152,9 @@ static double prefill_flops(const ms_model *m, const weight_model *w, int P) {
     double per_tok = 2.0 * (w->p_attn + w->p_indexer + w->p_dense + w->p_router + w->p_shared);
     int n_moe = 0;
     for (int L = 0; L < c->num_layers; L++) n_moe += m->layers[L].is_moe;
-    per_tok += 2.0 * n_moe * c->num_experts_per_tok * w->p_expert;
+    per_tok += 2.0 * n_moe * c->num_experts_per_tok * w->ep_frac * w->p_expert;
     double attn = 0, avg_ctx = (P + 1) / 2.0;
-    for (int L = 0; L < c->num_layers; L++) attn += c->arch->attn_flops(c, L, avg_ctx, P);
+    for (int L = 0; L < c->num_layers; L++) attn += c->arch->attn_flops(c, L, avg_ctx, P) / m->shard.tp_size;
     return (per_tok + attn) * P + 2.0 * w->p_lm;
 }
 
@@ -316,12 +324,13 @@ static int run_decode(const ms_executor *ex, ms_forward *fw, const ms_model *m, 
         r->routed_avg = routed_steps ? routed_total / routed_steps : 0;
         r->ms_step = t_total / steps * 1e3;
         r->tok_s = B * steps / t_total;
-        r->bytes_step = w->attn + w->dense + w->router + w->shared + n_moe * r->routed_avg * w->expert_each +
+        r->bytes_step = w->attn + w->dense + w->router + w->shared + n_moe * r->routed_avg * w->ep_frac * w->expert_each +
                         w->lm_head + w->indexer + B * kv_read_bytes(m, be, p_mid);
         r->gbs = r->bytes_step / (t_total / steps) / 1e9;
         r->pct = ce->mem_gbs > 0 ? 100.0 * r->gbs / ce->mem_gbs : 0;
         r->flops_step = B * (2.0 * (w->p_attn + w->p_indexer + w->p_dense + w->p_router + w->p_shared + w->p_lm) +
-                             2.0 * n_moe * m->cfg.num_experts_per_tok * w->p_expert + attn_flops_tok(m, p_mid));
+                             2.0 * n_moe * m->cfg.num_experts_per_tok * w->ep_frac * w->p_expert +
+                             attn_flops_tok(m, p_mid) / m->shard.tp_size);
         r->tflops = r->flops_step / (t_total / steps) / 1e12;
         r->pct_gemm = ce->gemm_tflops > 0 ? 100.0 * r->tflops / ce->gemm_tflops : 0;
     }
@@ -481,6 +490,9 @@ int cmd_bench_model(int argc, char **argv) {
         printf("device:     %s%s%d threads\n", be->name, gpu ? "" : ", ", nth);
         printf("model:      %s, %d layers, weights %s, %.1f MiB (loaded in %.2f s)\n", m->cfg.model_type, m->cfg.num_layers,
                m->quant_desc, total_bytes / 1048576.0, t_load);
+        if (m->shard.tp_size > 1)
+            printf("ranks:      tp %d, ep %d: bytes and FLOPs are one rank's share, ceilings one device's%s\n",
+                   m->shard.tp_size, m->shard.ep_size, gpu ? "" : " (CPU ranks share the memory and cores)");
         printf("ceiling:    %.2f GB/s %s", ce.mem_gbs, ce.mem_what);
         if (ce.gemm_tflops > 0) printf(", %.1f TFLOP/s bf16 GEMM", ce.gemm_tflops);
         printf("\n");

@@ -3,12 +3,15 @@
  * that diverges instead of showing up as wrong text.
  *
  * moeserve compare --model DIR [--a cuda] [--b cpu] [--moe-runner-backend NAME] [--ids 1,2,3]
- *                  [--load-format auto|dummy] [--device N]
- * Each backend loads its own copy of the model (placement rewrites weight pointers). Differences are
+ *                  [--load-format auto|dummy] [--device N] [--tp N] [--ep N]
+ * Each backend loads its own copy of the model (placement rewrites weight pointers); with --tp/--ep
+ * both sides run split, so `compare --a cpu --b cpu --tp 2` is not a split check but the same
+ * command as the unsplit one, as every command that runs a model takes the parallel flags. Differences are
  * max|a-b| / max|b| over all tokens and channels. Exit code 1 when the final logits differ by more
  * than 5e-2 relative or a forward fails. */
 #include "backend/backend.h"
 #include "common/args.h"
+#include "common/model_args.h"
 #include "core/dtype.h"
 #include "model/model.h"
 
@@ -46,74 +49,49 @@ static void on_layer(void *ctx, int layer, const ms_tensor *hidden) {
     s->hid[layer] = out;
 }
 
-/* Loads, places and runs the model on backend `name`; fills side and logits [T, V]. */
+/* Opens the model on backend `name` with the parallel flags of par (ranks as threads, one per
+ * device), runs the prompt once and fills side (each layer's residual stream, read on rank 0 where
+ * it is whole) and logits [T, V]. */
 static int run_side(const char *name, int device, const char *model_dir, const char *load_format, const char *runner,
-                    const int32_t *ids, int T, cmp_side *side, float **logits, int *vocab, ms_err *err) {
-    ms_load_opts lo;
-    memset(&lo, 0, sizeof lo);
-    lo.load_format = load_format;
-    lo.dummy_quant = "bf16";
-    lo.seed = 1;
+                    const ms_exec_opts *par, const int32_t *ids, int T, cmp_side *side, float **logits, int *vocab,
+                    ms_err *err) {
+    ms_exec_opts o = *par;
+    o.model_path = model_dir;
+    o.device = name;
+    o.device_index = device;
+    o.load_format = load_format;
+    o.dummy_quant = "bf16";
+    o.moe_runner = runner;
+    o.page_size = 16;
+    o.max_total_tokens = T + 16;
+    o.max_batch_tokens = T;
+    o.disable_graphs = 1;
+    o.on_layer = on_layer;
+    o.on_layer_ctx = side;
+    ms_executor ex;
     ms_model *m = NULL;
-    ms_forward *f = NULL;
-    ms_backend *b = NULL;
-    int rc = ms_backend_create(name, device, &b, err);
-    if (!rc) rc = ms_model_load(model_dir, &lo, &m, err);
-    if (!rc) rc = ms_model_place(m, b, err);
-    int page = 16, npages = (T + page - 1) / page + 1;
+    MS_TRY(ms_model_executor_open(&o, &ex, &m, err));
+    side->b = ms_model_executor_backend(&ex);
+    side->n_layers = m->cfg.num_layers;
+    side->T = T;
+    side->H = m->cfg.hidden_size;
+    side->hid = calloc((size_t)side->n_layers + 1, sizeof(float *));
+    *vocab = m->cfg.vocab_size;
+    *logits = malloc(sizeof(float) * (size_t)T * (size_t)*vocab);
+    int32_t *buf = malloc(sizeof(int32_t) * (size_t)(4 * T + 2));
+    int rc = side->hid && *logits && buf ? MS_OK : ms_errf(err, MS_ERR_NOMEM, "compare: out of memory");
     if (!rc) {
-        side->b = b;
-        side->n_layers = m->cfg.num_layers;
-        side->T = T;
-        side->H = m->cfg.hidden_size;
-        side->hid = calloc((size_t)side->n_layers + 1, sizeof(float *));
-        *vocab = m->cfg.vocab_size;
-        ms_forward_opts fo;
-        memset(&fo, 0, sizeof fo);
-        fo.max_tokens = T;
-        fo.n_pages = npages;
-        fo.page_size = page;
-        fo.moe_runner = runner;
-        fo.on_layer = on_layer;
-        fo.on_layer_ctx = side;
-        rc = ms_forward_create(m, b, &fo, &f, err);
-    }
-    int32_t *pos = NULL, *slots = NULL, *table = NULL, *lidx = NULL;
-    if (!rc) {
-        pos = malloc(sizeof(int32_t) * (size_t)T);
-        slots = malloc(sizeof(int32_t) * (size_t)T);
-        lidx = malloc(sizeof(int32_t) * (size_t)T);
-        table = malloc(sizeof(int32_t) * (size_t)npages);
-        *logits = malloc(sizeof(float) * (size_t)T * (size_t)*vocab);
-        for (int i = 0; i < T; i++) pos[i] = slots[i] = lidx[i] = i;
+        const int npages = (T + 15) / 16;
+        int32_t *pos = buf, *lidx = buf + T, *table = buf + 2 * T, seq_start[2] = {0, T}, ctx[1] = {T};
+        for (int i = 0; i < T; i++) pos[i] = lidx[i] = i;
         for (int i = 0; i < npages; i++) table[i] = i;
-        int32_t seq_start[2] = {0, T}, ctx[1] = {T};
-        ms_batch bt;
-        memset(&bt, 0, sizeof bt);
-        bt.n_tokens = T;
-        bt.n_seqs = 1;
-        bt.token_ids = ids;
-        bt.positions = pos;
-        bt.seq_start = seq_start;
-        bt.ctx_len = ctx;
-        bt.slot_mapping = slots;
-        bt.block_table = table;
-        bt.max_blocks = npages;
-        bt.page_size = page;
-        bt.n_logits = T;
-        bt.logit_idx = lidx;
-        rc = ms_forward_run(f, &bt, *logits, err);
+        /* pages in order: a token's slot is its position */
+        ms_batch bt = {T, 1, ids, pos, seq_start, ctx, pos, table, npages, 16, T, lidx};
+        rc = ex.forward(ex.ctx, &bt, *logits, err);
     }
-    free(pos);
-    free(slots);
-    free(table);
-    free(lidx);
-    ms_forward_free(f);
-    ms_model_free(m);
-    if (rc) {
-        ms_backend_destroy(b);
-        side->b = NULL;
-    }
+    free(buf);
+    side->b = NULL; /* the executor owns its backends */
+    ms_model_executor_close(&ex);
     return rc;
 }
 
@@ -137,6 +115,8 @@ int cmd_compare(int argc, char **argv) {
     const char *ids_s = ms_args_str(&a, "ids", "1,2,3,4,5,6,7,8");
     const char *lf = ms_args_str(&a, "load-format", "auto");
     int device = (int)ms_args_int(&a, "device", 0, &bad);
+    ms_exec_opts par = {0};
+    if (ms_parallel_args_parse(&a, "compare", &par)) bad = 1;
     if (bad || ms_args_check_unknown(&a, "compare")) {
         ms_args_free(&a);
         return 2;
@@ -158,15 +138,15 @@ int cmd_compare(int argc, char **argv) {
     int va = 0, vb = 0;
     ms_err err = {0};
     /* backend b's runner: "cpu" is the only runner there; runner names apply to backend a */
-    int rc = run_side(na, device, model, lf, runner, ids, T, &sa, &la, &va, &err);
+    int rc = run_side(na, device, model, lf, runner, &par, ids, T, &sa, &la, &va, &err);
     if (rc) fprintf(stderr, "compare: backend %s: %s\n", na, err.msg);
     if (!rc) {
-        rc = run_side(nb, device, model, lf, !strcmp(nb, "cpu") ? "auto" : runner, ids, T, &sb, &lb, &vb, &err);
+        rc = run_side(nb, device, model, lf, !strcmp(nb, "cpu") ? "auto" : runner, &par, ids, T, &sb, &lb, &vb, &err);
         if (rc) fprintf(stderr, "compare: backend %s: %s\n", nb, err.msg);
     }
     int status = rc ? 1 : 0;
     if (!rc) {
-        printf("compare %s vs %s, %d tokens, moe runner %s\n", na, nb, T, runner);
+        printf("compare %s vs %s, %d tokens, moe runner %s, tp %d ep %d\n", na, nb, T, runner, par.tp, par.ep);
         printf("%-8s %14s\n", "layer", "max rel diff");
         int n = sa.n_layers < sb.n_layers ? sa.n_layers : sb.n_layers;
         for (int l = 0; l <= n; l++) {
@@ -198,7 +178,6 @@ int cmd_compare(int argc, char **argv) {
     for (int k = 0; k < 2; k++) {
         for (int l = 0; sides[k]->hid && l <= sides[k]->n_layers; l++) free(sides[k]->hid[l]);
         free(sides[k]->hid);
-        ms_backend_destroy(sides[k]->b);
     }
     free(la);
     free(lb);

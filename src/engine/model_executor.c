@@ -183,6 +183,7 @@ static int rank_forward(rank_st *r, ms_err *err) {
     ms_forward_opts fo = r->x->fo;
     fo.comm = r->comm;
     if (r->rank != 0) fo.record = NULL; /* one record of the step's choices (replay goes to every rank) */
+    if (r->rank == 0) fo.on_layer = r->x->o.on_layer, fo.on_layer_ctx = r->x->o.on_layer_ctx;
     return ms_forward_create(r->m, r->b, &fo, &r->f, err);
 }
 

@@ -33,6 +33,9 @@ typedef struct ms_exec_opts {
     int nnodes, node_rank;       /* processes (nodes) of the run and this one's index (0 = serves) */
     const char *dist_init_addr;  /* HOST:PORT node 0 listens at (needed when nnodes > 1) */
     double dist_timeout_s;       /* bound on every collective and control message (0 = 60 s) */
+    /* Optional per-layer hook of rank 0's forward (see ms_forward_opts.on_layer; `compare`). */
+    void (*on_layer)(void *ctx, int layer, const ms_tensor *hidden);
+    void *on_layer_ctx;
 } ms_exec_opts;
 
 /* Opens everything; on success *out is ready for ms_engine_create and *model_out (may be NULL)
