@@ -200,7 +200,7 @@ static int rank_graphs(rank_st *r, ms_err *err) {
     MS_LOGW("executor: rank %d: recording decode graphs at start-up failed (%s); continuing without them", r->rank,
             gerr.msg);
     /* under tensor parallelism a failed recording may have left the ranks' collectives out of step */
-    if (r->x->with_comm) return ms_errf(err, MS_ERR_RUNTIME, "rank %d: %s", r->rank, gerr.msg);
+    if (r->x->tp > 1) return ms_errf(err, MS_ERR_RUNTIME, "rank %d: %s", r->rank, gerr.msg);
     return MS_OK;
 }
 
