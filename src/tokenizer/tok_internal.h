@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "core/utf8.h"
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -219,5 +220,68 @@ typedef struct tk_cleanup {
 int tk_cleanup_feed(tk_cleanup *c, const char *s, size_t n, tk_buf *out);
 int tk_cleanup_flush(tk_cleanup *c, tk_buf *out);
 int tk_load_json(ms_tokenizer *t, const char *path, const char *buf, size_t len, ms_err *err);
+
+/* ---- tokenizer.json loading (tok_json.c, tok_json_vocab.c, tok_json_sections.c) ---- */
+
+#define TK_MAX_ID (1 << 26) /* token ids are below this */
+
+/* Scanner cursor: p moves through [p, e) of the file that starts at b (for byte offsets in errors). */
+typedef struct {
+    const char *b, *p, *e;
+    const char *path;
+    ms_err *err;
+} tk_js;
+
+/* Byte span of one JSON value in the file. */
+typedef struct {
+    const char *s, *e; /* value span; s == NULL when absent */
+} tk_span;
+
+/* One model.vocab entry: its id and where its text lies in the loading arena. */
+typedef struct {
+    int32_t id;
+    uint32_t off, len;
+} tk_vent;
+
+/* The tokenizer being filled and where the jansson section parsers report errors. */
+typedef struct {
+    ms_tokenizer *t;
+    const char *path;
+    ms_err *err;
+} tk_ctx;
+
+/* Skips JSON whitespace. */
+static inline void tk_js_ws(tk_js *j) {
+    while (j->p < j->e && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t')) j->p++;
+}
+/* Hash of a token's text for the vocab table. */
+static inline uint32_t tk_slot_hash(const char *s, size_t n) { return (uint32_t)tk_hash(s, n); }
+
+/* Sets j->err to "<path>: <field>: <what> at byte N" (with the element index while one is being
+ * read); returns the error code. */
+int tk_js_fail(tk_js *j, const char *field, const char *what);
+/* Scans an object at j->p, recording the spans of the wanted keys (others skipped); 0, or
+ * nonzero with j->err set. */
+int tk_js_object_spans(tk_js *j, const char *field, const char *const *keys, tk_span *spans, int nkeys);
+/* Reads model.vocab at j->p: token texts NUL-terminated into arena, (id, offset, length) entries
+ * into a malloc'd *ents_out (*n_out of them); 0, or -1 with j->err set. */
+int tk_parse_vocab(ms_tokenizer *t, tk_js *j, tk_buf *arena, tk_vent **ents_out, int *n_out);
+/* Reads model.merges at j->p (either "a b" strings or [a, b] pairs) into t's merge table;
+ * 0, or nonzero with j->err set. */
+int tk_parse_merges(ms_tokenizer *t, tk_js *j);
+/* Parses the byte span sp with jansson; NULL with j->err set (naming field) on a syntax error. */
+json_t *tk_load_span(tk_js *j, tk_span sp, const char *field);
+/* Sets c->err to "<path>: <field>: <what>" (MS_ERR_FORMAT); returns the error code. */
+int tk_bad(tk_ctx *c, const char *field, const char *what);
+/* o[key] as a boolean into *out (def when absent or null); an error when it is another type. */
+int tk_get_bool(tk_ctx *c, json_t *o, const char *key, int def, int *out, const char *field);
+/* malloc'd NUL-terminated copy of JSON string v (and its length); an error when v is not a string. */
+int tk_dup_str(tk_ctx *c, json_t *v, char **out, size_t *len, const char *field);
+/* Append the normalizer / pre-tokenizer / decoder / post-processor described by o (Sequences
+ * flattened, nesting bounded by depth) to c->t; errors name field. */
+int tk_add_norm(tk_ctx *c, json_t *o, const char *field, int depth);
+int tk_add_pretok(tk_ctx *c, json_t *o, const char *field, int depth);
+int tk_add_dec(tk_ctx *c, json_t *o, const char *field, int depth);
+int tk_add_post(tk_ctx *c, json_t *o, const char *field, int depth);
 
 #endif
