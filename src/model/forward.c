@@ -125,7 +125,6 @@ void ms_forward_free(ms_forward *f) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free_t(f, all[i]);
     graphs_reset(f);
     free(f->h_pack);
-    free(f->h_gather);
     free(f->routed);
     free(f->h_ids);
     free(f->h_rlog);
@@ -196,13 +195,8 @@ int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_f
             rc = ms_errf(err, MS_ERR_UNSUPPORTED, "flag --tp %d: the %s backend cannot run a split model", tp, b->name);
             goto fail;
         }
-        /* rank-major gathered logits [tp][rows][V/tp] of one lm_head chunk, and its host staging */
+        /* rank-major gathered logits [tp][rows][V/tp] of one lm_head chunk */
         if ((rc = alloc2(f, &f->lgather, MS_F32, f->lchunk, c->vocab_size, err))) goto fail;
-        f->h_gather = malloc(sizeof(float) * (size_t)f->lchunk * (size_t)c->vocab_size);
-        if (!f->h_gather) {
-            rc = ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
-            goto fail;
-        }
     }
     if (any_moe) {
         int k = c->num_experts_per_tok;
@@ -422,25 +416,6 @@ static int tp_sum(ms_forward *f, ms_tensor *t, ms_err *err) {
     return cm->ops->all_reduce_sum(cm, t->data, (size_t)ms_tensor_numel(t), MS_F32, err);
 }
 
-/* Copies n gathered logit rows, laid out rank-major [tp][n][V/tp], into dst [n][V]. */
-static void unpermute_logits(const ms_forward *f, float *dst, const float *src, int n) {
-    const int tp = f->m->shard.tp_size;
-    const int64_t nv = f->m->shard.nv, V = f->m->cfg.vocab_size;
-    for (int r = 0; r < tp; r++)
-        for (int i = 0; i < n; i++) memcpy(dst + i * V + r * nv, src + ((int64_t)r * n + i) * nv, sizeof(float) * (size_t)nv);
-}
-
-/* Downloads n logit rows starting at row r0 from dev (this chunk's rows; gathered layout under tensor
- * parallelism) into logits_host [*, V]. */
-static int download_logits(ms_forward *f, float *logits_host, const float *dev, int r0, int n, ms_err *err) {
-    const int64_t V = f->m->cfg.vocab_size;
-    if (!f->split)
-        return f->b->ops->download(f->b, logits_host + (int64_t)r0 * V, dev, sizeof(float) * (size_t)n * (size_t)V, err);
-    MS_TRY(f->b->ops->download(f->b, f->h_gather, dev, sizeof(float) * (size_t)n * (size_t)V, err));
-    unpermute_logits(f, logits_host + (int64_t)r0 * V, f->h_gather, n);
-    return MS_OK;
-}
-
 /* The step once its arrays are on the device: embedding, layers, final norm and lm_head for the
  * bt->n_logits rows. graph = 0: each chunk of logits is downloaded into logits_host (when not NULL:
  * under tensor parallelism only rank 0 asks for them) as the step goes; graph = 1: the rows go to
@@ -496,16 +471,25 @@ static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, i
         int n = bt->n_logits - r0 < f->lchunk ? bt->n_logits - r0 : f->lchunk;
         const int64_t nv = sh->nv; /* this rank's vocabulary rows (all of them on one rank) */
         ms_tensor rows = fw_view2(&f->lrows, n, H), nrm = fw_view2(&f->lnorm, n, H), lg = fw_view2(&f->logits, n, nv);
-        /* where the chunk's full rows end up: [n, V] on one rank, rank-major [tp][n][V/tp] on several */
-        float *dst = f->split ? f->lgather.data : lg.data;
-        if (graph) dst = (float *)f->glogits.data + (int64_t)r0 * V;
+        /* where the chunk's rows [n, V] end up: the graph's logits buffer, or the eager staging buffer */
+        float *dst = graph ? (float *)f->glogits.data + (int64_t)r0 * V : lg.data;
         if (graph && !f->split) lg.data = dst;
         MS_TRY(op->gather_rows(f->b, &x, f->lidx_d + r0, n, &rows, err));
         MS_TRY(op->rmsnorm(f->b, &rows, &f->m->final_norm, c->rms_norm_eps, &nrm, err));
         FW_PROF(f, "lm_head", op->linear(f->b, &f->m->lm_head, &nrm, &lg, err), err);
         if (f->split) {
+            /* every rank's columns, gathered rank-major [tp][n][V/tp], then laid out as rows [n, V] on
+             * the device (the local rows were consumed by the gather before dst is written) */
             ms_comm *cm = f->o.comm;
-            FW_PROF(f, "collectives", cm->ops->all_gather(cm, lg.data, dst, (size_t)n * (size_t)nv, MS_F32, err), err);
+            FW_PROF(f, "collectives", cm->ops->all_gather(cm, lg.data, f->lgather.data, (size_t)n * (size_t)nv, MS_F32, err),
+                    err);
+            ms_tensor full = ms_tensor_2d(MS_F32, n, V);
+            full.data = dst;
+            for (int r = 0; r < sh->tp_size; r++) {
+                ms_tensor part = ms_tensor_2d(MS_F32, n, nv);
+                part.data = (float *)f->lgather.data + (int64_t)r * n * nv;
+                MS_TRY(op->set_cols(f->b, &part, (int)(r * nv), &full, err));
+            }
         }
         if (f->o.check_numerics) {
             /* logit rows r0.. map to tokens logit_idx[r0..] */
@@ -515,7 +499,9 @@ static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, i
                 return ms_errf(err, MS_ERR_NUMERICS, "final op lm_head token position %d produced NaN/Inf",
                                bt->positions[bt->logit_idx[r0 + bad]]);
         }
-        if (!graph && logits_host) FW_PROF(f, "logits_download", download_logits(f, logits_host, dst, r0, n, err), err);
+        if (!graph && logits_host)
+            FW_PROF(f, "logits_download",
+                    op->download(f->b, logits_host + (int64_t)r0 * V, dst, sizeof(float) * (size_t)n * (size_t)V, err), err);
     }
     return MS_OK;
 }
@@ -648,13 +634,9 @@ static int run_graph(ms_forward *f, const ms_batch *bt, float *logits_host, int 
             MS_TRY(op->graph_launch(f->b, x, err));
         }
     }
-    if (logits_host && !f->split)
+    if (logits_host)
         FW_PROF(f, "logits_download",
                 op->download(f->b, logits_host, f->glogits.data, sizeof(float) * (size_t)T * (size_t)V, err), err);
-    for (int r0 = 0; logits_host && f->split && r0 < T; r0 += f->lchunk) /* chunks as gathered */
-        FW_PROF(f, "logits_download",
-                download_logits(f, logits_host, (float *)f->glogits.data + (int64_t)r0 * V, r0,
-                                T - r0 < f->lchunk ? T - r0 : f->lchunk, err), err);
     *done = 1;
     return op->sync(f->b, err);
 }

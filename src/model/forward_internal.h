@@ -50,7 +50,6 @@ struct ms_forward {
     int32_t *h_sel;                             /* host [T, index_topk] (record/replay only) */
     ms_tensor lrows, lnorm, logits;             /* [lchunk, H], [lchunk, H], F32 [lchunk, V] */
     ms_tensor lgather;                          /* tensor parallelism: F32 [lchunk, V] gathered rank-major */
-    float *h_gather;                            /* host staging of one gathered chunk [lchunk * V] */
     ms_tensor moe_ws;                           /* U8 */
     /* batch arrays in backend memory (eager steps) and the step's current token ids / logit rows */
     fw_dbatch db;
