@@ -225,6 +225,11 @@ static int parse_root(ms_cfg_reader *c, ms_config *cfg) {
     MS_TRY(ms_cfg_int(c, r, "n_group", 1, 2, &cfg->n_group));
     MS_TRY(ms_cfg_int(c, r, "topk_group", 1, 2, &cfg->topk_group));
     MS_TRY(ms_cfg_bool(c, r, "norm_topk_prob", 1, &cfg->norm_topk_prob));
+    json_t *tkm = ms_cfg_get(r, "topk_method"); /* absent: noaux_tc, the routing both architectures define */
+    if (tkm && !json_is_string(tkm)) return ms_cfg_bad(c, "topk_method", "must be a string");
+    if (tkm && strcmp(json_string_value(tkm), "noaux_tc"))
+        return ms_errf(c->err, MS_ERR_UNSUPPORTED, "%s: field 'topk_method' is '%.64s'; only 'noaux_tc' (score + e_score_correction_bias) is supported",
+                       c->path, json_string_value(tkm));
     double rsf;
     MS_TRY(ms_cfg_double(c, r, "routed_scaling_factor", 1.0, 2, &rsf));
     cfg->routed_scaling_factor = (float)rsf;

@@ -578,7 +578,9 @@ static int load_layer(lctx *c, int L, ms_layer *ly) {
         MS_TRY(load_linear(c, NM("mlp.gate"), E, H, MS_GROUP_ROUTER, 0, 0, MS_SPLIT_NONE, &ly->router));
         if (ly->router.fmt != MS_WFMT_PLAIN)
             return ms_errf(c->err, MS_ERR_UNSUPPORTED, "%s: router '%s' is quantized; routers must be stored as float", c->dir, ly->router.name);
-        MS_TRY(load_tensor1(c, NM("mlp.gate.e_score_correction_bias"), E, c->dummy, MS_GROUP_ROUTER, MS_DUMMY_BIAS, &ly->router_bias));
+        /* noaux_tc routing (the only topk_method of both architectures; config.c refuses others) selects
+         * experts by score + e_score_correction_bias: without the bias the logits would be silently wrong. */
+        MS_TRY(load_tensor1(c, NM("mlp.gate.e_score_correction_bias"), E, 1, MS_GROUP_ROUTER, MS_DUMMY_BIAS, &ly->router_bias));
         if (ly->router_bias.data && ly->router_bias.dtype != MS_F32) { /* contract: F32 */
             ms_tensor f = ms_tensor_make(MS_F32, 1, &E);
             f.data = ms_model_alloc(c->m, ms_tensor_nbytes(&f));

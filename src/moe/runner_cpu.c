@@ -118,22 +118,42 @@ typedef struct {
     int64_t H;
 } comb_ctx;
 
+#define COMB_SORT_MAX 64
+
 static void comb_fn(void *p, int64_t b, int64_t en, int wk) {
     comb_ctx *c = p;
     for (int64_t t = b; t < en; t++) {
-        int ord[64];
+        /* Summed in ascending (expert id, slot) order so the result does not depend on the router's
+         * order. Up to COMB_SORT_MAX slots: insertion sort into a stack array; more (a legal config,
+         * num_experts_per_tok > 64): selection of the next slot in that order, O(topk^2) but no storage. */
         const int32_t *id = c->ids + t * c->topk;
-        for (int j = 0; j < c->topk; j++) { /* insertion sort by expert id */
-            int k = j;
-            while (k > 0 && id[ord[k - 1]] > id[j]) { ord[k] = ord[k - 1]; k--; }
-            ord[k] = j;
-        }
         float *o = c->out + t * c->H;
         memset(o, 0, (size_t)c->H * 4);
-        for (int j = 0; j < c->topk; j++) {
-            int a = c->a_inv[t * c->topk + ord[j]];
-            if (a < 0) continue; /* held by another rank */
-            ms_cpu_axpy(c->w[t * c->topk + ord[j]], c->part + (int64_t)a * c->H, o, c->H);
+        if (c->topk <= COMB_SORT_MAX) {
+            int ord[COMB_SORT_MAX];
+            for (int j = 0; j < c->topk; j++) {
+                int k = j;
+                while (k > 0 && id[ord[k - 1]] > id[j]) { ord[k] = ord[k - 1]; k--; }
+                ord[k] = j;
+            }
+            for (int j = 0; j < c->topk; j++) {
+                int a = c->a_inv[t * c->topk + ord[j]];
+                if (a < 0) continue; /* held by another rank */
+                ms_cpu_axpy(c->w[t * c->topk + ord[j]], c->part + (int64_t)a * c->H, o, c->H);
+            }
+            continue;
+        }
+        int prev = -1; /* the slot summed last */
+        for (int n = 0; n < c->topk; n++) {
+            int best = -1;
+            for (int j = 0; j < c->topk; j++) {
+                int after_prev = prev < 0 || id[j] > id[prev] || (id[j] == id[prev] && j > prev);
+                if (after_prev && (best < 0 || id[j] < id[best] || (id[j] == id[best] && j < best))) best = j;
+            }
+            prev = best;
+            int a = c->a_inv[t * c->topk + best];
+            if (a < 0) continue;
+            ms_cpu_axpy(c->w[t * c->topk + best], c->part + (int64_t)a * c->H, o, c->H);
         }
     }
 }
@@ -153,7 +173,7 @@ static void gath_fn(void *p, int64_t b, int64_t en, int wk) {
 static int cpu_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, const int32_t *ids, const float *w, int topk,
                    ms_tensor *out, void *workspace, size_t ws_bytes, ms_err *err) {
     MS_ASSERT(x->dtype == MS_F32 && out->dtype == MS_F32);
-    MS_ASSERT(topk >= 1 && topk <= 64 && e->n >= 1);
+    MS_ASSERT(topk >= 1 && e->n >= 1); /* any topk: config.c bounds it by n_routed_experts */
     const int64_t H = x->shape[x->ndim - 1], T = ms_tensor_numel(x) / H, I = e->gate[0].n_in == H ? e->gate[0].n_out : -1;
     MS_ASSERT(I > 0 && ms_tensor_numel(out) == T * H);
     ms_pool *pool = ms_cpu_pool();

@@ -112,6 +112,7 @@ static void mk_bad_hdr_json(const char *d) {
     if (fd >= 0) close(fd);
 }
 static void mk_missing(const char *d) { tiny_opts o = {.omit = "model.layers.1.mlp.experts.4.down_proj.weight"}; tiny_write(d, &o); }
+static void mk_no_router_bias(const char *d) { tiny_opts o = {.omit = "model.layers.1.mlp.gate.e_score_correction_bias"}; tiny_write(d, &o); }
 static void mk_shape(const char *d) { tiny_opts o = {.bad_shape = "model.layers.2.mlp.shared_experts.up_proj.weight"}; tiny_write(d, &o); }
 
 /* config.json edits: replace the first occurrence of `from` with `to` */
@@ -158,6 +159,7 @@ static void mk_cfg_neg(const char *d) { base(d); cfg_set_raw(d, "hidden_size", "
 static void mk_cfg_zero(const char *d) { base(d); cfg_set_raw(d, "num_attention_heads", "0"); }
 static void mk_cfg_type(const char *d) { base(d); cfg_replace(d, "\"glm4_moe\"", "\"llama\""); }
 static void mk_cfg_inf(const char *d) { base(d); cfg_set_raw(d, "routed_scaling_factor", "1e999"); }
+static void mk_cfg_topk_method(const char *d) { base(d); cfg_replace(d, "\"hidden_size\": 64,", "\"hidden_size\": 64, \"topk_method\": \"greedy\","); }
 static void mk_decl(const char *d) {
     base(d);
     char p[1024];
@@ -198,12 +200,14 @@ static const bad_case g_cases[] = {
     {"shape_overflow", "model.layers.0.self_attn.k_proj.weight", "overflow", mk_overflow},
     {"unknown_dtype", "model.layers.0.self_attn.k_proj.weight", "F4_E2M1", mk_dtype},
     {"missing_tensor", "model.layers.1.mlp.experts.4.down_proj.weight", "missing", mk_missing},
+    {"missing_router_bias", "model.layers.1.mlp.gate.e_score_correction_bias", "missing", mk_no_router_bias},
     {"wrong_shape", "model.layers.2.mlp.shared_experts.up_proj.weight", "[33, 64]", mk_shape},
     {"malformed_config_json", "config.json", "malformed JSON", mk_cfg_json},
     {"nan_in_config", "config.json", "rms_norm_eps", mk_cfg_nan},
     {"inf_in_config", "config.json", "routed_scaling_factor", mk_cfg_inf},
     {"negative_in_config", "config.json", "hidden_size", mk_cfg_neg},
     {"zero_in_config", "config.json", "num_attention_heads", mk_cfg_zero},
+    {"unsupported_topk_method", "config.json", "topk_method", mk_cfg_topk_method},
     {"unknown_model_type", "config.json", "glm4_moe, glm_moe_dsa", mk_cfg_type},
     {"quant_decl_mismatch", "hf_quant_config.json", "model.layers.1.mlp.experts.0.gate_proj", mk_decl},
     {"index_lists_absent_tensor", "model.safetensors.index.json", "model.layers.0.mlp.phantom.weight", mk_index},
@@ -234,7 +238,7 @@ static char *g_root;
     }
 CASE_FN(0) CASE_FN(1) CASE_FN(2) CASE_FN(3) CASE_FN(4) CASE_FN(5) CASE_FN(6) CASE_FN(7) CASE_FN(8) CASE_FN(9)
 CASE_FN(10) CASE_FN(11) CASE_FN(12) CASE_FN(13) CASE_FN(14) CASE_FN(15) CASE_FN(16) CASE_FN(17) CASE_FN(18)
-CASE_FN(19) CASE_FN(20) CASE_FN(21)
+CASE_FN(19) CASE_FN(20) CASE_FN(21) CASE_FN(22) CASE_FN(23)
 
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--write")) {
@@ -246,12 +250,12 @@ int main(int argc, char **argv) {
         }
         return 0;
     }
-    _Static_assert(N_CASES == 22, "add a CASE_FN line for every case");
+    _Static_assert(N_CASES == 24, "add a CASE_FN line for every case");
     g_root = tiny_tmpdir("bad");
     if (!g_root) return 1;
     RUN(case_0); RUN(case_1); RUN(case_2); RUN(case_3); RUN(case_4); RUN(case_5); RUN(case_6); RUN(case_7);
     RUN(case_8); RUN(case_9); RUN(case_10); RUN(case_11); RUN(case_12); RUN(case_13); RUN(case_14); RUN(case_15);
-    RUN(case_16); RUN(case_17); RUN(case_18); RUN(case_19); RUN(case_20); RUN(case_21);
+    RUN(case_16); RUN(case_17); RUN(case_18); RUN(case_19); RUN(case_20); RUN(case_21); RUN(case_22); RUN(case_23);
     tiny_rmrf(g_root);
     free(g_root);
     return TEST_SUMMARY();

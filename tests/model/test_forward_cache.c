@@ -92,7 +92,10 @@ static ms_linear lin(int fmt, int64_t N, int64_t K, int bias) {
     return W;
 }
 
-enum { V = 97, H = 64, INTER = 96, MI = 32, NEXP = 8, TOPK = 3 };
+enum { V = 97, H = 64, INTER = 96, MI = 32 };
+/* Dims the odd-dims test changes (legal configs the fast paths do not cover: kv_lora_rank not a
+ * multiple of 16, num_experts_per_tok above 64, a rotary dim above 1024); the defaults otherwise. */
+static int NEXP = 8, TOPK = 3, KVL = 32, HD = 16, ROT = 8;
 
 static void common_cfg(ms_config *c, int layers, int grouped) {
     c->vocab_size = V;
@@ -162,19 +165,19 @@ static ms_model *build_glm4(int efmt, int afmt, int grouped) {
     common_cfg(c, 3, grouped);
     c->num_heads = 4;
     c->num_kv_heads = 2;
-    c->head_dim = 16;
-    c->rotary_dim = 8;
+    c->head_dim = HD;
+    c->rotary_dim = ROT;
     c->use_qk_norm = 1;
     c->attention_bias = 1;
     m->layers = amalloc(sizeof(ms_layer) * 3);
     for (int L = 0; L < 3; L++) {
         ms_layer *l = &m->layers[L];
-        l->q_proj = lin(afmt, 4 * 16, H, 1);
-        l->k_proj = lin(afmt, 2 * 16, H, 1);
-        l->v_proj = lin(afmt, 2 * 16, H, 1);
-        l->o_proj = lin(afmt, H, 4 * 16, 0);
-        l->q_norm = vec_bf16(16, 1.0f, 0.2f);
-        l->k_norm = vec_bf16(16, 1.0f, 0.2f);
+        l->q_proj = lin(afmt, 4 * HD, H, 1);
+        l->k_proj = lin(afmt, 2 * HD, H, 1);
+        l->v_proj = lin(afmt, 2 * HD, H, 1);
+        l->o_proj = lin(afmt, H, 4 * HD, 0);
+        l->q_norm = vec_bf16(HD, 1.0f, 0.2f);
+        l->k_norm = vec_bf16(HD, 1.0f, 0.2f);
         build_mlp(m, l, L, efmt);
     }
     build_top(m);
@@ -192,7 +195,7 @@ static ms_model *build_dsa(int index_topk, int grouped) {
     c->num_heads = 4;
     c->num_kv_heads = 4;
     c->q_lora_rank = 48;
-    c->kv_lora_rank = 32;
+    c->kv_lora_rank = KVL;
     c->qk_nope_head_dim = 16;
     c->qk_rope_head_dim = 8;
     c->v_head_dim = 16;
@@ -209,9 +212,9 @@ static ms_model *build_dsa(int index_topk, int grouped) {
         l->q_a_proj = lin(MS_WFMT_PLAIN, 48, H, 0);
         l->q_a_norm = vec_bf16(48, 1.0f, 0.2f);
         l->q_b_proj = lin(MS_WFMT_PLAIN, 4 * 24, 48, 0);
-        l->kv_a_proj = lin(MS_WFMT_PLAIN, 32 + 8, H, 0);
-        l->kv_a_norm = vec_bf16(32, 1.0f, 0.2f);
-        l->kv_b_proj = lin(MS_WFMT_PLAIN, 4 * 32, 32, 0);
+        l->kv_a_proj = lin(MS_WFMT_PLAIN, KVL + 8, H, 0);
+        l->kv_a_norm = vec_bf16(KVL, 1.0f, 0.2f);
+        l->kv_b_proj = lin(MS_WFMT_PLAIN, 4 * 32, KVL, 0);
         l->o_proj = lin(MS_WFMT_PLAIN, H, 4 * 16, 0);
         if (full[L]) {
             l->has_indexer = 1;
@@ -367,6 +370,20 @@ static void test_dsa_cache(void) {
     afree_all();
 }
 
+/* Legal configs off the fast paths (issue 17): they used to abort on an assertion. */
+static void test_odd_dims(void) {
+    KVL = 24;
+    check_model(placed(build_dsa(4, 0)), "glm_moe_dsa kv_lora_rank 24");
+    KVL = 32;
+    NEXP = 72, TOPK = 66;
+    check_model(placed(build_glm4(MS_WFMT_PLAIN, MS_WFMT_PLAIN, 0)), "glm4_moe 66 of 72 experts");
+    NEXP = 8, TOPK = 3;
+    HD = 1040, ROT = 1040;
+    check_model(placed(build_glm4(MS_WFMT_PLAIN, MS_WFMT_PLAIN, 0)), "glm4_moe rotary dim 1040");
+    HD = 16, ROT = 8;
+    afree_all();
+}
+
 /* The sparse path must actually change the result (otherwise the test above proves little). */
 static void test_dsa_sparse_differs(void) {
     uint64_t seed = g_rng;
@@ -488,6 +505,7 @@ int main(int argc, char **argv) {
     RUN(test_glm4_cache);
     RUN(test_dsa_cache);
     RUN(test_dsa_sparse_differs);
+    RUN(test_odd_dims);
     RUN(test_graph_decode);
     RUN(test_check_numerics);
     RUN(test_bad_batch);

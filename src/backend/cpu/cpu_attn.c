@@ -307,7 +307,7 @@ int cpu_mla_absorb_q(ms_backend *b, const ms_linear *kv_b, const ms_tensor *q, i
     MS_ASSERT(q->dtype == MS_F32 && out->dtype == MS_F32);
     cpu_impl *c = cpu_of(b);
     int64_t kvl = kv_b->n_in, T = ms_tensor_numel(q) / ((int64_t)nh * (dn + dr));
-    MS_ASSERT(kv_b->n_out == (int64_t)nh * (dn + dv) && kvl % 16 == 0);
+    MS_ASSERT(kv_b->n_out == (int64_t)nh * (dn + dv)); /* any kvl: an NVFP4 kv_b has n_in % 16 == 0 (loader) */
     MS_ASSERT(ms_tensor_numel(q) == T * nh * (dn + dr) && ms_tensor_numel(out) == T * nh * (kvl + dr));
     MS_TRY(cpu_scratch(c, (size_t)(T <= MS_CPU_FUSED_MAX_T ? kvl : (int64_t)dn * kvl), err));
     absorb_ctx ac = {kv_b, q->data, out->data, T, nh, dn, dr, dv, kvl, c->scr, c->scr_per};

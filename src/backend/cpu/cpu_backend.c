@@ -381,29 +381,34 @@ typedef struct {
     const float *inv_freq;
 } rope_ctx;
 
+#define ROPE_CHUNK 512 /* rotary pairs whose cos/sin sit on the stack at a time (any rotary dim works) */
+
 static void rope_fn(void *p, int64_t b, int64_t e, int w) {
     rope_ctx *c = p;
-    float cs[512], sn[512];
+    float cs[ROPE_CHUNK], sn[ROPE_CHUNK];
     for (int64_t t = b; t < e; t++) {
         float pos = (float)c->pos[t];
-        for (int i = 0; i < c->half; i++) {
-            float ang = c->inv_freq[i] * pos; /* float32 angle as transformers computes it */
-            cs[i] = (float)cos((double)ang);
-            sn[i] = (float)sin((double)ang);
-        }
-        for (int64_t h = 0; h < c->nh; h++) {
-            float *v = c->x + (t * c->nh + h) * c->d + c->rot_off;
-            if (c->interleaved) {
-                for (int i = 0; i < c->half; i++) {
-                    float a = v[2 * i], bb = v[2 * i + 1];
-                    v[2 * i] = a * cs[i] - bb * sn[i];
-                    v[2 * i + 1] = bb * cs[i] + a * sn[i];
-                }
-            } else {
-                for (int i = 0; i < c->half; i++) {
-                    float a = v[i], bb = v[i + c->half];
-                    v[i] = a * cs[i] - bb * sn[i];
-                    v[i + c->half] = bb * cs[i] + a * sn[i];
+        for (int i0 = 0; i0 < c->half; i0 += ROPE_CHUNK) {
+            int n = c->half - i0 < ROPE_CHUNK ? c->half - i0 : ROPE_CHUNK;
+            for (int i = 0; i < n; i++) {
+                float ang = c->inv_freq[i0 + i] * pos; /* float32 angle as transformers computes it */
+                cs[i] = (float)cos((double)ang);
+                sn[i] = (float)sin((double)ang);
+            }
+            for (int64_t h = 0; h < c->nh; h++) {
+                float *v = c->x + (t * c->nh + h) * c->d + c->rot_off;
+                if (c->interleaved) {
+                    for (int i = 0; i < n; i++) {
+                        float a = v[2 * (i0 + i)], bb = v[2 * (i0 + i) + 1];
+                        v[2 * (i0 + i)] = a * cs[i] - bb * sn[i];
+                        v[2 * (i0 + i) + 1] = bb * cs[i] + a * sn[i];
+                    }
+                } else {
+                    for (int i = 0; i < n; i++) {
+                        float a = v[i0 + i], bb = v[i0 + i + c->half];
+                        v[i0 + i] = a * cs[i] - bb * sn[i];
+                        v[i0 + i + c->half] = bb * cs[i] + a * sn[i];
+                    }
                 }
             }
         }
@@ -413,9 +418,13 @@ static void rope_fn(void *p, int64_t b, int64_t e, int w) {
 static int cpu_rope(ms_backend *b, ms_tensor *x, const int32_t *pos, const ms_rope_cfg *rc, ms_err *err) {
     check_f32(x);
     MS_ASSERT(x->ndim == 3 && rc->rot_dim % 2 == 0 && rc->rot_off >= 0 && rc->rot_off + rc->rot_dim <= x->shape[2]);
-    MS_ASSERT(rc->rot_dim <= 1024);
-    float inv[512];
+    float inv_small[ROPE_CHUNK];
     int half = rc->rot_dim / 2;
+    float *inv = inv_small;
+    if (half > ROPE_CHUNK) { /* a rotary dim above 1024: legal, rare; one small allocation per call */
+        inv = malloc(sizeof(float) * (size_t)half);
+        if (!inv) return ms_errf(err, MS_ERR_NOMEM, "rope: out of memory for %d inverse frequencies", half);
+    }
     for (int i = 0; i < half; i++) {
         /* transformers: 1 / base ** (arange(0, dim, 2).float() / dim), all float32 */
         float ex = (float)(2 * i) / (float)rc->rot_dim;
@@ -423,6 +432,7 @@ static int cpu_rope(ms_backend *b, ms_tensor *x, const int32_t *pos, const ms_ro
     }
     rope_ctx c = {x->data, pos, x->shape[1], x->shape[2], rc->rot_off, half, rc->interleaved, inv};
     ms_pool_run(cpu_of(b)->pool, x->shape[0], ms_cpu_grain(8.0 * x->shape[1] * half + 40.0 * half), rope_fn, &c);
+    if (inv != inv_small) free(inv);
     return MS_OK;
 }
 
