@@ -120,6 +120,7 @@ static void end_request(ms_engine *e, ms_request *r, int finish, const char *err
 
 /* vLLM semantics: the request's stop ids always stop; the executor's eos ids unless ignore_eos. */
 static int is_stop(const ms_engine *e, const ms_request *r, int32_t tok) {
+    if (r->n_tokens - r->n_prompt < REQ_EXT(r)->sp.min_tokens) return 0; /* min_tokens: nothing stops yet */
     for (int i = 0; i < REQ_EXT(r)->sp.n_stop_ids; i++) if (REQ_EXT(r)->sp.stop_ids[i] == tok) return 1;
     if (REQ_EXT(r)->sp.ignore_eos) return 0;
     for (int i = 0; i < e->exec.n_eos; i++) if (e->exec.eos_ids[i] == tok) return 1;

@@ -14,6 +14,7 @@
 
 #define MS_MAX_TOP_LOGPROBS 20
 #define MS_MAX_STOP_IDS 64
+#define MS_MAX_LOGIT_BIAS 300 /* entries of a request's logit_bias (OpenAI's documented limit) */
 
 /* How the model is run. `forward` fills logits [batch->n_logits, vocab] (float32, host). The
  * executor owns the KV memory (n_pages pages of page_size tokens per layer). A forward that fails
@@ -57,6 +58,11 @@ typedef struct ms_sampling {
     int32_t stop_ids[MS_MAX_STOP_IDS];
     int logprobs;             /* 1 = report the sampled token's logprob */
     int top_logprobs;         /* 0..MS_MAX_TOP_LOGPROBS */
+    int min_tokens;           /* stop ids (and the executor's eos) neither sampled nor stopping before
+                               * this many new tokens (vLLM semantics); 0 = off */
+    int n_logit_bias;         /* OpenAI logit_bias: added to the logits of bias_ids before sampling */
+    int32_t bias_ids[MS_MAX_LOGIT_BIAS];
+    float bias_vals[MS_MAX_LOGIT_BIAS];
 } ms_sampling;
 
 /* Fills the neutral defaults (greedy off: temperature 1, top_p 1, no penalties, max_tokens 16).

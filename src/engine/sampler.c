@@ -124,6 +124,17 @@ static void apply_penalties(ms_sampler *s, const ms_sampling *sp, const int32_t 
     }
 }
 
+/* logit_bias, then min_tokens' masking of the stop ids (sampler.h step 2b). */
+static void apply_bias(ms_sampler *s, const ms_sampling *sp, int n_prompt, int n_tokens) {
+    int V = s->vocab;
+    for (int i = 0; i < sp->n_logit_bias && i < MS_MAX_LOGIT_BIAS; i++)
+        if (sp->bias_ids[i] >= 0 && sp->bias_ids[i] < V && s->work[sp->bias_ids[i]] > -INFINITY)
+            s->work[sp->bias_ids[i]] += sp->bias_vals[i];
+    if (n_tokens - n_prompt < sp->min_tokens)
+        for (int i = 0; i < sp->n_stop_ids && i < MS_MAX_STOP_IDS; i++)
+            if (sp->stop_ids[i] >= 0 && sp->stop_ids[i] < V) s->work[sp->stop_ids[i]] = -INFINITY;
+}
+
 static int is_greedy(const ms_sampling *sp) { return sp->temperature <= 0.0f || sp->top_k == 1; }
 
 /* Bucket of a token for the top_p histogram: monotone in (max - logit) / T, about 100 per nat. */
@@ -139,7 +150,7 @@ int ms_sampler_dist(ms_sampler *s, const ms_sampling *sp, const float *logits, c
     *ids = s->cand;
     *probs = s->prob;
     const int pen = (sp->repetition_penalty > 0 && sp->repetition_penalty != 1.0f) || sp->frequency_penalty != 0.0f ||
-                    sp->presence_penalty != 0.0f;
+                    sp->presence_penalty != 0.0f || sp->n_logit_bias > 0 || n_tokens - n_prompt < sp->min_tokens;
     if (is_greedy(sp) && !pen) {
         /* argmax without copying the row: a max pass the compiler vectorises (NaN never wins, +inf
          * counts as FLT_MAX as below), then the first index holding it */
@@ -167,6 +178,7 @@ int ms_sampler_dist(ms_sampler *s, const ms_sampling *sp, const float *logits, c
         w[i] = v != v ? -INFINITY : v > FLT_MAX ? FLT_MAX : v;
     }
     apply_penalties(s, sp, tokens, n_prompt, n_tokens);
+    apply_bias(s, sp, n_prompt, n_tokens);
     int best = 0;
     for (int i = 1; i < V; i++) if (w[i] > w[best]) best = i;
     if (is_greedy(sp) || w[best] == -INFINITY) {

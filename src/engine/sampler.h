@@ -5,6 +5,8 @@
  *      divided by the penalty, a negative one multiplied;
  *   2. frequency/presence penalties (OpenAI): logit -= frequency * count + presence * (count > 0),
  *      counting generated tokens only;
+ *   2b. logit_bias (OpenAI): bias_vals[i] added to the logit of bias_ids[i]; then, while fewer than
+ *      min_tokens new tokens exist, every stop id gets -inf (it can be drawn only if nothing else can);
  *   3. temperature 0 (or top_k == 1): greedy argmax, lowest id on ties; otherwise logits / T;
  *   4. top_k, then top_p, then min_p, each on the distribution left by the previous one
  *      (renormalized): top_k keeps the k largest; top_p keeps the shortest run of largest

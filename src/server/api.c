@@ -322,6 +322,58 @@ static int parse_prompt(const ms_api_limits *lim, json_t *body, ms_api_req *r, m
     return 0;
 }
 
+/* logit_bias: {"token id": bias in [-100, 100], ...}, at most MS_MAX_LOGIT_BIAS entries. */
+static int parse_logit_bias(json_t *b, int vocab, ms_sampling *sp, ms_api_error *e) {
+    json_t *lb = json_object_get(b, "logit_bias");
+    if (!lb || json_is_null(lb)) return 0;
+    if (!json_is_object(lb)) return WRONG_TYPE(e, "logit_bias", lb, "an object mapping token ids to numbers");
+    if (json_object_size(lb) > MS_MAX_LOGIT_BIAS)
+        return ms_api_fail(e, 400, BAD, "logit_bias", NULL, "'logit_bias' has %zu entries; at most %d are allowed.",
+                           json_object_size(lb), MS_MAX_LOGIT_BIAS);
+    const char *k;
+    json_t *v;
+    json_object_foreach(lb, k, v) {
+        char *end;
+        long long id = strtoll(k, &end, 10);
+        if (!*k || *end || id < 0 || (vocab > 0 && id >= vocab))
+            return ms_api_fail(e, 400, BAD, "logit_bias", NULL, "'logit_bias' key '%.40s' is not a token id in [0, %d).", k,
+                               vocab);
+        if (!json_is_number(v)) return WRONG_TYPE(e, "logit_bias", v, "a number for each token id");
+        double d = json_number_value(v);
+        if (!isfinite(d) || d < -100 || d > 100)
+            return ms_api_fail(e, 400, BAD, "logit_bias", NULL, "'logit_bias' of token %lld is %g; it must be in [-100, 100].",
+                               id, d);
+        sp->bias_ids[sp->n_logit_bias] = (int32_t)id;
+        sp->bias_vals[sp->n_logit_bias++] = (float)d;
+    }
+    return 0;
+}
+
+/* Fields of the OpenAI API this server does not implement: refused with a 400 naming them rather
+ * than accepted and ignored (a client relying on them would get silently different output). */
+static int refuse_unimplemented(json_t *b, ms_api_error *e) {
+    static const char *const never[] = {"suffix", "functions", "function_call", "prediction", "audio"};
+    for (size_t i = 0; i < sizeof never / sizeof *never; i++) {
+        json_t *v = json_object_get(b, never[i]);
+        if (v && !json_is_null(v) && !(json_is_string(v) && !json_string_length(v)))
+            return ms_api_fail(e, 400, BAD, never[i], NULL, "'%s' is not supported by this server.", never[i]);
+    }
+    json_t *bo = json_object_get(b, "best_of");
+    if (bo && !json_is_null(bo) && !(json_is_integer(bo) && json_integer_value(bo) == 1))
+        return ms_api_fail(e, 400, BAD, "best_of", NULL, "'best_of' other than 1 is not supported by this server.");
+    json_t *mo = json_object_get(b, "modalities");
+    if (mo && !json_is_null(mo)) {
+        size_t i;
+        json_t *m;
+        if (!json_is_array(mo)) return WRONG_TYPE(e, "modalities", mo, "an array");
+        json_array_foreach(mo, i, m) {
+            if (!json_is_string(m) || strcmp(json_string_value(m), "text"))
+                return ms_api_fail(e, 400, BAD, "modalities", NULL, "'modalities' other than [\"text\"] is not supported by this server.");
+        }
+    }
+    return 0;
+}
+
 int ms_api_parse(const ms_api_limits *lim, int is_chat, const char *body, size_t len, ms_api_req *r,
                  ms_api_error *e) {
     memset(r, 0, sizeof *r);
@@ -408,6 +460,14 @@ int ms_api_parse(const ms_api_limits *lim, int is_chat, const char *body, size_t
         for (int i = 0; i < n; i++) sp->stop_ids[sp->n_stop_ids++] = ids[i];
         free(ids);
     }
+    x = 0;
+    MS_TRY(get_int(b, "min_tokens", 0, ctx, &x, e));
+    sp->min_tokens = (int)x;
+    if (sp->max_tokens > 0 && sp->min_tokens > sp->max_tokens)
+        return ms_api_fail(e, 400, BAD, "min_tokens", NULL, "'min_tokens' (%d) must not exceed 'max_tokens' (%d).",
+                           sp->min_tokens, sp->max_tokens);
+    MS_TRY(parse_logit_bias(b, lim->vocab_size, sp, e));
+    MS_TRY(refuse_unimplemented(b, e));
     /* logprobs: chat = boolean + top_logprobs; completions = integer count */
     json_t *lp = json_object_get(b, "logprobs");
     if (is_chat) {

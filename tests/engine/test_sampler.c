@@ -159,6 +159,43 @@ static void test_penalties_by_hand(void) {
     ms_sampler_destroy(&s);
 }
 
+/* logit_bias shifts the logits before temperature; min_tokens masks the stop ids until enough new
+ * tokens exist, greedy or not. */
+static void test_logit_bias_min_tokens(void) {
+    ms_sampler s;
+    ms_err err = {0};
+    CHECK_EQ_INT(ms_sampler_init(&s, 3, &err), MS_OK);
+    float logits[3] = {2, -2, 1};
+    int32_t tok[4] = {0, 1, 1, 1};
+    ms_sampling sp;
+    ms_sampling_default(&sp);
+    sp.n_logit_bias = 2;
+    sp.bias_ids[0] = 1, sp.bias_vals[0] = 3.0f;   /* token1: -2 + 3 = 1 */
+    sp.bias_ids[1] = 2, sp.bias_vals[1] = -1.0f;  /* token2: 1 - 1 = 0 */
+    const int32_t *ids;
+    const float *probs;
+    double got[3];
+    int n = ms_sampler_dist(&s, &sp, logits, tok, 1, 1, &ids, &probs);
+    dense(ids, probs, n, 3, got);
+    double z = exp(2.0) + exp(1.0) + exp(0.0);
+    CHECK_CLOSE(got[0], exp(2.0) / z, 1e-6);
+    CHECK_CLOSE(got[1], exp(1.0) / z, 1e-6);
+    CHECK_CLOSE(got[2], exp(0.0) / z, 1e-6);
+    ms_sampling_default(&sp);
+    sp.temperature = 0;
+    sp.n_stop_ids = 1;
+    sp.stop_ids[0] = 0; /* the greedy choice is a stop id */
+    sp.min_tokens = 3;
+    uint64_t rng[4];
+    ms_rng_seed(rng, 1);
+    ms_token_event ev;
+    CHECK_EQ_INT(ms_sampler_sample(&s, &sp, logits, tok, 1, 3, rng, &ev), 2); /* 2 new tokens < 3: masked */
+    CHECK_EQ_INT(ms_sampler_sample(&s, &sp, logits, tok, 1, 4, rng, &ev), 0); /* 3 new tokens: allowed */
+    sp.temperature = 1;
+    for (int i = 0; i < 50; i++) CHECK(ms_sampler_sample(&s, &sp, logits, tok, 1, 1, rng, &ev) != 0);
+    ms_sampler_destroy(&s);
+}
+
 static void test_greedy_equivalents(void) {
     enum { V = 50 };
     ms_sampler s;
@@ -277,6 +314,7 @@ int main(void) {
     RUN(test_dist_matches_brute_force);
     RUN(test_top_p_large_vocab);
     RUN(test_penalties_by_hand);
+    RUN(test_logit_bias_min_tokens);
     RUN(test_greedy_equivalents);
     RUN(test_empirical_frequencies);
     RUN(test_logprobs);

@@ -154,6 +154,20 @@ static void test_rejections(void) {
         {1, "{\"model\":\"other\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 404, "model"},
         {0, "{\"prompt\":[[1],[600]]}", 400, "prompt[1]"},
         {0, "{\"prompt\":[true]}", 400, "prompt[0]"},
+        {0, "{\"prompt\":\"x\",\"logit_bias\":{\"7\":-100,\"499\":5.5}}", 0, ""},
+        {0, "{\"prompt\":\"x\",\"logit_bias\":{\"500\":1}}", 400, "logit_bias"},
+        {0, "{\"prompt\":\"x\",\"logit_bias\":{\"abc\":1}}", 400, "logit_bias"},
+        {0, "{\"prompt\":\"x\",\"logit_bias\":{\"3\":101}}", 400, "logit_bias"},
+        {0, "{\"prompt\":\"x\",\"logit_bias\":[1]}", 400, "logit_bias"},
+        {0, "{\"prompt\":\"x\",\"min_tokens\":5,\"max_tokens\":4}", 400, "min_tokens"},
+        {0, "{\"prompt\":\"x\",\"min_tokens\":-1}", 400, "min_tokens"},
+        {0, "{\"prompt\":\"x\",\"suffix\":\"tail\"}", 400, "suffix"},
+        {0, "{\"prompt\":\"x\",\"suffix\":\"\"}", 0, ""},
+        {0, "{\"prompt\":\"x\",\"best_of\":2}", 400, "best_of"},
+        {0, "{\"prompt\":\"x\",\"best_of\":1}", 0, ""},
+        {1, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"functions\":[{\"name\":\"f\"}]}", 400, "functions"},
+        {1, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"modalities\":[\"text\",\"audio\"]}", 400, "modalities"},
+        {1, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"modalities\":[\"text\"]}", 0, ""},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         ms_api_req r;
@@ -167,6 +181,21 @@ static void test_rejections(void) {
         }
         ms_api_req_free(&r);
     }
+}
+
+static void test_logit_bias_min_tokens(void) {
+    ms_api_req r;
+    ms_api_error e;
+    CHECK_EQ_INT(parse(0, "{\"prompt\":\"x\",\"logit_bias\":{\"7\":-100,\"499\":5.5},\"min_tokens\":3}", &r, &e), 0);
+    CHECK_EQ_INT(r.sp.n_logit_bias, 2);
+    CHECK_EQ_INT(r.sp.min_tokens, 3);
+    int seen7 = 0, seen499 = 0;
+    for (int i = 0; i < r.sp.n_logit_bias; i++) {
+        if (r.sp.bias_ids[i] == 7) seen7 = r.sp.bias_vals[i] == -100.0f;
+        if (r.sp.bias_ids[i] == 499) seen499 = r.sp.bias_vals[i] == 5.5f;
+    }
+    CHECK(seen7 && seen499);
+    ms_api_req_free(&r);
 }
 
 static void test_error_json(void) {
@@ -317,6 +346,7 @@ int main(void) {
     RUN(test_chat_fields);
     RUN(test_completions_prompts);
     RUN(test_rejections);
+    RUN(test_logit_bias_min_tokens);
     RUN(test_error_json);
     RUN(test_stop_strings);
     RUN(test_histogram_text);
