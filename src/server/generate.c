@@ -5,6 +5,7 @@
  * connection to sse.c (stream) or suspend it until response.c can answer. */
 #include "server/server_int.h"
 
+#include "core/fileutil.h"
 #include "core/log.h"
 
 #include <stdlib.h>
@@ -44,10 +45,14 @@ enum MHD_Result ms_srv_start_generation(req *r, struct MHD_Connection *conn) {
         return ms_srv_send_error(s, conn, &e);
     ms_api_req *a = &r->api;
     int n_inputs = is_chat ? 1 : a->n_prompts;
-    if (n_inputs * a->n > 256)
-        return ms_srv_fail(s, conn, 400, "invalid_request_error", "n", NULL, "prompts x n must be at most 256.");
+    if (n_inputs * a->n > s->cfg.max_choices) { /* one request must not claim the whole batch */
+        char msg[160];
+        snprintf(msg, sizeof msg, "prompts x n is %d; this server allows at most %d (--max-choices-per-request).",
+                 n_inputs * a->n, s->cfg.max_choices);
+        return ms_srv_fail(s, conn, 400, "invalid_request_error", "n", NULL, msg);
+    }
     r->ch = calloc((size_t)(n_inputs * a->n), sizeof *r->ch);
-    MS_ASSERT(r->ch != NULL);
+    if (!r->ch) return ms_srv_fail(s, conn, 500, "server_error", NULL, NULL, "out of memory for the request's choices");
     r->n_ch = n_inputs * a->n;
     ms_api_make_id(r->id, sizeof r->id, is_chat ? "chatcmpl-" : "cmpl-");
     r->created = (long)time(NULL);
@@ -134,6 +139,9 @@ enum MHD_Result ms_srv_start_generation(req *r, struct MHD_Connection *conn) {
         }
         c->submitted = 1;
     }
+    r->streaming = r->phase == PH_STREAM;
+    r->t_progress_ms = (long long)(ms_now() * 1000.0);
+    r->wd_state = 1; /* submitted: the watchdog looks for a vanished or stalled client */
     if (r->phase == PH_STREAM) {
         /* the role chunk of every choice goes out right away */
         for (int i = 0; i < r->n_ch; i++)

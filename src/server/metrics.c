@@ -110,7 +110,14 @@ void ms_metrics_write(ms_metrics *m, const ms_engine_stats *es, const char *mode
             es->cached_tokens_total);
     counter(o, "moeserve:num_preemptions_total", "Requests preempted for lack of KV pages.",
             es->preemptions);
-    counter(o, "moeserve:requests_aborted_total", "Requests aborted in the engine.", es->requests_aborted);
+    pthread_mutex_lock(&m->mu);
+    uint64_t aborted = m->requests_ok[MS_FR_ABORT];
+    pthread_mutex_unlock(&m->mu);
+    counter(o, "moeserve:requests_aborted_total",
+            "Choices that ended with finish_reason abort (client gone, stream stalled, shutdown).", aborted);
+    counter(o, "moeserve:engine_requests_cancelled_total",
+            "Engine requests ended early by the server (stop strings included, which finish normally).",
+            es->requests_aborted);
     double usage = es->kv_pages_total > 0 ? (double)es->kv_pages_used / es->kv_pages_total : 0.0;
     gauge(o, "moeserve:kv_cache_usage_ratio", "Share of KV pages in use (0..1).", usage);
     gauge(o, "moeserve:kv_pages_total", "KV pages in the pool.", es->kv_pages_total);
@@ -148,9 +155,26 @@ void ms_metrics_write(ms_metrics *m, const ms_engine_stats *es, const char *mode
     for (int c = 1; c <= 5; c++)
         ms_sbuf_printf(o, "moeserve:http_responses_total{code=\"%dxx\"} %llu\n", c,
                        (unsigned long long)m->http_status[c]);
+    counter(o, "moeserve:client_disconnects_total", "Generating requests whose client went away.",
+            m->guard[MS_GUARD_CLIENT_GONE]);
+    counter(o, "moeserve:stream_stalls_total", "Streams aborted because the client stopped reading.",
+            m->guard[MS_GUARD_STREAM_STALL]);
+    counter(o, "moeserve:slow_uploads_total", "Connections cut for a request body too slow or too late.",
+            m->guard[MS_GUARD_SLOW_UPLOAD]);
+    counter(o, "moeserve:header_timeouts_total", "Connections cut while waiting for request headers (or idle).",
+            m->guard[MS_GUARD_HEADER_TIMEOUT]);
+    counter(o, "moeserve:body_budget_rejections_total", "Requests refused (503) over the global body buffer budget.",
+            m->guard[MS_GUARD_BODY_BUDGET]);
     counter(o, "moeserve:server_prompt_tokens_total", "Prompt tokens of finished choices (server view).",
             m->prompt_tokens);
     counter(o, "moeserve:server_generation_tokens_total",
             "Output tokens of finished choices (server view).", m->generated_tokens);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void ms_metrics_guard(ms_metrics *m, int kind) {
+    if (kind < 0 || kind >= MS_GUARD_N) return;
+    pthread_mutex_lock(&m->mu);
+    m->guard[kind]++;
     pthread_mutex_unlock(&m->mu);
 }

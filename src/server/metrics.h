@@ -31,12 +31,17 @@ void ms_hist_write(const ms_hist *h, ms_sbuf *out, const char *name, const char 
 
 enum { MS_FR_STOP, MS_FR_LENGTH, MS_FR_TOOL, MS_FR_ABORT, MS_FR_ERROR, MS_FR_N };
 
+/* What the watchdog (guard.c) and the admission checks ended or refused. */
+enum { MS_GUARD_CLIENT_GONE, MS_GUARD_STREAM_STALL, MS_GUARD_SLOW_UPLOAD, MS_GUARD_HEADER_TIMEOUT,
+       MS_GUARD_BODY_BUDGET, MS_GUARD_N };
+
 typedef struct ms_metrics {
     pthread_mutex_t mu;
     ms_hist ttft, itl, e2e, tpot_req;
     uint64_t requests_ok[MS_FR_N];  /* finished choices by finish reason */
     uint64_t http_status[6];       /* responses by status class 1xx..5xx (index 1..5) */
     uint64_t prompt_tokens, generated_tokens; /* as seen by the server */
+    uint64_t guard[MS_GUARD_N];     /* MS_GUARD_* events */
 } ms_metrics;
 
 void ms_metrics_init(ms_metrics *m);
@@ -46,6 +51,8 @@ void ms_metrics_itl(ms_metrics *m, double s);
 /* A finished choice: e2e latency, finish reason (MS_FR_*), tokens. */
 void ms_metrics_finish(ms_metrics *m, double e2e, int reason, int prompt_tokens, int gen_tokens);
 void ms_metrics_http(ms_metrics *m, int status);
+/* One MS_GUARD_* event (a client that went away, a stalled stream, a connection cut...). */
+void ms_metrics_guard(ms_metrics *m, int kind);
 /* Writes the whole exposition (server metrics + engine snapshot) into *out. */
 void ms_metrics_write(ms_metrics *m, const ms_engine_stats *es, const char *model_name, ms_sbuf *out);
 

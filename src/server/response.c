@@ -121,6 +121,7 @@ enum MHD_Result ms_srv_continue_wait(req *r, struct MHD_Connection *conn) {
             ms_sbuf o = {0};
             int st = build_response(r, &o);
             r->phase = PH_DONE;
+            r->wd_state = 2;
             enum MHD_Result rc = ms_srv_send_json(r->srv, conn, st, &o);
             ms_sbuf_free(&o);
             return rc;

@@ -48,7 +48,7 @@ static enum MHD_Result route_info(ms_server *s, struct MHD_Connection *c) {
     json_object_set_new(ver, "libmicrohttpd", json_string(MHD_get_version()));
     json_object_set_new(ver, "jansson", json_string(jansson_version_str()));
     json_object_set_new(o, "versions", ver);
-    json_object_set_new(o, "uptime_s", json_real(ms_now() - s->t_start));
+    json_object_set_new(o, "uptime_s", json_real(ms_now() - s->t_start_mono));
     char *txt = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     enum MHD_Result rc = ms_srv_send_buf(s, c, 200, "application/json", txt, strlen(txt), NULL);

@@ -36,6 +36,15 @@ void ms_server_config_default(ms_server_config *c) {
     c->port = 8000;
     c->max_request_bytes = 10u << 20;
     c->n_threads = 4;
+    c->max_connections = 4096;
+    c->idle_timeout_s = 600;
+    c->header_timeout_s = 60;
+    c->body_timeout_s = 120;
+    c->min_upload_bps = 1024;
+    c->body_budget_bytes = (size_t)256 << 20;
+    c->stream_stall_timeout_s = 60;
+    c->shutdown_timeout_s = 30;
+    c->max_choices = 64;
     c->tool_parser = -1;
     c->lim.default_temperature = 1.0f;
     c->lim.default_top_p = 1.0f;
@@ -108,6 +117,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         r->conn = conn;
         r->t0 = ms_now();
         r->is_post = !strcmp(method, "POST");
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        r->fd = ci ? (int)ci->connect_fd : -1;
+        ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        r->cr = ci ? ci->socket_context : NULL;
+        if (r->cr) r->cr->in_req = 1;
         snprintf(r->url, sizeof r->url, "%s", url);
         char *q = strchr(r->url, '?');
         if (q) *q = 0;
@@ -130,15 +144,47 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
             snprintf(msg, sizeof msg, "The request body is larger than the limit of %zu bytes.", s->cfg.max_request_bytes);
             return ms_srv_fail(s, conn, 413, "invalid_request_error", NULL, "request_too_large", msg);
         }
+        if (cl && (long long)strtoull(cl, NULL, 10) > (long long)s->cfg.body_budget_bytes - s->body_bytes) {
+            r->phase = PH_DONE;
+            ms_metrics_guard(&s->metrics, MS_GUARD_BODY_BUDGET);
+            return ms_srv_fail(s, conn, 503, "server_error", NULL, "server_busy",
+                               "The server is buffering too many request bodies; retry later.");
+        }
         return MHD_YES;
     }
     if (r->phase == PH_DONE) { *upload_size = 0; return MHD_YES; }
-    if (r->phase == PH_WAIT) return ms_srv_continue_wait(r, conn);
+    if (r->phase == PH_WAIT) {
+        pthread_mutex_lock(&r->mu);
+        int kill = r->kill;
+        pthread_mutex_unlock(&r->mu);
+        if (kill) { /* the watchdog saw the client go: end the connection; on_completed aborts the work */
+            ms_srv_abort_all(r);
+            return MHD_NO;
+        }
+        return ms_srv_continue_wait(r, conn);
+    }
     if (*upload_size) {
-        if (!r->too_large && r->body.len + *upload_size <= s->cfg.max_request_bytes) ms_sbuf_add(&r->body, upload, *upload_size);
-        else r->too_large = 1;
+        r->body_rx += (long long)*upload_size;
+        if (r->too_large || r->too_busy) {
+        } else if (r->body.len + *upload_size > s->cfg.max_request_bytes) {
+            r->too_large = 1;
+        } else if (s->body_bytes + (long long)*upload_size > (long long)s->cfg.body_budget_bytes) {
+            r->too_busy = 1; /* over the global budget: drop the body, answer 503 at its end */
+        } else {
+            ms_sbuf_add(&r->body, upload, *upload_size);
+            s->body_bytes += (long long)*upload_size;
+            r->body_acct += (long long)*upload_size;
+        }
         *upload_size = 0;
         return MHD_YES;
+    }
+    r->wd_state = 2; /* body complete */
+    if (r->too_busy) {
+        r->phase = PH_DONE;
+        ms_srv_body_release(r);
+        ms_metrics_guard(&s->metrics, MS_GUARD_BODY_BUDGET);
+        return ms_srv_fail(s, conn, 503, "server_error", NULL, "server_busy",
+                           "The server is buffering too many request bodies; retry later.");
     }
     if (r->too_large) {
         r->phase = PH_DONE;
@@ -152,7 +198,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (!strcmp(u, "/v1/chat/completions") || !strcmp(u, "/v1/completions")) {
         if (!r->is_post) { r->phase = PH_DONE; return ms_srv_fail(s, conn, 405, "invalid_request_error", NULL, "method_not_allowed", "Use POST for this route."); }
         r->phase = PH_DONE;
-        return ms_srv_start_generation(r, conn);
+        enum MHD_Result rc = ms_srv_start_generation(r, conn);
+        ms_srv_body_release(r); /* parsed: the body no longer counts against the budget */
+        ms_sbuf_free(&r->body);
+        return rc;
     }
     r->phase = PH_DONE;
     return ms_srv_route_other(s, conn, u, get);
@@ -182,8 +231,18 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     pthread_mutex_lock(&r->mu);
     r->mhd_done = 1;
     pthread_mutex_unlock(&r->mu);
+    ms_srv_body_release(r);
+    if (r->cr) { /* the connection waits for the next request's headers from now on */
+        r->cr->t_wait_ms = (long long)(ms_now() * 1000.0);
+        r->cr->in_req = 0;
+    }
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK || !ms_srv_all_done(r)) {
-        /* client went away (or the response ended early): free the engine's work */
+        /* client went away (or the response ended early): free the engine's work; a disconnect the
+         * daemon saw itself (the watchdog counts its own) is counted here */
+        pthread_mutex_lock(&r->mu);
+        int killed = r->kill;
+        pthread_mutex_unlock(&r->mu);
+        if (!killed && r->wd_state == 1 && !ms_srv_all_done(r) && !s->stopping) ms_metrics_guard(&s->metrics, MS_GUARD_CLIENT_GONE);
         ms_srv_abort_all(r);
         for (int i = 0; i < r->n_ch; i++)
             if (!r->ch[i].done) ms_metrics_finish(&s->metrics, ms_now() - r->t0, MS_FR_ABORT, r->ch[i].n_prompt, r->ch[i].n_gen);
@@ -199,11 +258,23 @@ int ms_server_start(const ms_server_config *cfg, const ms_server_ops *ops, ms_se
     if (!s->cfg.host || !s->cfg.host[0]) s->cfg.host = "127.0.0.1";
     if (!s->cfg.max_request_bytes) s->cfg.max_request_bytes = 10u << 20;
     if (s->cfg.n_threads <= 0) s->cfg.n_threads = 4;
+    if (s->cfg.max_connections <= 0) s->cfg.max_connections = 4096;
+    if (s->cfg.idle_timeout_s <= 0) s->cfg.idle_timeout_s = 600;
+    if (s->cfg.header_timeout_s <= 0) s->cfg.header_timeout_s = 60;
+    if (s->cfg.body_timeout_s <= 0) s->cfg.body_timeout_s = 120;
+    if (s->cfg.min_upload_bps == 0) s->cfg.min_upload_bps = 1024;
+    if (!s->cfg.body_budget_bytes) s->cfg.body_budget_bytes = (size_t)256 << 20;
+    if (s->cfg.body_budget_bytes < s->cfg.max_request_bytes) s->cfg.body_budget_bytes = s->cfg.max_request_bytes;
+    if (s->cfg.stream_stall_timeout_s == 0) s->cfg.stream_stall_timeout_s = 60;
+    if (s->cfg.shutdown_timeout_s < 0) s->cfg.shutdown_timeout_s = 0;
+    if (s->cfg.max_choices <= 0) s->cfg.max_choices = 64;
     if (!s->cfg.lim.model_names[0]) s->cfg.lim.model_names[0] = "default";
     s->t_start = (double)time(NULL);
+    s->t_start_mono = ms_now();
     snprintf(s->fingerprint, sizeof s->fingerprint, "moeserve-%s", s->cfg.version ? s->cfg.version : "0");
     ms_metrics_init(&s->metrics);
     pthread_mutex_init(&s->live_mu, NULL);
+    pthread_mutex_init(&s->conns_mu, NULL);
 
     struct sockaddr_in a4;
     struct sockaddr_in6 a6;
@@ -229,9 +300,10 @@ int ms_server_start(const ms_server_config *cfg, const ms_server_ops *ops, ms_se
                             MHD_OPTION_SOCK_ADDR, sa,
                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.n_threads,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_NOTIFY_CONNECTION, ms_srv_notify_connection, s,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(s->cfg.idle_timeout_s + 0.5),
                             MHD_OPTION_END);
     if (!s->d) {
         ms_metrics_destroy(&s->metrics);
@@ -240,6 +312,12 @@ int ms_server_start(const ms_server_config *cfg, const ms_server_ops *ops, ms_se
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : s->cfg.port;
+    if (ms_srv_guard_start(s, err) != MS_OK) {
+        MHD_stop_daemon(s->d);
+        ms_metrics_destroy(&s->metrics);
+        free(s);
+        return err->code;
+    }
     *out = s;
     return MS_OK;
 }
@@ -265,16 +343,35 @@ static int flag_live(ms_server *s, int force) {
     return n;
 }
 
+/* Requests still open (their connection not completed). */
+static int n_live(ms_server *s) {
+    int n = 0;
+    pthread_mutex_lock(&s->live_mu);
+    for (req *r = s->live; r; r = r->live_next) n++;
+    pthread_mutex_unlock(&s->live_mu);
+    return n;
+}
+
 void ms_server_stop(ms_server *s) {
     if (!s) return;
-    s->stopping = 1;
+    s->stopping = 1; /* new requests on open connections get 503 */
+    MHD_socket lsock = MHD_quiesce_daemon(s->d); /* no new connections */
+    /* let running requests finish, up to the shutdown timeout */
+    double t_end = ms_now() + s->cfg.shutdown_timeout_s;
+    int n = n_live(s);
+    if (n && s->cfg.shutdown_timeout_s > 0) MS_LOGI("shutdown: waiting up to %.0f s for %d running request(s)", s->cfg.shutdown_timeout_s, n);
+    while (n_live(s) > 0 && ms_now() < t_end) usleep(20000);
+    if ((n = n_live(s)) > 0) MS_LOGI("shutdown: aborting %d request(s) still running", n);
     /* abort everything in flight; the engine's final events end the responses */
     for (int round = 0; round < 300 && flag_live(s, 0) > 0; round++) usleep(10000);
     /* still there after 3 s: end them without waiting for the engine */
     for (int round = 0; round < 100 && flag_live(s, 1) > 0; round++) usleep(10000);
     /* MHD_stop_daemon must not see suspended connections; none is left suspended above */
+    ms_srv_guard_stop(s);
     MHD_stop_daemon(s->d);
+    if (lsock != MHD_INVALID_SOCKET) close(lsock);
     pthread_mutex_destroy(&s->live_mu);
+    pthread_mutex_destroy(&s->conns_mu);
     ms_metrics_destroy(&s->metrics);
     free(s);
 }

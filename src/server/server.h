@@ -56,6 +56,16 @@ typedef struct ms_server_config {
     int n_threads;             /* HTTP worker threads (default 4) */
     int n_eos;                 /* default stop ids (generation_config eos) */
     int32_t eos_ids[16];
+    /* Limits on connections and slow or vanished clients (0 = the default shown; see guard.c). */
+    int max_connections;       /* open TCP connections (default 4096) */
+    double idle_timeout_s;     /* no byte moved in either direction (default 600) */
+    double header_timeout_s;   /* request headers complete, also the keep-alive idle time (default 60) */
+    double body_timeout_s;     /* request body complete after its headers (default 120) */
+    double min_upload_bps;     /* average body rate below this after 5 s ends the upload (default 1024; <0 off) */
+    size_t body_budget_bytes;  /* request bodies buffered by all connections together (default 256 MiB) */
+    double stream_stall_timeout_s; /* a stream whose reader takes nothing for this long is aborted (default 60; <0 off) */
+    double shutdown_timeout_s; /* ms_server_stop lets running requests finish this long (default 30; 0 = abort at once) */
+    int max_choices;           /* n x prompts of one request (default 64) */
     const char *info_json;     /* JSON object text shown under "flags" in /get_server_info */
     const char *version;       /* moeserve version string */
 } ms_server_config;
@@ -71,7 +81,9 @@ int ms_server_start(const ms_server_config *cfg, const ms_server_ops *ops, ms_se
                     ms_err *err);
 /* The bound TCP port. */
 int ms_server_port(const ms_server *s);
-/* Aborts in-flight requests, waits briefly for their responses to end, stops and frees. */
+/* Graceful stop: stops accepting connections, answers new requests on open ones with 503, lets
+ * running requests finish for up to cfg.shutdown_timeout_s, then aborts the rest (finish_reason
+ * "abort"), waits briefly for their responses to end, stops and frees. */
 void ms_server_stop(ms_server *s);
 
 /* The chat page served at GET / (chat_page.c). */

@@ -28,9 +28,29 @@ struct ms_server {
     pthread_mutex_t live_mu;
     struct req *live; /* requests whose connection is still open */
     _Atomic int stopping;
-    double t_start;
+    double t_start;           /* wall clock (Unix seconds): "created" fields */
+    double t_start_mono;      /* ms_now() at start: uptime */
     char fingerprint[64];
+    /* guard.c: open connections (for the header timeout), buffered bodies, the watchdog thread */
+    pthread_mutex_t conns_mu;
+    struct conn_rec *conns;
+    _Atomic long long body_bytes; /* request bytes buffered by all connections */
+    pthread_t guard_th;
+    int guard_started;
+    _Atomic int guard_stop;
 };
+
+/* One open TCP connection (MHD_OPTION_NOTIFY_CONNECTION): when it began waiting for a request's
+ * headers, and whether a request is in progress on it. */
+typedef struct conn_rec {
+    int fd;
+    _Atomic int in_req;       /* headers of a request received, its response not yet complete */
+    _Atomic long long t_wait_ms; /* ms_now() * 1000 when it began waiting for headers */
+    struct conn_rec *next, *prev;
+} conn_rec;
+
+/* Why the watchdog ended a request (req.kill). */
+enum { KILL_NONE = 0, KILL_GONE, KILL_STALL, KILL_BODY };
 
 typedef struct ev_item {
     ms_token_event ev;
@@ -72,12 +92,20 @@ typedef struct req {
     struct MHD_Connection *conn;
     int suspended, mhd_done;
     int shutdown, force_end;  /* set by ms_server_stop (under mu) */
+    int kill;                 /* KILL_*: set by the watchdog (under mu); the HTTP thread ends the request */
+    int fd;                   /* the connection's socket (the watchdog polls it) */
+    conn_rec *cr;
+    _Atomic int wd_state;     /* 0 receiving the body, 1 generating (watched), 2 answered */
+    _Atomic long long body_rx; /* body bytes received so far */
+    long long body_acct;      /* of them, counted in srv->body_bytes (HTTP thread) */
+    _Atomic long long t_progress_ms; /* streaming: last time the content reader handed out bytes */
+    int streaming;
     ev_item *q;
     int qn, qcap;
     /* fields below are used by the HTTP thread only */
     int phase;
     ms_sbuf body;
-    int too_large;
+    int too_large, too_busy;
     int is_post;
     char url[128];
     ms_api_req api;
@@ -143,6 +171,18 @@ void ms_srv_add_logprobs(req *r, choice *c, ms_sbuf *o);
 /* A non-streaming request resumed by an engine event: answers once all choices are done,
  * otherwise suspends the connection again. */
 enum MHD_Result ms_srv_continue_wait(req *r, struct MHD_Connection *conn);
+
+/* ---- guard.c: clients that go away or stall, slow uploads, idle connections --------------- */
+
+/* Starts the watchdog thread (polls every live request and connection a few times a second). */
+int ms_srv_guard_start(ms_server *s, ms_err *err);
+/* Stops and joins the watchdog (idempotent). */
+void ms_srv_guard_stop(ms_server *s);
+/* MHD_OPTION_NOTIFY_CONNECTION callback: tracks connections for the header/keep-alive timeout. */
+void ms_srv_notify_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                              enum MHD_ConnectionNotificationCode toe);
+/* Returns bytes a request may no longer hold to the global body budget (HTTP thread). */
+void ms_srv_body_release(req *r);
 
 /* ---- generate.c: POST /v1/chat/completions and /v1/completions ----------------------------- */
 

@@ -4,6 +4,8 @@
  * deltas, usage chunk, [DONE]); keeping it apart from the pipeline keeps both readable. */
 #include "server/server_int.h"
 
+#include "core/fileutil.h"
+
 #include <string.h>
 
 static void chunk_head(req *r, ms_sbuf *o) {
@@ -118,12 +120,20 @@ static void stream_end(req *r) {
 ssize_t ms_srv_stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     req *r = cls;
     (void)pos;
+    pthread_mutex_lock(&r->mu);
+    int kill = r->kill;
+    pthread_mutex_unlock(&r->mu);
+    if (kill) { /* the watchdog saw the client go or stop reading: end the stream, free the engine's work */
+        ms_srv_abort_all(r);
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
     for (int spins = 0; spins < 1000; spins++) {
         if (r->out_pos < r->out.len) {
             size_t n = r->out.len - r->out_pos;
             if (n > max) n = max;
             memcpy(buf, r->out.s + r->out_pos, n);
             r->out_pos += n;
+            r->t_progress_ms = (long long)(ms_now() * 1000.0);
             return (ssize_t)n;
         }
         ms_sbuf_clear(&r->out);

@@ -10,8 +10,13 @@
 #include "server/toolcall.h"
 #include "test.h"
 
+#include <arpa/inet.h>
 #include <curl/curl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 static ms_server *g_srv;
 static fk_engine *g_eng;
@@ -754,22 +759,25 @@ static void test_auth_and_busy(void) {
     fk_engine_free(e2);
 }
 
-/* Stopping the server with a request in flight ends it cleanly. */
+/* Stopping the server with a request in flight ends it cleanly: with no shutdown time the request
+ * is aborted (finish_reason "abort"); with enough, it is drained (runs to its end) and new
+ * connections are refused meanwhile. */
 static void *slow_client(void *arg) {
     resp *r = arg;
     http("POST", "/v1/completions", "{\"prompt\":\"LONG\",\"max_tokens\":250}", r);
     return NULL;
 }
 
-static void test_stop_with_inflight(void) {
+static void stop_with_inflight(double shutdown_timeout, const char *want_fr) {
     fk_engine *e3 = fk_engine_new(8);
-    fk_set(e3, -1, 20000);
+    fk_set(e3, -1, 2000);
     ms_server_ops o3 = fk_ops(e3);
     ms_server_config cfg;
     ms_server_config_default(&cfg);
     cfg.lim.model_names[0] = "m3";
     cfg.lim.context_length = 256;
     cfg.lim.vocab_size = FK_VOCAB;
+    cfg.shutdown_timeout_s = shutdown_timeout;
     ms_server *s3 = start_fake_server(&cfg, &o3);
     CHECK(s3 != NULL);
     if (!s3) return;
@@ -782,15 +790,189 @@ static void test_stop_with_inflight(void) {
     usleep(100000);
     ms_server_stop(s3);
     pthread_join(th, NULL);
-    CHECK(r.status == 200 || r.status == 0);
+    CHECK(r.status == 200 || (r.status == 0 && shutdown_timeout == 0));
     if (r.status == 200) {
         json_t *j = jbody(&r);
-        CHECK_STR(jstr(j, "choices.0.finish_reason"), "abort");
+        CHECK_STR(jstr(j, "choices.0.finish_reason"), want_fr);
         json_decref(j);
     }
     resp_free(&r);
     g_port = saved;
     fk_engine_free(e3);
+}
+
+static void test_stop_with_inflight(void) {
+    stop_with_inflight(0, "abort");
+    stop_with_inflight(30, "length");
+}
+
+/* ---- clients that go away, stall or trickle (guard.c) ---------------------------------------- */
+
+/* A raw TCP connection to port (optionally with a small receive buffer); -1 on failure. */
+static int raw_connect(int port, int rcvbuf) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    if (rcvbuf > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) { close(fd); return -1; }
+    return fd;
+}
+
+static void raw_send(int fd, const char *s) {
+    size_t n = strlen(s), off = 0;
+    while (off < n) {
+        ssize_t k = send(fd, s + off, n - off, MSG_NOSIGNAL);
+        if (k <= 0) return;
+        off += (size_t)k;
+    }
+}
+
+static void raw_post(int fd, const char *path, const char *body) {
+    char h[256];
+    snprintf(h, sizeof h, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n", path,
+             strlen(body));
+    raw_send(fd, h);
+    raw_send(fd, body);
+}
+
+/* Seconds until the server closes fd (reading and dropping what it sends), or -1 after max_s. */
+static double wait_closed(int fd, double max_s) {
+    double t0 = ms_now();
+    char buf[4096];
+    while (ms_now() - t0 < max_s) {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 50) > 0) {
+            ssize_t k = recv(fd, buf, sizeof buf, 0);
+            if (k <= 0) return ms_now() - t0;
+        }
+    }
+    return -1;
+}
+
+/* The value of a counter in GET /metrics of the server on g_port (-1 when absent). */
+static double metric(const char *name) {
+    resp r;
+    http("GET", "/metrics", NULL, &r);
+    double v = -1;
+    char pat[128];
+    snprintf(pat, sizeof pat, "\n%s ", name);
+    const char *at = r.body.s ? strstr(r.body.s, pat) : NULL;
+    if (at) v = atof(at + strlen(pat));
+    resp_free(&r);
+    return v;
+}
+
+static int fk_running(fk_engine *e) {
+    ms_engine_stats st;
+    fk_stats(e, &st);
+    return st.running;
+}
+
+static void test_guard(void) {
+    fk_engine *e4 = fk_engine_new(64);
+    fk_set(e4, -1, 20000); /* 50 tokens a second: a 250-token request runs 5 s */
+    ms_server_ops o4 = fk_ops(e4);
+    ms_server_config cfg;
+    ms_server_config_default(&cfg);
+    cfg.lim.model_names[0] = "m4";
+    cfg.lim.context_length = 4096;
+    cfg.lim.vocab_size = FK_VOCAB;
+    cfg.max_request_bytes = 64 * 1024;
+    cfg.body_budget_bytes = 64 * 1024;
+    cfg.header_timeout_s = 1;
+    cfg.body_timeout_s = 1.5;
+    cfg.stream_stall_timeout_s = 1;
+    cfg.max_choices = 16;
+    ms_server *s4 = start_fake_server(&cfg, &o4);
+    CHECK(s4 != NULL);
+    if (!s4) return;
+    int port = ms_server_port(s4);
+
+    /* 1. a non-streaming client that disconnects while its request runs: aborted within a second */
+    uint64_t a0 = fk_aborts(e4);
+    int fd = raw_connect(port, 0);
+    CHECK(fd >= 0);
+    raw_post(fd, "/v1/completions", "{\"prompt\":\"LONG\",\"max_tokens\":250}");
+    CHECK(T_WAIT_UNTIL(fk_running(e4) == 1));
+    close(fd);
+    double t0 = ms_now();
+    CHECK(T_WAIT_UNTIL(fk_aborts(e4) > a0));
+    CHECK_MSG(ms_now() - t0 < 2.0, "disconnect noticed after %.2f s", ms_now() - t0);
+    CHECK(engine_idle(e4));
+
+    /* 2. the same while streaming, before any token (long prefill: the connection is suspended) */
+    a0 = fk_aborts(e4);
+    fd = raw_connect(port, 0);
+    raw_post(fd, "/v1/completions", "{\"prompt\":\"LONG\",\"max_tokens\":250,\"stream\":true}");
+    CHECK(T_WAIT_UNTIL(fk_running(e4) == 1));
+    close(fd);
+    CHECK(T_WAIT_UNTIL(fk_aborts(e4) > a0));
+    CHECK(engine_idle(e4));
+
+    /* 3. a stream whose reader stops reading (without closing): aborted after the stall timeout */
+    int save = g_port;
+    g_port = port;
+    fk_set(e4, -1, 1000);
+    fd = raw_connect(port, 4096);
+    raw_post(fd, "/v1/completions", "{\"prompt\":\"LONG\",\"max_tokens\":4000,\"stream\":true,\"n\":8,\"logprobs\":20}");
+    CHECK(T_WAIT_UNTIL(metric("moeserve:stream_stalls_total") == 1));
+    CHECK(engine_idle(e4));
+    CHECK(T_WAIT_UNTIL(metric("moeserve:requests_aborted_total") == 10)); /* 1 + 1 + 8 choices */
+    close(fd);
+    fk_set(e4, -1, 20000);
+
+    /* 4. headers trickled (never completed): the connection is cut after the header timeout */
+    fd = raw_connect(port, 0);
+    raw_send(fd, "GET /health HTTP/1.1\r\nHost: x\r\n");
+    double w = wait_closed(fd, 5);
+    CHECK_MSG(w > 0.5 && w < 3, "trickled headers: closed after %.2f s", w);
+    close(fd);
+
+    /* 5. a body that does not arrive: cut after the body timeout */
+    fd = raw_connect(port, 0);
+    raw_send(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"prompt\":");
+    w = wait_closed(fd, 6);
+    CHECK_MSG(w > 0.5 && w < 4, "stalled body: closed after %.2f s", w);
+    close(fd);
+
+    /* 6. the global body budget: while one upload holds most of it, another big one gets 503 */
+    fd = raw_connect(port, 0);
+    char big[50001];
+    memset(big, 'a', 50000);
+    big[50000] = 0;
+    raw_send(fd, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\n");
+    raw_send(fd, big);
+    usleep(200000);
+    char body2[20100];
+    snprintf(body2, sizeof body2, "{\"prompt\":\"%.*s\"}", 20000, big);
+    resp r;
+    http("POST", "/v1/completions", body2, &r);
+    CHECK(is_error(&r, 503, NULL, "server_busy"));
+    resp_free(&r);
+    close(fd);
+
+    /* 7. one request cannot claim the batch: prompts x n over the cap is refused naming n */
+    http("POST", "/v1/completions", "{\"prompt\":[\"a\",\"b\",\"c\"],\"n\":8}", &r);
+    CHECK(is_error(&r, 400, "n", NULL));
+    resp_free(&r);
+
+    /* counters say what happened; uptime is sane */
+    CHECK_EQ_INT((int)metric("moeserve:client_disconnects_total"), 2);
+    CHECK_EQ_INT((int)metric("moeserve:header_timeouts_total"), 1);
+    CHECK_EQ_INT((int)metric("moeserve:slow_uploads_total"), 1);
+    CHECK_EQ_INT((int)metric("moeserve:body_budget_rejections_total"), 1);
+    http("GET", "/get_server_info", NULL, &r);
+    json_t *j = jbody(&r);
+    json_t *up = jget(j, "uptime_s");
+    CHECK(up && json_number_value(up) >= 0 && json_number_value(up) < 60);
+    json_decref(j);
+    resp_free(&r);
+    g_port = save;
+    ms_server_stop(s4);
+    fk_engine_free(e4);
 }
 
 static void start_main_server(int port, const char *key, int ctx) {
@@ -854,6 +1036,7 @@ int main(int argc, char **argv) {
     RUN(test_concurrent_streams);
     RUN(test_auth_and_busy);
     RUN(test_stop_with_inflight);
+    RUN(test_guard);
     ms_server_stop(g_srv);
     fk_engine_free(g_eng);
     curl_global_cleanup();
