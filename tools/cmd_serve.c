@@ -45,6 +45,15 @@ static void usage(void) {
             "  --max-running-requests N    --max-queued-requests N   --chunked-prefill-size N\n"
             "  --max-request-bytes N       request body limit (default 10485760)\n"
             "  --http-threads N            HTTP worker threads (default 4)\n"
+            "  --max-connections N         open TCP connections at most (default 4096)\n"
+            "  --connection-timeout S      close a connection idle this long (default 600)\n"
+            "  --header-timeout S          request headers must arrive within S; also the keep-alive idle limit (default 60)\n"
+            "  --body-timeout S            a request body must arrive within S after its headers (default 120)\n"
+            "  --min-upload-rate B         bytes/s a body upload must average after 5 s (default 1024; -1 = off)\n"
+            "  --max-body-buffer-bytes N   request bytes buffered by all connections together; beyond: 503 (default 268435456)\n"
+            "  --stream-stall-timeout S    abort a stream whose client reads nothing for S (default 60; -1 = off)\n"
+            "  --shutdown-timeout S        on SIGTERM/SIGINT let running requests finish for S, then abort them (default 30)\n"
+            "  --max-choices-per-request N prompts x n of one request at most (default 64)\n"
             "  --disable-radix-cache       turn the prefix cache off\n"
             "  --disable-cuda-graph        run decode steps op by op (no CUDA graphs)\n"
             "  --log-level error|warn|info|debug\n");
@@ -124,6 +133,15 @@ int cmd_serve(int argc, char **argv) {
     long long chunked = ms_args_int(&a, "chunked-prefill-size", 0, &bad);
     long long max_bytes = ms_args_int(&a, "max-request-bytes", 10 << 20, &bad);
     long long http_threads = ms_args_int(&a, "http-threads", 4, &bad);
+    long long max_conns = ms_args_int(&a, "max-connections", 4096, &bad);
+    double idle_to = ms_args_float(&a, "connection-timeout", 600, &bad);
+    double header_to = ms_args_float(&a, "header-timeout", 60, &bad);
+    double body_to = ms_args_float(&a, "body-timeout", 120, &bad);
+    double min_rate = ms_args_float(&a, "min-upload-rate", 1024, &bad);
+    long long body_budget = ms_args_int(&a, "max-body-buffer-bytes", 256LL << 20, &bad);
+    double stall_to = ms_args_float(&a, "stream-stall-timeout", 60, &bad);
+    double shutdown_to = ms_args_float(&a, "shutdown-timeout", 30, &bad);
+    long long max_choices = ms_args_int(&a, "max-choices-per-request", 64, &bad);
     int no_radix = ms_args_flag(&a, "disable-radix-cache");
     int no_graphs = ms_args_flag(&a, "disable-cuda-graph");
     const char *log_level = ms_args_str(&a, "log-level", NULL);
@@ -151,6 +169,18 @@ int cmd_serve(int argc, char **argv) {
         return 2;
     }
     if (http_threads < 1 || http_threads > 256) { fprintf(stderr, "flag --http-threads: %lld is not in [1, 256]\n", http_threads); return 2; }
+    if (max_conns < 1 || max_conns > 1000000) { fprintf(stderr, "flag --max-connections: %lld is not in [1, 1000000]\n", max_conns); return 2; }
+    if (!(idle_to >= 1 && idle_to <= 86400)) { fprintf(stderr, "flag --connection-timeout: %g is not in [1, 86400]\n", idle_to); return 2; }
+    if (!(header_to > 0 && header_to <= 3600)) { fprintf(stderr, "flag --header-timeout: %g is not in (0, 3600]\n", header_to); return 2; }
+    if (!(body_to > 0 && body_to <= 86400)) { fprintf(stderr, "flag --body-timeout: %g is not in (0, 86400]\n", body_to); return 2; }
+    if (!(min_rate == -1 || (min_rate > 0 && min_rate <= 1e9))) { fprintf(stderr, "flag --min-upload-rate: %g is not -1 or in (0, 1e9]\n", min_rate); return 2; }
+    if (body_budget < max_bytes || body_budget > (1LL << 40)) {
+        fprintf(stderr, "flag --max-body-buffer-bytes: %lld is not in [--max-request-bytes (%lld), 2^40]\n", body_budget, max_bytes);
+        return 2;
+    }
+    if (!(stall_to == -1 || (stall_to > 0 && stall_to <= 86400))) { fprintf(stderr, "flag --stream-stall-timeout: %g is not -1 or in (0, 86400]\n", stall_to); return 2; }
+    if (!(shutdown_to >= 0 && shutdown_to <= 86400)) { fprintf(stderr, "flag --shutdown-timeout: %g is not in [0, 86400]\n", shutdown_to); return 2; }
+    if (max_choices < 1 || max_choices > 512) { fprintf(stderr, "flag --max-choices-per-request: %lld is not in [1, 512]\n", max_choices); return 2; }
     if (max_total < 0 || ctx_len < 0 || max_running < 0 || max_queued < 0 || chunked < 0) {
         fprintf(stderr, "serve: --max-total-tokens, --context-length, --max-running-requests, --max-queued-requests and --chunked-prefill-size must not be negative\n");
         return 2;
@@ -268,6 +298,15 @@ int cmd_serve(int argc, char **argv) {
     cfg.tool_parser = tools;
     cfg.max_request_bytes = (size_t)max_bytes;
     cfg.n_threads = (int)http_threads;
+    cfg.max_connections = (int)max_conns;
+    cfg.idle_timeout_s = idle_to;
+    cfg.header_timeout_s = header_to;
+    cfg.body_timeout_s = body_to;
+    cfg.min_upload_bps = min_rate;
+    cfg.body_budget_bytes = (size_t)body_budget;
+    cfg.stream_stall_timeout_s = stall_to;
+    cfg.shutdown_timeout_s = shutdown_to;
+    cfg.max_choices = (int)max_choices;
     for (int i = 0; i < st.n_eos && i < 16; i++) cfg.eos_ids[cfg.n_eos++] = st.eos[i];
     cfg.version = MS_VERSION;
     json_t *flags = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:b, s:b}",
