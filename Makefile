@@ -1,5 +1,6 @@
 # moeserve build. `make` / `make build` -> build/moeserve; `make test`; `make serve`; `make asan`;
-# `make test-portable` (the plain C CPU paths, PORTABLE=1).
+# `make test-portable` (the plain C CPU paths, PORTABLE=1); `make fuzz` (libFuzzer, FUZZ_TIME s per
+# target); `make soak` (the server under SOAK_N requests at concurrency 128).
 # The CUDA backend is compiled whenever nvcc is found (CUDA=0 to skip). All output goes to build/.
 
 CC      ?= gcc
@@ -31,7 +32,7 @@ endif
 DEPS_PKGS := jansson libmicrohttpd oniguruma libutf8proc libcurl
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -Wno-sign-compare \
     -Wno-missing-field-initializers -Wno-format-truncation -fno-strict-aliasing -pthread -g $(OPT) $(ARCH_FLAGS) \
-    -Isrc -I/usr/include/$(MULTIARCH)/openblas-pthread $(SAN)
+    -Isrc -I/usr/include/$(MULTIARCH)/openblas-pthread $(SAN) $(if $(findstring clang,$(CC)),-Wno-unknown-warning-option)
 LDLIBS  := -ljansson -lmicrohttpd -lonig -lutf8proc -lopenblas -lcurl -lxxhash -lhwloc -lpthread -lm -ldl
 LDFLAGS := $(SAN) -Wl,-rpath,'$$ORIGIN/lib'
 
@@ -61,7 +62,7 @@ CFLAGS_TOOLS := -Itools
 TEST_C   := $(shell find tests -name 'test_*.c' | sort)
 TEST_BIN := $(TEST_C:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all build test test-portable serve asan format clean deps bench gpu-check check-deps FORCE
+.PHONY: all build test test-portable serve asan fuzz soak format clean deps bench gpu-check check-deps FORCE
 
 # Rebuild everything when the compile flags change (e.g. CUDA=0 then CUDA=1 in one build dir).
 FLAGS_STAMP := $(BUILD)/.flags
@@ -132,6 +133,29 @@ test-portable:
 	    $(TEST_C:tests/%.c=build-portable/tests/%))
 	@tests/run.sh build-portable $(PORTABLE_TESTS)
 
+# libFuzzer targets (tests/fuzz/fuzz_*.c) under ASan/UBSan, built with clang into build-fuzz/, each
+# run FUZZ_TIME seconds (FUZZ_TARGETS to pick some) on its seed corpus; crashes land in
+# build-fuzz/fuzz-crashes/ and fail the run (add them to tests/fuzz/regress/TARGET/).
+FUZZ_TIME ?= 30
+FUZZ_C   := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BIN := $(FUZZ_C:tests/fuzz/%.c=build-fuzz/fuzz/%)
+FUZZ_SAN := -fsanitize=address,undefined,fuzzer-no-link -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+fuzz:
+	@$(MAKE) --no-print-directory CC=clang BUILD=build-fuzz CUDA=0 OPT=-O1 SAN="$(FUZZ_SAN)" $(FUZZ_BIN)
+	@scripts/fuzz.sh build-fuzz $(FUZZ_TIME) $(FUZZ_TARGETS)
+
+$(BUILD)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_util.h $(BUILD)/libmoeserve.a $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	@echo "  FUZZ    $@"
+	@$(CC) $(CFLAGS) -fsanitize=fuzzer -Itests -o $@ $< $(BUILD)/libmoeserve.a $(LDFLAGS) $(LDLIBS)
+
+# Soak test: SOAK_N requests (default 20000) at concurrency 128 against `moeserve serve` on the demo
+# model, stopping by itself after SOAK_TIME seconds at most (scripts/soak.mjs).
+SOAK_N ?= 20000
+SOAK_TIME ?= 600
+soak: build
+	@node scripts/soak.mjs --bin $(BUILD)/moeserve --requests $(SOAK_N) --concurrency 128 --max-seconds $(SOAK_TIME)
+
 bench: build
 	@scripts/bench.sh $(BUILD)
 
@@ -142,4 +166,4 @@ format:
 	clang-format -i $$(find src tools tests -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh')
 
 clean:
-	rm -rf build build-asan build-portable
+	rm -rf build build-asan build-portable build-fuzz

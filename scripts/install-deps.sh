@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs everything moeserve needs to build, serve and test on a fresh Debian 12 machine (as root).
-# python3-jinja2 is the second chat-template oracle (tests/tokenizer/jinja2_render.py).
+# python3-jinja2 is the second chat-template oracle (tests/tokenizer/jinja2_render.py); clang and its
+# runtime libraries (libFuzzer, sanitizers) build `make fuzz`.
 # Idempotent: packages already present are skipped, npm oracles are installed once into tests/node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PKGS="build-essential pkg-config libjansson-dev libmicrohttpd-dev libonig-dev libutf8proc-dev
   libopenblas-dev libcurl4-openssl-dev libxxhash-dev libhwloc-dev liburing-dev curl chromium
-  python3-jinja2"
+  python3-jinja2 clang libclang-rt-14-dev"
 # Node.js and npm may come from elsewhere than Debian (then dpkg does not know them): check the commands.
 command -v node >/dev/null 2>&1 || APT_PKGS="$APT_PKGS nodejs"
 command -v npm >/dev/null 2>&1 || APT_PKGS="$APT_PKGS npm"

@@ -42,52 +42,53 @@ static size_t max3(size_t a, size_t b, size_t c) {
     return m > c ? m : c;
 }
 
+/* Earliest of the found positions (-1 = absent); *which gets its index (0..2). */
+static long earliest(const long pos[3], int *which) {
+    long best = -1;
+    for (int i = 0; i < 3; i++)
+        if (pos[i] >= 0 && (best < 0 || pos[i] < best)) best = pos[i], *which = i;
+    return best;
+}
+
+/* Tags are handled one at a time in text order, so a delta holding several tokens (released
+ * together by the detokenizer or the stop-string matcher) splits exactly as token by token would. */
 void ms_reasoning_push(ms_reasoning *r, const char *text, size_t n, ms_sbuf *reasoning,
                        ms_sbuf *content) {
     ms_sbuf_add(&r->buf, text, n);
-    const char *b = ms_sbuf_str(&r->buf);
-    size_t len = r->buf.len;
-    if (proper_prefix(b, len, THINK_START) || proper_prefix(b, len, THINK_END) ||
-        proper_prefix(b, len, TOOL_START))
-        return;
-    if (!r->stripped_start) {
-        long p = ms_find(b, len, THINK_START);
-        if (p >= 0) {
-            size_t tl = sizeof THINK_START - 1;
-            memmove(r->buf.s + p, r->buf.s + p + tl, len - (size_t)p - tl + 1);
-            r->buf.len -= tl;
-            len = r->buf.len;
+    for (;;) {
+        const char *b = ms_sbuf_str(&r->buf);
+        size_t len = r->buf.len;
+        if (len == 0) return;
+        if (proper_prefix(b, len, THINK_START) || proper_prefix(b, len, THINK_END) ||
+            proper_prefix(b, len, TOOL_START))
+            return;
+        long pos[3] = {r->stripped_start ? -1 : ms_find(b, len, THINK_START),
+                       r->in_reasoning ? ms_find(b, len, THINK_END) : -1,
+                       r->in_reasoning ? ms_find(b, len, TOOL_START) : -1};
+        int which = -1;
+        long p = earliest(pos, &which);
+        ms_sbuf *out = r->in_reasoning ? reasoning : content;
+        if (p < 0) { /* no tag: emit all but a tail that could start one */
+            size_t hold = r->stripped_start ? 0 : ms_partial_tail(b, len, THINK_START);
+            if (r->in_reasoning)
+                hold = max3(hold, ms_partial_tail(b, len, THINK_END), ms_partial_tail(b, len, TOOL_START));
+            ms_sbuf_add(out, b, len - hold);
+            ms_sbuf_consume(&r->buf, len - hold);
+            return;
+        }
+        ms_sbuf_add(out, b, (size_t)p);
+        if (which == 0) { /* <think>: removed, reasoning (re)starts */
+            ms_sbuf_consume(&r->buf, (size_t)p + sizeof THINK_START - 1);
             r->stripped_start = 1;
             r->in_reasoning = 1;
+        } else if (which == 1) { /* </think>: removed, content follows */
+            ms_sbuf_consume(&r->buf, (size_t)p + sizeof THINK_END - 1);
+            r->in_reasoning = 0;
+        } else { /* <tool_call>: ends reasoning and stays in the content */
+            ms_sbuf_consume(&r->buf, (size_t)p);
+            r->in_reasoning = 0;
         }
     }
-    if (r->in_reasoning) {
-        long e = ms_find(b, len, THINK_END);
-        if (e >= 0) {
-            ms_sbuf_add(reasoning, b, (size_t)e);
-            size_t after = (size_t)e + sizeof THINK_END - 1;
-            ms_sbuf_add(content, b + after, len - after);
-            ms_sbuf_clear(&r->buf);
-            r->in_reasoning = 0;
-            return;
-        }
-        long t = ms_find(b, len, TOOL_START);
-        if (t >= 0) {
-            ms_sbuf_add(reasoning, b, (size_t)t);
-            ms_sbuf_add(content, b + t, len - (size_t)t);
-            ms_sbuf_clear(&r->buf);
-            r->in_reasoning = 0;
-            return;
-        }
-        size_t hold = max3(ms_partial_tail(b, len, THINK_END), ms_partial_tail(b, len, TOOL_START),
-                           r->stripped_start ? 0 : ms_partial_tail(b, len, THINK_START));
-        ms_sbuf_add(reasoning, b, len - hold);
-        ms_sbuf_consume(&r->buf, len - hold);
-        return;
-    }
-    size_t hold = r->stripped_start ? 0 : ms_partial_tail(b, len, THINK_START);
-    ms_sbuf_add(content, b, len - hold);
-    ms_sbuf_consume(&r->buf, len - hold);
 }
 
 void ms_reasoning_finish(ms_reasoning *r, ms_sbuf *reasoning, ms_sbuf *content) {

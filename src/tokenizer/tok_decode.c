@@ -124,7 +124,8 @@ static void pl_free(plist *l) {
     memset(l, 0, sizeof *l);
 }
 
-#define PS(l, i) ((l)->text.p + (l)->p[i].off)
+/* Start of piece i ("" while the text buffer is still unallocated: only empty pieces; NULL + 0 is UB) */
+#define PS(l, i) ((l)->text.p ? (l)->text.p + (l)->p[i].off : "")
 
 static int byte_token(const char *s, size_t n) {
     if (n != 6 || memcmp(s, "<0x", 3) || s[5] != '>') return -1;
