@@ -245,7 +245,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         if (!killed && r->wd_state == 1 && !ms_srv_all_done(r) && !s->stopping) ms_metrics_guard(&s->metrics, MS_GUARD_CLIENT_GONE);
         ms_srv_abort_all(r);
         for (int i = 0; i < r->n_ch; i++)
-            if (!r->ch[i].done) ms_metrics_finish(&s->metrics, ms_now() - r->t0, MS_FR_ABORT, r->ch[i].n_prompt, r->ch[i].n_gen);
+            if (!r->ch[i].done && r->ch[i].submitted) /* a choice refused before submission was never running */
+                ms_metrics_finish(&s->metrics, ms_now() - r->t0, MS_FR_ABORT, r->ch[i].n_prompt, r->ch[i].n_gen);
     }
     ms_srv_req_unref(r);
 }
