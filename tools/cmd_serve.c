@@ -52,6 +52,7 @@ static void usage(void) {
             "  --min-upload-rate B         bytes/s a body upload must average after 5 s (default 1024; -1 = off)\n"
             "  --max-body-buffer-bytes N   request bytes buffered by all connections together; beyond: 503 (default 268435456)\n"
             "  --stream-stall-timeout S    abort a stream whose client reads nothing for S (default 60; -1 = off)\n"
+            "  --request-timeout S         abort a generation running longer than S (finish_reason abort; default 0 = none)\n"
             "  --shutdown-timeout S        on SIGTERM/SIGINT let running requests finish for S, then abort them (default 30)\n"
             "  --max-choices-per-request N prompts x n of one request at most (default 64)\n"
             "  --disable-radix-cache       turn the prefix cache off\n"
@@ -141,6 +142,7 @@ int cmd_serve(int argc, char **argv) {
     long long body_budget = ms_args_int(&a, "max-body-buffer-bytes", 256LL << 20, &bad);
     double stall_to = ms_args_float(&a, "stream-stall-timeout", 60, &bad);
     double shutdown_to = ms_args_float(&a, "shutdown-timeout", 30, &bad);
+    double request_to = ms_args_float(&a, "request-timeout", 0, &bad);
     long long max_choices = ms_args_int(&a, "max-choices-per-request", 64, &bad);
     int no_radix = ms_args_flag(&a, "disable-radix-cache");
     int no_graphs = ms_args_flag(&a, "disable-cuda-graph");
@@ -179,6 +181,7 @@ int cmd_serve(int argc, char **argv) {
         return 2;
     }
     if (!(stall_to == -1 || (stall_to > 0 && stall_to <= 86400))) { fprintf(stderr, "flag --stream-stall-timeout: %g is not -1 or in (0, 86400]\n", stall_to); return 2; }
+    if (!(request_to >= 0 && request_to <= 86400 * 7)) { fprintf(stderr, "flag --request-timeout: %g is not in [0, 604800]\n", request_to); return 2; }
     if (!(shutdown_to >= 0 && shutdown_to <= 86400)) { fprintf(stderr, "flag --shutdown-timeout: %g is not in [0, 86400]\n", shutdown_to); return 2; }
     if (max_choices < 1 || max_choices > 512) { fprintf(stderr, "flag --max-choices-per-request: %lld is not in [1, 512]\n", max_choices); return 2; }
     if (max_total < 0 || ctx_len < 0 || max_running < 0 || max_queued < 0 || chunked < 0) {
@@ -306,6 +309,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.body_budget_bytes = (size_t)body_budget;
     cfg.stream_stall_timeout_s = stall_to;
     cfg.shutdown_timeout_s = shutdown_to;
+    cfg.request_timeout_s = request_to;
     cfg.max_choices = (int)max_choices;
     for (int i = 0; i < st.n_eos && i < 16; i++) cfg.eos_ids[cfg.n_eos++] = st.eos[i];
     cfg.version = MS_VERSION;

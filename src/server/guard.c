@@ -11,6 +11,8 @@
  *     reader has taken nothing for --stream-stall-timeout while output waits is stalled. Either
  *     way the request is marked (req.kill), resumed and its socket shut down; the HTTP thread then
  *     aborts its engine requests (slots and pages freed, counted as aborted);
+ *   - generating requests older than --request-timeout: their engine requests are aborted, so the
+ *     response ends normally with finish_reason "abort";
  *   - requests still receiving their body: cut after --body-timeout, or when the average rate
  *     falls below --min-upload-rate after a grace period;
  *   - connections waiting for request headers (new or keep-alive): cut after --header-timeout.
@@ -117,6 +119,15 @@ static void look_at_requests(ms_server *s, long long t) {
                 kill_req(r, KILL_BODY);
             }
         } else if (st == 1) {
+            if (cfg->request_timeout_s > 0 && !r->timed_out &&
+                (double)(t - (long long)(r->t0 * 1000.0)) / 1000.0 > cfg->request_timeout_s) {
+                /* the choices were all allocated before wd_state became 1; ms_engine_abort is safe for
+                 * finished ids, so no HTTP-thread state is needed */
+                r->timed_out = 1;
+                ms_metrics_guard(&s->metrics, MS_GUARD_REQUEST_TIMEOUT);
+                for (int i = 0; i < r->n_ch; i++)
+                    if (r->ch[i].submitted) r->ops.abort(r->ops.ctx, r->ch[i].eid);
+            }
             if (peer_gone(r->fd)) {
                 ms_metrics_guard(&s->metrics, MS_GUARD_CLIENT_GONE);
                 kill_req(r, KILL_GONE);

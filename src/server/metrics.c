@@ -165,6 +165,8 @@ void ms_metrics_write(ms_metrics *m, const ms_engine_stats *es, const char *mode
             m->guard[MS_GUARD_HEADER_TIMEOUT]);
     counter(o, "moeserve:body_budget_rejections_total", "Requests refused (503) over the global body buffer budget.",
             m->guard[MS_GUARD_BODY_BUDGET]);
+    counter(o, "moeserve:request_timeouts_total", "Generations aborted for running longer than --request-timeout.",
+            m->guard[MS_GUARD_REQUEST_TIMEOUT]);
     counter(o, "moeserve:server_prompt_tokens_total", "Prompt tokens of finished choices (server view).",
             m->prompt_tokens);
     counter(o, "moeserve:server_generation_tokens_total",

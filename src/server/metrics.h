@@ -33,7 +33,7 @@ enum { MS_FR_STOP, MS_FR_LENGTH, MS_FR_TOOL, MS_FR_ABORT, MS_FR_ERROR, MS_FR_N }
 
 /* What the watchdog (guard.c) and the admission checks ended or refused. */
 enum { MS_GUARD_CLIENT_GONE, MS_GUARD_STREAM_STALL, MS_GUARD_SLOW_UPLOAD, MS_GUARD_HEADER_TIMEOUT,
-       MS_GUARD_BODY_BUDGET, MS_GUARD_N };
+       MS_GUARD_BODY_BUDGET, MS_GUARD_REQUEST_TIMEOUT, MS_GUARD_N };
 
 typedef struct ms_metrics {
     pthread_mutex_t mu;

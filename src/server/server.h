@@ -64,6 +64,7 @@ typedef struct ms_server_config {
     double min_upload_bps;     /* average body rate below this after 5 s ends the upload (default 1024; <0 off) */
     size_t body_budget_bytes;  /* request bodies buffered by all connections together (default 256 MiB) */
     double stream_stall_timeout_s; /* a stream whose reader takes nothing for this long is aborted (default 60; <0 off) */
+    double request_timeout_s;  /* a generation running longer is aborted (finish_reason "abort"); 0 = none */
     double shutdown_timeout_s; /* ms_server_stop lets running requests finish this long (default 30; 0 = abort at once) */
     int max_choices;           /* n x prompts of one request (default 64) */
     const char *info_json;     /* JSON object text shown under "flags" in /get_server_info */

@@ -100,6 +100,7 @@ typedef struct req {
     long long body_acct;      /* of them, counted in srv->body_bytes (HTTP thread) */
     _Atomic long long t_progress_ms; /* streaming: last time the content reader handed out bytes */
     int streaming;
+    int timed_out;            /* the watchdog aborted it for --request-timeout (watchdog thread only) */
     ev_item *q;
     int qn, qcap;
     /* fields below are used by the HTTP thread only */

@@ -970,6 +970,21 @@ static void test_guard(void) {
     CHECK(up && json_number_value(up) >= 0 && json_number_value(up) < 60);
     json_decref(j);
     resp_free(&r);
+    /* 8. a generation running past --request-timeout ends normally with finish_reason abort */
+    ms_server_stop(s4);
+    cfg.request_timeout_s = 0.5;
+    s4 = start_fake_server(&cfg, &o4);
+    CHECK(s4 != NULL);
+    if (!s4) return;
+    g_port = ms_server_port(s4);
+    http("POST", "/v1/completions", "{\"prompt\":\"LONG\",\"max_tokens\":250}", &r);
+    CHECK_EQ_INT(r.status, 200);
+    json_t *jt = jbody(&r);
+    CHECK_STR(jstr(jt, "choices.0.finish_reason"), "abort");
+    json_decref(jt);
+    resp_free(&r);
+    CHECK_EQ_INT((int)metric("moeserve:request_timeouts_total"), 1);
+
     g_port = save;
     ms_server_stop(s4);
     fk_engine_free(e4);
