@@ -12,7 +12,9 @@
 //
 // Bounded: stops issuing requests after --max-seconds and fails then if not all were done.
 // Usage: node scripts/soak.mjs [--bin build/moeserve] [--model DIR] [--requests N]
-//        [--concurrency C] [--max-seconds S] [--server-args "FLAGS"]
+//        [--concurrency C] [--max-seconds S] [--max-queued N] [--max-total-tokens N] [--server-args "FLAGS"]
+// Overload: a concurrency several times what the server sustains with a small --max-queued checks
+// that the excess gets 503 + Retry-After while admitted requests keep a bounded time to first chunk.
 import { spawn } from "node:child_process";
 import fs from "node:fs";
 
@@ -36,7 +38,7 @@ const text = (n) => Array.from({ length: n }, () => pick(words)).join(" ");
 function startServer() {
   // a KV pool the warm-up fills: its pages are touched (become resident) on first use, which is
   // not growth; 16k tokens for 128 clients also exercises prefix-cache eviction and preemption
-  const sargs = ["serve", "--port", "0", "--max-queued-requests", "4096", "--context-length", String(CTX),
+  const sargs = ["serve", "--port", "0", "--max-queued-requests", args["max-queued"] || "4096", "--context-length", String(CTX),
                  "--max-total-tokens", args["max-total-tokens"] || "16384"];
   if (args.model) sargs.push("--model-path", args.model);
   if (args["server-args"]) sargs.push(...args["server-args"].split(" ").filter(Boolean));
@@ -70,7 +72,7 @@ async function metrics(url) {
   return m;
 }
 
-const client = { ok: 0, bad: 0, busy: 0, cut: 0, fr: {}, other: {}, errors: [] };
+const client = { ok: 0, bad: 0, busy: 0, cut: 0, fr: {}, other: {}, errors: [], ttft: [] };
 let metricsGets = 0;
 
 function makeRequest(i) {
@@ -102,6 +104,7 @@ function makeRequest(i) {
 
 async function one(url, i) {
   const r = makeRequest(i);
+  const t0 = performance.now();
   const ac = new AbortController();
   let res;
   try {
@@ -110,7 +113,14 @@ async function one(url, i) {
     client.errors.push(`request ${i}: ${e.message}`);
     return;
   }
-  if (res.status === 503) { client.busy++; await res.text(); return; }
+  if (res.status === 503) {
+    client.busy++;
+    const ra = res.headers.get("retry-after");
+    if (!ra) client.errors.push(`request ${i}: 503 without Retry-After`);
+    await res.text();
+    await new Promise((r) => setTimeout(r, 1000 * (parseFloat(ra) || 1) * (0.5 + rnd()))); // a polite client backs off
+    return;
+  }
   const okStatus = String(r.expect).split("|").map(Number);
   if (!okStatus.includes(res.status)) {
     client.errors.push(`request ${i}: status ${res.status} (wanted ${r.expect}): ${(await res.text()).slice(0, 200)}`);
@@ -131,6 +141,7 @@ async function one(url, i) {
     while (!done) {
       const { value, done: end } = await reader.read();
       if (end) break;
+      if (!buf) client.ttft.push(performance.now() - t0);
       buf += dec.decode(value, { stream: true });
       if (r.disconnect && buf.includes("data: {")) { ac.abort(); client.cut++; return; }
       let k;
@@ -216,6 +227,8 @@ async function main() {
     `${client.ok} completed ${JSON.stringify(client.fr)}, ${client.bad} refused (400), ${client.busy} busy (503), ` +
     `${client.cut} cut by their client; server: aborted ${m["moeserve:requests_aborted_total"]}, disconnects ${m["moeserve:client_disconnects_total"]}, ` +
     `generated ${m["moeserve:generation_tokens_total"]} tokens`);
+  const tt = client.ttft.sort((a, b) => a - b), q = (p) => (tt.length ? tt[Math.min(tt.length - 1, Math.floor(p * tt.length))] : 0);
+  console.log(`soak: streaming time to first chunk of admitted requests: p50 ${q(0.5).toFixed(0)} ms, p99 ${q(0.99).toFixed(0)} ms, max ${q(1).toFixed(0)} ms`);
   if (fails.length) { for (const f of fails) console.log("FAIL " + f); process.exit(1); }
   console.log("soak: ok");
 }

@@ -310,6 +310,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.stream_stall_timeout_s = stall_to;
     cfg.shutdown_timeout_s = shutdown_to;
     cfg.request_timeout_s = request_to;
+    cfg.max_queued = (int)max_queued;
     cfg.max_choices = (int)max_choices;
     for (int i = 0; i < st.n_eos && i < 16; i++) cfg.eos_ids[cfg.n_eos++] = st.eos[i];
     cfg.version = MS_VERSION;

@@ -197,6 +197,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (s->stopping) { r->phase = PH_DONE; return ms_srv_fail(s, conn, 503, "server_error", NULL, "shutting_down", "The server is shutting down."); }
     if (!strcmp(u, "/v1/chat/completions") || !strcmp(u, "/v1/completions")) {
         if (!r->is_post) { r->phase = PH_DONE; return ms_srv_fail(s, conn, 405, "invalid_request_error", NULL, "method_not_allowed", "Use POST for this route."); }
+        if (s->cfg.max_queued > 0 && s->ops.stats) { /* overload: refuse before the costly parse + tokenize */
+            ms_engine_stats st;
+            s->ops.stats(s->ops.ctx, &st);
+            if (st.waiting >= s->cfg.max_queued) {
+                r->phase = PH_DONE;
+                ms_srv_body_release(r);
+                return ms_srv_fail(s, conn, 503, "server_error", NULL, "server_busy", "The server is at capacity (queue full); retry later.");
+            }
+        }
         r->phase = PH_DONE;
         enum MHD_Result rc = ms_srv_start_generation(r, conn);
         ms_srv_body_release(r); /* parsed: the body no longer counts against the budget */

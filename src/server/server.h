@@ -67,6 +67,7 @@ typedef struct ms_server_config {
     double request_timeout_s;  /* a generation running longer is aborted (finish_reason "abort"); 0 = none */
     double shutdown_timeout_s; /* ms_server_stop lets running requests finish this long (default 30; 0 = abort at once) */
     int max_choices;           /* n x prompts of one request (default 64) */
+    int max_queued;            /* the engine's waiting-queue bound: at it, 503 before parsing (0 = no early check) */
     const char *info_json;     /* JSON object text shown under "flags" in /get_server_info */
     const char *version;       /* moeserve version string */
 } ms_server_config;
