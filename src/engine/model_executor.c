@@ -498,7 +498,7 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
     if (!rc) {
         rank_st *r0 = &x->ranks[0];
         x->m = r0->m, x->b = r0->b, x->f = r0->f;
-        if (x->fo.graphs && !o->record_routing && !strcmp(x->b->name, "cuda")) rc = run_job(x, JOB_GRAPHS, err);
+        if (x->fo.graphs && !o->record_routing && x->b->ops->graph_begin) rc = run_job(x, JOB_GRAPHS, err);
     }
     if (!rc) {
         out->ctx = x;
