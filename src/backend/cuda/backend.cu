@@ -387,12 +387,8 @@ int cu_weight_bf16(ms_backend *b, const ms_linear *W, int keep, const bf16 **out
 
 static cudaDataType_t cu_dt(int t) { return t == MS_F32 ? CUDA_R_32F : t == MS_F16 ? CUDA_R_16F : CUDA_R_16BF; }
 
-int cu_gemm(ms_backend *b, const cu_gemm_call *g_, ms_err *err) {
-    const int M = g_->M, N = g_->N, K = g_->K, ab_type = g_->ab_type, b_trans = g_->b_trans, c_type = g_->c_type;
-    const void *A = g_->A, *B = g_->B;
-    void *C = g_->C;
-    const int64_t lda = g_->lda, ldb = g_->ldb, ldc = g_->ldc;
-    const float beta = g_->beta;
+int cu_gemm(ms_backend *b, int M, int N, int K, const void *A, int64_t lda, int ab_type, const void *B, int64_t ldb,
+            int b_trans, void *C, int64_t ldc, int c_type, float beta, ms_err *err) {
     cu_impl *c = cu_of(b);
     if (M <= 0 || N <= 0) return MS_OK;
     if (ab_type == MS_F32 && c_type != MS_F32)
@@ -515,9 +511,7 @@ static int cu_linear(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_t
             p += (size_t)T * K * 4;
         }
         float *yf = y->dtype == MS_F32 ? (float *)y->data : (float *)p;
-        cu_gemm_call g = {.M = (int)T, .N = N, .K = K, .A = xf, .lda = K, .ab_type = MS_F32, .B = d.w, .ldb = K,
-                          .b_trans = 1, .C = yf, .ldc = N, .c_type = MS_F32, .beta = 0.f};
-        MS_TRY(cu_gemm(b, &g, err));
+        MS_TRY(cu_gemm(b, (int)T, N, K, xf, K, MS_F32, d.w, K, 1, yf, N, MS_F32, 0.f, err));
         if (W->bias.data) MS_TRY(cu_add_bias(b, yf, MS_F32, (const float *)W->bias.data, T, N, err));
         if (y->dtype != MS_F32) MS_TRY(cu_convert(b, yf, MS_F32, y->data, y->dtype, (size_t)T * N, err));
         return MS_OK;
@@ -530,9 +524,7 @@ static int cu_linear(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_t
         return cu_gemv_mma(b, &c, err);
     }
     if (d.fmt == MS_WFMT_PLAIN) {
-        cu_gemm_call g = {.M = (int)T, .N = N, .K = K, .A = xb, .lda = K, .ab_type = MS_BF16, .B = d.w, .ldb = K,
-                          .b_trans = 1, .C = y->data, .ldc = N, .c_type = y->dtype, .beta = 0.f};
-        MS_TRY(cu_gemm(b, &g, err));
+        MS_TRY(cu_gemm(b, (int)T, N, K, xb, K, MS_BF16, d.w, K, 1, y->data, N, y->dtype, 0.f, err));
     } else if (T <= CU_GEMV_MAX_T) {
         const cu_gemv_call c = {.mode = 0, .n_groups = 1, .w0 = d, .rows_total = (int)T, .x = xb, .y = y->data,
                                 .y_type = y->dtype, .ldy = N};
@@ -540,9 +532,7 @@ static int cu_linear(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_t
     } else {
         const bf16 *wb;
         MS_TRY(cu_weight_bf16(b, W, 0, &wb, err));
-        cu_gemm_call g = {.M = (int)T, .N = N, .K = K, .A = xb, .lda = K, .ab_type = MS_BF16, .B = wb, .ldb = K,
-                          .b_trans = 1, .C = y->data, .ldc = N, .c_type = y->dtype, .beta = 0.f};
-        MS_TRY(cu_gemm(b, &g, err));
+        MS_TRY(cu_gemm(b, (int)T, N, K, xb, K, MS_BF16, wb, K, 1, y->data, N, y->dtype, 0.f, err));
     }
     if (W->bias.data) MS_TRY(cu_add_bias(b, y->data, y->dtype, (const float *)W->bias.data, T, N, err));
     return MS_OK;

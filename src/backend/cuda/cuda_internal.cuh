@@ -106,24 +106,11 @@ int cu_wdesc_of(const ms_linear *W, cu_wdesc *d, ms_err *err);
  * dequantized copy when keep != 0, else a copy in scratch slot SCR_DEQ valid until the next call). */
 int cu_weight_bf16(ms_backend *b, const ms_linear *W, int keep, const bf16 **out, ms_err *err);
 
-/* One row-major GEMM through cuBLASLt: C[M,N] (+)= A[M,K] · op(B), float32 accumulation. Callers fill
- * it with designated initialisers; all pointers are device memory borrowed for the call. */
-typedef struct cu_gemm_call {
-    int M, N, K;
-    const void *A;   /* [M, K], leading dim lda (elements) */
-    int64_t lda;
-    int ab_type;     /* ms_dtype of A and B: MS_BF16, or MS_F32 for both (then C must be F32) */
-    const void *B;   /* [N, K] when b_trans = 1 (y = x·Wᵀ), else [K, N]; leading dim ldb */
-    int64_t ldb;
-    int b_trans;
-    void *C;         /* [M, N], leading dim ldc */
-    int64_t ldc;
-    int c_type;      /* ms_dtype of C: MS_BF16 or MS_F32 */
-    float beta;      /* 0: C = A·op(B); 1: C += A·op(B) */
-} cu_gemm_call;
-
-/* Runs g on the backend stream (asynchronously); shapes with M or N = 0 do nothing. */
-int cu_gemm(ms_backend *b, const cu_gemm_call *g, ms_err *err);
+/* Row-major GEMM on the backend stream: C[M,N] (+)= A[M,K] · op(B) where B is [N,K] (b_trans=1,
+ * i.e. y = x·Wᵀ) or [K,N] (b_trans=0). A/B types BF16 (or both F32), C BF16 or F32; fp32 accumulate.
+ * Leading dims are in elements. beta 0 or 1. */
+int cu_gemm(ms_backend *b, int M, int N, int K, const void *A, int64_t lda, int ab_type, const void *B, int64_t ldb,
+            int b_trans, void *C, int64_t ldc, int c_type, float beta, ms_err *err);
 
 /* Internal linear used by the router and runners: same as the backend's linear op. */
 int cu_linear_op(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_tensor *y, ms_err *err);

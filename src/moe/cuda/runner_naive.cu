@@ -16,9 +16,7 @@ static size_t naive_ws(const ms_backend *b, const ms_moe_shape *s) {
 static int deq_gemm(ms_backend *b, const ms_linear *W, const bf16 *x, int M, void *y, int yt, ms_err *err) {
     const bf16 *wb;
     MS_TRY(cu_weight_bf16(b, W, 0, &wb, err));
-    const cu_gemm_call g = {.M = M, .N = (int)W->n_out, .K = (int)W->n_in, .A = x, .lda = W->n_in, .ab_type = MS_BF16,
-                            .B = wb, .ldb = W->n_in, .b_trans = 1, .C = y, .ldc = W->n_out, .c_type = yt, .beta = 0.f};
-    return cu_gemm(b, &g, err);
+    return cu_gemm(b, M, (int)W->n_out, (int)W->n_in, x, W->n_in, MS_BF16, wb, W->n_in, 1, y, W->n_out, yt, 0.f, err);
 }
 
 static int naive_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, const int32_t *ids_d, const float *w_d,
