@@ -325,11 +325,12 @@ static int parse_quant(rx_parser *P, rx_node *nd) {
     else if (c == '{') {
         const char *q = P->p + 1;
         long a = -1, b = -1;
-        if (q < P->end && *q >= '0' && *q <= '9') { a = 0; while (q < P->end && *q >= '0' && *q <= '9') a = a * 10 + (*q++ - '0'); }
+        /* digits saturate at 1000001 (over the 100000 limit below) instead of overflowing */
+        if (q < P->end && *q >= '0' && *q <= '9') { a = 0; while (q < P->end && *q >= '0' && *q <= '9') { a = a * 10 + (*q++ - '0'); if (a > 1000000) a = 1000001; } }
         if (q < P->end && *q == '}' && a >= 0) { b = a; q++; }
         else if (q < P->end && *q == ',') {
             q++;
-            if (q < P->end && *q >= '0' && *q <= '9') { b = 0; while (q < P->end && *q >= '0' && *q <= '9') b = b * 10 + (*q++ - '0'); }
+            if (q < P->end && *q >= '0' && *q <= '9') { b = 0; while (q < P->end && *q >= '0' && *q <= '9') { b = b * 10 + (*q++ - '0'); if (b > 1000000) b = 1000001; } }
             else b = RX_INF;
             if (q >= P->end || *q != '}') return 0; /* literal '{' */
             q++;
