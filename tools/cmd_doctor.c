@@ -322,15 +322,29 @@ static void bench(ms_backend *gpu) {
     }
 }
 
+static const ms_opt doctor_opts[] = {
+    {"device", NULL, MS_OPT_VALUE, "I", "GPU index to check [0]"},
+    {"no-selftest", NULL, MS_OPT_BOOL, NULL, "skip the kernel self-tests"},
+    {"bench", NULL, MS_OPT_BOOL, NULL, "also measure bandwidth and GEMM rate"},
+    MS_OPT_END,
+};
+
+static const ms_cmd doctor_cmd = {
+    "doctor", "[--device I] [--no-selftest] [--bench]",
+    "Reports the build, the CPU, memory, the GPUs and their drivers, and self-tests the kernels.",
+    {doctor_opts, NULL},
+};
+
 int cmd_doctor(int argc, char **argv) {
     ms_args a;
-    if (ms_args_init(&a, argc, argv)) return 1;
+    int prc = ms_args_parse(&a, &doctor_cmd, argc, argv);
+    if (prc) return ms_args_exit(prc);
     int bad = 0;
     int dev = (int)ms_args_int(&a, "device", 0, &bad);
     int no_self = ms_args_flag(&a, "no-selftest");
     int do_bench = ms_args_flag(&a, "bench");
     (void)dev; /* only used when the build has CUDA */
-    if (bad || ms_args_check_unknown(&a, "doctor")) {
+    if (bad) {
         ms_args_free(&a);
         return 2;
     }

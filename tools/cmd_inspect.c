@@ -85,18 +85,26 @@ static void print_model(const ms_model *m, const ms_quant_decl *q) {
     printf("\n");
 }
 
+static const ms_opt inspect_opts[] = {
+    {"model", "model-path", MS_OPT_VALUE, "DIR|CONFIG", "checkpoint directory, or a config.json alone (estimate only)"},
+    {"override", NULL, MS_OPT_MULTI, "KEY=VALUE", "config override, e.g. num_hidden_layers=4"},
+    MS_OPT_END,
+};
+
+static const ms_cmd inspect_cmd = {
+    "inspect", "--model DIR|CONFIG [flags]",
+    "What is in a checkpoint and whether moeserve loads it (the real loader runs, nothing else).",
+    {inspect_opts, NULL},
+};
+
 int cmd_inspect(int argc, char **argv) {
     ms_args a;
-    if (ms_args_init(&a, argc, argv)) return 1;
-    if (ms_args_flag(&a, "help")) {
-        fprintf(stderr, "usage: moeserve inspect --model DIR [--override key=value]...\n");
-        ms_args_free(&a);
-        return 0;
-    }
+    int prc = ms_args_parse(&a, &inspect_cmd, argc, argv);
+    if (prc) return ms_args_exit(prc);
     const char *dir = ms_args_str(&a, "model", NULL);
     const char *ov[MAX_OV];
     int n_ov = ms_args_multi(&a, "override", ov, MAX_OV);
-    if (ms_args_check_unknown(&a, "inspect") || !dir) {
+    if (!dir) {
         if (!dir) fprintf(stderr, "moeserve inspect: --model DIR is required\n");
         ms_args_free(&a);
         return 2;

@@ -20,35 +20,45 @@
 #include <string.h>
 #include <unistd.h>
 
-#define MS_VERSION "0.1.0"
+#include "common/version.h"
 
-static void usage(void) {
-    fprintf(stderr,
-            "usage: moeserve serve [--model-path DIR] [flags]\n"
-            "  --model-path DIR            checkpoint directory (default: the built-in demo model)\n"
-            "  --tokenizer-path DIR        tokenizer directory (default: --model-path)\n"
-            "  --host ADDR                 bind address (default 127.0.0.1)\n"
-            "  --port N                    TCP port (default 8000; 0 = any free port)\n"
-            "  --api-key KEY               require 'Authorization: Bearer KEY' on /v1/* routes\n"
-            "  --served-model-name NAME    model name in the API (default: the directory name)\n"
-            "  --reasoning-parser glm45|none      split <think> reasoning into reasoning_content\n"
-            "  --tool-call-parser glm45|glm47|none  parse GLM tool calls into tool_calls\n"
-            "  --chat-template FILE        Jinja chat template overriding the tokenizer's\n"
-            "  --enable-thinking-default true|false  enable_thinking when a request does not say\n"
-            "  --device cpu|cuda           (default cpu)\n"
-            "  --tp N, --ep N              tensor-parallel ranks (one per GPU, or CPU threads); expert groups dividing tp\n"
-            "  --nnodes N --node-rank R --dist-init-addr HOST:PORT [--dist-timeout S]\n"
-            "                              several processes (nodes): node 0 serves HTTP, the others follow it\n"
-            "  --moe-runner-backend auto|NAME   --load-format auto|dummy   --dummy-quant bf16|fp8|nvfp4\n"
-            "  --override KEY=VALUE        config override with dummy weights, e.g. num_hidden_layers=12\n"
-            "  --mem-fraction-static F     --max-total-tokens N   --context-length N\n"
-            "  --max-running-requests N    --max-queued-requests N   --chunked-prefill-size N\n"
-            "  --max-request-bytes N       request body limit (default 10485760)\n"
-            "  --http-threads N            HTTP worker threads (default 4)\n"
-            "  --disable-radix-cache       turn the prefix cache off\n"
-            "  --disable-cuda-graph        run decode steps op by op (no CUDA graphs)\n"
-            "  --log-level error|warn|info|debug\n");
-}
+const ms_opt ms_serve_opts[] = {
+    {"model-path", "model", MS_OPT_VALUE, "DIR|ORG/NAME", "checkpoint directory or Hugging Face repo id (cache, else\ndownload); default: the built-in demo model"},
+    {"revision", NULL, MS_OPT_VALUE, "REV", "Hugging Face branch, tag or commit of a repo id [main]"},
+    {"tokenizer-path", NULL, MS_OPT_VALUE, "DIR", "tokenizer directory [--model-path]"},
+    {"host", NULL, MS_OPT_VALUE, "ADDR", "bind address [127.0.0.1]"},
+    {"port", NULL, MS_OPT_VALUE, "N", "TCP port [8000; 0 = any free port]"},
+    {"api-key", NULL, MS_OPT_VALUE, "KEY", "require 'Authorization: Bearer KEY' on /v1/* routes"},
+    {"served-model-name", NULL, MS_OPT_VALUE, "NAME", "model name in the API [the directory name]"},
+    {"reasoning-parser", NULL, MS_OPT_VALUE, "glm45|none", "split <think> reasoning into reasoning_content [auto]"},
+    {"tool-call-parser", NULL, MS_OPT_VALUE, "glm45|glm47|none", "parse GLM tool calls into tool_calls [auto]"},
+    {"chat-template", NULL, MS_OPT_VALUE, "FILE", "Jinja chat template overriding the tokenizer's"},
+    {"enable-thinking-default", NULL, MS_OPT_VALUE, "true|false", "enable_thinking when a request does not say [true]"},
+    {"device", NULL, MS_OPT_VALUE, "cpu|cuda", "where the model runs [cpu]"},
+    {"moe-runner-backend", NULL, MS_OPT_VALUE, "auto|NAME", "MoE expert runner [auto]"},
+    {"load-format", NULL, MS_OPT_VALUE, "auto|dummy", "dummy: random weights of the config's shapes [auto]"},
+    {"dummy-quant", NULL, MS_OPT_VALUE, "bf16|fp8|nvfp4", "weight format of --load-format dummy [bf16]"},
+    {"override", NULL, MS_OPT_MULTI, "KEY=VALUE", "config override with dummy weights, e.g. num_hidden_layers=12"},
+    {"mem-fraction-static", NULL, MS_OPT_VALUE, "F", "share of GPU memory for weights + KV cache"},
+    {"max-total-tokens", NULL, MS_OPT_VALUE, "N", "KV cache size in tokens [from memory]"},
+    {"context-length", NULL, MS_OPT_VALUE, "N", "longest sequence [the model's]"},
+    {"max-running-requests", NULL, MS_OPT_VALUE, "N", "requests decoding at once"},
+    {"max-queued-requests", NULL, MS_OPT_VALUE, "N", "requests waiting at most (then 503)"},
+    {"chunked-prefill-size", NULL, MS_OPT_VALUE, "N", "prompt tokens per step at most"},
+    {"max-request-bytes", NULL, MS_OPT_VALUE, "N", "request body limit [10485760]"},
+    {"http-threads", NULL, MS_OPT_VALUE, "N", "HTTP worker threads [4]"},
+    {"disable-radix-cache", NULL, MS_OPT_BOOL, NULL, "turn the prefix cache off"},
+    {"disable-cuda-graph", NULL, MS_OPT_BOOL, NULL, "run decode steps op by op (no CUDA graphs)"},
+    {"log-level", NULL, MS_OPT_VALUE, "LEVEL", "error|warning|info|debug (warn, critical accepted) [info]"},
+    MS_OPT_END,
+};
+
+static const ms_cmd serve_cmd = {
+    "serve", "[--model-path DIR|ORG/NAME] [flags]",
+    "Serves the OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models, /health,\n"
+    "/metrics, /get_server_info, and a chat page at /). Flag names follow SGLang's.",
+    {ms_serve_opts, ms_parallel_opts, NULL},
+};
 
 /* models/demo next to the binary (../models/demo from build/moeserve), else under the cwd. */
 static int find_demo_model(char *out, size_t cap) {
@@ -93,12 +103,11 @@ static int parse_bool(const char *s, int *out) {
 }
 
 int cmd_serve(int argc, char **argv) {
-    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) { usage(); return 0; }
     ms_args a;
-    if (ms_args_init(&a, argc, argv) != 0) return 1;
+    int prc = ms_args_parse(&a, &serve_cmd, argc, argv);
+    if (prc) return ms_args_exit(prc);
     int bad = 0;
     const char *model_path = ms_args_str(&a, "model-path", NULL);
-    if (!model_path) model_path = ms_args_str(&a, "model", NULL); /* alias, as other commands spell it */
     const char *overrides[64];
     int n_overrides = ms_args_multi(&a, "override", overrides, 64);
     const char *tokenizer_path = ms_args_str(&a, "tokenizer-path", NULL);
@@ -127,13 +136,15 @@ int cmd_serve(int argc, char **argv) {
     int no_radix = ms_args_flag(&a, "disable-radix-cache");
     int no_graphs = ms_args_flag(&a, "disable-cuda-graph");
     const char *log_level = ms_args_str(&a, "log-level", NULL);
-    if (bad || ms_args_check_unknown(&a, "serve") != 0) { ms_args_free(&a); return 2; }
-    ms_args_free(&a);
+    if (bad) { ms_args_free(&a); return 2; }
+    ms_args_free(&a); /* the values point into argv, which outlives this */
 
     if (log_level) {
-        int lv = !strcmp(log_level, "error") ? MS_LOG_ERROR : !strcmp(log_level, "warn") ? MS_LOG_WARN
+        /* SGLang's (Python logging's) names, and ours */
+        int lv = !strcmp(log_level, "error") || !strcmp(log_level, "critical") ? MS_LOG_ERROR
+               : !strcmp(log_level, "warn") || !strcmp(log_level, "warning") ? MS_LOG_WARN
                : !strcmp(log_level, "debug") ? MS_LOG_DEBUG : !strcmp(log_level, "info") ? MS_LOG_INFO : -1;
-        if (lv < 0) { fprintf(stderr, "flag --log-level: '%s' is not error, warn, info or debug\n", log_level); return 2; }
+        if (lv < 0) { fprintf(stderr, "moeserve serve: flag --log-level: '%s' is not error, warning, info or debug\n", log_level); return 2; }
         ms_log_set_level(lv);
     }
     if (port < 0 || port > 65535) { fprintf(stderr, "flag --port: %lld is not in [0, 65535]\n", port); return 2; }

@@ -13,6 +13,12 @@ typedef struct ms_model_args {
     const char *overrides[MS_MAX_OVERRIDES];
 } ms_model_args;
 
+/* The flag tables of the two groups below (commands put them in their ms_cmd groups). */
+extern const ms_opt ms_model_opts[];
+extern const ms_opt ms_parallel_opts[];
+/* serve's own flags (tools/cmd_serve.c); chat accepts them too and passes them to its server. */
+extern const ms_opt ms_serve_opts[];
+
 /* Reads --model (or --model-path), --device, --device-index, --moe-runner-backend, --load-format,
  * --dummy-quant, --override key=value (repeatable), --check-numerics, --max-total-tokens,
  * --page-size, --max-batch-tokens, --mem-fraction-static and the parallelism flags
