@@ -28,11 +28,11 @@ ARCH_FLAGS := -march=x86-64-v3 -mtune=generic
 else
 ARCH_FLAGS :=
 endif
-DEPS_PKGS := jansson libmicrohttpd oniguruma libutf8proc libcurl
+DEPS_PKGS := jansson libmicrohttpd oniguruma libutf8proc libcurl libcrypto
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -Wno-sign-compare \
     -Wno-missing-field-initializers -Wno-format-truncation -fno-strict-aliasing -pthread -g $(OPT) $(ARCH_FLAGS) \
     -Isrc -I/usr/include/$(MULTIARCH)/openblas-pthread $(SAN)
-LDLIBS  := -ljansson -lmicrohttpd -lonig -lutf8proc -lopenblas -lcurl -lxxhash -lhwloc -lpthread -lm -ldl
+LDLIBS  := -ljansson -lmicrohttpd -lonig -lutf8proc -lopenblas -lcurl -lcrypto -lxxhash -lhwloc -lpthread -lm -ldl
 LDFLAGS := $(SAN) -Wl,-rpath,'$$ORIGIN/lib'
 
 ifeq ($(CUDA),1)

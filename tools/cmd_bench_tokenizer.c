@@ -5,6 +5,7 @@
  * CRLF, numbers, CJK, Cyrillic, Arabic, Devanagari, Thai, emoji); --write-corpus FILE saves it
  * so the JavaScript reference (tests/tokenizer/bench_ref.mjs) can encode the very same bytes. */
 #include "common/args.h"
+#include "common/model_path.h"
 #include "core/fileutil.h"
 #include "core/status.h"
 #include "tokenizer/tokenizer.h"
@@ -133,6 +134,9 @@ int cmd_bench_tokenizer(int argc, char **argv) {
         if (!model || rc) { free(text); return rc ? 1 : 0; }
     }
     if (!model) { fprintf(stderr, "bench-tokenizer: flag --model: missing\n"); free(text); return 2; }
+    char dir[4096];
+    if (ms_model_path_resolve("bench-tokenizer", "model", model, NULL, MS_NEED_TOKENIZER, dir, sizeof dir)) { free(text); return 2; }
+    model = dir;
     double t0 = ms_now();
     ms_tokenizer *t = NULL;
     if (ms_tokenizer_load(model, &t, &err)) { fprintf(stderr, "bench-tokenizer: %s\n", err.msg); free(text); return 1; }

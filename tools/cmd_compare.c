@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "common/args.h"
 #include "common/model_args.h"
+#include "common/model_path.h"
 #include "core/dtype.h"
 #include "model/model.h"
 
@@ -144,6 +145,13 @@ int cmd_compare(int argc, char **argv) {
         ms_args_free(&a);
         return 2;
     }
+    char dir[4096];
+    if (ms_model_path_resolve("compare", "model", model, NULL,
+                              MS_NEED_CONFIG | (!strcmp(lf, "dummy") ? MS_ALLOW_CONFIG_FILE : MS_NEED_WEIGHTS), dir, sizeof dir)) {
+        ms_args_free(&a);
+        return 2;
+    }
+    model = dir;
     int32_t *ids = NULL;
     int T = 0;
     if (ms_parse_ids(ids_s, &ids, &T) != 0 || T <= 0) {

@@ -3,6 +3,7 @@
  * Prints the decoded text exactly: special tokens kept unless asked otherwise, no newline added,
  * so scripts can compare the bytes. */
 #include "common/args.h"
+#include "common/model_path.h"
 #include "core/status.h"
 #include "tokenizer/tokenizer.h"
 
@@ -27,7 +28,7 @@ int cmd_detokenize(int argc, char **argv) {
     ms_args a;
     int prc = ms_args_parse(&a, &detok_cmd, argc, argv);
     if (prc) return ms_args_exit(prc);
-    const char *model = ms_args_str(&a, "model", NULL);
+    const char *model = ms_args_str(&a, "model", NULL), *revision = ms_args_str(&a, "revision", NULL);
     const char *ids_s = ms_args_str(&a, "ids", NULL);
     int skip = ms_args_flag(&a, "skip-special-tokens");
     ms_args_free(&a);
@@ -36,6 +37,9 @@ int cmd_detokenize(int argc, char **argv) {
                 model ? "ids" : "model");
         return 2;
     }
+    char dir[4096];
+    if (ms_model_path_resolve("detokenize", "model", model, revision, MS_NEED_TOKENIZER, dir, sizeof dir)) return 2;
+    model = dir;
     int32_t *ids = NULL;
     int n = 0;
     if (ms_parse_ids(ids_s, &ids, &n)) {

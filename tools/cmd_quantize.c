@@ -13,6 +13,7 @@
  * --exclude GLOB keeps matching modules (vLLM matching rules) unquantized as well. Output is one
  * model.safetensors, produced tensor by tensor (memory stays bounded by the largest tensor). */
 #include "common/args.h"
+#include "common/model_path.h"
 #include "core/fileutil.h"
 #include "model/config.h"
 #include "model/quantize.h"
@@ -448,6 +449,12 @@ int cmd_quantize(int argc, char **argv) {
         ms_args_free(&a);
         return 2;
     }
+    char in_dir[4096];
+    if (ms_model_path_resolve("quantize", "in", in, NULL, MS_NEED_CONFIG | MS_NEED_WEIGHTS, in_dir, sizeof in_dir)) {
+        ms_args_free(&a);
+        return 2;
+    }
+    in = in_dir;
     ms_err err = {0};
     double t0 = ms_now();
     int rc = run(to, in, out, &j, (float)is, force, &err);

@@ -4,6 +4,8 @@
  * with the GLM reasoning and tool-call parsers on. */
 #include "common/args.h"
 #include "common/model_args.h"
+#include "common/model_path.h"
+#include "common/preflight.h"
 #include "core/fileutil.h"
 #include "core/log.h"
 #include "server/serve_deps.h"
@@ -107,7 +109,7 @@ int cmd_serve(int argc, char **argv) {
     int prc = ms_args_parse(&a, &serve_cmd, argc, argv);
     if (prc) return ms_args_exit(prc);
     int bad = 0;
-    const char *model_path = ms_args_str(&a, "model-path", NULL);
+    const char *model_path = ms_args_str(&a, "model-path", NULL), *revision = ms_args_str(&a, "revision", NULL);
     const char *overrides[64];
     int n_overrides = ms_args_multi(&a, "override", overrides, 64);
     const char *tokenizer_path = ms_args_str(&a, "tokenizer-path", NULL);
@@ -197,6 +199,24 @@ int cmd_serve(int argc, char **argv) {
     }
     if (tmpl && !ms_path_exists(tmpl)) { fprintf(stderr, "flag --chat-template: %s does not exist\n", tmpl); return 2; }
 
+    /* fail fast, before any weight is read: the device, the port, the model's files */
+    if (ms_preflight_device("serve", device, 0)) return 1;
+    int leader = !(par.nnodes > 1 && par.node_rank > 0);
+    if (leader && ms_preflight_port("serve", host, (int)port)) return 1;
+    const char *model_given = model_path; /* what the user wrote: a directory or a repo id (names the model) */
+    static char model_dir[PATH_MAX], tok_dir[PATH_MAX];
+    if (!demo) {
+        int dummy = !strcmp(load_format, "dummy");
+        int need = MS_NEED_CONFIG | (dummy ? MS_ALLOW_CONFIG_FILE : MS_NEED_WEIGHTS) | (tokenizer_path || dummy ? 0 : MS_NEED_TOKENIZER);
+        if (ms_model_path_resolve("serve", "model-path", model_path, revision, need, model_dir, sizeof model_dir)) return 2;
+        model_path = model_dir;
+    }
+    if (tokenizer_path) {
+        if (ms_model_path_resolve("serve", "tokenizer-path", tokenizer_path, revision, MS_NEED_TOKENIZER, tok_dir, sizeof tok_dir))
+            return 2;
+        tokenizer_path = tok_dir;
+    }
+
     double t0 = ms_now();
     ms_serve_stack_opts so;
     memset(&so, 0, sizeof so);
@@ -257,7 +277,7 @@ int cmd_serve(int argc, char **argv) {
 
     /* model names: served name, then the directory's base name and the path as given */
     char base_buf[PATH_MAX];
-    snprintf(base_buf, sizeof base_buf, "%s", model_path);
+    snprintf(base_buf, sizeof base_buf, "%s", model_given);
     size_t bl = strlen(base_buf);
     while (bl > 1 && base_buf[bl - 1] == '/') base_buf[--bl] = 0;
     const char *base = strrchr(base_buf, '/') ? strrchr(base_buf, '/') + 1 : base_buf;
@@ -269,7 +289,7 @@ int cmd_serve(int argc, char **argv) {
     int nn = 0;
     cfg.lim.model_names[nn++] = served ? served : base;
     if (served && strcmp(served, base)) cfg.lim.model_names[nn++] = base;
-    cfg.lim.model_names[nn++] = model_path;
+    cfg.lim.model_names[nn++] = model_given;
     cfg.lim.context_length = st.context_length;
     cfg.lim.vocab_size = st.vocab_size;
     cfg.lim.enable_thinking_default = think;

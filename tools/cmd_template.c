@@ -11,6 +11,7 @@
  * from stdin, write one line {"text": ...} or {"error": ...} per input; a line may carry its own
  * "template" source, and then --model/--template are optional). */
 #include "common/args.h"
+#include "common/model_path.h"
 #include "core/fileutil.h"
 #include "tokenizer/chat_template.h"
 
@@ -149,6 +150,12 @@ int cmd_template(int argc, char **argv) {
         fprintf(stderr, "moeserve template: flag --messages is required (see --help)\n");
         goto out;
     }
+    char dir[4096];
+    if (model && ms_model_path_resolve("template", "model", model, ms_args_str(&a, "revision", NULL), 0, dir, sizeof dir)) {
+        rc = 2;
+        goto out;
+    }
+    if (model) model = dir;
     if (model && ms_chat_template_load(model, &src, &bos, &eos, &err) && !tpath) {
         fprintf(stderr, "moeserve template: --model %s: %s\n", model, err.msg);
         goto out;

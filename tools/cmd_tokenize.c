@@ -6,6 +6,7 @@
  * decode (answers the full decodes and the streaming detokenizer's output), so one process
  * handles thousands of cases. */
 #include "common/args.h"
+#include "common/model_path.h"
 #include "core/status.h"
 #include "tokenizer/tokenizer.h"
 
@@ -173,14 +174,17 @@ int cmd_tokenize(int argc, char **argv) {
     ms_args a;
     int prc = ms_args_parse(&a, &tokenize_cmd, argc, argv);
     if (prc) return ms_args_exit(prc);
-    const char *model = ms_args_str(&a, "model", NULL);
+    const char *model = ms_args_str(&a, "model", NULL), *revision = ms_args_str(&a, "revision", NULL);
     int add_special = ms_args_flag(&a, "add-special-tokens");
     int jsonl = ms_args_flag(&a, "jsonl");
     ms_args_free(&a);
     if (!model) {
-        fprintf(stderr, "tokenize: flag --model: missing (usage: moeserve tokenize --model DIR [--add-special-tokens] < text)\n");
+        fprintf(stderr, "moeserve tokenize: flag --model DIR is required (moeserve tokenize --model DIR [--add-special-tokens] < text)\n");
         return 2;
     }
+    char dir[4096];
+    if (ms_model_path_resolve("tokenize", "model", model, revision, MS_NEED_TOKENIZER, dir, sizeof dir)) return 2;
+    model = dir;
     ms_err err = {0};
     ms_tokenizer *t = NULL;
     if (ms_tokenizer_load(model, &t, &err)) { fprintf(stderr, "tokenize: %s\n", err.msg); return 1; }

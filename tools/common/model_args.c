@@ -1,5 +1,7 @@
 /* model_args.c - see model_args.h. */
 #include "common/model_args.h"
+#include "common/model_path.h"
+#include "common/preflight.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,6 +96,12 @@ int ms_model_args_parse(ms_args *a, const char *cmd, ms_model_args *o) {
     e->page_size = (int)ps;
     e->max_batch_tokens = (int)mb;
     if (!e->model_path) return fprintf(stderr, "moeserve %s: flag --model DIR is required\n", cmd), -1;
+    if (ms_preflight_device(cmd, e->device, e->device_index)) return -1;
+    int need = MS_NEED_CONFIG | (!strcmp(e->load_format, "dummy") ? MS_ALLOW_CONFIG_FILE : MS_NEED_WEIGHTS);
+    if (ms_model_path_resolve(cmd, "model", e->model_path, ms_args_str(a, "revision", NULL), need, o->model_dir,
+                              sizeof o->model_dir))
+        return -1;
+    e->model_path = o->model_dir;
     return 0;
 }
 
