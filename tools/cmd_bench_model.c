@@ -389,7 +389,8 @@ int cmd_bench_model(int argc, char **argv) {
     long long prefill = ms_args_int(&a, "prefill", 0, &bad), mem_mb = ms_args_int(&a, "mem-mb", 256, &bad);
     int json = ms_args_flag(&a, "json");
     g_profile = ms_args_flag(&a, "profile");
-    if (ms_model_args_parse(&a, "bench-model", &ma) || bad) { rc = 2; goto done; }
+    rc = 2; /* a flag at fault until the model opens */
+    if (ms_model_args_parse(&a, "bench-model", &ma) || bad) goto done;
     const int gpu = strcmp(ma.ex.device, "cpu") != 0;
     if ((nb = parse_list(bs ? bs : gpu ? "1,8,64,256" : "1,4", batches, "batches")) <= 0) goto done;
     if ((nc = parse_list(cs ? cs : gpu ? "256,8192" : "256", ctxs, "ctx")) <= 0) goto done;
@@ -414,6 +415,7 @@ int cmd_bench_model(int argc, char **argv) {
         ma.ex.max_total_tokens = need > (1 << 30) ? 1 << 30 : (int)need;
     }
     ma.ex.record_routing = 1;
+    rc = 1;
     ms_err err = {0};
     ms_model *m = NULL;
     double t_load = ms_now();

@@ -137,7 +137,7 @@ int cmd_template(int argc, char **argv) {
     const char *kwjson = ms_args_str(&a, "kwargs", NULL);
     int agp = ms_args_flag(&a, "add-generation-prompt");
     int jsonl = ms_args_flag(&a, "jsonl");
-    int rc = 1;
+    int rc = 2; /* a flag at fault until the template loads */
     char *src = NULL, *bos = NULL, *eos = NULL;
     ms_template *t = NULL;
     json_t *doc = NULL, *kwargs = NULL;
@@ -151,11 +151,10 @@ int cmd_template(int argc, char **argv) {
         goto out;
     }
     char dir[4096];
-    if (model && ms_model_path_resolve("template", "model", model, ms_args_str(&a, "revision", NULL), 0, dir, sizeof dir)) {
-        rc = 2;
+    if (model && ms_model_path_resolve("template", "model", model, ms_args_str(&a, "revision", NULL), 0, dir, sizeof dir))
         goto out;
-    }
     if (model) model = dir;
+    rc = 1;
     if (model && ms_chat_template_load(model, &src, &bos, &eos, &err) && !tpath) {
         fprintf(stderr, "moeserve template: --model %s: %s\n", model, err.msg);
         goto out;

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The command line a new user meets: every command's --help (and `moeserve help CMD`, and --help
+# after other flags) prints usage to stdout and exits 0; --version; a table of bad flags each exits 2
+# with one line on stderr (did-you-mean, missing value, conflicting repeat, malformed value,
+# positional); SGLang's aliases are accepted; the model-path sentences (.gguf, missing directory,
+# no config, no tokenizer); serve reports a busy port before loading any weights.
+set -u
+cd "$(dirname "$0")/../.."
+BIN=${MS_BIN:-build/moeserve}
+pass=0; fail=0; out=""
+check() { if eval "$2"; then pass=$((pass + 1)); echo "ok   $1"; else fail=$((fail + 1)); echo "FAIL $1"; echo "$out" | head -5; fi; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export HF_HUB_OFFLINE=1 HF_HOME="$tmp/hf"
+
+cmds=$("$BIN" --help | awk '/^commands:/{on=1; next} on && NF {print $1}')
+check "moeserve --help lists 15 commands on stdout" '[[ $(wc -w <<<"$cmds") == 15 ]]'
+for c in $cmds; do
+  out=$("$BIN" "$c" --help 2>"$tmp/err"); rc=$?
+  check "$c --help: usage on stdout, exit 0, nothing on stderr" '[[ $rc == 0 && $out == "usage: moeserve $c "* && ! -s "$tmp/err" && $out == *"-h, --help"* ]]'
+  h2=$("$BIN" help "$c" 2>/dev/null)
+  check "moeserve help $c prints the same" '[[ "$h2" == "$out" ]]'
+  out=$("$BIN" "$c" --no-such-flag -h 2>&1); rc=$?
+  check "$c --no-such-flag -h: help wins anywhere" '[[ $rc == 0 && $out == "usage: moeserve $c "* ]]'
+done
+out=$("$BIN" --version); rc=$?
+check "--version" '[[ $rc == 0 && $out =~ ^moeserve\ [0-9]+\.[0-9]+\.[0-9]+$ ]]'
+out=$("$BIN" help 2>/dev/null)
+check "moeserve help alone lists the commands" '[[ $out == *"commands:"*serve* ]]'
+
+mkdir -p "$tmp/gg" "$tmp/notok" "$tmp/noconf"
+: >"$tmp/gg/model-Q4_K_M.gguf"; : >"$tmp/m.gguf"
+cp tests/fixtures/glm4_moe/config.json tests/fixtures/glm4_moe/model.safetensors "$tmp/notok/"
+cp models/demo/tokenizer.json "$tmp/noconf/"
+# command line | exit code | text the one stderr line must hold
+while IFS='|' read -r args want text; do
+  [[ -z $args || $args == \#* ]] && continue
+  out=$(eval "\"\$BIN\" $args" </dev/null 2>&1 >/dev/null); rc=$?
+  check "$args -> exit $want, '$text'" '[[ $rc == "$want" && $(wc -l <<<"$out") == 1 && $out == *"$text"* ]]'
+done <<EOT
+serve --port|2|flag --port: missing value
+serve --prot 8000|2|did you mean --port?
+serve --port 1 --port 2|2|given twice with different values
+serve --tp 2 --tp-size 4|2|flag --tp is given twice
+serve --port abc|2|'abc' is not an integer
+serve --port 70000|2|not in [0, 65535]
+serve -port 8000|2|flags start with two dashes: did you mean --port?
+serve --po 8000|2|write the flag in full, as --port
+serve --model-path --port 8000|2|the next argument, --port, is a flag
+serve --log-level loud|2|is not error, warning, info or debug
+serve --disable-radix-cache=maybe|2|is not true or false
+serve --model-path $tmp/m.gguf|2|is a GGUF file
+serve --model-path $tmp/gg|2|holds a GGUF file (model-Q4_K_M.gguf)
+serve --model-path $tmp/missing|2|does not exist: pass a checkpoint directory
+serve --model-path $tmp/noconf|2|has no config.json
+serve --model-path $tmp/notok|2|has no tokenizer.json
+serve --model-path no-such-org/no-such-model|2|not in the Hugging Face cache
+serve --ep 3 --tp 4|2|must divide --tp
+generate --ids 1,2|2|flag --model DIR is required
+generate --model tests/fixtures/glm4_moe --ids 1 --temperature hot|2|'hot' is not a number
+generate --model tests/fixtures/glm4_moe --ids x|2|flag --ids
+logits --model tests/fixtures/glm4_moe --ids 1|2|flag --out FILE is required
+tokenize stray|2|unexpected argument 'stray'
+tokenize --model $tmp/notok|2|has no tokenizer.json
+detokenize --model models/demo|2|flag --ids
+template --model models/demo|2|flag --messages is required
+inspect|2|--model
+bench --num-promts 3|2|did you mean --num-prompts?
+bench --backend foo|2|flag --backend
+quantize --to fp8 --in models/demo|2|flag --out is required
+chat --max-tokens 0|2|flag --max-tokens
+doctor --devcie 0|2|did you mean --device?
+tune --reps 0|2|flag --reps
+compare --a cpu|2|flag --model
+bench-model --model tests/fixtures/glm4_moe --mem-mb 1|2|out of range
+bench-tokenizer --mb 0|2|flag --mb
+srve|2|did you mean 'serve'?
+--port 8000|2|before a command
+EOT
+
+# aliases are accepted: with a busy port, serve stops at the port check (before the model loads)
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+python3 -c 'import socket,sys,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1); s.bind(("127.0.0.1",int(sys.argv[1]))); s.listen(1); open(sys.argv[2],"w").close(); time.sleep(60)' "$port" "$tmp/listening" &
+lpid=$!
+for _ in $(seq 50); do [ -e "$tmp/listening" ] && break; sleep 0.1; done
+t0=$(date +%s%N)
+out=$("$BIN" serve --tensor-parallel-size 1 --expert-parallel-size 1 --log-level warning --port "$port" 2>&1); rc=$?
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+kill $lpid 2>/dev/null; wait $lpid 2>/dev/null
+check "SGLang aliases accepted; a busy port is reported before loading (${ms} ms)" '[[ $rc == 1 && $out == *"is already in use"* && $out != *"executor"* ]]'
+out=$("$BIN" bench --num-prompts 1 --model m 2>&1); rc=$?
+check "bench defaults to serve's port 8000" '[[ $rc != 0 && $out == *"127.0.0.1:8000"* ]]'
+out=$(printf '/help\n/nonsense\n/quit\n' | timeout 120 "$BIN" chat --port 0 --log-level warning 2>&1); rc=$?
+check "chat passes serve flags through (--port, --log-level), /help lists the commands, unknown /x is not sent" \
+  '[[ $rc == 0 && $out == *"/think on|off"* && $out == *"unknown command"* ]]'
+echo "## test_cli: $pass passed, $fail failed"
+[ $fail = 0 ]
