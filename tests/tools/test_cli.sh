@@ -93,5 +93,15 @@ check "bench defaults to serve's port 8000" '[[ $rc != 0 && $out == *"127.0.0.1:
 out=$(printf '/help\n/nonsense\n/quit\n' | timeout 120 "$BIN" chat --port 0 --log-level warning 2>&1); rc=$?
 check "chat passes serve flags through (--port, --log-level), /help lists the commands, unknown /x is not sent" \
   '[[ $rc == 0 && $out == *"/think on|off"* && $out == *"unknown command"* ]]'
+# inspect: a memory estimate from a config alone
+out=$("$BIN" inspect --model configs/glm-5.json --dtype nvfp4 --gpu H200 2>&1); rc=$?
+check "inspect a config alone: parameters, weights, KV per token, GPUs of a named kind" \
+  '[[ $rc == 0 && $out == *"no weights read"* && $out == *"743.9 B loaded"* && $out == *"kv cache:"*"per token"* && $out == *"H200 141 GB: 4;"* ]]'
+out=$("$BIN" inspect --model configs/glm-4.5-air.json --tp 4 --gpu 80 --context-length 32768 --batch 8 2>&1); rc=$?
+check "inspect --tp N --gpu GB --context-length --batch says whether it fits" '[[ $rc == 0 && $out == *"GPU 80 GB: fits at --tp 4"* && $out == *"262144 tokens"* ]]'
+out=$("$BIN" inspect --model configs/glm-4.5-air.json --tp 16 2>&1 >/dev/null); rc=$?
+check "inspect --tp the model cannot split: exit 2, the field named" '[[ $rc == 2 && $out == *"num_key_value_heads (8)"* ]]'
+out=$("$BIN" inspect --model tests/fixtures/glm4_moe_fp8 2>&1); rc=$?
+check "inspect a checkpoint: the loader's report and an estimate in the checkpoint's format" '[[ $rc == 0 && $out == *"group"*"formats"* && $out == *"(fp8 weights"* ]]'
 echo "## test_cli: $pass passed, $fail failed"
 [ $fail = 0 ]
