@@ -62,14 +62,18 @@ static const ms_cmd serve_cmd = {
     {ms_serve_opts, ms_parallel_opts, NULL},
 };
 
-/* models/demo next to the binary (../models/demo from build/moeserve), else under the cwd. */
+/* models/demo next to the binary (../models/demo from build/moeserve; ../share/moeserve/models/demo
+ * from an installed PREFIX/bin/moeserve), else under the cwd. */
 static int find_demo_model(char *out, size_t cap) {
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = 0;
-        char *dir = dirname(exe);
-        snprintf(out, cap, "%s/../models/demo", dir);
+    static const char *const rel[] = {"../models/demo", "../share/moeserve/models/demo"};
+    if (n > 0) exe[n] = 0;
+    for (int i = 0; n > 0 && i < 2; i++) {
+        char tmp[PATH_MAX];
+        snprintf(tmp, sizeof tmp, "%s", exe); /* dirname writes into its argument */
+        char *dir = dirname(tmp);
+        snprintf(out, cap, "%s/%s", dir, rel[i]);
         char probe[PATH_MAX + 32];
         snprintf(probe, sizeof probe, "%s/config.json", out);
         if (ms_path_exists(probe)) {

@@ -103,5 +103,11 @@ out=$("$BIN" inspect --model configs/glm-4.5-air.json --tp 16 2>&1 >/dev/null); 
 check "inspect --tp the model cannot split: exit 2, the field named" '[[ $rc == 2 && $out == *"num_key_value_heads (8)"* ]]'
 out=$("$BIN" inspect --model tests/fixtures/glm4_moe_fp8 2>&1); rc=$?
 check "inspect a checkpoint: the loader's report and an estimate in the checkpoint's format" '[[ $rc == 0 && $out == *"group"*"formats"* && $out == *"(fp8 weights"* ]]'
+# make install PREFIX=...: the binary on PATH, the demo model where serve finds it
+make -s install PREFIX="$tmp/prefix" BUILD="${MS_BUILD:-build}" >/dev/null 2>&1
+out=$(cd "$tmp" && PATH="$tmp/prefix/bin:$PATH" moeserve --version 2>&1)
+check "make install PREFIX=DIR puts moeserve on PATH" '[[ $out == "moeserve "* && -f $tmp/prefix/share/moeserve/models/demo/config.json ]]'
+out=$(cd "$tmp" && printf '/quit\n' | timeout 60 "$tmp/prefix/bin/moeserve" chat 2>&1); rc=$?
+check "the installed binary finds its demo model from any directory" '[[ $rc == 0 && $out == *"moeserve chat on http://127.0.0.1:"* ]]'
 echo "## test_cli: $pass passed, $fail failed"
 [ $fail = 0 ]
