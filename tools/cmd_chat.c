@@ -146,6 +146,7 @@ static pid_t start_server(const ms_args *a, char *url, size_t cap) {
         }
     }
     if (!port_given) av[k++] = "--port", av[k++] = "0";
+    if (!ms_args_given((ms_args *)a, "log-level")) av[k++] = "--log-level", av[k++] = "warning"; /* no access log in the chat */
     pid_t pid = fork();
     if (pid == 0) {
         dup2(fds[1], 1);

@@ -8,6 +8,7 @@
 #include "common/preflight.h"
 #include "core/fileutil.h"
 #include "core/log.h"
+#include "engine/engine.h"
 #include "server/serve_deps.h"
 #include "server/server.h"
 #include "server/toolcall.h"
@@ -305,12 +306,27 @@ int cmd_serve(int argc, char **argv) {
     cfg.n_threads = (int)http_threads;
     for (int i = 0; i < st.n_eos && i < 16; i++) cfg.eos_ids[cfg.n_eos++] = st.eos[i];
     cfg.version = MS_VERSION;
-    json_t *flags = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:b, s:b}",
-                              "device", device, "moe_runner_backend", runner, "load_format", load_format,
-                              "chat_template", tmpl ? tmpl : "", "tp", par.tp, "context_length", st.context_length,
-                              "max_total_tokens", st.kv_tokens, "page_size", st.page_size,
-                              "max_running_requests", (int)max_running, "max_queued_requests", (int)max_queued,
-                              "mem_fraction_static", mem_frac, "enable_thinking_default", think, "radix_cache", !no_radix);
+    /* /get_server_info: the values in effect (defaults and limits applied), not the flags as given */
+    ms_engine_config ecd;
+    ms_engine_config_default(&ecd);
+    int eff_running = max_running > 0 ? (int)max_running : ecd.max_running_requests;
+    if (eff_running > st.model.exec.max_batch_tokens) eff_running = st.model.exec.max_batch_tokens;
+    json_t *flags = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:i}",
+                              "model_path", model_path, "device", device, "moe_runner_backend", runner,
+                              "load_format", load_format, "chat_template", tmpl ? tmpl : "", "tp", par.tp, "ep", par.ep,
+                              "nnodes", par.nnodes, "context_length", st.context_length, "max_total_tokens", st.kv_tokens,
+                              "page_size", st.page_size, "max_running_requests", eff_running,
+                              "max_queued_requests", max_queued > 0 ? (int)max_queued : ecd.max_waiting_requests,
+                              "chunked_prefill_size", chunked > 0 ? (int)chunked : ecd.chunked_prefill_size,
+                              "max_batch_tokens", st.model.exec.max_batch_tokens, "enable_thinking_default", think,
+                              "radix_cache", !no_radix, "http_threads", (int)http_threads);
+    if (flags) {
+        /* the memory share applies to GPUs only: the default there, null on the CPU backend */
+        json_object_set_new(flags, "mem_fraction_static",
+                            strcmp(device, "cuda") ? json_null() : json_real(mem_frac > 0 ? mem_frac : 0.88));
+        json_object_set_new(flags, "log_level", json_string(log_level ? log_level : "info"));
+        if (revision) json_object_set_new(flags, "revision", json_string(revision));
+    }
     char *flags_txt = flags ? json_dumps(flags, JSON_COMPACT) : NULL;
     json_decref(flags);
     cfg.info_json = flags_txt;

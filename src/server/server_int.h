@@ -79,6 +79,7 @@ typedef struct req {
     ms_sbuf body;
     int too_large;
     int is_post;
+    char method[8];      /* for the access log line */
     char url[128];
     ms_api_req api;
     choice *ch;

@@ -103,6 +103,20 @@ out=$("$BIN" inspect --model configs/glm-4.5-air.json --tp 16 2>&1 >/dev/null); 
 check "inspect --tp the model cannot split: exit 2, the field named" '[[ $rc == 2 && $out == *"num_key_value_heads (8)"* ]]'
 out=$("$BIN" inspect --model tests/fixtures/glm4_moe_fp8 2>&1); rc=$?
 check "inspect a checkpoint: the loader's report and an estimate in the checkpoint's format" '[[ $rc == 0 && $out == *"group"*"formats"* && $out == *"(fp8 weights"* ]]'
+# a served request: one access-log line at info level; /get_server_info shows the values in effect
+"$BIN" serve --port 0 >"$tmp/serve.out" 2>"$tmp/serve.err" &
+spid=$!
+for _ in $(seq 100); do grep -q "serving" "$tmp/serve.out" 2>/dev/null && break; sleep 0.1; done
+url=$(grep -o 'http://[0-9.:]*' "$tmp/serve.out" | head -1)
+info=$(curl -s "$url/get_server_info"); curl -s "$url/nope" >/dev/null
+sleep 0.3
+kill $spid 2>/dev/null; wait $spid 2>/dev/null
+out=$(cat "$tmp/serve.err")
+check "access log: one info line per request (method, path, status, time)" '[[ $out == *"GET /get_server_info 200 "*" ms"* && $out == *"GET /nope 404 "* ]]'
+out=$info
+check "/get_server_info flags hold the effective values, not zeros" \
+  '[[ $info == *"\"max_running_requests\":256"* && $info == *"\"chunked_prefill_size\":2048"* && $info == *"\"max_queued_requests\":1024"* && $info == *"\"max_total_tokens\":"[1-9]* ]]'
+
 # make install PREFIX=...: the binary on PATH, the demo model where serve finds it
 make -s install PREFIX="$tmp/prefix" BUILD="${MS_BUILD:-build}" >/dev/null 2>&1
 out=$(cd "$tmp" && PATH="$tmp/prefix/bin:$PATH" moeserve --version 2>&1)
