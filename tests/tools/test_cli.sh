@@ -117,6 +117,11 @@ out=$info
 check "/get_server_info flags hold the effective values, not zeros" \
   '[[ $info == *"\"max_running_requests\":256"* && $info == *"\"chunked_prefill_size\":2048"* && $info == *"\"max_queued_requests\":1024"* && $info == *"\"max_total_tokens\":"[1-9]* ]]'
 
+# doctor on a machine without a GPU: the CPU, memory, and a self-test of the CPU runner
+out=$(timeout 300 "$BIN" doctor 2>&1); rc=$?
+check "doctor reports the CPU and memory and self-tests the CPU runner in every format" \
+  '[[ $rc == 0 && $out == *"cpu: "*"logical cores"* && $out == *"memory: "*GiB* && $(grep -c "cpu      T=5 .* ok" <<<"$out") == 3 && $out == *"self-test: all ok"* ]]'
+
 # make install PREFIX=...: the binary on PATH, the demo model where serve finds it
 make -s install PREFIX="$tmp/prefix" BUILD="${MS_BUILD:-build}" >/dev/null 2>&1
 out=$(cd "$tmp" && PATH="$tmp/prefix/bin:$PATH" moeserve --version 2>&1)
