@@ -117,6 +117,29 @@ out=$info
 check "/get_server_info flags hold the effective values, not zeros" \
   '[[ $info == *"\"max_running_requests\":256"* && $info == *"\"chunked_prefill_size\":2048"* && $info == *"\"max_queued_requests\":1024"* && $info == *"\"max_total_tokens\":"[1-9]* ]]'
 
+# quantize: progress per layer, a used --out refused, --force clears what quantize owns (no stale
+# hf_quant_config.json from an NVFP4 run after an FP8 one), the result loads with one declaration
+out=$("$BIN" quantize --to nvfp4 --in tests/fixtures/glm4_moe --out "$tmp/q" 2>&1); rc=$?
+check "quantize shows progress per layer" '[[ $rc == 0 && $out == *"quantize: layer 0 done"*"modules"* && -f $tmp/q/hf_quant_config.json ]]'
+out=$("$BIN" quantize --to fp8 --in tests/fixtures/glm4_moe --out "$tmp/q" 2>&1); rc=$?
+check "quantize into a used folder is refused without --force" '[[ $rc != 0 && $out == *"is not empty"*"--force"* ]]'
+out=$("$BIN" quantize --to fp8 --in tests/fixtures/glm4_moe --out "$tmp/q" --force 2>&1 && "$BIN" inspect --model "$tmp/q" 2>&1); rc=$?
+check "--force replaces the owned files: no stale hf_quant_config.json, loads as FP8" \
+  '[[ $rc == 0 && ! -e $tmp/q/hf_quant_config.json && $out == *"declared FP8 block"* ]]'
+
+# chat: a refused request shows the server's error; a reply cut by --max-tokens is marked
+out=$(printf 'What is 12+30?\n/quit\n' | timeout 120 "$BIN" chat --max-tokens 3 2>&1); rc=$?
+check "chat marks a reply cut by --max-tokens" '[[ $rc == 0 && $out == *"[cut: --max-tokens reached]"* ]]'
+"$BIN" serve --port 0 --api-key sekret >"$tmp/k.out" 2>/dev/null &
+kpid=$!
+for _ in $(seq 100); do grep -q "serving" "$tmp/k.out" 2>/dev/null && break; sleep 0.1; done
+kurl=$(grep -o 'http://[0-9.:]*' "$tmp/k.out" | head -1)
+out=$(printf 'What is 1+1?\n/quit\n' | timeout 60 "$BIN" chat --url "$kurl" 2>&1)
+check "chat shows the server's refusal (HTTP 401 and its message)" '[[ $out == *"refused the request (HTTP 401)"*"API key"* ]]'
+out=$(printf 'What is 1+1?\n/quit\n' | timeout 60 "$BIN" chat --url "$kurl" --api-key sekret 2>&1)
+check "chat --api-key is sent" '[[ $out != *"refused"* && $out == *"2"* ]]'
+kill $kpid 2>/dev/null; wait $kpid 2>/dev/null
+
 # doctor on a machine without a GPU: the CPU, memory, and a self-test of the CPU runner
 out=$(timeout 300 "$BIN" doctor 2>&1); rc=$?
 check "doctor reports the CPU and memory and self-tests the CPU runner in every format" \
