@@ -100,12 +100,12 @@ int cmd_bench(int argc, char **argv) {
     int chat;
     if (!strcmp(backend, "sglang-oai") || !strcmp(backend, "vllm") || !strcmp(backend, "openai")) chat = 0;
     else if (!strcmp(backend, "sglang-oai-chat") || !strcmp(backend, "vllm-chat") || !strcmp(backend, "openai-chat")) chat = 1;
-    else { fprintf(stderr, "flag --backend: '%s' is not one of sglang-oai, vllm, openai, sglang-oai-chat, vllm-chat, openai-chat\n", backend); return 2; }
+    else { fprintf(stderr, "moeserve bench: flag --backend: '%s' is not one of sglang-oai, vllm, openai, sglang-oai-chat, vllm-chat, openai-chat\n", backend); return 2; }
     int ds_kind;
     if (!strcmp(dataset, "random")) ds_kind = MS_BENCH_DS_RANDOM;
     else if (!strcmp(dataset, "random-ids")) ds_kind = MS_BENCH_DS_RANDOM_IDS;
-    else { fprintf(stderr, "flag --dataset-name: '%s' is not random or random-ids\n", dataset); return 2; }
-#define RANGE(v, lo, hi, flag) if ((v) < (lo) || (v) > (hi)) { fprintf(stderr, "flag --%s: %lld is outside [%lld, %lld]\n", flag, (long long)(v), (long long)(lo), (long long)(hi)); return 2; }
+    else { fprintf(stderr, "moeserve bench: flag --dataset-name: '%s' is not random or random-ids\n", dataset); return 2; }
+#define RANGE(v, lo, hi, flag) if ((v) < (lo) || (v) > (hi)) { fprintf(stderr, "moeserve bench: flag --%s: %lld is outside [%lld, %lld]\n", flag, (long long)(v), (long long)(lo), (long long)(hi)); return 2; }
     RANGE(num, 1, 1000000, "num-prompts");
     RANGE(in_len, 1, 10000000, "random-input-len");
     RANGE(out_len, 1, 10000000, "random-output-len");
@@ -114,10 +114,10 @@ int cmd_bench(int argc, char **argv) {
     RANGE(vocab, 0, 100000000, "vocab-size");
     RANGE(port, 1, 65535, "port");
 #undef RANGE
-    if (!(ratio >= 0 && ratio <= 1)) { fprintf(stderr, "flag --random-range-ratio: must be in [0, 1]\n"); return 2; }
-    if (!(rate > 0)) { fprintf(stderr, "flag --request-rate: must be > 0 (inf for no throttling)\n"); return 2; }
-    if (!(req_timeout > 0 && req_timeout <= 86400)) { fprintf(stderr, "flag --request-timeout: must be in (0, 86400] seconds\n"); return 2; }
-    if (!(max_dur > 0 && max_dur <= 7 * 86400)) { fprintf(stderr, "flag --max-duration: must be in (0, 604800] seconds\n"); return 2; }
+    if (!(ratio >= 0 && ratio <= 1)) { fprintf(stderr, "moeserve bench: flag --random-range-ratio: must be in [0, 1]\n"); return 2; }
+    if (!(rate > 0)) { fprintf(stderr, "moeserve bench: flag --request-rate: must be > 0 (inf for no throttling)\n"); return 2; }
+    if (!(req_timeout > 0 && req_timeout <= 86400)) { fprintf(stderr, "moeserve bench: flag --request-timeout: must be in (0, 86400] seconds\n"); return 2; }
+    if (!(max_dur > 0 && max_dur <= 7 * 86400)) { fprintf(stderr, "moeserve bench: flag --max-duration: must be in (0, 604800] seconds\n"); return 2; }
 
     char base_url[1024];
     if (base_url_flag) snprintf(base_url, sizeof base_url, "%s", base_url_flag);

@@ -154,35 +154,35 @@ int cmd_serve(int argc, char **argv) {
         if (lv < 0) { fprintf(stderr, "moeserve serve: flag --log-level: '%s' is not error, warning, info or debug\n", log_level); return 2; }
         ms_log_set_level(lv);
     }
-    if (port < 0 || port > 65535) { fprintf(stderr, "flag --port: %lld is not in [0, 65535]\n", port); return 2; }
+    if (port < 0 || port > 65535) { fprintf(stderr, "moeserve serve: flag --port: %lld is not in [0, 65535]\n", port); return 2; }
     if (strcmp(device, "cpu") && strcmp(device, "cuda")) {
-        fprintf(stderr, "flag --device: '%s' is not cpu or cuda\n", device);
+        fprintf(stderr, "moeserve serve: flag --device: '%s' is not cpu or cuda\n", device);
         return 2;
     }
     if (strcmp(load_format, "auto") && strcmp(load_format, "dummy")) {
-        fprintf(stderr, "flag --load-format: '%s' is not auto or dummy\n", load_format);
+        fprintf(stderr, "moeserve serve: flag --load-format: '%s' is not auto or dummy\n", load_format);
         return 2;
     }
-    if (mem_frac < 0 || mem_frac >= 1) { fprintf(stderr, "flag --mem-fraction-static: %g is not in (0, 1)\n", mem_frac); return 2; }
+    if (mem_frac < 0 || mem_frac >= 1) { fprintf(stderr, "moeserve serve: flag --mem-fraction-static: %g is not in (0, 1)\n", mem_frac); return 2; }
     if (max_bytes < 1024 || max_bytes > (1LL << 32)) {
-        fprintf(stderr, "flag --max-request-bytes: %lld is not in [1024, 4294967296]\n", max_bytes);
+        fprintf(stderr, "moeserve serve: flag --max-request-bytes: %lld is not in [1024, 4294967296]\n", max_bytes);
         return 2;
     }
-    if (http_threads < 1 || http_threads > 256) { fprintf(stderr, "flag --http-threads: %lld is not in [1, 256]\n", http_threads); return 2; }
+    if (http_threads < 1 || http_threads > 256) { fprintf(stderr, "moeserve serve: flag --http-threads: %lld is not in [1, 256]\n", http_threads); return 2; }
     if (max_total < 0 || ctx_len < 0 || max_running < 0 || max_queued < 0 || chunked < 0) {
-        fprintf(stderr, "serve: --max-total-tokens, --context-length, --max-running-requests, --max-queued-requests and --chunked-prefill-size must not be negative\n");
+        fprintf(stderr, "moeserve serve: --max-total-tokens, --context-length, --max-running-requests, --max-queued-requests and --chunked-prefill-size must not be negative\n");
         return 2;
     }
     int think = 1;
     if (parse_bool(think_def, &think) != 0) {
-        fprintf(stderr, "flag --enable-thinking-default: '%s' is not true or false\n", think_def);
+        fprintf(stderr, "moeserve serve: flag --enable-thinking-default: '%s' is not true or false\n", think_def);
         return 2;
     }
     int demo = model_path == NULL;
     char demo_dir[PATH_MAX];
     if (demo) {
         if (find_demo_model(demo_dir, sizeof demo_dir) != 0) {
-            fprintf(stderr, "serve: no --model-path given and the built-in demo model was not found (looked for "
+            fprintf(stderr, "moeserve serve: no --model-path given and the built-in demo model was not found (looked for "
                             "models/demo next to the binary and in the current directory)\n");
             return 1;
         }
@@ -192,17 +192,17 @@ int cmd_serve(int argc, char **argv) {
     if (rparser) {
         if (!strcmp(rparser, "glm45")) reasoning = MS_REASONING_GLM45;
         else if (!strcmp(rparser, "none")) reasoning = MS_REASONING_NONE;
-        else { fprintf(stderr, "flag --reasoning-parser: '%s' is not glm45 or none\n", rparser); return 2; }
+        else { fprintf(stderr, "moeserve serve: flag --reasoning-parser: '%s' is not glm45 or none\n", rparser); return 2; }
     }
     int tools = -2; /* auto */
     if (tparser) {
         if (!strcmp(tparser, "none")) tools = -1;
         else if ((tools = ms_tool_format_parse(tparser)) < 0) {
-            fprintf(stderr, "flag --tool-call-parser: '%s' is not glm45, glm47 or none\n", tparser);
+            fprintf(stderr, "moeserve serve: flag --tool-call-parser: '%s' is not glm45, glm47 or none\n", tparser);
             return 2;
         }
     }
-    if (tmpl && !ms_path_exists(tmpl)) { fprintf(stderr, "flag --chat-template: %s does not exist\n", tmpl); return 2; }
+    if (tmpl && !ms_path_exists(tmpl)) { fprintf(stderr, "moeserve serve: flag --chat-template: %s does not exist\n", tmpl); return 2; }
 
     /* fail fast, before any weight is read: the device, the port, the model's files */
     if (ms_preflight_device("serve", device, 0)) return 1;
