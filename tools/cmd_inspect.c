@@ -235,20 +235,13 @@ int cmd_inspect(int argc, char **argv) {
         if (ms_cuda_device_info(0, &gi, &ge) == MS_OK) gpu_gb = gi.mem_total / 1e9, snprintf(gpu_label, sizeof gpu_label, "%s", gi.name);
     }
 #endif
-    if (ms_model_path_resolve("inspect", "model", given, ms_args_str(&a, "revision", NULL), MS_NEED_CONFIG | MS_ALLOW_CONFIG_FILE,
+    if (ms_model_path_resolve("inspect", "model", given, ms_args_str(&a, "revision", NULL), MS_NEED_CONFIG | MS_NEED_WEIGHTS | MS_ALLOW_CONFIG_FILE,
                               dir, sizeof dir))
         goto out;
     rc = 1;
     ms_err err = {0};
     struct stat st;
-    int config_only = stat(dir, &st) == 0 && S_ISREG(st.st_mode);
-    if (!config_only) {
-        char p[4200];
-        snprintf(p, sizeof p, "%s/model.safetensors", dir);
-        config_only = !ms_path_exists(p);
-        snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
-        config_only = config_only && !ms_path_exists(p);
-    }
+    int config_only = stat(dir, &st) == 0 && S_ISREG(st.st_mode); /* a config.json: the estimate alone */
     ms_config cfg;
     if (ms_config_load_with_overrides(dir, ov, n_ov, &cfg, &err)) {
         fprintf(stderr, "moeserve inspect: %s\n", err.msg);

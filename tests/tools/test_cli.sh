@@ -62,6 +62,7 @@ generate --model tests/fixtures/glm4_moe --ids x|2|flag --ids
 logits --model tests/fixtures/glm4_moe --ids 1|2|flag --out FILE is required
 tokenize stray|2|unexpected argument 'stray'
 tokenize --model $tmp/notok|2|has no tokenizer.json
+inspect --model $tmp/noconf|2|has no config.json
 detokenize --model models/demo|2|flag --ids
 template --model models/demo|2|flag --messages is required
 inspect|2|--model

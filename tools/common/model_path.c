@@ -76,7 +76,8 @@ int ms_model_path_resolve(const char *cmd, const char *flag, const char *given, 
     if ((need & MS_NEED_WEIGHTS) && !has(out, "model.safetensors") && !has(out, "model.safetensors.index.json")) {
         if (gguf) return FAIL("%s holds a GGUF file (%s) and no safetensors: %s", out, g, k_gguf);
         return FAIL("%s has config.json but no model.safetensors or model.safetensors.index.json (the weights); "
-                    "download them too, or pass --load-format dummy for random weights of its shapes", out);
+                    "download them too, or %s", out, !strcmp(cmd, "inspect") ? "pass its config.json for a memory estimate alone"
+                    : "pass --load-format dummy for random weights of its shapes");
     }
     if ((need & MS_NEED_TOKENIZER) && !has(out, "tokenizer.json")) {
         if (gguf) return FAIL("%s holds a GGUF file (%s) and no tokenizer.json: %s", out, g, k_gguf);
