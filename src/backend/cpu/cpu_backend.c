@@ -623,6 +623,24 @@ static int cpu_find_nonfinite(ms_backend *b, const ms_tensor *x, int64_t *bad_ro
     return MS_OK;
 }
 
+static int cpu_nonfinite_flag(ms_backend *b, const ms_tensor *x, int32_t code, int32_t *flag, ms_err *err) {
+    (void)b;
+    (void)err;
+    if (!x) {
+        *flag = INT32_MAX;
+        return MS_OK;
+    }
+    check_f32(x);
+    const float *p = x->data;
+    const int64_t n = ms_tensor_numel(x);
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(p[i])) {
+            if (code < *flag) *flag = code;
+            break;
+        }
+    return MS_OK;
+}
+
 static int cpu_argmax(ms_backend *b, const ms_tensor *logits, int32_t *out, ms_err *err) {
     check_f32(logits);
     int64_t V, R = rows_of(logits, &V);
@@ -669,6 +687,7 @@ static const ms_backend_ops cpu_ops = {
     .indexer_topk = cpu_indexer_topk,
     .router = cpu_router,
     .find_nonfinite = cpu_find_nonfinite,
+    .nonfinite_flag = cpu_nonfinite_flag,
     .argmax = cpu_argmax,
 };
 
