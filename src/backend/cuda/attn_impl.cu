@@ -7,8 +7,10 @@
  *   flash_nosplit k_attn with one key range per block (the split and its merge are the suspects);
  *   ref           one block per (token, head), no split, no shared K/V tiles (attn_ref.cu); DSA as
  *                 dense-equivalent masked attention over the whole context. */
-#include "backend/attn.h"
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/attn.h"
+
+#include <stdio.h>
 
 /* Bytes of split-K partials at most (64 ranges) for s. */
 static size_t split_ws(const ms_attn_shape *s) {
