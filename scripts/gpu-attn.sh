@@ -19,7 +19,7 @@ t_start=$(date +%s)
 
 # 1. op tests (attention cases) and the forward test
 log="$OUT/attn_ops.log"
-MS_TEST_ONLY=attn,mla,indexer timeout 150 "$BUILD/tests/backend/test_cuda_ops" >"$log" 2>&1
+MS_TEST_ONLY=attn,mla,indexer,checks timeout 150 "$BUILD/tests/backend/test_cuda_ops" >"$log" 2>&1
 rc=$?; sum=$(grep -a '^## ' "$log" | tail -1 | sed 's/^## [^:]*: //')
 if [ $rc = 0 ] && [[ $sum =~ ^[1-9][0-9]*\ passed,\ 0\ failed ]]; then row "op tests: attention implementations vs cpu" ok "$sum"
 else row "op tests: attention implementations vs cpu" FAIL "rc=$rc ${sum:-no summary}; $(grep -a FAIL "$log" | head -2 | tr '\n' ' ')"; fi

@@ -993,6 +993,26 @@ static void test_checks(void) {
     R(CPU->ops->download(CPU, rc, ac.data, 12, &E));
     for (int i = 0; i < 3; i++) CHECK_EQ_INT(rg[i], rc[i]);
     CHECK_EQ_INT(rg[1], 999);
+    /* the per-step flag (--check-numerics): reset, then the smallest code of a tensor with NaN/Inf;
+     * bf16 activations (Y.g) and F32 (L.g) alike */
+    int32_t big = INT32_MAX, fl = 0;
+    ms_tensor fg = mk_i32(GPU, 1, &big);
+    R(GPU->ops->nonfinite_flag(GPU, NULL, 0, fg.data, &E));
+    R(GPU->ops->nonfinite_flag(GPU, &X.g, 1, fg.data, &E));
+    R(GPU->ops->nonfinite_flag(GPU, &L.g, 2, fg.data, &E));
+    R(GPU->ops->download(GPU, &fl, fg.data, 4, &E));
+    CHECK_EQ_INT(fl, INT32_MAX);
+    R(GPU->ops->nonfinite_flag(GPU, &Y.g, 7, fg.data, &E));
+    R(GPU->ops->nonfinite_flag(GPU, &Y.g, 5, fg.data, &E));
+    R(GPU->ops->nonfinite_flag(GPU, &X.g, 3, fg.data, &E));
+    R(GPU->ops->download(GPU, &fl, fg.data, 4, &E));
+    CHECK_EQ_INT(fl, 5);
+    int32_t fc = 0;
+    R(CPU->ops->nonfinite_flag(CPU, NULL, 0, &fc, &E));
+    R(CPU->ops->nonfinite_flag(CPU, &Y.c, 4, &fc, &E));
+    R(CPU->ops->nonfinite_flag(CPU, &X.c, 2, &fc, &E));
+    CHECK_EQ_INT(fc, 4);
+    fr(GPU, &fg);
     pfree(&X); pfree(&Y); pfree(&L);
     fr(GPU, &ag); fr(CPU, &ac);
     free(x); free(lg);
