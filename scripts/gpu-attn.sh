@@ -7,8 +7,8 @@
 #      pairs, NCCL all-reduce, collectives projected for GLM-5 at --tp 1 and 8);
 #   3. bench-model on a GLM-5-shaped dummy model (6 layers, nvfp4, ctx past index_topk so DSA is
 #      sparse): auto with --profile (the step split), auto with --check-numerics (its overhead),
-#      then every implementation forced on all three flags; a forced choice that cannot run must be
-#      refused at start-up with the sentence;
+#      then every implementation forced on all three flags, and mma / flash on a GLM-4.5-Air-shaped
+#      one (GQA); a forced choice that cannot run must be refused at start-up with the sentence;
 #   4. `moeserve compare` of two implementations on the same GPU (fixtures, layer by layer).
 # Logs under $OUT; a short table is printed last. Exit status 1 on any failure.
 . "$(dirname "$0")/gpu-env.sh"
@@ -57,9 +57,21 @@ for spec in "check:--check-numerics" "flash_nosplit:--attention-backend flash_no
   if [ $rc = 0 ]; then row "bench-model glm-5x6 $name" ok "b1 $(step_ms "$log" 1) ms, b32 $(step_ms "$log" 32) ms/step"
   else row "bench-model glm-5x6 $name" FAIL "rc=$rc $(tail -1 "$log" | cut -c1-150)"; fi
 done
+# GQA (GLM-4.5-Air-shaped, 4 layers): the tensor-core kernel and the CUDA-core one forced
+BA=("$BIN" bench-model --device cuda --model configs/glm-4.5-air.json --override num_hidden_layers=4 --load-format dummy
+    --dummy-quant nvfp4 --batches 1,32 --ctx 2048 --prefill 0)
+for name in mma flash; do
+  [ $(( $(date +%s) - t_start )) -gt 200 ] && { row "bench-model glm-4.5-air x4 $name" skip "time budget"; continue; }
+  log="$OUT/bench_air_$name.log"
+  timeout 45 "${BA[@]}" --attention-backend $name >"$log" 2>&1
+  rc=$?
+  if [ $rc = 0 ]; then row "bench-model glm-4.5-air x4 $name" ok "b1 $(step_ms "$log" 1) ms, b32 $(step_ms "$log" 32) ms/step"
+  else row "bench-model glm-4.5-air x4 $name" FAIL "rc=$rc $(tail -1 "$log" | cut -c1-150)"; fi
+done
 # a forced choice that cannot run: refused at start-up naming the flag, GPU, capability, reason, alternatives
 log="$OUT/bench_refused.log"
-timeout 60 "${BM[@]}" --nsa-decode-backend mma >"$log" 2>&1
+timeout 60 "$BIN" bench-model --device cuda --model tests/fixtures/glm_moe_dsa --batches 1 --ctx 16 --prefill 0 \
+  --nsa-decode-backend mma >"$log" 2>&1
 rc=$?
 if [ $rc != 0 ] && grep -q 'nsa-decode-backend.*compute capability.*those that can' "$log"; then row "forced mma for DSA is refused" ok "$(grep -o "cannot run.*" "$log" | head -1 | cut -c1-110)"
 else row "forced mma for DSA is refused" FAIL "rc=$rc $(tail -1 "$log" | cut -c1-150)"; fi
