@@ -327,6 +327,9 @@ static void bench(ms_backend *gpu) {
     }
 }
 
+/* --interconnect (doctor_ic.c): measures GPU dev's host links and launches, every GPU pair, NCCL
+ * all-reduce over the visible GPUs, and with config (file or dir, plus overrides) the collective time
+ * per decode step at --tp tp (0 = the GPUs measured). Prints; 0, or 1 when a measurement failed. */
 int doctor_interconnect(int dev, const char *config, const char *const *overrides, int n_overrides, int tp);
 
 /* The attention implementations per path, for representative shapes: supported, or refused and why. */

@@ -31,7 +31,7 @@ struct ar_args {
 };
 
 /* Block-wide max (is_max) or sum of v; every thread gets the result. red: AR_THREADS/32 floats. */
-__device__ float ar_reduce(float v, float *red, int is_max) {
+static __device__ float ar_reduce(float v, float *red, int is_max) {
     for (int off = 16; off; off >>= 1) {
         float w = __shfl_xor_sync(0xffffffffu, v, off);
         v = is_max ? fmaxf(v, w) : v + w;

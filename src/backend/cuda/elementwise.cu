@@ -449,6 +449,7 @@ __global__ void k_nonfinite_flag(const void *x, int xt, size_t n, int32_t code, 
     if (__syncthreads_or(bad) && threadIdx.x == 0) atomicMin(flag, code);
 }
 
+/* Resets the step flag to "nothing seen" (a kernel, so graphs record it). */
 __global__ void k_flag_reset(int32_t *flag) { *flag = INT32_MAX; }
 
 int cu_op_nonfinite_flag(ms_backend *b, const ms_tensor *x, int32_t code, int32_t *flag_d, ms_err *err) {
