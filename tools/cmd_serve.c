@@ -40,8 +40,6 @@ static void usage(void) {
             "  --nnodes N --node-rank R --dist-init-addr HOST:PORT [--dist-timeout S]\n"
             "                              several processes (nodes): node 0 serves HTTP, the others follow it\n"
             "  --moe-runner-backend auto|NAME   --load-format auto|dummy   --dummy-quant bf16|fp8|nvfp4\n"
-            "  --attention-backend auto|NAME   --nsa-prefill-backend auto|NAME   --nsa-decode-backend auto|NAME\n"
-            "  --check-numerics (per-step NaN/Inf check; a bad step fails its requests naming layer and op)\n"
             "  --override KEY=VALUE        config override with dummy weights, e.g. num_hidden_layers=12\n"
             "  --mem-fraction-static F     --max-total-tokens N   --context-length N\n"
             "  --max-running-requests N    --max-queued-requests N   --chunked-prefill-size N\n"
@@ -116,10 +114,6 @@ int cmd_serve(int argc, char **argv) {
     ms_exec_opts par = {0};
     if (ms_parallel_args_parse(&a, "serve", &par)) bad = 1;
     const char *runner = ms_args_str(&a, "moe-runner-backend", "auto");
-    const char *attn_be = ms_args_str(&a, "attention-backend", "auto");
-    const char *nsa_pre = ms_args_str(&a, "nsa-prefill-backend", "auto");
-    const char *nsa_dec = ms_args_str(&a, "nsa-decode-backend", "auto");
-    int check_numerics = ms_args_flag(&a, "check-numerics");
     const char *load_format = ms_args_str(&a, "load-format", "auto");
     const char *dummy_quant = ms_args_str(&a, "dummy-quant", "bf16");
     double mem_frac = ms_args_float(&a, "mem-fraction-static", 0, &bad);
@@ -199,10 +193,6 @@ int cmd_serve(int argc, char **argv) {
     so.exec.model_path = model_path;
     so.exec.device = device;
     so.exec.moe_runner = runner;
-    so.exec.attn_backend = attn_be;
-    so.exec.nsa_prefill = nsa_pre;
-    so.exec.nsa_decode = nsa_dec;
-    so.exec.check_numerics = check_numerics ? 2 : 0; /* per step: cheap enough to leave on */
     so.exec.disable_graphs = no_graphs;
     so.exec.load_format = load_format;
     so.exec.dummy_quant = dummy_quant;

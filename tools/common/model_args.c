@@ -59,16 +59,11 @@ int ms_model_args_parse(ms_args *a, const char *cmd, ms_model_args *o) {
     e->device = ms_args_str(a, "device", "cpu");
     e->device_index = (int)ms_args_int(a, "device-index", 0, &bad);
     e->moe_runner = ms_args_str(a, "moe-runner-backend", "auto");
-    e->attn_backend = ms_args_str(a, "attention-backend", "auto");
-    e->nsa_prefill = ms_args_str(a, "nsa-prefill-backend", "auto");
-    e->nsa_decode = ms_args_str(a, "nsa-decode-backend", "auto");
     e->load_format = ms_args_str(a, "load-format", "auto");
     e->dummy_quant = ms_args_str(a, "dummy-quant", "bf16");
     e->n_overrides = ms_args_multi(a, "override", o->overrides, MS_MAX_OVERRIDES);
     e->overrides = o->overrides;
-    /* --check-numerics: the per-step check (a bad step is re-run op by op to name the op);
-     * --check-numerics-ops: every op's output, waiting after each (debugging) */
-    e->check_numerics = ms_args_flag(a, "check-numerics-ops") ? 1 : ms_args_flag(a, "check-numerics") ? 2 : 0;
+    e->check_numerics = ms_args_flag(a, "check-numerics");
     e->disable_graphs = ms_args_flag(a, "disable-cuda-graph");
     long long mt = ms_args_int(a, "max-total-tokens", 0, &bad);
     long long ps = ms_args_int(a, "page-size", 16, &bad);

@@ -13,10 +13,8 @@ typedef struct ms_model_args {
     const char *overrides[MS_MAX_OVERRIDES];
 } ms_model_args;
 
-/* Reads --model (or --model-path), --device, --device-index, --moe-runner-backend,
- * --attention-backend, --nsa-prefill-backend, --nsa-decode-backend, --load-format,
- * --dummy-quant, --override key=value (repeatable), --check-numerics (per step), --check-numerics-ops
- * (per op), --max-total-tokens,
+/* Reads --model (or --model-path), --device, --device-index, --moe-runner-backend, --load-format,
+ * --dummy-quant, --override key=value (repeatable), --check-numerics, --max-total-tokens,
  * --page-size, --max-batch-tokens, --mem-fraction-static and the parallelism flags
  * (ms_parallel_args_parse). Returns 0, or -1 after printing one
  * error line naming the flag (missing --model, malformed number). */
