@@ -88,8 +88,8 @@ void ms_args_usage(const ms_cmd *cmd, void *fp) {
             int first = 1;
             do {
                 size_t hl = strcspn(h, "\n");
+                /* the first line follows the flag (one space when the flag is long), the rest align */
                 fprintf(f, "%*s%.*s\n", first ? (l < 34 ? 34 - l : 1) : 34, "", (int)hl, h);
-                if (first && l >= 34) { /* nothing: help followed the long flag on its line */ }
                 first = 0;
                 h += hl + (h[hl] == '\n');
             } while (*h);
