@@ -70,6 +70,8 @@ void ms_grammar_unref(ms_grammar *g); /* frees on the last reference */
 /* A matcher at the start of g (takes a reference on g). NULL when out of memory. */
 ms_grammar_matcher *ms_grammar_matcher_new(ms_grammar *g);
 void ms_grammar_matcher_free(ms_grammar_matcher *m);
+/* Size of the vocabulary the matcher's masks cover. */
+int ms_grammar_matcher_vocab_size(const ms_grammar_matcher *m);
 
 /* Unconstrained until token `id` has been accepted (a reasoning model's </think>); -1 = never
  * (constrained from the first token). Call before the first accept. */

@@ -283,6 +283,7 @@ void ms_grammar_matcher_set_free_until(ms_grammar_matcher *m, int32_t id) {
 }
 
 int ms_grammar_matcher_active(const ms_grammar_matcher *m) { return m->active; }
+int ms_grammar_matcher_vocab_size(const ms_grammar_matcher *m) { return m->g->vocab->n; }
 int ms_grammar_matcher_can_end(const ms_grammar_matcher *m) { return m->active && m->can_end; }
 int ms_grammar_matcher_done(const ms_grammar_matcher *m) { return m->active && m->can_end && m->cur.n == 0; }
 
