@@ -62,8 +62,25 @@ int ms_grammar_regex_to_gbnf(const char *re, char **out, ms_err *err);
  * (literal ones in the pattern become their JSON escapes). */
 int ms_grammar_regex_to_gbnf_body(const char *re, int json_string, char **out, ms_err *err);
 
+/* GBNF for calls in GLM's format (`<tool_call>NAME` then `<arg_key>K</arg_key><arg_value>V</arg_value>`
+ * per argument, `</tool_call>`; compact = GLM-4.7's, else GLM-4.5's newline after the name and each
+ * tag pair) of the OpenAI `tools` array: one call of `only` when given, else one or more calls of
+ * any tool. String arguments are raw text, others JSON following their schema. */
+int ms_grammar_tool_call_gbnf(json_t *tools, const char *only, int compact, char **out, ms_err *err);
+/* GBNF for any text that never contains pat (2..64 bytes whose first byte occurs only there):
+ * tool_choice "none" keeps "<tool_call>" out of the content. */
+int ms_grammar_no_substring_gbnf(const char *pat, char **out, ms_err *err);
+
 void ms_grammar_ref(ms_grammar *g);
 void ms_grammar_unref(ms_grammar *g); /* frees on the last reference */
+
+/* A thread-safe cache of compiled grammars by key (the caller's source text), at most cap of them,
+ * least recently used dropped first. get returns a new reference or NULL; put keeps its own. */
+typedef struct ms_grammar_cache ms_grammar_cache;
+ms_grammar_cache *ms_grammar_cache_new(int cap);
+void ms_grammar_cache_free(ms_grammar_cache *c);
+ms_grammar *ms_grammar_cache_get(ms_grammar_cache *c, const char *key);
+void ms_grammar_cache_put(ms_grammar_cache *c, const char *key, ms_grammar *g);
 
 /* ---- matching ---- */
 

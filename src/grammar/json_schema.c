@@ -28,6 +28,7 @@ typedef struct js {
     int *ref_rule;
     int n_refs;
     int depth;
+    int raw; /* the next string schema is written raw (a tool argument value), not as JSON */
 } js;
 
 static int jfail(js *j, const char *path, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -51,7 +52,9 @@ static const char *BASE =
     "jnull ::= \"null\"\n"
     "jvalue ::= jobject | jarray | jstring | jnumber | jbool | jnull\n"
     "jobject ::= \"{\" (jstring \": \" jvalue (\", \" jstring \": \" jvalue)*)? \"}\"\n"
-    "jarray ::= \"[\" (jvalue (\", \" jvalue)*)? \"]\"\n";
+    "jarray ::= \"[\" (jvalue (\", \" jvalue)*)? \"]\"\n"
+    "jrawchar ::= [^\"\\\\<\\x00-\\x1F]\n"
+    "jrawstring ::= jrawchar*\n";
 
 static int new_rule(js *j) { return j->n_rules++; }
 
@@ -168,6 +171,10 @@ static void gen_integer(js *j, json_t *s, const char *path, gstr *e, int is_numb
 }
 
 static void gen_string(js *j, json_t *s, const char *path, gstr *e) {
+    /* raw: no quotes around the value, and never a quote, backslash or '<' inside it */
+    const char *q = j->raw ? "\"\"" : "\"\\\"\"";
+    int raw = j->raw;
+    j->raw = 0;
     json_t *fmt = json_object_get(s, "format"), *pat = json_object_get(s, "pattern");
     json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
     if (fmt) {
@@ -176,16 +183,17 @@ static void gen_string(js *j, json_t *s, const char *path, gstr *e) {
         static const char *const T = "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? "
                                      "(\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])";
         if (!f) { jfail(j, path, "'format' must be a string"); return; }
-        if (!strcmp(f, "date")) gs_printf(e, "(\"\\\"\" %s \"\\\"\")", D);
-        else if (!strcmp(f, "time")) gs_printf(e, "(\"\\\"\" %s \"\\\"\")", T);
-        else if (!strcmp(f, "date-time")) gs_printf(e, "(\"\\\"\" %s \"T\" %s \"\\\"\")", D, T);
-        else if (!strcmp(f, "uuid"))
-            gs_adds(e, "(\"\\\"\" [0-9a-f]{8} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{12} \"\\\"\")");
-        else if (!strcmp(f, "email"))
-            gs_adds(e, "(\"\\\"\" [a-z0-9]{1,20} (\".\" [a-z0-9]{1,20}){0,2} \"@\" ([a-z0-9]{1,20} \".\"){1,3} [a-z]{2,6} \"\\\"\")");
+        const char *body = NULL;
+        char dt[700];
+        if (!strcmp(f, "date")) body = D;
+        else if (!strcmp(f, "time")) body = T;
+        else if (!strcmp(f, "date-time")) { snprintf(dt, sizeof dt, "%s \"T\" %s", D, T); body = dt; }
+        else if (!strcmp(f, "uuid")) body = "[0-9a-f]{8} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{12}";
+        else if (!strcmp(f, "email")) body = "[a-z0-9]{1,20} (\".\" [a-z0-9]{1,20}){0,2} \"@\" ([a-z0-9]{1,20} \".\"){1,3} [a-z]{2,6}";
         else if (!strcmp(f, "ipv4"))
-            gs_adds(e, "(\"\\\"\" ((\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9]? [0-9]) \".\"){3} "
-                       "(\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9]? [0-9]) \"\\\"\")");
+            body = "((\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9]? [0-9]) \".\"){3} "
+                   "(\"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9]? [0-9])";
+        if (body) gs_printf(e, "(%s %s %s)", q, body, q);
         else { jfail(j, path, "string format '%s' is not supported (keyword 'format')", f); return; }
         if (pat || mn || mx) jfail(j, path, "'format' together with 'pattern', 'minLength' or 'maxLength' is not supported");
         return;
@@ -199,7 +207,7 @@ static void gen_string(js *j, json_t *s, const char *path, gstr *e) {
             jfail(j, path, "keyword 'pattern': %s", e2.msg);
             return;
         }
-        gs_printf(e, "(\"\\\"\" %s \"\\\"\")", body);
+        gs_printf(e, "(%s %s %s)", q, body, q);
         free(body);
         return;
     }
@@ -208,11 +216,12 @@ static void gen_string(js *j, json_t *s, const char *path, gstr *e) {
         if ((mn && !json_is_integer(mn)) || (mx && !json_is_integer(mx)) || a < 0 || (mx && b < a))
             { jfail(j, path, "'minLength'/'maxLength' must be integers with 0 <= minLength <= maxLength"); return; }
         if (a > 1000 || b > 1000) { jfail(j, path, "'minLength'/'maxLength' over 1000 is not supported"); return; }
-        if (b < 0) gs_printf(e, "(\"\\\"\" jchar{%lld,} \"\\\"\")", a);
-        else gs_printf(e, "(\"\\\"\" jchar{%lld,%lld} \"\\\"\")", a, b);
+        const char *ch = raw ? "jrawchar" : "jchar";
+        if (b < 0) gs_printf(e, "(%s %s{%lld,} %s)", q, ch, a, q);
+        else gs_printf(e, "(%s %s{%lld,%lld} %s)", q, ch, a, b, q);
         return;
     }
-    gs_adds(e, "jstring");
+    gs_adds(e, raw ? "jrawstring" : "jstring");
 }
 
 static void gen_object(js *j, json_t *s, const char *path, gstr *e) {
@@ -477,5 +486,126 @@ int ms_grammar_json_schema_to_gbnf(json_t *schema, char **out, ms_err *err) {
     free(j.ref_rule);
     if (j.rc) { free(all.s); return j.rc; }
     *out = all.s;
+    return MS_OK;
+}
+
+/* ---- forced tool calls (GLM's <tool_call> format) ---- */
+
+/* The string-ness of a tool argument decides how GLM writes it: raw text for "string", JSON else. */
+static int is_string_prop(json_t *p) {
+    json_t *t = json_object_get(p, "type");
+    if (json_is_string(t)) return !strcmp(json_string_value(t), "string");
+    if (json_is_array(t) && json_array_size(t) == 1) return json_is_string(json_array_get(t, 0)) && !strcmp(json_string_value(json_array_get(t, 0)), "string");
+    return 0;
+}
+
+static void tool_value(js *j, json_t *p, const char *path, gstr *e) {
+    if (!is_string_prop(p)) { gen(j, p, path, e); return; }
+    json_t *en = json_object_get(p, "enum"), *cst = json_object_get(p, "const");
+    if (cst && json_is_string(cst)) { gs_lit(e, json_string_value(cst), json_string_length(cst)); return; }
+    if (json_is_array(en) && json_array_size(en)) {
+        size_t k;
+        json_t *v;
+        gs_adds(e, "(");
+        json_array_foreach(en, k, v) {
+            if (!json_is_string(v)) { jfail(j, path, "'enum' of a string argument must hold strings"); return; }
+            if (k) gs_adds(e, " | ");
+            gs_lit(e, json_string_value(v), json_string_length(v));
+        }
+        gs_adds(e, ")");
+        return;
+    }
+    j->raw = 1;
+    gen(j, p, path, e);
+    j->raw = 0;
+}
+
+int ms_grammar_tool_call_gbnf(json_t *tools, const char *only, int compact, char **out, ms_err *err) {
+    *out = NULL;
+    js j;
+    memset(&j, 0, sizeof j);
+    j.err = err;
+    gstr calls = {0};
+    const char *nl = compact ? "" : "\\n";
+    size_t k;
+    json_t *t;
+    int n_calls = 0;
+    json_array_foreach(tools, k, t) {
+        json_t *fn = json_object_get(t, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (!name || (only && strcmp(name, only))) continue;
+        json_t *params = json_object_get(fn, "parameters");
+        j.root = params;
+        char path[300];
+        snprintf(path, sizeof path, "tools[%zu].function.parameters", k);
+        json_t *props = json_object_get(params, "properties"), *req = json_object_get(params, "required");
+        if (params && !json_is_object(params)) { jfail(&j, path, "must be an object"); break; }
+        gstr c = {0};
+        gs_adds(&c, "(\"<tool_call>\" ");
+        gs_lit(&c, name, strlen(name));
+        gs_printf(&c, " \"%s\"", nl);
+        const char *key;
+        json_t *p;
+        json_object_foreach(props, key, p) {
+            int required = 0;
+            size_t m;
+            json_t *rn;
+            json_array_foreach(req, m, rn) if (json_is_string(rn) && !strcmp(json_string_value(rn), key)) required = 1;
+            char p2[400];
+            snprintf(p2, sizeof p2, "%s/properties/%s", path, key);
+            gs_adds(&c, required ? " (" : " (");
+            gs_adds(&c, "\"<arg_key>\" ");
+            gs_lit(&c, key, strlen(key));
+            gs_printf(&c, " \"</arg_key>%s<arg_value>\" ", nl);
+            tool_value(&j, p, p2, &c);
+            gs_printf(&c, " \"</arg_value>%s\")%s", nl, required ? "" : "?");
+        }
+        gs_adds(&c, " \"</tool_call>\")");
+        if (n_calls++) gs_adds(&calls, " | ");
+        gs_adds(&calls, c.s ? c.s : "\"\"");
+        free(c.s);
+        if (j.rc) break;
+    }
+    if (!j.rc && !n_calls) jfail(&j, "tools", only ? "no tool named '%s'" : "no tools", only ? only : "");
+    gstr all = {0};
+    if (!j.rc) {
+        gs_printf(&all, "root ::= tcall%s\ntcall ::= %s\n", only ? "" : " (\"\\n\" tcall)*", calls.s);
+        gs_adds(&all, BASE);
+        if (j.out.s) gs_adds(&all, j.out.s);
+        if (all.oom || j.out.oom || calls.oom) j.rc = ms_errf(err, MS_ERR_NOMEM, "tool call grammar: out of memory");
+    }
+    free(calls.s);
+    free(j.out.s);
+    for (int i = 0; i < j.n_refs; i++) free(j.ref_keys[i]);
+    free(j.ref_keys);
+    free(j.ref_rule);
+    if (j.rc) { free(all.s); return j.rc; }
+    *out = all.s;
+    return MS_OK;
+}
+
+int ms_grammar_no_substring_gbnf(const char *pat, char **out, ms_err *err) {
+    /* states s_i: the text ends with pat[0..i) and nowhere contains pat. pat[0] must not occur
+     * again in pat, so a mismatch falls back to s_1 on pat[0] and to s_0 otherwise. */
+    *out = NULL;
+    size_t n = strlen(pat);
+    if (n < 2 || n > 64 || memchr(pat + 1, pat[0], n - 1) || (unsigned char)pat[0] >= 0x80)
+        return ms_errf(err, MS_ERR_INVALID, "no-substring grammar: '%s' must be 2..64 bytes with a unique ASCII first byte", pat);
+    gstr g = {0};
+    gs_adds(&g, "root ::= s0\n");
+    for (size_t i = 0; i < n; i++) {
+        gs_printf(&g, "s%zu ::= \"\"", i);
+        if (i + 1 < n) { gs_adds(&g, " | "); gs_lit(&g, pat + i, 1); gs_printf(&g, " s%zu", i + 1); }
+        if (i > 0) { gs_adds(&g, " | "); gs_lit(&g, pat, 1); gs_adds(&g, " s1"); }
+        gs_adds(&g, " | [^");
+        char cls[16];
+        int c0 = (unsigned char)pat[0], ci = (unsigned char)pat[i];
+        snprintf(cls, sizeof cls, "\\x%02X", c0);
+        gs_adds(&g, cls);
+        if (i > 0) { snprintf(cls, sizeof cls, "\\x%02X", ci); gs_adds(&g, cls); }
+        gs_adds(&g, "] s0\n");
+    }
+    if (g.oom) { free(g.s); return ms_errf(err, MS_ERR_NOMEM, "no-substring grammar: out of memory"); }
+    *out = g.s;
     return MS_OK;
 }
