@@ -19,7 +19,7 @@
 
 #define CTX_K 6            /* context depth of the token cache */
 #define MAX_EXPAND_DEPTH 4000
-#define MAX_CACHE_ENTRIES 50000
+#define CACHE_BUDGET_BYTES (16u << 20) /* token bitmaps kept per grammar; beyond it contexts are recomputed */
 
 /* ---- node arena ---- */
 
@@ -417,7 +417,8 @@ static gcache_entry *context_entry(ms_grammar_matcher *m, int32_t id) {
     memcpy(e->key, key, (size_t)(klen + 1) * sizeof *key);
     pthread_mutex_lock(&g->mu);
     gcache_entry *other = cache_find(g, h, key, klen + 1);
-    if (other || g->n_entries >= MAX_CACHE_ENTRIES) {
+    size_t max_entries = CACHE_BUDGET_BYTES / ((size_t)m->words * sizeof(uint32_t) + 64);
+    if (other || (size_t)g->n_entries >= (max_entries < 64 ? 64 : max_entries)) {
         pthread_mutex_unlock(&g->mu);
         if (other) { free(e->acc); free(e->unc); free(e); return other; }
         return e; /* not shared: the caller frees it (see fill_mask) */

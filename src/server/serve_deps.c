@@ -79,7 +79,7 @@ static int r_grammar_compile(void *ctx, const char *gbnf, ms_grammar **out, ms_e
         rc = ms_grammar_vocab_from_tokenizer(o->tok, &o->gvocab, err);
         if (rc == MS_OK) MS_LOGI("grammar: vocabulary trie of %d tokens built in %.0f ms", ms_grammar_vocab_size(o->gvocab), (ms_now() - t0) * 1e3);
     }
-    if (rc == MS_OK && !o->gcache && !(o->gcache = ms_grammar_cache_new(64)))
+    if (rc == MS_OK && !o->gcache && !(o->gcache = ms_grammar_cache_new(16)))
         rc = ms_errf(err, MS_ERR_NOMEM, "grammar cache: out of memory");
     pthread_mutex_unlock(&o->gmu);
     if (rc != MS_OK) return rc;
