@@ -101,10 +101,12 @@ $(BUILD)/%.cu.o: %.cu $(FLAGS_STAMP)
 deps:
 	@scripts/install-deps.sh
 
-# The README's test command: installs what is missing, builds, runs every test layer.
+# The README's test command: installs what is missing, builds, checks the layer order, runs the CPU
+# math layers on the portable kernels, then every test layer (its total is the last line).
 test: deps
 	@$(MAKE) --no-print-directory build
 	@scripts/check-deps.sh
+	@$(MAKE) --no-print-directory test-portable
 	@tests/run.sh $(BUILD)
 
 # Fails on an include that goes up the layer order (DESIGN.md) or a CUDA header outside cuda/.
@@ -124,7 +126,7 @@ asan: deps
 
 # The plain C CPU paths (PORTABLE=1, what a target without AVX2/NEON runs) through the test layers
 # that do CPU math: core (threads), the CPU ops, the CPU MoE runner, and the model against the
-# transformers fixtures. Only those test programs are built. No `deps`: CI runs it after `make test`.
+# transformers fixtures. Only those test programs are built. No `deps`: `make test` runs it.
 PORTABLE_TESTS := core,backend/test_cpu,moe/test_moe_cpu,model
 test-portable:
 	@$(MAKE) --no-print-directory BUILD=build-portable PORTABLE=1 CUDA=0 build-portable/moeserve \

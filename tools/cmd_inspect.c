@@ -36,7 +36,7 @@ static void print_model(const ms_model *m, const ms_quant_decl *q) {
     int n_moe = 0;
     for (int i = 0; i < c->num_layers; i++) n_moe += c->layer_is_moe[i];
     printf("model:         %s\n", m->dir);
-    printf("architecture:  %s, %d decoder layers (%d dense, %d MoE), hidden %d, vocab %d\n", c->model_type, c->num_layers,
+    printf("architecture:  %s (%s), %d decoder layers (%d dense, %d MoE), hidden %d, vocab %d\n", c->model_type, c->arch->attention_kind, c->num_layers,
            c->num_layers - n_moe, n_moe, c->hidden_size, c->vocab_size);
     fflush(stdout);
     c->arch->describe(c, stdout);

@@ -56,6 +56,7 @@ struct exec_ctx {
     pthread_cond_t go, done;
     uint64_t gen;
     int n_done, job;
+    int first_bad; /* local index of the first rank that failed the current job, -1 none (under mu) */
     const ms_batch *batch;
     float *logits;
     ms_forward_opts fo;
@@ -236,6 +237,11 @@ static void *rank_main(void *arg) {
         pthread_mutex_unlock(&x->mu);
         r->err = (ms_err){0};
         r->rc = rank_job(r, job, &r->err);
+        if (r->rc) { /* the first rank to fail is the cause; its peers' errors echo its abort */
+            pthread_mutex_lock(&x->mu);
+            if (x->first_bad < 0) x->first_bad = r->local;
+            pthread_mutex_unlock(&x->mu);
+        }
         /* a rank that fails must not leave its peers waiting in a collective */
         if (r->rc && r->comm) r->comm->ops->abort(r->comm, r->err.msg);
         pthread_mutex_lock(&x->mu);
@@ -247,8 +253,8 @@ static void *rank_main(void *arg) {
     return NULL;
 }
 
-/* Runs job on every rank of this node and waits for all. The error reported is the lowest rank's
- * that is a cause rather than the echo of another rank's abort. */
+/* Runs job on every rank of this node and waits for all. The error reported is the first failing
+ * rank's (the others then fail on its abort). */
 static int run_job(exec_ctx *x, int job, ms_err *err) {
     if (!x->threaded) {
         x->ranks[0].err = (ms_err){0};
@@ -257,17 +263,15 @@ static int run_job(exec_ctx *x, int job, ms_err *err) {
         pthread_mutex_lock(&x->mu);
         x->job = job;
         x->n_done = 0;
+        x->first_bad = -1;
         x->gen++;
         pthread_cond_broadcast(&x->go);
         while (x->n_done < x->n_local) pthread_cond_wait(&x->done, &x->mu);
         pthread_mutex_unlock(&x->mu);
     }
-    const rank_st *bad = NULL;
-    for (int i = 0; i < x->n_local; i++) {
-        const rank_st *r = &x->ranks[i];
-        if (!r->rc) continue;
-        if (!bad || (strstr(bad->err.msg, "abort") && !strstr(r->err.msg, "abort"))) bad = r;
-    }
+    const rank_st *bad = x->threaded && x->first_bad >= 0 ? &x->ranks[x->first_bad] : NULL;
+    for (int i = 0; !bad && i < x->n_local; i++)
+        if (x->ranks[i].rc) bad = &x->ranks[i];
     if (!bad) return MS_OK;
     if (err) *err = bad->err;
     return bad->rc;
@@ -427,6 +431,10 @@ static int plan_ranks(exec_ctx *x, const ms_exec_opts *o, ms_err *err) {
             return ms_errf(err, MS_ERR_UNSUPPORTED, "flag --tp %d on device %s: the %s communicator is not available: %s", x->tp,
                            dev, kind, why);
         x->use_nccl = !strcmp(kind, "nccl");
+        if (!strcmp(kind, "tcp") && x->n_local > 1)
+            return ms_errf(err, MS_ERR_UNSUPPORTED,
+                           "flags --tp %d --nnodes %d on device %s: CPU ranks across processes run one rank per process "
+                           "(give --tp %d, or one process with --tp %d)", x->tp, x->nnodes, dev, x->nnodes, x->tp);
     }
     return MS_OK;
 }
@@ -498,7 +506,7 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
     if (!rc) {
         rank_st *r0 = &x->ranks[0];
         x->m = r0->m, x->b = r0->b, x->f = r0->f;
-        if (x->fo.graphs && !o->record_routing && !strcmp(x->b->name, "cuda")) rc = run_job(x, JOB_GRAPHS, err);
+        if (x->fo.graphs && !o->record_routing && x->b->ops->graph_begin) rc = run_job(x, JOB_GRAPHS, err);
     }
     if (!rc) {
         out->ctx = x;

@@ -6,6 +6,8 @@
 //   MS_BIN         moeserve binary (default build/moeserve)
 //   MS_TEST_MODEL  model directory (default models/demo; if absent, the first tests/fixtures model
 //                  with tokenizer files)
+//   MS_SERVE_ARGS  extra `moeserve serve` flags for every server the tests start, space-separated
+//                  (tests/e2e/test_openai_tp2.sh runs the SDK suites with "--tp 2")
 //   MS_E2E_URL     use an already running server instead of starting one (development aid: the
 //                  fake server `build/tests/server/test_http --serve PORT`); tests that need the
 //                  model's tokenizer are then left out (unless MS_TEST_MODEL names the model dir)
@@ -56,7 +58,8 @@ export async function startServer(extraArgs = [], { timeoutMs = 180000 } = {}) {
   const model = findModel();
   const port = await freePort();
   const args = ["serve", "--model-path", model, "--host", "127.0.0.1", "--port", String(port),
-                "--reasoning-parser", "glm45", "--tool-call-parser", "glm47", ...extraArgs];
+                "--reasoning-parser", "glm45", "--tool-call-parser", "glm47",
+                ...(process.env.MS_SERVE_ARGS ? process.env.MS_SERVE_ARGS.split(/\s+/).filter(Boolean) : []), ...extraArgs];
   const proc = spawn(bin, args, { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env } });
   let out = "";
   proc.stdout.on("data", (d) => (out += d));
