@@ -241,7 +241,66 @@ struct ms_grammar_matcher {
     int b_n_unc, b_cap_unc;
     int b_complete;
     int oom;
+    /* step memo of one cache computation: (stack set, byte) -> stack set; inside a string or a
+     * number the walk meets the same set again and again */
+    struct smemo *memo;
+    int memo_cap;   /* power of two */
+    int memo_n;
+    int32_t *pool;  /* the sets' node ids */
+    size_t pool_n, pool_cap;
 };
+
+typedef struct smemo {
+    uint64_t h;     /* 0 = empty slot */
+    int32_t in_off, in_n, out_off, out_n;
+    uint8_t popped;
+} smemo;
+
+#define MEMO_POOL_MAX ((size_t)1 << 22)
+
+static uint64_t set_hash(const nset *s, unsigned b) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)b ^ ((uint64_t)s->n << 8);
+    for (int i = 0; i < s->n; i++) h = (h ^ (uint32_t)s->v[i]) * 0xff51afd7ed558ccdull;
+    return h | 1;
+}
+
+static int pool_put(ms_grammar_matcher *m, const int32_t *v, int n, int32_t *off) {
+    if (m->pool_n + (size_t)n > m->pool_cap) {
+        size_t cap = m->pool_cap ? m->pool_cap * 2 : 4096;
+        while (cap < m->pool_n + (size_t)n) cap *= 2;
+        if (cap > MEMO_POOL_MAX) return -1;
+        int32_t *p = realloc(m->pool, cap * sizeof *p);
+        if (!p) return -1;
+        m->pool = p;
+        m->pool_cap = cap;
+    }
+    *off = (int32_t)m->pool_n;
+    memcpy(m->pool + m->pool_n, v, (size_t)n * sizeof *v);
+    m->pool_n += (size_t)n;
+    return 0;
+}
+
+/* step() through the memo (tmp arena only: node ids are stable within one cache computation). */
+static void step_memo(ms_grammar_matcher *m, const nset *in, unsigned b, nset *out) {
+    uint64_t h = set_hash(in, b) ^ ((uint64_t)b << 56);
+    if (!h) h = 1;
+    uint32_t mask = (uint32_t)m->memo_cap - 1, i = (uint32_t)h & mask;
+    for (; m->memo[i].h; i = (i + 1) & mask) {
+        smemo *e = &m->memo[i];
+        if (e->h == h && e->in_n == in->n && !memcmp(m->pool + e->in_off, in->v, (size_t)in->n * sizeof *in->v)) {
+            out->n = 0;
+            out->popped = e->popped;
+            for (int k = 0; k < e->out_n; k++) nset_push(out, m->pool[e->out_off + k]);
+            return;
+        }
+    }
+    step(m->g, &m->tmp, in, b, out);
+    if (m->memo_n * 2 >= m->memo_cap) return; /* full: no more memoizing this time */
+    smemo e = {h, 0, in->n, 0, out->n, (uint8_t)out->popped};
+    if (pool_put(m, in->v, in->n, &e.in_off) || pool_put(m, out->v, out->n, &e.out_off)) return;
+    m->memo[i] = e;
+    m->memo_n++;
+}
 
 ms_grammar_matcher *ms_grammar_matcher_new(ms_grammar *g) {
     ms_grammar_matcher *m = calloc(1, sizeof *m);
@@ -273,6 +332,8 @@ void ms_grammar_matcher_free(ms_grammar_matcher *m) {
     free(m->ents);
     free(m->b_acc);
     free(m->b_unc);
+    free(m->memo);
+    free(m->pool);
     ms_grammar_unref(m->g);
     free(m);
 }
@@ -336,7 +397,41 @@ static void b_unc_add_range(ms_grammar_matcher *m, int lo, int hi) {
 
 /* Walks trie node t at depth d with stacks S (S->popped: the context was left exactly at depth d);
  * unc: the context was left earlier with bytes to go on some path. */
-static void cache_dfs(ms_grammar_matcher *m, int32_t t, int d, nset *S, int unc) {
+static int nset_equal(const nset *a, const nset *b) {
+    return a->n == b->n && a->popped == b->popped && !memcmp(a->v, b->v, (size_t)a->n * sizeof *a->v);
+}
+
+/* The bytes b with step(S, b) == S (S loops on them: the inside of a string, digits of a number),
+ * memoized per set; NULL when the memo is full. */
+static const uint32_t *loop_class(ms_grammar_matcher *m, const nset *S, nset *scratch) {
+    uint64_t h = set_hash(S, 256) ^ 0xA5A5A5A5ull;
+    uint32_t mask = (uint32_t)m->memo_cap - 1, i = (uint32_t)h & mask;
+    for (; m->memo[i].h; i = (i + 1) & mask) {
+        smemo *e = &m->memo[i];
+        if (e->h == h && e->out_n == -1 && e->in_n == S->n && !memcmp(m->pool + e->in_off, S->v, (size_t)S->n * sizeof *S->v))
+            return (const uint32_t *)(m->pool + e->out_off);
+    }
+    uint32_t cls[8] = {0};
+    for (unsigned b = 0; b < 256; b++) {
+        step_memo(m, S, b, scratch);
+        if (nset_equal(scratch, S)) cls[b >> 5] |= 1u << (b & 31);
+    }
+    if (m->memo_n * 2 >= m->memo_cap) return NULL;
+    for (i = (uint32_t)h & mask; m->memo[i].h; i = (i + 1) & mask) {}
+    smemo e = {h, 0, S->n, 0, -1, 0};
+    if (pool_put(m, S->v, S->n, &e.in_off) || pool_put(m, (const int32_t *)cls, 8, &e.out_off)) return NULL;
+    m->memo[i] = e;
+    m->memo_n++;
+    return (const uint32_t *)(m->pool + e.out_off);
+}
+
+/* Walks trie node t at depth d with stacks S (S->popped: the context was left exactly at depth d);
+ * unc: the context was left earlier with bytes to go on some path; loop: S's loop class when known
+ * (children on those bytes keep S without stepping). */
+static void cache_dfs_l(ms_grammar_matcher *m, int32_t t, int d, nset *S, int unc, const uint32_t *loop);
+static void cache_dfs(ms_grammar_matcher *m, int32_t t, int d, nset *S, int unc) { cache_dfs_l(m, t, d, S, unc, NULL); }
+
+static void cache_dfs_l(ms_grammar_matcher *m, int32_t t, int d, nset *S, int unc, const uint32_t *loop) {
     const ms_grammar_vocab *v = m->g->vocab;
     const vtrie_node *tn = &v->nodes[t];
     if (tn->end_hi > tn->lo) {
@@ -349,12 +444,22 @@ static void cache_dfs(ms_grammar_matcher *m, int32_t t, int d, nset *S, int unc)
     int unc_next = unc || (S->popped && !m->b_complete);
     nset *out = &m->lvl[d + 1];
     for (int32_t c = tn->first_child; c >= 0; c = v->nodes[c].next_sibling) {
-        step(m->g, &m->tmp, S, v->nodes[c].byte, out);
+        unsigned byte = v->nodes[c].byte;
+        if (loop && gset_has(loop, byte)) { /* same stacks one byte on: S->popped is unchanged too */
+            cache_dfs_l(m, c, d + 1, S, unc_next, loop);
+            continue;
+        }
+        step_memo(m, S, byte, out);
         if (out->n == 0 && !out->popped) {
             if (unc_next) b_unc_add_range(m, v->nodes[c].lo, v->nodes[c].hi);
             continue;
         }
-        cache_dfs(m, c, d + 1, out, unc_next);
+        if (!loop && nset_equal(out, S) && S->n) {
+            loop = loop_class(m, S, out);
+            if (loop) { cache_dfs_l(m, c, d + 1, S, unc_next, loop); continue; }
+            step_memo(m, S, byte, out); /* out was the scratch of loop_class */
+        }
+        cache_dfs_l(m, c, d + 1, out, unc_next, NULL);
         out = &m->lvl[d + 1]; /* (the recursion used deeper levels only) */
     }
 }
@@ -393,6 +498,15 @@ static gcache_entry *context_entry(ms_grammar_matcher *m, int32_t id) {
     e->acc = calloc((size_t)m->words, sizeof *e->acc);
     if (!e->acc) { free(e); return NULL; }
     if (arena_reset(&m->tmp)) { free(e->acc); free(e); return NULL; }
+    if (!m->memo) {
+        m->memo_cap = 1 << 16;
+        m->memo = calloc((size_t)m->memo_cap, sizeof *m->memo);
+        if (!m->memo) { free(e->acc); free(e); return NULL; }
+    } else {
+        memset(m->memo, 0, (size_t)m->memo_cap * sizeof *m->memo);
+    }
+    m->memo_n = 0;
+    m->pool_n = 0;
     int32_t top = 0;
     for (int i = klen - 1; i >= 0; i--) top = intern(&m->tmp, key[i], top);
     m->b_acc = e->acc;
