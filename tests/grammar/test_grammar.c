@@ -6,6 +6,7 @@
  * compile errors naming the keyword. */
 #include "grammar/grammar.h"
 #include "test.h"
+#include "tokenizer/tokenizer.h"
 
 #include <jansson.h>
 #include <oniguruma.h>
@@ -283,6 +284,29 @@ static void test_errors(void) {
     CHECK(ms_grammar_compile_regex("(a", VOC, &g, &err) != MS_OK);
 }
 
+/* The demo model's real byte-level BPE vocabulary (tokens ending inside UTF-8 characters, added
+ * tags): masks against the reference and finished outputs parsed by jansson. */
+static void test_real_vocab(void) {
+    ms_tokenizer *tok = NULL;
+    ms_err err = {0};
+    if (ms_tokenizer_load("models/demo", &tok, &err) != MS_OK) { fprintf(stderr, "  (models/demo absent: %s)\n", err.msg); return; }
+    ms_grammar_vocab *v = NULL;
+    CHECK_MSG(ms_grammar_vocab_from_tokenizer(tok, &v, &err) == MS_OK, "%s", err.msg);
+    if (v) {
+        int V = ms_grammar_vocab_size(v);
+        json_t *s = json_loads("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":12},"
+                               "\"n\":{\"type\":\"integer\",\"minimum\":-20,\"maximum\":300},\"ok\":{\"type\":\"boolean\"},"
+                               "\"xs\":{\"type\":\"array\",\"items\":{\"type\":\"number\"},\"maxItems\":3}},\"required\":[\"name\",\"n\"]}", 0, NULL);
+        ms_grammar *g = NULL;
+        CHECK_MSG(ms_grammar_compile_json_schema(s, v, &g, &err) == MS_OK, "%s", err.msg);
+        static const char *req[] = {"name", "n", NULL};
+        if (g) { walk(g, v, V, 8, 40, is_json, req, "demo vocabulary"); ms_grammar_unref(g); }
+        json_decref(s);
+        ms_grammar_vocab_free(v);
+    }
+    ms_tokenizer_free(tok);
+}
+
 int main(void) {
     VOC = make_vocab(&NV);
     RUN(test_json_schemas);
@@ -291,6 +315,7 @@ int main(void) {
     RUN(test_gbnf);
     RUN(test_free_prefix);
     RUN(test_errors);
+    RUN(test_real_vocab);
     ms_grammar_vocab_free(VOC);
     return TEST_SUMMARY();
 }
