@@ -74,7 +74,8 @@ int ms_gbnf_build(const char *src, ms_grammar *g, ms_err *err);
 /* Frees the rules of g (not the cache). */
 void ms_gbnf_free_rules(ms_grammar *g);
 
-/* Appends UTF-8 text to a growable string; returns 0, or -1 when out of memory. */
+/* A growable NUL-terminated string for the translators; an allocation failure sets oom and later
+ * appends do nothing (callers check oom once at the end). */
 typedef struct gstr {
     char *s;
     size_t len, cap;
