@@ -10,7 +10,7 @@
 #define CMD(name) int cmd_##name(int argc, char **argv) __attribute__((weak));
 #define CMDS(X)                                                                                   \
     X(serve) X(chat) X(generate) X(logits) X(tokenize) X(detokenize) X(template) X(inspect)       \
-    X(quantize) X(bench) X(bench_model) X(bench_tokenizer) X(tune) X(compare) X(doctor)
+    X(quantize) X(bench) X(bench_model) X(bench_tokenizer) X(bench_grammar) X(tune) X(compare) X(doctor)
 CMDS(CMD)
 #undef CMD
 
@@ -42,6 +42,7 @@ static int (*lookup(const char *name))(int, char **) {
 #undef L
     if (!strcmp(name, "bench-model")) return cmd_bench_model;
     if (!strcmp(name, "bench-tokenizer")) return cmd_bench_tokenizer;
+    if (!strcmp(name, "bench-grammar")) return cmd_bench_grammar;
     return NULL;
 }
 

@@ -9,6 +9,7 @@
 
 #include "core/status.h"
 #include "core/batch.h"
+#include "grammar/grammar.h"
 
 #include <stdint.h>
 
@@ -57,6 +58,11 @@ typedef struct ms_sampling {
     int32_t stop_ids[MS_MAX_STOP_IDS];
     int logprobs;             /* 1 = report the sampled token's logprob */
     int top_logprobs;         /* 0..MS_MAX_TOP_LOGPROBS */
+    ms_grammar_matcher *grammar; /* structured output (NULL = none): while it is active, each step
+                               * samples only tokens it allows (plus the stop ids once it may end)
+                               * and advances it with the sampled token. A successful submit hands
+                               * it to the engine, which frees it with the request; a failed
+                               * submit leaves it with the caller. */
 } ms_sampling;
 
 /* Fills the neutral defaults (greedy off: temperature 1, top_p 1, no penalties, max_tokens 16).
@@ -64,7 +70,11 @@ typedef struct ms_sampling {
  * filters, what logprobs are) are documented in engine/sampler.h. */
 void ms_sampling_default(ms_sampling *s);
 
-enum ms_finish { MS_FINISH_NONE = 0, MS_FINISH_STOP, MS_FINISH_LENGTH, MS_FINISH_ABORT, MS_FINISH_ERROR };
+/* GRAMMAR_END: the grammar's sentence is complete and nothing can extend it (the token is part of
+ * the output, unlike a stop id's); GRAMMAR_DEAD: no token of the vocabulary can continue the
+ * grammar (the event carries no token). */
+enum ms_finish { MS_FINISH_NONE = 0, MS_FINISH_STOP, MS_FINISH_LENGTH, MS_FINISH_ABORT, MS_FINISH_ERROR,
+                 MS_FINISH_GRAMMAR_END, MS_FINISH_GRAMMAR_DEAD };
 
 typedef struct ms_token_event {
     uint64_t req_id;

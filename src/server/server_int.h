@@ -151,6 +151,12 @@ enum MHD_Result ms_srv_continue_wait(req *r, struct MHD_Connection *conn);
  * queues the streaming response or suspends the connection until the engine answers. */
 enum MHD_Result ms_srv_start_generation(req *r, struct MHD_Connection *conn);
 
+/* ---- structured.c: the grammar of a request ------------------------------------------------ */
+
+/* The compiled grammar constraining r's output (a new reference, NULL when free) from
+ * response_format / regex / ebnf / tool_choice; returns 0 or an HTTP status with e filled. */
+int ms_srv_build_grammar(req *r, ms_grammar **out, ms_api_error *e);
+
 /* ---- routes.c: the routes that do not generate --------------------------------------------- */
 
 /* Answers a request for url that is not a generation route: the chat page, /health, /metrics,
