@@ -6,6 +6,7 @@
  * over a fresh grammar also fills its context cache (reported as "cold"); later passes measure the
  * steady state a server sees once a schema has been used ("warm"). Prints median and p99. */
 #include "common/args.h"
+#include "common/model_path.h"
 #include "core/fileutil.h"
 #include "core/status.h"
 #include "grammar/grammar.h"
@@ -49,17 +50,35 @@ static void report(const char *what, double *t, int n) {
            t[n - 1] * 1e6);
 }
 
+static const ms_opt bench_grammar_opts[] = {
+    {"model", "model-path", MS_OPT_VALUE, "DIR|ORG/NAME", "tokenizer directory (tokenizer.json) or Hugging Face repo id"},
+    {"repeat", NULL, MS_OPT_VALUE, "N", "warm passes over each case [5]"},
+    MS_OPT_END,
+};
+
+static const ms_cmd bench_grammar_cmd = {
+    "bench-grammar", "--model DIR [--repeat N]",
+    "The time of one structured-output token mask per decoding step, on one CPU core, for JSON-schema\n"
+    "grammars over the model's vocabulary (cold and warm; median and p99).",
+    {bench_grammar_opts, NULL},
+};
+
 int cmd_bench_grammar(int argc, char **argv) {
     ms_args a;
-    if (ms_args_init(&a, argc, argv)) return 1;
+    int prc = ms_args_parse(&a, &bench_grammar_cmd, argc, argv);
+    if (prc) return ms_args_exit(prc);
     int bad = 0;
     const char *model = ms_args_str(&a, "model", NULL);
     int reps = (int)ms_args_int(&a, "repeat", 5, &bad);
-    if (ms_args_check_unknown(&a, "bench-grammar") || bad || !model || reps < 1) {
-        fprintf(stderr, "usage: moeserve bench-grammar --model DIR [--repeat N]\n");
+    if (!bad && !model) fprintf(stderr, "moeserve bench-grammar: flag --model DIR is required\n"), bad = 1;
+    if (!bad && (reps < 1 || reps > 10000)) fprintf(stderr, "moeserve bench-grammar: flag --repeat: %d is not in [1, 10000]\n", reps), bad = 1;
+    char dir[4096];
+    if (!bad && ms_model_path_resolve("bench-grammar", "model", model, NULL, MS_NEED_TOKENIZER, dir, sizeof dir)) bad = 1;
+    if (bad) {
         ms_args_free(&a);
         return 2;
     }
+    model = dir;
     ms_err err = {0};
     ms_tokenizer *tok = NULL;
     if (ms_tokenizer_load(model, &tok, &err) != MS_OK) { fprintf(stderr, "%s\n", err.msg); ms_args_free(&a); return 1; }

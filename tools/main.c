@@ -30,6 +30,7 @@ static const struct {
     {"bench", "serving benchmark against a running server (SGLang bench_serving)"},
     {"bench-model", "forward-pass bandwidth and FLOP/s against the machine's ceilings"},
     {"bench-tokenizer", "tokenizer throughput"},
+    {"bench-grammar", "structured-output token-mask time per step (JSON schemas)"},
     {"tune", "tune the MoE kernels for the GPU at hand"},
     {"compare", "diff two backends layer by layer"},
     {"doctor", "check the build, CPU, GPUs and drivers; self-test the kernels"},

@@ -14,7 +14,7 @@ trap 'rm -rf "$tmp"' EXIT
 export HF_HUB_OFFLINE=1 HF_HOME="$tmp/hf"
 
 cmds=$("$BIN" --help | awk '/^commands:/{on=1; next} on && NF {print $1}')
-check "moeserve --help lists 15 commands on stdout" '[[ $(wc -w <<<"$cmds") == 15 ]]'
+check "moeserve --help lists 16 commands on stdout" '[[ $(wc -w <<<"$cmds") == 16 ]]'
 for c in $cmds; do
   out=$("$BIN" "$c" --help 2>"$tmp/err"); rc=$?
   check "$c --help: usage on stdout, exit 0, nothing on stderr" '[[ $rc == 0 && $out == "usage: moeserve $c "* && ! -s "$tmp/err" && $out == *"-h, --help"* ]]'
@@ -75,6 +75,7 @@ tune --reps 0|2|flag --reps
 compare --a cpu|2|flag --model
 bench-model --model tests/fixtures/glm4_moe --mem-mb 1|2|out of range
 bench-tokenizer --mb 0|2|flag --mb
+bench-grammar --repeat 0 --model models/demo|2|flag --repeat
 srve|2|did you mean 'serve'?
 --port 8000|2|before a command
 EOT
