@@ -29,11 +29,11 @@ ARCH_FLAGS := -march=x86-64-v3 -mtune=generic
 else
 ARCH_FLAGS :=
 endif
-DEPS_PKGS := jansson libmicrohttpd oniguruma libutf8proc libcurl
+DEPS_PKGS := jansson libmicrohttpd oniguruma libutf8proc libcurl libcrypto
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -Wno-sign-compare \
     -Wno-missing-field-initializers -Wno-format-truncation -fno-strict-aliasing -pthread -g $(OPT) $(ARCH_FLAGS) \
     -Isrc -I/usr/include/$(MULTIARCH)/openblas-pthread $(SAN) $(if $(findstring clang,$(CC)),-Wno-unknown-warning-option)
-LDLIBS  := -ljansson -lmicrohttpd -lonig -lutf8proc -lopenblas -lcurl -lxxhash -lhwloc -lpthread -lm -ldl
+LDLIBS  := -ljansson -lmicrohttpd -lonig -lutf8proc -lopenblas -lcurl -lcrypto -lxxhash -lhwloc -lpthread -lm -ldl
 LDFLAGS := $(SAN) -Wl,-rpath,'$$ORIGIN/lib'
 
 ifeq ($(CUDA),1)
@@ -62,7 +62,7 @@ CFLAGS_TOOLS := -Itools
 TEST_C   := $(shell find tests -name 'test_*.c' | sort)
 TEST_BIN := $(TEST_C:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all build test test-portable serve asan fuzz soak format clean deps bench gpu-check check-deps FORCE
+.PHONY: all build test test-portable serve asan fuzz soak format clean deps bench gpu-check check-deps install FORCE
 
 # Rebuild everything when the compile flags change (e.g. CUDA=0 then CUDA=1 in one build dir).
 FLAGS_STAMP := $(BUILD)/.flags
@@ -109,6 +109,18 @@ test: deps
 	@scripts/check-deps.sh
 	@$(MAKE) --no-print-directory test-portable
 	@tests/run.sh $(BUILD)
+
+# Installs the built binary as PREFIX/bin/moeserve (default /usr/local; DESTDIR for packaging) and
+# the demo model and configs under PREFIX/share/moeserve, where `serve` finds the demo. It installs
+# what `make build` made (BUILD=...), never rebuilding with other flags.
+PREFIX ?= /usr/local
+install:
+	@test -x $(BUILD)/moeserve || { echo "make install: $(BUILD)/moeserve is not built; run make build (or pass BUILD=DIR)"; exit 1; }
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/moeserve/models/demo $(DESTDIR)$(PREFIX)/share/moeserve/configs
+	install -m 755 $(BUILD)/moeserve $(DESTDIR)$(PREFIX)/bin/moeserve
+	install -m 644 models/demo/* $(DESTDIR)$(PREFIX)/share/moeserve/models/demo/
+	install -m 644 configs/*.json $(DESTDIR)$(PREFIX)/share/moeserve/configs/
+	@echo "installed $(DESTDIR)$(PREFIX)/bin/moeserve; make sure $(PREFIX)/bin is on PATH"
 
 # Fails on an include that goes up the layer order (DESIGN.md) or a CUDA header outside cuda/.
 check-deps:

@@ -16,6 +16,7 @@ declare -A allowed=(
   [grammar]="core tokenizer"
   [engine]="core backend moe dist model kv sched grammar"
   [bench]="core"
+  [hub]="core"
   [server]="core tokenizer grammar engine model sched kv"
 )
 bad=0

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PKGS="build-essential pkg-config libjansson-dev libmicrohttpd-dev libonig-dev libutf8proc-dev
-  libopenblas-dev libcurl4-openssl-dev libxxhash-dev libhwloc-dev liburing-dev curl chromium
+  libopenblas-dev libcurl4-openssl-dev libssl-dev libxxhash-dev libhwloc-dev liburing-dev curl chromium
   python3-jinja2 clang libclang-rt-14-dev"
 # Node.js and npm may come from elsewhere than Debian (then dpkg does not know them): check the commands.
 command -v node >/dev/null 2>&1 || APT_PKGS="$APT_PKGS nodejs"

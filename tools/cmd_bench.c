@@ -20,31 +20,38 @@
 /* The tokenizer layer is linked when another command (tokenize, serve) pulls it in; until it is
  * present these resolve to NULL and --tokenizer reports that, instead of failing the link. */
 
-static void usage(void) {
-    fprintf(stderr,
-        "usage: moeserve bench [flags]   (SGLang bench_serving semantics)\n"
-        "  --backend B              sglang-oai|vllm|openai (/v1/completions) or\n"
-        "                           sglang-oai-chat|vllm-chat|openai-chat (/v1/chat/completions) [sglang-oai]\n"
-        "  --base-url URL           server root, e.g. http://127.0.0.1:8000 (else --host/--port)\n"
-        "  --host H --port P        [127.0.0.1, 30000 for sglang-*, 8000 otherwise]\n"
-        "  --model NAME             model field (default: first id of GET /v1/models)\n"
-        "  --dataset-name D         random|random-ids [random]\n"
-        "  --random-input-len N     [1024]   --random-output-len N [1024]\n"
-        "  --random-range-ratio R   lengths uniform on [max(floor(N*R),1), N] [0.0]\n"
-        "  --num-prompts N          [1000]\n"
-        "  --max-concurrency N      open requests at most (default unlimited)\n"
-        "  --request-rate R         requests/s, Poisson arrivals; inf sends all at once [inf]\n"
-        "  --warmup-requests N      copies of the first request (max 32 tokens) before timing [1]\n"
-        "  --seed S                 [1]\n"
-        "  --output-file F          JSON with all metrics and per-request details\n"
-        "  --disable-stream         non-streamed requests (TTFT = E2E latency)\n"
-        "  --disable-ignore-eos     do not send ignore_eos: true\n"
-        "  --tokenizer DIR          tokenizer.json dir: exact-length text prompts, ids for random-ids\n"
-        "  --vocab-size N           id range for random-ids without --tokenizer\n"
-        "  --request-timeout S      per request [3600]   --max-duration S  whole run [21600]\n"
-        "  --allow-remote           allow a non-loopback server\n"
-        "  --disable-tqdm           no progress bar\n");
-}
+static const ms_opt bench_opts[] = {
+    {"backend", NULL, MS_OPT_VALUE, "B", "sglang-oai|vllm|openai (/v1/completions) or sglang-oai-chat|\nvllm-chat|openai-chat (/v1/chat/completions) [sglang-oai]"},
+    {"base-url", NULL, MS_OPT_VALUE, "URL", "server root, e.g. http://127.0.0.1:8000 (else --host/--port)"},
+    {"host", NULL, MS_OPT_VALUE, "H", "server host [127.0.0.1]"},
+    {"port", NULL, MS_OPT_VALUE, "P", "server port [8000, as moeserve serve]"},
+    {"model", NULL, MS_OPT_VALUE, "NAME", "model field [the first id of GET /v1/models]"},
+    {"dataset-name", NULL, MS_OPT_VALUE, "D", "random|random-ids [random]"},
+    {"random-input-len", NULL, MS_OPT_VALUE, "N", "prompt tokens [1024]"},
+    {"random-output-len", NULL, MS_OPT_VALUE, "N", "output tokens [1024]"},
+    {"random-range-ratio", NULL, MS_OPT_VALUE, "R", "lengths uniform on [max(floor(N*R),1), N] [0.0]"},
+    {"num-prompts", NULL, MS_OPT_VALUE, "N", "requests [1000]"},
+    {"max-concurrency", NULL, MS_OPT_VALUE, "N", "open requests at most [unlimited]"},
+    {"request-rate", NULL, MS_OPT_VALUE, "R", "requests/s, Poisson arrivals; inf sends all at once [inf]"},
+    {"warmup-requests", NULL, MS_OPT_VALUE, "N", "copies of the first request (max 32 tokens) before timing [1]"},
+    {"seed", NULL, MS_OPT_VALUE, "S", "[1]"},
+    {"output-file", NULL, MS_OPT_VALUE, "F", "JSON with all metrics and per-request details"},
+    {"disable-stream", NULL, MS_OPT_BOOL, NULL, "non-streamed requests (TTFT = E2E latency)"},
+    {"disable-ignore-eos", NULL, MS_OPT_BOOL, NULL, "do not send ignore_eos: true"},
+    {"tokenizer", NULL, MS_OPT_VALUE, "DIR", "tokenizer.json dir: exact-length text prompts, ids for random-ids"},
+    {"vocab-size", NULL, MS_OPT_VALUE, "N", "id range for random-ids without --tokenizer"},
+    {"request-timeout", NULL, MS_OPT_VALUE, "S", "per request [3600]"},
+    {"max-duration", NULL, MS_OPT_VALUE, "S", "whole run [21600]"},
+    {"allow-remote", NULL, MS_OPT_BOOL, NULL, "allow a non-loopback server"},
+    {"disable-tqdm", NULL, MS_OPT_BOOL, NULL, "no progress bar"},
+    MS_OPT_END,
+};
+
+static const ms_cmd bench_cmd = {
+    "bench", "[flags]",
+    "The serving benchmark: SGLang bench_serving's flags and metric definitions against a running server.",
+    {bench_opts, NULL},
+};
 
 typedef struct tok_adapter {
     ms_tokenizer *t;
@@ -61,13 +68,13 @@ static int ad_special(void *ctx, int32_t id) { return ms_tokenizer_is_special(((
 
 int cmd_bench(int argc, char **argv) {
     ms_args a;
-    if (ms_args_init(&a, argc, argv)) return 1;
-    if (ms_args_flag(&a, "help")) { usage(); ms_args_free(&a); return 0; }
+    int prc = ms_args_parse(&a, &bench_cmd, argc, argv);
+    if (prc) return ms_args_exit(prc);
     int bad = 0;
     const char *backend = ms_args_str(&a, "backend", "sglang-oai");
     const char *base_url_flag = ms_args_str(&a, "base-url", NULL);
     const char *host = ms_args_str(&a, "host", "127.0.0.1");
-    long long port = ms_args_int(&a, "port", -1, &bad);
+    long long port = ms_args_int(&a, "port", 8000, &bad);
     const char *model_flag = ms_args_str(&a, "model", NULL);
     const char *dataset = ms_args_str(&a, "dataset-name", "random");
     long long in_len = ms_args_int(&a, "random-input-len", 1024, &bad);
@@ -87,35 +94,34 @@ int cmd_bench(int argc, char **argv) {
     double max_dur = ms_args_float(&a, "max-duration", 21600, &bad);
     int allow_remote = ms_args_flag(&a, "allow-remote");
     int no_tqdm = ms_args_flag(&a, "disable-tqdm");
-    if (bad || ms_args_check_unknown(&a, "bench")) { ms_args_free(&a); return 2; }
+    if (bad) { ms_args_free(&a); return 2; }
     ms_args_free(&a);
 
     int chat;
     if (!strcmp(backend, "sglang-oai") || !strcmp(backend, "vllm") || !strcmp(backend, "openai")) chat = 0;
     else if (!strcmp(backend, "sglang-oai-chat") || !strcmp(backend, "vllm-chat") || !strcmp(backend, "openai-chat")) chat = 1;
-    else { fprintf(stderr, "flag --backend: '%s' is not one of sglang-oai, vllm, openai, sglang-oai-chat, vllm-chat, openai-chat\n", backend); return 2; }
+    else { fprintf(stderr, "moeserve bench: flag --backend: '%s' is not one of sglang-oai, vllm, openai, sglang-oai-chat, vllm-chat, openai-chat\n", backend); return 2; }
     int ds_kind;
     if (!strcmp(dataset, "random")) ds_kind = MS_BENCH_DS_RANDOM;
     else if (!strcmp(dataset, "random-ids")) ds_kind = MS_BENCH_DS_RANDOM_IDS;
-    else { fprintf(stderr, "flag --dataset-name: '%s' is not random or random-ids\n", dataset); return 2; }
-#define RANGE(v, lo, hi, flag) if ((v) < (lo) || (v) > (hi)) { fprintf(stderr, "flag --%s: %lld is outside [%lld, %lld]\n", flag, (long long)(v), (long long)(lo), (long long)(hi)); return 2; }
+    else { fprintf(stderr, "moeserve bench: flag --dataset-name: '%s' is not random or random-ids\n", dataset); return 2; }
+#define RANGE(v, lo, hi, flag) if ((v) < (lo) || (v) > (hi)) { fprintf(stderr, "moeserve bench: flag --%s: %lld is outside [%lld, %lld]\n", flag, (long long)(v), (long long)(lo), (long long)(hi)); return 2; }
     RANGE(num, 1, 1000000, "num-prompts");
     RANGE(in_len, 1, 10000000, "random-input-len");
     RANGE(out_len, 1, 10000000, "random-output-len");
     RANGE(maxc, 0, 1000000, "max-concurrency");
     RANGE(warm, 0, 10000, "warmup-requests");
     RANGE(vocab, 0, 100000000, "vocab-size");
-    if (port != -1) RANGE(port, 1, 65535, "port");
+    RANGE(port, 1, 65535, "port");
 #undef RANGE
-    if (!(ratio >= 0 && ratio <= 1)) { fprintf(stderr, "flag --random-range-ratio: must be in [0, 1]\n"); return 2; }
-    if (!(rate > 0)) { fprintf(stderr, "flag --request-rate: must be > 0 (inf for no throttling)\n"); return 2; }
-    if (!(req_timeout > 0 && req_timeout <= 86400)) { fprintf(stderr, "flag --request-timeout: must be in (0, 86400] seconds\n"); return 2; }
-    if (!(max_dur > 0 && max_dur <= 7 * 86400)) { fprintf(stderr, "flag --max-duration: must be in (0, 604800] seconds\n"); return 2; }
+    if (!(ratio >= 0 && ratio <= 1)) { fprintf(stderr, "moeserve bench: flag --random-range-ratio: must be in [0, 1]\n"); return 2; }
+    if (!(rate > 0)) { fprintf(stderr, "moeserve bench: flag --request-rate: must be > 0 (inf for no throttling)\n"); return 2; }
+    if (!(req_timeout > 0 && req_timeout <= 86400)) { fprintf(stderr, "moeserve bench: flag --request-timeout: must be in (0, 86400] seconds\n"); return 2; }
+    if (!(max_dur > 0 && max_dur <= 7 * 86400)) { fprintf(stderr, "moeserve bench: flag --max-duration: must be in (0, 604800] seconds\n"); return 2; }
 
     char base_url[1024];
     if (base_url_flag) snprintf(base_url, sizeof base_url, "%s", base_url_flag);
     else {
-        if (port == -1) port = !strncmp(backend, "sglang", 6) ? 30000 : 8000;
         int v6 = strchr(host, ':') != NULL && host[0] != '[';
         snprintf(base_url, sizeof base_url, "http://%s%s%s:%lld", v6 ? "[" : "", host, v6 ? "]" : "", port);
     }

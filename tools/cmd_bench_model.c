@@ -360,9 +360,27 @@ static int parse_list(const char *s, int *out, const char *flag) {
     return n;
 }
 
+static const ms_opt bench_model_opts[] = {
+    {"batches", NULL, MS_OPT_VALUE, "1,8,..", "decode batch sizes [1,8,64,256 on a GPU, 1,4 on CPU]"},
+    {"ctx", NULL, MS_OPT_VALUE, "256,..", "context lengths [256,8192 on a GPU, 256 on CPU]"},
+    {"prefill", NULL, MS_OPT_VALUE, "N", "prefill tokens [4096 on a GPU, 512 on CPU]"},
+    {"mem-mb", NULL, MS_OPT_VALUE, "MB", "bandwidth probe size [256]"},
+    {"json", NULL, MS_OPT_BOOL, NULL, "print the results as JSON"},
+    {"profile", NULL, MS_OPT_BOOL, NULL, "add a per-section breakdown of a few extra decode steps"},
+    MS_OPT_END,
+};
+
+static const ms_cmd bench_model_cmd = {
+    "bench-model", "--model DIR [flags]",
+    "How close the forward gets to what the hardware allows: decode bandwidth and prefill FLOP/s\n"
+    "against the machine's measured ceilings.",
+    {bench_model_opts, ms_model_opts, ms_parallel_opts, NULL},
+};
+
 int cmd_bench_model(int argc, char **argv) {
     ms_args a;
-    if (ms_args_init(&a, argc, argv)) return 1;
+    int parsed = ms_args_parse(&a, &bench_model_cmd, argc, argv);
+    if (parsed) return ms_args_exit(parsed);
     if (!getenv("MS_LOG")) ms_log_set_level(MS_LOG_WARN);
     ms_model_args ma;
     int rc = 1, bad = 0, batches[MAX_LIST], ctxs[MAX_LIST], nb, nc;
@@ -371,7 +389,8 @@ int cmd_bench_model(int argc, char **argv) {
     long long prefill = ms_args_int(&a, "prefill", 0, &bad), mem_mb = ms_args_int(&a, "mem-mb", 256, &bad);
     int json = ms_args_flag(&a, "json");
     g_profile = ms_args_flag(&a, "profile");
-    if (ms_model_args_parse(&a, "bench-model", &ma) || bad || ms_args_check_unknown(&a, "bench-model")) goto done;
+    rc = 2; /* a flag at fault until the model opens */
+    if (ms_model_args_parse(&a, "bench-model", &ma) || bad) goto done;
     const int gpu = strcmp(ma.ex.device, "cpu") != 0;
     if ((nb = parse_list(bs ? bs : gpu ? "1,8,64,256" : "1,4", batches, "batches")) <= 0) goto done;
     if ((nc = parse_list(cs ? cs : gpu ? "256,8192" : "256", ctxs, "ctx")) <= 0) goto done;
@@ -396,6 +415,7 @@ int cmd_bench_model(int argc, char **argv) {
         ma.ex.max_total_tokens = need > (1 << 30) ? 1 << 30 : (int)need;
     }
     ma.ex.record_routing = 1;
+    rc = 1;
     ms_err err = {0};
     ms_model *m = NULL;
     double t_load = ms_now();

@@ -5,6 +5,7 @@
  * CRLF, numbers, CJK, Cyrillic, Arabic, Devanagari, Thai, emoji); --write-corpus FILE saves it
  * so the JavaScript reference (tests/tokenizer/bench_ref.mjs) can encode the very same bytes. */
 #include "common/args.h"
+#include "common/model_path.h"
 #include "core/fileutil.h"
 #include "core/status.h"
 #include "tokenizer/tokenizer.h"
@@ -88,16 +89,32 @@ static char *make_corpus(double mb, size_t *len) {
     return b;
 }
 
+static const ms_opt bench_tok_opts[] = {
+    {"model", "model-path", MS_OPT_VALUE, "DIR", "tokenizer directory (tokenizer.json)"},
+    {"corpus", NULL, MS_OPT_VALUE, "FILE", "text to encode [a generated multilingual corpus]"},
+    {"write-corpus", NULL, MS_OPT_VALUE, "FILE", "write the generated corpus (for the JS comparison)"},
+    {"mb", NULL, MS_OPT_VALUE, "MB", "size of the generated corpus [20]"},
+    {"repeat", NULL, MS_OPT_VALUE, "N", "encode N times, report the best [1]"},
+    MS_OPT_END,
+};
+
+static const ms_cmd bench_tok_cmd = {
+    "bench-tokenizer", "--model DIR [--corpus FILE] [flags]",
+    "Tokenizer encode throughput (MB/s) on a corpus.",
+    {bench_tok_opts, NULL},
+};
+
 int cmd_bench_tokenizer(int argc, char **argv) {
     ms_args a;
-    if (ms_args_init(&a, argc, argv)) return 1;
+    int prc = ms_args_parse(&a, &bench_tok_cmd, argc, argv);
+    if (prc) return ms_args_exit(prc);
     int bad = 0;
     const char *model = ms_args_str(&a, "model", NULL);
     const char *corpus = ms_args_str(&a, "corpus", NULL);
     const char *write = ms_args_str(&a, "write-corpus", NULL);
     double mb = ms_args_float(&a, "mb", 20, &bad);
     int reps = (int)ms_args_int(&a, "repeat", 1, &bad);
-    if (ms_args_check_unknown(&a, "bench-tokenizer") || bad) { ms_args_free(&a); return 2; }
+    if (bad) { ms_args_free(&a); return 2; }
     ms_args_free(&a);
     if (mb <= 0 || mb > 4000) { fprintf(stderr, "bench-tokenizer: flag --mb: must be in (0, 4000]\n"); return 2; }
     if (reps < 1 || reps > 100) { fprintf(stderr, "bench-tokenizer: flag --repeat: must be in [1, 100]\n"); return 2; }
@@ -117,6 +134,9 @@ int cmd_bench_tokenizer(int argc, char **argv) {
         if (!model || rc) { free(text); return rc ? 1 : 0; }
     }
     if (!model) { fprintf(stderr, "bench-tokenizer: flag --model: missing\n"); free(text); return 2; }
+    char dir[4096];
+    if (ms_model_path_resolve("bench-tokenizer", "model", model, NULL, MS_NEED_TOKENIZER, dir, sizeof dir)) { free(text); return 2; }
+    model = dir;
     double t0 = ms_now();
     ms_tokenizer *t = NULL;
     if (ms_tokenizer_load(model, &t, &err)) { fprintf(stderr, "bench-tokenizer: %s\n", err.msg); free(text); return 1; }

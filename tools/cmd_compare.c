@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "common/args.h"
 #include "common/model_args.h"
+#include "common/model_path.h"
 #include "core/dtype.h"
 #include "model/model.h"
 
@@ -105,9 +106,27 @@ static double rel_diff(const float *a, const float *b, size_t n) {
     return md / mr;
 }
 
+static const ms_opt compare_opts[] = {
+    {"model", "model-path", MS_OPT_VALUE, "DIR", "checkpoint directory (or config.json with --load-format dummy)"},
+    {"a", NULL, MS_OPT_VALUE, "BACKEND", "first backend [cuda]"},
+    {"b", NULL, MS_OPT_VALUE, "BACKEND", "second backend [cpu]"},
+    {"moe-runner-backend", NULL, MS_OPT_VALUE, "auto|NAME", "MoE runner of backend a [auto]"},
+    {"ids", NULL, MS_OPT_VALUE, "3,1,4", "token ids to run [1,2,3,4,5,6,7,8]"},
+    {"load-format", NULL, MS_OPT_VALUE, "auto|dummy", "[auto]"},
+    {"device", NULL, MS_OPT_VALUE, "I", "GPU index [0]"},
+    MS_OPT_END,
+};
+
+static const ms_cmd compare_cmd = {
+    "compare", "--model DIR [--a cuda] [--b cpu] [flags]",
+    "Runs one forward on two backends and prints, layer by layer, where their results part.",
+    {compare_opts, ms_parallel_opts, NULL},
+};
+
 int cmd_compare(int argc, char **argv) {
     ms_args a;
-    if (ms_args_init(&a, argc, argv)) return 1;
+    int prc = ms_args_parse(&a, &compare_cmd, argc, argv);
+    if (prc) return ms_args_exit(prc);
     int bad = 0;
     const char *model = ms_args_str(&a, "model", NULL);
     const char *na = ms_args_str(&a, "a", "cuda"), *nb = ms_args_str(&a, "b", "cpu");
@@ -117,7 +136,7 @@ int cmd_compare(int argc, char **argv) {
     int device = (int)ms_args_int(&a, "device", 0, &bad);
     ms_exec_opts par = {0};
     if (ms_parallel_args_parse(&a, "compare", &par)) bad = 1;
-    if (bad || ms_args_check_unknown(&a, "compare")) {
+    if (bad) {
         ms_args_free(&a);
         return 2;
     }
@@ -126,6 +145,13 @@ int cmd_compare(int argc, char **argv) {
         ms_args_free(&a);
         return 2;
     }
+    char dir[4096];
+    if (ms_model_path_resolve("compare", "model", model, NULL,
+                              MS_NEED_CONFIG | (!strcmp(lf, "dummy") ? MS_ALLOW_CONFIG_FILE : MS_NEED_WEIGHTS), dir, sizeof dir)) {
+        ms_args_free(&a);
+        return 2;
+    }
+    model = dir;
     int32_t *ids = NULL;
     int T = 0;
     if (ms_parse_ids(ids_s, &ids, &T) != 0 || T <= 0) {

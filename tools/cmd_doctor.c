@@ -5,12 +5,16 @@
  * meaning; printed with or without a GPU), NCCL's version when libnccl loads, which MoE runners and
  * attention paths are supported here (with the reason when not), then self-tests each supported GPU
  * runner against the CPU runner on a small random layer in every weight format. Exit code 1 when a self-test fails.
+ * The CPU, its kernel path and the memory come first, and the CPU runner is self-tested against a
+ * plain float reference on every machine, so a CPU-only machine gets a real check too.
  * With --bench, also times the GPU runners on a GLM-5-sized expert layer (hidden 6144, inter 2048,
  * 64 experts, top-8): decode at small batches (GB/s of distinct expert weights read) and grouped /
  * naive at a prefill batch (TFLOP/s).
  * Flags: --device N (GPU ordinal, default 0), --no-selftest, --bench. */
 #include "backend/backend.h"
+#include "backend/cpu/cpu_kernels.h"
 #include "common/args.h"
+#include "common/version.h"
 #include "core/dtype.h"
 #include "core/fileutil.h"
 #include "moe/moe.h"
@@ -23,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static uint64_t d_rng = 0x1234567887654321ull;
 static uint32_t d_u32(void) {
@@ -227,6 +232,103 @@ static int selftest(ms_backend *cpu, ms_backend *gpu) {
 }
 
 
+/* ---- the CPU: what it is, and a self-test of the CPU runner against a plain reference ---- */
+
+static void print_cpu(void) {
+    char model[256] = "unknown", line[512];
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof line, f)) {
+        char *c = strchr(line, ':');
+        if (c && (!strncmp(line, "model name", 10) || !strncmp(line, "Model", 5))) {
+            for (c++; *c == ' ' || *c == '\t'; c++) {}
+            snprintf(model, sizeof model, "%s", c);
+            model[strcspn(model, "\n")] = 0;
+            break;
+        }
+    }
+    if (f) fclose(f);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    printf("cpu: %s, %ld logical cores, kernels: %s\n", model, cores, ms_cpu_simd_name());
+    double total = 0, avail = 0;
+    f = fopen("/proc/meminfo", "r");
+    while (f && fgets(line, sizeof line, f)) {
+        double v;
+        if (sscanf(line, "MemTotal: %lf kB", &v) == 1) total = v * 1024;
+        if (sscanf(line, "MemAvailable: %lf kB", &v) == 1) avail = v * 1024;
+    }
+    if (f) fclose(f);
+    printf("memory: %.1f GiB (%.1f GiB available)\n", total / 1073741824.0, avail / 1073741824.0);
+}
+
+static float silu(float x) { return x / (1.f + expf(-x)); }
+
+/* The CPU runner on a small random layer in every weight format, against a float reference made
+ * here from the dequantized weights (out = sum_k w_k * down(silu(gate x) * up x)). */
+static int cpu_selftest(ms_backend *cpu) {
+    const int n = 8, H = 256, I = 128, topk = 2, T = 5;
+    const ms_wfmt fmts[3] = {MS_WFMT_PLAIN, MS_WFMT_FP8, MS_WFMT_NVFP4};
+    const ms_moe_runner *r = NULL;
+    for (const ms_moe_runner *const *rp = ms_moe_runners(); *rp; rp++)
+        if (!strcmp((*rp)->backend, "cpu")) r = *rp;
+    printf("\nself-test (the cpu runner vs a plain float reference, %d experts, hidden %d, inter %d, top-%d):\n", n, H, I, topk);
+    if (!r) { printf("  no cpu runner in this build: FAIL\n"); return 1; }
+    int failures = 0;
+    for (int f = 0; f < 3; f++) {
+        hlayer L = {0};
+        L.lin = calloc((size_t)n * 3, sizeof(ms_linear));
+        L.bufs = calloc((size_t)n * 6, sizeof(void *));
+        float *x = malloc(sizeof(float) * T * H), *w = malloc(sizeof(float) * T * topk), *o = malloc(sizeof(float) * T * H),
+              *ref = calloc((size_t)T * H, sizeof(float)), *row = malloc(sizeof(float) * (H > I ? H : I)),
+              *g = malloc(sizeof(float) * I), *u = malloc(sizeof(float) * I);
+        int32_t *ids = malloc(sizeof(int32_t) * T * topk);
+        for (int i = 0; i < n; i++) {
+            fill(&L, &L.lin[i], fmts[f], I, H);
+            fill(&L, &L.lin[n + i], fmts[f], I, H);
+            fill(&L, &L.lin[2 * n + i], fmts[f], H, I);
+        }
+        for (int i = 0; i < T * H; i++) x[i] = d_f();
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < topk; k++) ids[t * topk + k] = (t + 3 * k) % n, w[t * topk + k] = 0.5f + 0.25f * k;
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < topk; k++) {
+                int e = ids[t * topk + k];
+                for (int j = 0; j < I; j++) {
+                    double a = 0, b = 0;
+                    ms_cpu_dequant(&L.lin[e], j, 0, H, row);
+                    for (int h = 0; h < H; h++) a += (double)row[h] * x[t * H + h];
+                    ms_cpu_dequant(&L.lin[n + e], j, 0, H, row);
+                    for (int h = 0; h < H; h++) b += (double)row[h] * x[t * H + h];
+                    g[j] = silu((float)a) * (float)b;
+                }
+                for (int h = 0; h < H; h++) {
+                    double a = 0;
+                    ms_cpu_dequant(&L.lin[2 * n + e], h, 0, I, row);
+                    for (int j = 0; j < I; j++) a += (double)row[j] * g[j];
+                    ref[t * H + h] += w[t * topk + k] * (float)a;
+                }
+            }
+        ms_err err = {0};
+        ms_experts ec;
+        int rc = place_experts(cpu, L.lin, n, &ec, &err);
+        if (rc == MS_OK && r->prepare) rc = r->prepare(cpu, &ec, &err);
+        if (rc == MS_OK) rc = run_on(cpu, r, &ec, T, H, I, topk, fmts[f], x, ids, w, o, &err);
+        double md = 0, mr = 1e-9;
+        for (int i = 0; rc == MS_OK && i < T * H; i++) {
+            double d = isfinite(o[i]) ? fabs((double)o[i] - ref[i]) : INFINITY;
+            if (d > md) md = d;
+            if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
+        }
+        int pass = rc == MS_OK && md / mr <= 1e-3;
+        failures += !pass;
+        if (rc != MS_OK) printf("  %-6s cpu      FAIL: %s\n", ms_wfmt_name(fmts[f], MS_BF16), err.msg);
+        else printf("  %-6s cpu      T=%d max rel diff %.2e  %s\n", ms_wfmt_name(fmts[f], MS_BF16), T, md / mr, pass ? "ok" : "FAIL");
+        unplace_experts(cpu, &ec);
+        for (int i = 0; i < L.nb; i++) free(L.bufs[i]);
+        free(L.bufs), free(L.lin), free(x), free(w), free(o), free(ref), free(row), free(g), free(u), free(ids);
+    }
+    return failures;
+}
+
 /* ---- micro-benchmarks ---- */
 
 static double bench_one(ms_backend *gpu, const ms_moe_runner *r, ms_experts *e, int T, int H, int I, int topk,
@@ -322,21 +424,36 @@ static void bench(ms_backend *gpu) {
     }
 }
 
+static const ms_opt doctor_opts[] = {
+    {"device", NULL, MS_OPT_VALUE, "I", "GPU index to check [0]"},
+    {"no-selftest", NULL, MS_OPT_BOOL, NULL, "skip the kernel self-tests"},
+    {"bench", NULL, MS_OPT_BOOL, NULL, "also measure bandwidth and GEMM rate"},
+    MS_OPT_END,
+};
+
+static const ms_cmd doctor_cmd = {
+    "doctor", "[--device I] [--no-selftest] [--bench]",
+    "Reports the build, the CPU, memory, the GPUs and their drivers, and self-tests the kernels.",
+    {doctor_opts, NULL},
+};
+
 int cmd_doctor(int argc, char **argv) {
     ms_args a;
-    if (ms_args_init(&a, argc, argv)) return 1;
+    int prc = ms_args_parse(&a, &doctor_cmd, argc, argv);
+    if (prc) return ms_args_exit(prc);
     int bad = 0;
     int dev = (int)ms_args_int(&a, "device", 0, &bad);
     int no_self = ms_args_flag(&a, "no-selftest");
     int do_bench = ms_args_flag(&a, "bench");
     (void)dev; /* only used when the build has CUDA */
-    if (bad || ms_args_check_unknown(&a, "doctor")) {
+    if (bad) {
         ms_args_free(&a);
         return 2;
     }
     ms_args_free(&a);
     printf("moeserve doctor\n");
-    printf("build: cuda backend %s\n", ms_backend_cuda_compiled() ? "compiled in" : "not compiled (no nvcc at build time)");
+    printf("build: moeserve %s, cuda backend %s\n", MS_VERSION, ms_backend_cuda_compiled() ? "compiled in" : "not compiled (no nvcc at build time)");
+    print_cpu();
     ms_backend *gpu = NULL, *cpu = NULL;
     ms_err err = {0};
 #ifdef MS_HAVE_CUDA
@@ -391,9 +508,10 @@ int cmd_doctor(int argc, char **argv) {
         printf("  cuda  not available here\n");
     }
     int failures = 0;
-    if (!no_self && gpu && cpu) failures = selftest(cpu, gpu);
-    else if (!no_self) printf("\nself-test: skipped (needs both the cpu and a cuda backend)\n");
-    if (!no_self && gpu && cpu) printf("\nself-test: %s\n", failures ? "FAILED" : "all ok");
+    if (!no_self && cpu) failures += cpu_selftest(cpu);
+    if (!no_self && gpu && cpu) failures += selftest(cpu, gpu);
+    else if (!no_self) printf("\n(no GPU here: the CUDA runners were not tested)\n");
+    if (!no_self) printf("\nself-test: %s\n", failures ? "FAILED" : "all ok");
     if (do_bench && gpu) bench(gpu);
     ms_backend_destroy(gpu);
     ms_backend_destroy(cpu);

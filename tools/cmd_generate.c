@@ -33,9 +33,27 @@ static int pick(const float *l, int V, double temp, uint64_t *rng) {
     return best;
 }
 
+static const ms_opt generate_opts[] = {
+    {"ids", NULL, MS_OPT_VALUE, "3,1,4", "prompt token ids"},
+    {"max-tokens", NULL, MS_OPT_VALUE, "N", "new tokens at most [16]"},
+    {"temperature", NULL, MS_OPT_VALUE, "T", "0 = greedy [0]"},
+    {"seed", NULL, MS_OPT_VALUE, "S", "sampling seed [0]"},
+    {"ignore-eos", NULL, MS_OPT_BOOL, NULL, "do not stop at the model's eos token"},
+    {"no-cache", NULL, MS_OPT_BOOL, NULL, "recompute the whole sequence every step (checks the KV cache)"},
+    {"print-ids", NULL, MS_OPT_BOOL, NULL, "print the new ids (what this command always prints)"},
+    MS_OPT_END,
+};
+
+static const ms_cmd generate_cmd = {
+    "generate", "--model DIR --ids 3,1,4 [--max-tokens N] [--temperature 0] [--ignore-eos] [flags]",
+    "Continues one prompt and prints only the new token ids, comma-separated, on one line.",
+    {generate_opts, ms_model_opts, ms_parallel_opts, NULL},
+};
+
 int cmd_generate(int argc, char **argv) {
     ms_args a;
-    if (ms_args_init(&a, argc, argv)) return 1;
+    int prc = ms_args_parse(&a, &generate_cmd, argc, argv);
+    if (prc) return ms_args_exit(prc);
     if (!getenv("MS_LOG")) ms_log_set_level(MS_LOG_WARN); /* stdout/stderr stay parseable */
     ms_model_args ma;
     int rc = 1, bad = 0;
@@ -48,7 +66,8 @@ int cmd_generate(int argc, char **argv) {
     long long seed = ms_args_int(&a, "seed", 0, &bad);
     int ignore_eos = ms_args_flag(&a, "ignore-eos"), no_cache = ms_args_flag(&a, "no-cache");
     (void)ms_args_flag(&a, "print-ids"); /* ids are what this command prints */
-    if (ms_model_args_parse(&a, "generate", &ma) || bad || ms_args_check_unknown(&a, "generate")) goto done;
+    rc = 2; /* a flag at fault until the model opens */
+    if (ms_model_args_parse(&a, "generate", &ma) || bad) goto done;
     int n = 0;
     if (!ids_s || ms_parse_ids(ids_s, &ids, &n) || n < 1) {
         fprintf(stderr, "moeserve generate: flag --ids: expected a comma-separated list of token ids\n");
@@ -66,6 +85,7 @@ int cmd_generate(int argc, char **argv) {
     if (!ma.ex.max_batch_tokens) ma.ex.max_batch_tokens = no_cache ? total : n;
     if (!ma.ex.max_total_tokens) ma.ex.max_total_tokens = total + ma.ex.page_size;
     ms_err err = {0};
+    rc = 1;
     if (ms_model_executor_open(&ma.ex, &ex, NULL, &err)) {
         fprintf(stderr, "moeserve generate: %s\n", err.msg);
         goto done;

@@ -14,9 +14,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+static const ms_opt logits_opts[] = {
+    {"ids", NULL, MS_OPT_VALUE, "3,1,4", "prompt token ids"},
+    {"out", NULL, MS_OPT_VALUE, "FILE", "float32 little-endian rows, n_ids x vocab"},
+    {"record-decisions", NULL, MS_OPT_VALUE, "FILE", "save the step's discrete choices (experts, DSA keys)"},
+    {"replay-decisions", NULL, MS_OPT_VALUE, "FILE", "take those choices instead of choosing"},
+    MS_OPT_END,
+};
+
+static const ms_cmd logits_cmd = {
+    "logits", "--model DIR --ids 3,1,4 --out FILE [flags]",
+    "Writes the logits of every position of one prompt (one prefill step).",
+    {logits_opts, ms_model_opts, ms_parallel_opts, NULL},
+};
+
 int cmd_logits(int argc, char **argv) {
     ms_args a;
-    if (ms_args_init(&a, argc, argv)) return 1;
+    int prc = ms_args_parse(&a, &logits_cmd, argc, argv);
+    if (prc) return ms_args_exit(prc);
     if (!getenv("MS_LOG")) ms_log_set_level(MS_LOG_WARN); /* stdout/stderr stay parseable */
     ms_model_args ma;
     int rc = 1;
@@ -26,7 +41,8 @@ int cmd_logits(int argc, char **argv) {
     const char *ids_s = ms_args_str(&a, "ids", NULL), *outp = ms_args_str(&a, "out", NULL);
     const char *recp = ms_args_str(&a, "record-decisions", NULL), *repp = ms_args_str(&a, "replay-decisions", NULL);
     ms_decisions dec = {0};
-    if (ms_model_args_parse(&a, "logits", &ma) || ms_args_check_unknown(&a, "logits")) goto done;
+    rc = 2; /* a flag at fault until the model opens */
+    if (ms_model_args_parse(&a, "logits", &ma)) goto done;
     int n = 0;
     if (!ids_s || ms_parse_ids(ids_s, &ids, &n) || n < 1) {
         fprintf(stderr, "moeserve logits: flag --ids: expected a comma-separated list of token ids\n");
@@ -40,6 +56,7 @@ int cmd_logits(int argc, char **argv) {
     if (!ma.ex.max_batch_tokens) ma.ex.max_batch_tokens = n;
     if (!ma.ex.max_total_tokens) ma.ex.max_total_tokens = n + ma.ex.page_size;
     ms_err err = {0};
+    rc = 1;
     if (repp) {
         if (ms_decisions_load(repp, &dec, &err)) {
             fprintf(stderr, "moeserve logits: flag --replay-decisions: %s\n", err.msg);

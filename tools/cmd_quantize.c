@@ -13,6 +13,7 @@
  * --exclude GLOB keeps matching modules (vLLM matching rules) unquantized as well. Output is one
  * model.safetensors, produced tensor by tensor (memory stays bounded by the largest tensor). */
 #include "common/args.h"
+#include "common/model_path.h"
 #include "core/fileutil.h"
 #include "model/config.h"
 #include "model/quantize.h"
@@ -25,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define MAX_EXCL 256
 
@@ -45,6 +47,8 @@ typedef struct qstate {
     uint8_t *c_codes, *c_scales;
     float c_scale2;
     float input_scale;
+    int done, last_layer; /* progress: modules quantized so far, layer of the last one */
+    double t0;
 } qstate;
 
 typedef struct fillref { qstate *q; int idx; int part; } fillref; /* part: 0 weight, 1 scale, 2 scale2, 3 input_scale */
@@ -68,6 +72,15 @@ static int fill(void *ctx, const char *name, void *buf, size_t nbytes, ms_err *e
     qstate *q = f->q;
     qmod *m = &q->mods[f->idx];
     (void)name;
+    if (f->part == 0) { /* progress, one line per layer (a tensor group), on stderr */
+        int L = -1;
+        sscanf(m->module, "model.layers.%d.", &L);
+        if (L != q->last_layer && q->done)
+            fprintf(stderr, "quantize: layer %d done, %d/%d modules (%.0f%%, %.1f s)\n", q->last_layer, q->done, q->n,
+                    100.0 * q->done / q->n, ms_now() - q->t0);
+        q->last_layer = L;
+        q->done++;
+    }
     if (m->fmt == 1) {
         if (f->part == 0) {
             float *sc = malloc((size_t)((m->N + 127) / 128 * ((m->K + 127) / 128)) * sizeof(float));
@@ -132,16 +145,25 @@ static int copy_file(const char *src, const char *dst, ms_err *err) {
     return rc;
 }
 
-static void usage(void) {
-    fprintf(stderr,
-            "usage: moeserve quantize --to nvfp4|fp8 --in DIR --out DIR [--exclude GLOB]... [--input-scale X]\n"
-            "  fp8:   quantizes routed + shared experts, dense MLP and attention projections (128x128 blocks)\n"
-            "  nvfp4: quantizes routed + shared experts and dense MLP (ModelOpt layout, group 16); attention stays bf16\n"
-            "  never: embeddings, lm_head, norms, router, DSA indexer, MTP layers\n"
-            "  --exclude GLOB keeps matching modules unquantized (exact, substring, glob, or name* as vLLM)\n"
-            "  --input-scale X: NVFP4 input_scale of every module (uncalibrated; default 1/448, i.e. |x| up to 6;\n"
-            "                   W4A16 paths ignore it, W4A4 engines use it as the static activation scale)\n");
-}
+static const ms_opt quantize_opts[] = {
+    {"to", NULL, MS_OPT_VALUE, "nvfp4|fp8", "target format"},
+    {"in", NULL, MS_OPT_VALUE, "DIR", "BF16 checkpoint directory"},
+    {"out", NULL, MS_OPT_VALUE, "DIR", "output directory (new or empty; see --force)"},
+    {"exclude", NULL, MS_OPT_MULTI, "GLOB", "keep matching modules unquantized (exact, substring, glob,\nor name* as vLLM)"},
+    {"input-scale", NULL, MS_OPT_VALUE, "X", "NVFP4 input_scale of every module (uncalibrated; default 1/448,\n"
+                                               "i.e. |x| up to 6; W4A16 paths ignore it, W4A4 engines use it)"},
+    {"force", NULL, MS_OPT_BOOL, NULL, "write into a non-empty --out, replacing the files quantize writes"},
+    MS_OPT_END,
+};
+
+static const ms_cmd quantize_cmd = {
+    "quantize", "--to nvfp4|fp8 --in DIR --out DIR [--exclude GLOB]... [--input-scale X] [--force]",
+    "Quantizes a BF16 checkpoint.\n"
+    "  fp8:   routed + shared experts, dense MLP and attention projections (128x128 blocks)\n"
+    "  nvfp4: routed + shared experts and dense MLP (ModelOpt layout, group 16); attention stays bf16\n"
+    "  never: embeddings, lm_head, norms, router, DSA indexer, MTP layers",
+    {quantize_opts, NULL},
+};
 
 struct qjob {
     ms_st_set *st;
@@ -235,7 +257,43 @@ static int add_linear(struct qjob *j, const char *module, ms_dtype dt, const voi
     return ms_st_writer_add_fill(j->w, nm, MS_F32, 0, NULL, 4, fill, r, err);
 }
 
-static int run(const char *to, const char *in, const char *out, struct qjob *j, float input_scale, ms_err *err) {
+/* Files quantize writes into --out: the weights, their index, the configs, and what it copies from --in. */
+static int owned_file(const char *in, const char *f) {
+    if (ends_with(f, ".safetensors") || !strcmp(f, "model.safetensors.index.json") || !strcmp(f, "config.json") ||
+        !strcmp(f, "hf_quant_config.json"))
+        return 1;
+    char a[4096];
+    struct stat st;
+    return !ms_path_join(a, sizeof a, in, f) && stat(a, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* --out must be new or empty; with --force the files quantize owns are removed first (so no stale
+ * hf_quant_config.json or shard survives from an earlier run), anything else in it stays. */
+static int prepare_out(const char *in, const char *out, int force, ms_err *err) {
+    DIR *d = opendir(out);
+    if (!d) {
+        if (errno != ENOENT) return ms_errf(err, MS_ERR_IO, "flag --out: %s: %s", out, strerror(errno));
+        if (mkdir(out, 0755) != 0) return ms_errf(err, MS_ERR_IO, "flag --out: %s: %s", out, strerror(errno));
+        return MS_OK;
+    }
+    struct dirent *e;
+    int n = 0, rc = MS_OK;
+    while (!rc && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        n++;
+        if (!force || !owned_file(in, e->d_name)) continue;
+        char p[4096];
+        if (!ms_path_join(p, sizeof p, out, e->d_name) && unlink(p) != 0)
+            rc = ms_errf(err, MS_ERR_IO, "flag --force: cannot remove %s: %s", p, strerror(errno));
+    }
+    closedir(d);
+    if (!rc && n && !force)
+        rc = ms_errf(err, MS_ERR_INVALID, "flag --out: %s is not empty (%d entr%s); choose a new folder, or pass --force to "
+                     "replace the files quantize writes there", out, n, n == 1 ? "y" : "ies");
+    return rc;
+}
+
+static int run(const char *to, const char *in, const char *out, struct qjob *j, float input_scale, int force, ms_err *err) {
     if (!strcmp(to, "fp8")) j->to = 1;
     else if (!strcmp(to, "nvfp4")) j->to = 2;
     else return ms_errf(err, MS_ERR_INVALID, "flag --to: '%s' is not one of nvfp4, fp8", to);
@@ -255,7 +313,9 @@ static int run(const char *to, const char *in, const char *out, struct qjob *j, 
         if (ends_with(nm, ".weight_scale_inv") || ends_with(nm, ".weight_scale") || ends_with(nm, ".weight_scale_2"))
             return ms_errf(err, MS_ERR_INVALID, "%s: tensor '%s' shows the checkpoint is already quantized", in, nm);
     }
-    if (mkdir(out, 0755) != 0 && errno != EEXIST) return ms_errf(err, MS_ERR_IO, "%s: %s", out, strerror(errno));
+    MS_TRY(prepare_out(in, out, force, err));
+    j->q.t0 = ms_now();
+    j->q.last_layer = -1;
     j->w = ms_st_writer_new();
     j->excl = json_array();
     if (!j->w || !j->excl) return ms_errf(err, MS_ERR_NOMEM, "out of memory");
@@ -370,17 +430,17 @@ static int run(const char *to, const char *in, const char *out, struct qjob *j, 
 
 int cmd_quantize(int argc, char **argv) {
     ms_args a;
-    if (ms_args_init(&a, argc, argv)) return 1;
-    if (ms_args_flag(&a, "help")) { usage(); ms_args_free(&a); return 0; }
+    int prc = ms_args_parse(&a, &quantize_cmd, argc, argv);
+    if (prc) return ms_args_exit(prc);
     struct qjob j;
     memset(&j, 0, sizeof j);
     const char *to = ms_args_str(&a, "to", NULL), *in = ms_args_str(&a, "in", NULL), *out = ms_args_str(&a, "out", NULL);
     int badnum = 0;
     double is = ms_args_float(&a, "input-scale", 1.0 / 448.0, &badnum);
     j.n_user = ms_args_multi(&a, "exclude", j.user_excl, MAX_EXCL);
-    if (ms_args_check_unknown(&a, "quantize") || badnum || !to || !in || !out) {
-        if (!to || !in || !out) fprintf(stderr, "moeserve quantize: --to, --in and --out are required\n");
-        usage();
+    int force = ms_args_flag(&a, "force");
+    if (badnum || !to || !in || !out) {
+        if (!badnum) fprintf(stderr, "moeserve quantize: flag --%s is required (see moeserve quantize --help)\n", !to ? "to" : !in ? "in" : "out");
         ms_args_free(&a);
         return 2;
     }
@@ -389,9 +449,15 @@ int cmd_quantize(int argc, char **argv) {
         ms_args_free(&a);
         return 2;
     }
+    char in_dir[4096];
+    if (ms_model_path_resolve("quantize", "in", in, NULL, MS_NEED_CONFIG | MS_NEED_WEIGHTS, in_dir, sizeof in_dir)) {
+        ms_args_free(&a);
+        return 2;
+    }
+    in = in_dir;
     ms_err err = {0};
     double t0 = ms_now();
-    int rc = run(to, in, out, &j, (float)is, &err);
+    int rc = run(to, in, out, &j, (float)is, force, &err);
     if (rc) fprintf(stderr, "moeserve quantize: %s\n", err.msg);
     else
         printf("quantized %d modules to %s, kept %d linears unquantized; wrote %s in %.1f s\n", j.n_quant, to, j.n_kept, out,

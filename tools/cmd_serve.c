@@ -4,8 +4,11 @@
  * with the GLM reasoning and tool-call parsers on. */
 #include "common/args.h"
 #include "common/model_args.h"
+#include "common/model_path.h"
+#include "common/preflight.h"
 #include "core/fileutil.h"
 #include "core/log.h"
+#include "engine/engine.h"
 #include "server/serve_deps.h"
 #include "server/server.h"
 #include "server/toolcall.h"
@@ -20,54 +23,68 @@
 #include <string.h>
 #include <unistd.h>
 
-#define MS_VERSION "0.1.0"
+#include "common/version.h"
 
-static void usage(void) {
-    fprintf(stderr,
-            "usage: moeserve serve [--model-path DIR] [flags]\n"
-            "  --model-path DIR            checkpoint directory (default: the built-in demo model)\n"
-            "  --tokenizer-path DIR        tokenizer directory (default: --model-path)\n"
-            "  --host ADDR                 bind address (default 127.0.0.1)\n"
-            "  --port N                    TCP port (default 8000; 0 = any free port)\n"
-            "  --api-key KEY               require 'Authorization: Bearer KEY' on /v1/* routes\n"
-            "  --served-model-name NAME    model name in the API (default: the directory name)\n"
-            "  --reasoning-parser glm45|none      split <think> reasoning into reasoning_content\n"
-            "  --tool-call-parser glm45|glm47|none  parse GLM tool calls into tool_calls\n"
-            "  --chat-template FILE        Jinja chat template overriding the tokenizer's\n"
-            "  --enable-thinking-default true|false  enable_thinking when a request does not say\n"
-            "  --device cpu|cuda           (default cpu)\n"
-            "  --tp N, --ep N              tensor-parallel ranks (one per GPU, or CPU threads); expert groups dividing tp\n"
-            "  --nnodes N --node-rank R --dist-init-addr HOST:PORT [--dist-timeout S]\n"
-            "                              several processes (nodes): node 0 serves HTTP, the others follow it\n"
-            "  --moe-runner-backend auto|NAME   --load-format auto|dummy   --dummy-quant bf16|fp8|nvfp4\n"
-            "  --override KEY=VALUE        config override with dummy weights, e.g. num_hidden_layers=12\n"
-            "  --mem-fraction-static F     --max-total-tokens N   --context-length N\n"
-            "  --max-running-requests N    --max-queued-requests N   --chunked-prefill-size N\n"
-            "  --max-request-bytes N       request body limit (default 10485760)\n"
-            "  --http-threads N            HTTP worker threads (default 4)\n"
-            "  --max-connections N         open TCP connections at most (default 4096)\n"
-            "  --connection-timeout S      close a connection idle this long (default 600)\n"
-            "  --header-timeout S          request headers must arrive within S; also the keep-alive idle limit (default 60)\n"
-            "  --body-timeout S            a request body must arrive within S after its headers (default 120)\n"
-            "  --min-upload-rate B         bytes/s a body upload must average after 5 s (default 1024; -1 = off)\n"
-            "  --max-body-buffer-bytes N   request bytes buffered by all connections together; beyond: 503 (default 268435456)\n"
-            "  --stream-stall-timeout S    abort a stream whose client reads nothing for S (default 60; -1 = off)\n"
-            "  --request-timeout S         abort a generation running longer than S (finish_reason abort; default 0 = none)\n"
-            "  --shutdown-timeout S        on SIGTERM/SIGINT let running requests finish for S, then abort them (default 30)\n"
-            "  --max-choices-per-request N prompts x n of one request at most (default 64)\n"
-            "  --disable-radix-cache       turn the prefix cache off\n"
-            "  --disable-cuda-graph        run decode steps op by op (no CUDA graphs)\n"
-            "  --log-level error|warn|info|debug\n");
-}
+const ms_opt ms_serve_opts[] = {
+    {"model-path", "model", MS_OPT_VALUE, "DIR|ORG/NAME", "checkpoint directory or Hugging Face repo id (cache, else\ndownload); default: the built-in demo model"},
+    {"revision", NULL, MS_OPT_VALUE, "REV", "Hugging Face branch, tag or commit of a repo id [main]"},
+    {"tokenizer-path", NULL, MS_OPT_VALUE, "DIR", "tokenizer directory [--model-path]"},
+    {"host", NULL, MS_OPT_VALUE, "ADDR", "bind address [127.0.0.1]"},
+    {"port", NULL, MS_OPT_VALUE, "N", "TCP port [8000; 0 = any free port]"},
+    {"api-key", NULL, MS_OPT_VALUE, "KEY", "require 'Authorization: Bearer KEY' on /v1/* routes"},
+    {"served-model-name", NULL, MS_OPT_VALUE, "NAME", "model name in the API [the directory name]"},
+    {"reasoning-parser", NULL, MS_OPT_VALUE, "glm45|none", "split <think> reasoning into reasoning_content [auto]"},
+    {"tool-call-parser", NULL, MS_OPT_VALUE, "glm45|glm47|none", "parse GLM tool calls into tool_calls [auto]"},
+    {"chat-template", NULL, MS_OPT_VALUE, "FILE", "Jinja chat template overriding the tokenizer's"},
+    {"enable-thinking-default", NULL, MS_OPT_VALUE, "true|false", "enable_thinking when a request does not say [true]"},
+    {"device", NULL, MS_OPT_VALUE, "cpu|cuda", "where the model runs [cpu]"},
+    {"moe-runner-backend", NULL, MS_OPT_VALUE, "auto|NAME", "MoE expert runner [auto]"},
+    {"load-format", NULL, MS_OPT_VALUE, "auto|dummy", "dummy: random weights of the config's shapes [auto]"},
+    {"dummy-quant", NULL, MS_OPT_VALUE, "bf16|fp8|nvfp4", "weight format of --load-format dummy [bf16]"},
+    {"override", NULL, MS_OPT_MULTI, "KEY=VALUE", "config override with dummy weights, e.g. num_hidden_layers=12"},
+    {"mem-fraction-static", NULL, MS_OPT_VALUE, "F", "share of GPU memory for weights + KV cache"},
+    {"max-total-tokens", NULL, MS_OPT_VALUE, "N", "KV cache size in tokens [from memory]"},
+    {"context-length", NULL, MS_OPT_VALUE, "N", "longest sequence [the model's]"},
+    {"max-running-requests", NULL, MS_OPT_VALUE, "N", "requests decoding at once"},
+    {"max-queued-requests", NULL, MS_OPT_VALUE, "N", "requests waiting at most (then 503)"},
+    {"chunked-prefill-size", NULL, MS_OPT_VALUE, "N", "prompt tokens per step at most"},
+    {"max-request-bytes", NULL, MS_OPT_VALUE, "N", "request body limit [10485760]"},
+    {"http-threads", NULL, MS_OPT_VALUE, "N", "HTTP worker threads [4]"},
+    {"max-connections", NULL, MS_OPT_VALUE, "N", "open TCP connections at most [4096]"},
+    {"connection-timeout", NULL, MS_OPT_VALUE, "S", "close a connection idle this long [600]"},
+    {"header-timeout", NULL, MS_OPT_VALUE, "S", "request headers must arrive within S; also the keep-alive idle\nlimit [60]"},
+    {"body-timeout", NULL, MS_OPT_VALUE, "S", "a request body must arrive within S after its headers [120]"},
+    {"min-upload-rate", NULL, MS_OPT_VALUE, "B", "bytes/s a body upload must average after 5 s [1024; -1 = off]"},
+    {"max-body-buffer-bytes", NULL, MS_OPT_VALUE, "N", "request bytes buffered by all connections; beyond: 503 [268435456]"},
+    {"stream-stall-timeout", NULL, MS_OPT_VALUE, "S", "abort a stream whose client reads nothing for S [60; -1 = off]"},
+    {"request-timeout", NULL, MS_OPT_VALUE, "S", "abort a generation running longer (finish_reason abort) [0 = none]"},
+    {"shutdown-timeout", NULL, MS_OPT_VALUE, "S", "on SIGTERM/SIGINT let running requests finish for S, then\nabort them [30]"},
+    {"max-choices-per-request", NULL, MS_OPT_VALUE, "N", "prompts x n of one request at most [64]"},
+    {"disable-radix-cache", NULL, MS_OPT_BOOL, NULL, "turn the prefix cache off"},
+    {"disable-cuda-graph", NULL, MS_OPT_BOOL, NULL, "run decode steps op by op (no CUDA graphs)"},
+    {"log-level", NULL, MS_OPT_VALUE, "LEVEL", "error|warning|info|debug (warn, critical accepted) [info]"},
+    MS_OPT_END,
+};
 
-/* models/demo next to the binary (../models/demo from build/moeserve), else under the cwd. */
+static const ms_cmd serve_cmd = {
+    "serve", "[--model-path DIR|ORG/NAME] [flags]",
+    "Serves the OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models, /health,\n"
+    "/metrics, /get_server_info, and a chat page at /). Flag names follow SGLang's.",
+    {ms_serve_opts, ms_parallel_opts, NULL},
+};
+
+/* models/demo next to the binary (../models/demo from build/moeserve; ../share/moeserve/models/demo
+ * from an installed PREFIX/bin/moeserve), else under the cwd. */
 static int find_demo_model(char *out, size_t cap) {
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = 0;
-        char *dir = dirname(exe);
-        snprintf(out, cap, "%s/../models/demo", dir);
+    static const char *const rel[] = {"../models/demo", "../share/moeserve/models/demo"};
+    if (n > 0) exe[n] = 0;
+    for (int i = 0; n > 0 && i < 2; i++) {
+        char tmp[PATH_MAX];
+        snprintf(tmp, sizeof tmp, "%s", exe); /* dirname writes into its argument */
+        char *dir = dirname(tmp);
+        snprintf(out, cap, "%s/%s", dir, rel[i]);
         char probe[PATH_MAX + 32];
         snprintf(probe, sizeof probe, "%s/config.json", out);
         if (ms_path_exists(probe)) {
@@ -103,12 +120,11 @@ static int parse_bool(const char *s, int *out) {
 }
 
 int cmd_serve(int argc, char **argv) {
-    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) { usage(); return 0; }
     ms_args a;
-    if (ms_args_init(&a, argc, argv) != 0) return 1;
+    int prc = ms_args_parse(&a, &serve_cmd, argc, argv);
+    if (prc) return ms_args_exit(prc);
     int bad = 0;
-    const char *model_path = ms_args_str(&a, "model-path", NULL);
-    if (!model_path) model_path = ms_args_str(&a, "model", NULL); /* alias, as other commands spell it */
+    const char *model_path = ms_args_str(&a, "model-path", NULL), *revision = ms_args_str(&a, "revision", NULL);
     const char *overrides[64];
     int n_overrides = ms_args_multi(&a, "override", overrides, 64);
     const char *tokenizer_path = ms_args_str(&a, "tokenizer-path", NULL);
@@ -147,57 +163,59 @@ int cmd_serve(int argc, char **argv) {
     int no_radix = ms_args_flag(&a, "disable-radix-cache");
     int no_graphs = ms_args_flag(&a, "disable-cuda-graph");
     const char *log_level = ms_args_str(&a, "log-level", NULL);
-    if (bad || ms_args_check_unknown(&a, "serve") != 0) { ms_args_free(&a); return 2; }
-    ms_args_free(&a);
+    if (bad) { ms_args_free(&a); return 2; }
+    ms_args_free(&a); /* the values point into argv, which outlives this */
 
     if (log_level) {
-        int lv = !strcmp(log_level, "error") ? MS_LOG_ERROR : !strcmp(log_level, "warn") ? MS_LOG_WARN
+        /* SGLang's (Python logging's) names, and ours */
+        int lv = !strcmp(log_level, "error") || !strcmp(log_level, "critical") ? MS_LOG_ERROR
+               : !strcmp(log_level, "warn") || !strcmp(log_level, "warning") ? MS_LOG_WARN
                : !strcmp(log_level, "debug") ? MS_LOG_DEBUG : !strcmp(log_level, "info") ? MS_LOG_INFO : -1;
-        if (lv < 0) { fprintf(stderr, "flag --log-level: '%s' is not error, warn, info or debug\n", log_level); return 2; }
+        if (lv < 0) { fprintf(stderr, "moeserve serve: flag --log-level: '%s' is not error, warning, info or debug\n", log_level); return 2; }
         ms_log_set_level(lv);
     }
-    if (port < 0 || port > 65535) { fprintf(stderr, "flag --port: %lld is not in [0, 65535]\n", port); return 2; }
+    if (port < 0 || port > 65535) { fprintf(stderr, "moeserve serve: flag --port: %lld is not in [0, 65535]\n", port); return 2; }
     if (strcmp(device, "cpu") && strcmp(device, "cuda")) {
-        fprintf(stderr, "flag --device: '%s' is not cpu or cuda\n", device);
+        fprintf(stderr, "moeserve serve: flag --device: '%s' is not cpu or cuda\n", device);
         return 2;
     }
     if (strcmp(load_format, "auto") && strcmp(load_format, "dummy")) {
-        fprintf(stderr, "flag --load-format: '%s' is not auto or dummy\n", load_format);
+        fprintf(stderr, "moeserve serve: flag --load-format: '%s' is not auto or dummy\n", load_format);
         return 2;
     }
-    if (mem_frac < 0 || mem_frac >= 1) { fprintf(stderr, "flag --mem-fraction-static: %g is not in (0, 1)\n", mem_frac); return 2; }
+    if (mem_frac < 0 || mem_frac >= 1) { fprintf(stderr, "moeserve serve: flag --mem-fraction-static: %g is not in (0, 1)\n", mem_frac); return 2; }
     if (max_bytes < 1024 || max_bytes > (1LL << 32)) {
-        fprintf(stderr, "flag --max-request-bytes: %lld is not in [1024, 4294967296]\n", max_bytes);
+        fprintf(stderr, "moeserve serve: flag --max-request-bytes: %lld is not in [1024, 4294967296]\n", max_bytes);
         return 2;
     }
-    if (http_threads < 1 || http_threads > 256) { fprintf(stderr, "flag --http-threads: %lld is not in [1, 256]\n", http_threads); return 2; }
-    if (max_conns < 1 || max_conns > 1000000) { fprintf(stderr, "flag --max-connections: %lld is not in [1, 1000000]\n", max_conns); return 2; }
-    if (!(idle_to >= 1 && idle_to <= 86400)) { fprintf(stderr, "flag --connection-timeout: %g is not in [1, 86400]\n", idle_to); return 2; }
-    if (!(header_to > 0 && header_to <= 3600)) { fprintf(stderr, "flag --header-timeout: %g is not in (0, 3600]\n", header_to); return 2; }
-    if (!(body_to > 0 && body_to <= 86400)) { fprintf(stderr, "flag --body-timeout: %g is not in (0, 86400]\n", body_to); return 2; }
-    if (!(min_rate == -1 || (min_rate > 0 && min_rate <= 1e9))) { fprintf(stderr, "flag --min-upload-rate: %g is not -1 or in (0, 1e9]\n", min_rate); return 2; }
+    if (http_threads < 1 || http_threads > 256) { fprintf(stderr, "moeserve serve: flag --http-threads: %lld is not in [1, 256]\n", http_threads); return 2; }
+    if (max_conns < 1 || max_conns > 1000000) { fprintf(stderr, "moeserve serve: flag --max-connections: %lld is not in [1, 1000000]\n", max_conns); return 2; }
+    if (!(idle_to >= 1 && idle_to <= 86400)) { fprintf(stderr, "moeserve serve: flag --connection-timeout: %g is not in [1, 86400]\n", idle_to); return 2; }
+    if (!(header_to > 0 && header_to <= 3600)) { fprintf(stderr, "moeserve serve: flag --header-timeout: %g is not in (0, 3600]\n", header_to); return 2; }
+    if (!(body_to > 0 && body_to <= 86400)) { fprintf(stderr, "moeserve serve: flag --body-timeout: %g is not in (0, 86400]\n", body_to); return 2; }
+    if (!(min_rate == -1 || (min_rate > 0 && min_rate <= 1e9))) { fprintf(stderr, "moeserve serve: flag --min-upload-rate: %g is not -1 or in (0, 1e9]\n", min_rate); return 2; }
     if (body_budget < max_bytes || body_budget > (1LL << 40)) {
-        fprintf(stderr, "flag --max-body-buffer-bytes: %lld is not in [--max-request-bytes (%lld), 2^40]\n", body_budget, max_bytes);
+        fprintf(stderr, "moeserve serve: flag --max-body-buffer-bytes: %lld is not in [--max-request-bytes (%lld), 2^40]\n", body_budget, max_bytes);
         return 2;
     }
-    if (!(stall_to == -1 || (stall_to > 0 && stall_to <= 86400))) { fprintf(stderr, "flag --stream-stall-timeout: %g is not -1 or in (0, 86400]\n", stall_to); return 2; }
-    if (!(request_to >= 0 && request_to <= 86400 * 7)) { fprintf(stderr, "flag --request-timeout: %g is not in [0, 604800]\n", request_to); return 2; }
-    if (!(shutdown_to >= 0 && shutdown_to <= 86400)) { fprintf(stderr, "flag --shutdown-timeout: %g is not in [0, 86400]\n", shutdown_to); return 2; }
-    if (max_choices < 1 || max_choices > 512) { fprintf(stderr, "flag --max-choices-per-request: %lld is not in [1, 512]\n", max_choices); return 2; }
+    if (!(stall_to == -1 || (stall_to > 0 && stall_to <= 86400))) { fprintf(stderr, "moeserve serve: flag --stream-stall-timeout: %g is not -1 or in (0, 86400]\n", stall_to); return 2; }
+    if (!(request_to >= 0 && request_to <= 86400 * 7)) { fprintf(stderr, "moeserve serve: flag --request-timeout: %g is not in [0, 604800]\n", request_to); return 2; }
+    if (!(shutdown_to >= 0 && shutdown_to <= 86400)) { fprintf(stderr, "moeserve serve: flag --shutdown-timeout: %g is not in [0, 86400]\n", shutdown_to); return 2; }
+    if (max_choices < 1 || max_choices > 512) { fprintf(stderr, "moeserve serve: flag --max-choices-per-request: %lld is not in [1, 512]\n", max_choices); return 2; }
     if (max_total < 0 || ctx_len < 0 || max_running < 0 || max_queued < 0 || chunked < 0) {
-        fprintf(stderr, "serve: --max-total-tokens, --context-length, --max-running-requests, --max-queued-requests and --chunked-prefill-size must not be negative\n");
+        fprintf(stderr, "moeserve serve: --max-total-tokens, --context-length, --max-running-requests, --max-queued-requests and --chunked-prefill-size must not be negative\n");
         return 2;
     }
     int think = 1;
     if (parse_bool(think_def, &think) != 0) {
-        fprintf(stderr, "flag --enable-thinking-default: '%s' is not true or false\n", think_def);
+        fprintf(stderr, "moeserve serve: flag --enable-thinking-default: '%s' is not true or false\n", think_def);
         return 2;
     }
     int demo = model_path == NULL;
     char demo_dir[PATH_MAX];
     if (demo) {
         if (find_demo_model(demo_dir, sizeof demo_dir) != 0) {
-            fprintf(stderr, "serve: no --model-path given and the built-in demo model was not found (looked for "
+            fprintf(stderr, "moeserve serve: no --model-path given and the built-in demo model was not found (looked for "
                             "models/demo next to the binary and in the current directory)\n");
             return 1;
         }
@@ -207,17 +225,35 @@ int cmd_serve(int argc, char **argv) {
     if (rparser) {
         if (!strcmp(rparser, "glm45")) reasoning = MS_REASONING_GLM45;
         else if (!strcmp(rparser, "none")) reasoning = MS_REASONING_NONE;
-        else { fprintf(stderr, "flag --reasoning-parser: '%s' is not glm45 or none\n", rparser); return 2; }
+        else { fprintf(stderr, "moeserve serve: flag --reasoning-parser: '%s' is not glm45 or none\n", rparser); return 2; }
     }
     int tools = -2; /* auto */
     if (tparser) {
         if (!strcmp(tparser, "none")) tools = -1;
         else if ((tools = ms_tool_format_parse(tparser)) < 0) {
-            fprintf(stderr, "flag --tool-call-parser: '%s' is not glm45, glm47 or none\n", tparser);
+            fprintf(stderr, "moeserve serve: flag --tool-call-parser: '%s' is not glm45, glm47 or none\n", tparser);
             return 2;
         }
     }
-    if (tmpl && !ms_path_exists(tmpl)) { fprintf(stderr, "flag --chat-template: %s does not exist\n", tmpl); return 2; }
+    if (tmpl && !ms_path_exists(tmpl)) { fprintf(stderr, "moeserve serve: flag --chat-template: %s does not exist\n", tmpl); return 2; }
+
+    /* fail fast, before any weight is read: the device, the port, the model's files */
+    if (ms_preflight_device("serve", device, 0)) return 1;
+    int leader = !(par.nnodes > 1 && par.node_rank > 0);
+    if (leader && ms_preflight_port("serve", host, (int)port)) return 1;
+    const char *model_given = model_path; /* what the user wrote: a directory or a repo id (names the model) */
+    static char model_dir[PATH_MAX], tok_dir[PATH_MAX];
+    if (!demo) {
+        int dummy = !strcmp(load_format, "dummy");
+        int need = MS_NEED_CONFIG | (dummy ? MS_ALLOW_CONFIG_FILE : MS_NEED_WEIGHTS) | (tokenizer_path || dummy ? 0 : MS_NEED_TOKENIZER);
+        if (ms_model_path_resolve("serve", "model-path", model_path, revision, need, model_dir, sizeof model_dir)) return 2;
+        model_path = model_dir;
+    }
+    if (tokenizer_path) {
+        if (ms_model_path_resolve("serve", "tokenizer-path", tokenizer_path, revision, MS_NEED_TOKENIZER, tok_dir, sizeof tok_dir))
+            return 2;
+        tokenizer_path = tok_dir;
+    }
 
     double t0 = ms_now();
     ms_serve_stack_opts so;
@@ -279,7 +315,7 @@ int cmd_serve(int argc, char **argv) {
 
     /* model names: served name, then the directory's base name and the path as given */
     char base_buf[PATH_MAX];
-    snprintf(base_buf, sizeof base_buf, "%s", model_path);
+    snprintf(base_buf, sizeof base_buf, "%s", model_given);
     size_t bl = strlen(base_buf);
     while (bl > 1 && base_buf[bl - 1] == '/') base_buf[--bl] = 0;
     const char *base = strrchr(base_buf, '/') ? strrchr(base_buf, '/') + 1 : base_buf;
@@ -291,7 +327,7 @@ int cmd_serve(int argc, char **argv) {
     int nn = 0;
     cfg.lim.model_names[nn++] = served ? served : base;
     if (served && strcmp(served, base)) cfg.lim.model_names[nn++] = base;
-    cfg.lim.model_names[nn++] = model_path;
+    cfg.lim.model_names[nn++] = model_given;
     cfg.lim.context_length = st.context_length;
     cfg.lim.vocab_size = st.vocab_size;
     cfg.lim.enable_thinking_default = think;
@@ -314,12 +350,27 @@ int cmd_serve(int argc, char **argv) {
     cfg.max_choices = (int)max_choices;
     for (int i = 0; i < st.n_eos && i < 16; i++) cfg.eos_ids[cfg.n_eos++] = st.eos[i];
     cfg.version = MS_VERSION;
-    json_t *flags = json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:b, s:b}",
-                              "device", device, "moe_runner_backend", runner, "load_format", load_format,
-                              "chat_template", tmpl ? tmpl : "", "tp", par.tp, "context_length", st.context_length,
-                              "max_total_tokens", st.kv_tokens, "page_size", st.page_size,
-                              "max_running_requests", (int)max_running, "max_queued_requests", (int)max_queued,
-                              "mem_fraction_static", mem_frac, "enable_thinking_default", think, "radix_cache", !no_radix);
+    /* /get_server_info: the values in effect (defaults and limits applied), not the flags as given */
+    ms_engine_config ecd;
+    ms_engine_config_default(&ecd);
+    int eff_running = max_running > 0 ? (int)max_running : ecd.max_running_requests;
+    if (eff_running > st.model.exec.max_batch_tokens) eff_running = st.model.exec.max_batch_tokens;
+    json_t *flags = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:i}",
+                              "model_path", model_path, "device", device, "moe_runner_backend", runner,
+                              "load_format", load_format, "chat_template", tmpl ? tmpl : "", "tp", par.tp, "ep", par.ep,
+                              "nnodes", par.nnodes, "context_length", st.context_length, "max_total_tokens", st.kv_tokens,
+                              "page_size", st.page_size, "max_running_requests", eff_running,
+                              "max_queued_requests", max_queued > 0 ? (int)max_queued : ecd.max_waiting_requests,
+                              "chunked_prefill_size", chunked > 0 ? (int)chunked : ecd.chunked_prefill_size,
+                              "max_batch_tokens", st.model.exec.max_batch_tokens, "enable_thinking_default", think,
+                              "radix_cache", !no_radix, "http_threads", (int)http_threads);
+    if (flags) {
+        /* the memory share applies to GPUs only: the default there, null on the CPU backend */
+        json_object_set_new(flags, "mem_fraction_static",
+                            strcmp(device, "cuda") ? json_null() : json_real(mem_frac > 0 ? mem_frac : 0.88));
+        json_object_set_new(flags, "log_level", json_string(log_level ? log_level : "info"));
+        if (revision) json_object_set_new(flags, "revision", json_string(revision));
+    }
     char *flags_txt = flags ? json_dumps(flags, JSON_COMPACT) : NULL;
     json_decref(flags);
     cfg.info_json = flags_txt;

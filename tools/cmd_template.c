@@ -11,6 +11,7 @@
  * from stdin, write one line {"text": ...} or {"error": ...} per input; a line may carry its own
  * "template" source, and then --model/--template are optional). */
 #include "common/args.h"
+#include "common/model_path.h"
 #include "core/fileutil.h"
 #include "tokenizer/chat_template.h"
 
@@ -20,9 +21,22 @@
 
 #define MAX_MESSAGES_BYTES (256u << 20)
 
-static void usage(void) {
-    fprintf(stderr, "usage: moeserve template --model DIR --messages FILE [--add-generation-prompt] [--kwargs JSON]\n");
-}
+static const ms_opt template_opts[] = {
+    {"model", "model-path", MS_OPT_VALUE, "DIR|ORG/NAME", "tokenizer directory (tokenizer_config.json / chat_template.jinja)\nor Hugging Face repo id"},
+    {"revision", NULL, MS_OPT_VALUE, "REV", "Hugging Face branch, tag or commit of a repo id [main]"},
+    {"template", NULL, MS_OPT_VALUE, "FILE", "Jinja template file instead of the model's"},
+    {"messages", NULL, MS_OPT_VALUE, "FILE", "JSON: a list of messages, or {messages, tools, ...}"},
+    {"kwargs", NULL, MS_OPT_VALUE, "JSON", "extra template variables, e.g. '{\"enable_thinking\":false}'"},
+    {"add-generation-prompt", NULL, MS_OPT_BOOL, NULL, "end with the assistant turn's opening"},
+    {"jsonl", NULL, MS_OPT_BOOL, NULL, "read one JSON request per stdin line, print one rendering per line"},
+    MS_OPT_END,
+};
+
+static const ms_cmd template_cmd = {
+    "template", "--model DIR --messages FILE [--add-generation-prompt] [--kwargs JSON]",
+    "Prints the chat template's rendering exactly, with no added newline.",
+    {template_opts, NULL},
+};
 
 /* Splits a messages document into messages and tools (borrowed references into doc). */
 static int split_doc(json_t *doc, json_t **messages, json_t **tools, const char *what, ms_err *err) {
@@ -115,24 +129,19 @@ static int run_jsonl(const ms_template *t, const char *bos, const char *eos) {
 
 int cmd_template(int argc, char **argv) {
     ms_args a;
-    if (ms_args_init(&a, argc, argv)) return 1;
-    if (ms_args_flag(&a, "help")) {
-        usage();
-        ms_args_free(&a);
-        return 0;
-    }
+    int prc = ms_args_parse(&a, &template_cmd, argc, argv);
+    if (prc) return ms_args_exit(prc);
     const char *model = ms_args_str(&a, "model", NULL);
     const char *tpath = ms_args_str(&a, "template", NULL);
     const char *mpath = ms_args_str(&a, "messages", NULL);
     const char *kwjson = ms_args_str(&a, "kwargs", NULL);
     int agp = ms_args_flag(&a, "add-generation-prompt");
     int jsonl = ms_args_flag(&a, "jsonl");
-    int rc = 1;
+    int rc = 2; /* a flag at fault until the template loads */
     char *src = NULL, *bos = NULL, *eos = NULL;
     ms_template *t = NULL;
     json_t *doc = NULL, *kwargs = NULL;
     ms_err err = {0};
-    if (ms_args_check_unknown(&a, "template")) goto out;
     if (!model && !tpath && !jsonl) {
         fprintf(stderr, "moeserve template: flag --model is required (see --help)\n");
         goto out;
@@ -141,6 +150,11 @@ int cmd_template(int argc, char **argv) {
         fprintf(stderr, "moeserve template: flag --messages is required (see --help)\n");
         goto out;
     }
+    char dir[4096];
+    if (model && ms_model_path_resolve("template", "model", model, ms_args_str(&a, "revision", NULL), 0, dir, sizeof dir))
+        goto out;
+    if (model) model = dir;
+    rc = 1;
     if (model && ms_chat_template_load(model, &src, &bos, &eos, &err) && !tpath) {
         fprintf(stderr, "moeserve template: --model %s: %s\n", model, err.msg);
         goto out;

@@ -6,6 +6,7 @@
  * decode (answers the full decodes and the streaming detokenizer's output), so one process
  * handles thousands of cases. */
 #include "common/args.h"
+#include "common/model_path.h"
 #include "core/status.h"
 #include "tokenizer/tokenizer.h"
 
@@ -155,18 +156,35 @@ static int run_jsonl(const ms_tokenizer *t) {
     return 0;
 }
 
+static const ms_opt tokenize_opts[] = {
+    {"model", "model-path", MS_OPT_VALUE, "DIR|ORG/NAME", "tokenizer directory (tokenizer.json) or Hugging Face repo id"},
+    {"revision", NULL, MS_OPT_VALUE, "REV", "Hugging Face branch, tag or commit of a repo id [main]"},
+    {"add-special-tokens", NULL, MS_OPT_BOOL, NULL, "add the tokenizer's special tokens (bos)"},
+    {"jsonl", NULL, MS_OPT_BOOL, NULL, "one JSON string per stdin line in, one id list per line out"},
+    MS_OPT_END,
+};
+
+static const ms_cmd tokenize_cmd = {
+    "tokenize", "--model DIR [--add-special-tokens] < text",
+    "Reads UTF-8 text from stdin and prints its token ids, comma-separated.",
+    {tokenize_opts, NULL},
+};
+
 int cmd_tokenize(int argc, char **argv) {
     ms_args a;
-    if (ms_args_init(&a, argc, argv)) return 1;
-    const char *model = ms_args_str(&a, "model", NULL);
+    int prc = ms_args_parse(&a, &tokenize_cmd, argc, argv);
+    if (prc) return ms_args_exit(prc);
+    const char *model = ms_args_str(&a, "model", NULL), *revision = ms_args_str(&a, "revision", NULL);
     int add_special = ms_args_flag(&a, "add-special-tokens");
     int jsonl = ms_args_flag(&a, "jsonl");
-    if (ms_args_check_unknown(&a, "tokenize")) { ms_args_free(&a); return 2; }
     ms_args_free(&a);
     if (!model) {
-        fprintf(stderr, "tokenize: flag --model: missing (usage: moeserve tokenize --model DIR [--add-special-tokens] < text)\n");
+        fprintf(stderr, "moeserve tokenize: flag --model DIR is required (moeserve tokenize --model DIR [--add-special-tokens] < text)\n");
         return 2;
     }
+    char dir[4096];
+    if (ms_model_path_resolve("tokenize", "model", model, revision, MS_NEED_TOKENIZER, dir, sizeof dir)) return 2;
+    model = dir;
     ms_err err = {0};
     ms_tokenizer *t = NULL;
     if (ms_tokenizer_load(model, &t, &err)) { fprintf(stderr, "tokenize: %s\n", err.msg); return 1; }

@@ -78,15 +78,26 @@ static int time_runner(ms_backend *b, const ms_moe_runner *r, const ms_experts *
     return rc;
 }
 
+static const ms_opt tune_opts[] = {
+    {"model", NULL, MS_OPT_VALUE, "CONFIG", "config.json whose expert shapes are tuned [configs/glm-4.5-air.json]"},
+    {"dummy-quant", NULL, MS_OPT_VALUE, "nvfp4|fp8|bf16", "weight format [nvfp4]"},
+    {"tokens", NULL, MS_OPT_VALUE, "1,2,4,..", "token counts to tune for [1,2,4,8,16,32,64,128,256]"},
+    {"out-dir", NULL, MS_OPT_VALUE, "DIR", "where the tuned configs go [configs/tuned]"},
+    {"reps", NULL, MS_OPT_VALUE, "N", "timed repetitions per candidate [20]"},
+    {"device-index", NULL, MS_OPT_VALUE, "I", "GPU [0]"},
+    MS_OPT_END,
+};
+
+static const ms_cmd tune_cmd = {
+    "tune", "[--model CONFIG] [--dummy-quant nvfp4|fp8|bf16] [--tokens 1,2,4,...] [flags]",
+    "Measures the MoE kernels' launch configurations on the GPU at hand and stores the fastest.",
+    {tune_opts, NULL},
+};
+
 int cmd_tune(int argc, char **argv) {
     ms_args a;
-    if (ms_args_init(&a, argc, argv)) return 1;
-    if (ms_args_flag(&a, "help")) {
-        fprintf(stderr, "usage: moeserve tune [--model CONFIG] [--dummy-quant nvfp4|fp8|bf16] [--tokens 1,2,4,...]\n"
-                        "                     [--out-dir configs/tuned] [--reps N] [--device-index I]\n");
-        ms_args_free(&a);
-        return 0;
-    }
+    int prc = ms_args_parse(&a, &tune_cmd, argc, argv);
+    if (prc) return ms_args_exit(prc);
     if (!getenv("MS_LOG")) ms_log_set_level(MS_LOG_WARN);
     int bad = 0, rc = 1;
     const char *model = ms_args_str(&a, "model", "configs/glm-4.5-air.json");
@@ -95,7 +106,8 @@ int cmd_tune(int argc, char **argv) {
     const char *out_dir = ms_args_str(&a, "out-dir", "configs/tuned");
     long long reps = ms_args_int(&a, "reps", 20, &bad), dev = ms_args_int(&a, "device-index", 0, &bad);
     ms_executor ex = {0};
-    if (bad || ms_args_check_unknown(&a, "tune")) goto done;
+    rc = 2; /* a flag at fault until the model loads */
+    if (bad) goto done;
     if (reps < 1 || reps > 10000) {
         fprintf(stderr, "moeserve tune: flag --reps: %lld is out of range (1..10000)\n", reps);
         goto done;
@@ -116,6 +128,7 @@ int cmd_tune(int argc, char **argv) {
      * GLM-5: then 4 layers) */
     const char *ov[2] = {"num_hidden_layers=2", NULL};
     if (strstr(model, "glm-5") || strstr(model, "glm5")) ov[0] = "num_hidden_layers=4";
+    rc = 1;
     ms_exec_opts o = {0};
     o.model_path = model;
     o.device = "cuda";

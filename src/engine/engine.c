@@ -92,6 +92,7 @@ typedef struct req_ext {
 /* Frees a request and the engine's part of it. */
 static void req_free(ms_request *r) {
     if (!r) return;
+    if (r->owner) ms_grammar_matcher_free(REQ_EXT(r)->sp.grammar);
     free(r->owner);
     ms_request_free(r);
 }
@@ -156,8 +157,23 @@ static void sample_range(void *ctx, int64_t b0, int64_t b1, int worker) {
         ms_request *r = e->sched.logit_req[row];
         ms_token_event *ev = &e->row_ev[row];
         memset(ev, 0, sizeof *ev);
-        e->row_tok[row] = ms_sampler_sample(sm, &REQ_EXT(r)->sp, e->logits + (size_t)row * e->exec.vocab, r->tokens, r->n_prompt,
-                                            r->n_tokens, REQ_EXT(r)->rng, ev);
+        float *lg = e->logits + (size_t)row * e->exec.vocab;
+        const ms_sampling *sp = &REQ_EXT(r)->sp;
+        ms_grammar_matcher *gm = sp->grammar;
+        if (gm && ms_grammar_matcher_active(gm)) {
+            /* the stop ids stay allowed once the grammar may end */
+            int32_t stops[2 * MS_MAX_STOP_IDS];
+            int ns = 0;
+            for (int i = 0; i < sp->n_stop_ids; i++) stops[ns++] = sp->stop_ids[i];
+            if (!sp->ignore_eos)
+                for (int i = 0; i < e->exec.n_eos; i++) stops[ns++] = e->exec.eos_ids[i];
+            if (ms_sampler_apply_grammar(sm, gm, stops, ns, lg) == 0) {
+                e->row_tok[row] = -1; /* the grammar cannot go on: run_step ends the request */
+                continue;
+            }
+        }
+        int32_t tok = e->row_tok[row] = ms_sampler_sample(sm, sp, lg, r->tokens, r->n_prompt, r->n_tokens, REQ_EXT(r)->rng, ev);
+        if (gm) ms_grammar_matcher_accept(gm, tok); /* a stop id is refused and ends the request anyway */
     }
 }
 
@@ -252,10 +268,19 @@ static void run_step(ms_engine *e) {
         ms_request *r = s->logit_req[row];
         ms_token_event ev = e->row_ev[row];
         int32_t tok = e->row_tok[row];
+        if (tok < 0) { /* no token can continue the request's grammar */
+            ms_sched_release(s, r, 1);
+            end_request(e, r, MS_FINISH_GRAMMAR_DEAD, NULL);
+            continue;
+        }
         ms_sched_append_token(s, r, tok);
         e->acc.generated_tokens_total++;
         int n_gen = ms_request_n_generated(r);
-        int finish = is_stop(e, r, tok) ? MS_FINISH_STOP : n_gen >= r->max_new ? MS_FINISH_LENGTH : MS_FINISH_NONE;
+        const ms_grammar_matcher *gm = REQ_EXT(r)->sp.grammar;
+        int finish = is_stop(e, r, tok)                     ? MS_FINISH_STOP
+                   : gm && ms_grammar_matcher_done(gm)      ? MS_FINISH_GRAMMAR_END
+                   : n_gen >= r->max_new                    ? MS_FINISH_LENGTH
+                                                            : MS_FINISH_NONE;
         ev.req_id = r->id;
         ev.finish = finish;
         ev.n_prompt = r->n_prompt;
@@ -520,11 +545,13 @@ int ms_engine_submit(ms_engine *e, const int32_t *prompt, int n_prompt, const ms
     pthread_mutex_lock(&e->mu);
     if (!e->healthy) {
         pthread_mutex_unlock(&e->mu);
+        REQ_EXT(r)->sp.grammar = NULL; /* stays with the caller */
         req_free(r);
         return ms_errf(err, MS_ERR_RUNTIME, "%s", e->fatal_msg);
     }
     if (e->n_inbox + e->pub_waiting >= c->max_waiting_requests) {
         pthread_mutex_unlock(&e->mu);
+        REQ_EXT(r)->sp.grammar = NULL; /* stays with the caller */
         req_free(r);
         return ms_errf(err, MS_ERR_BUSY, "the waiting queue is full (%d requests, max_waiting_requests)", c->max_waiting_requests);
     }

@@ -9,6 +9,7 @@
 
 #include "core/status.h"
 #include "core/batch.h"
+#include "grammar/grammar.h"
 
 #include <stdint.h>
 
@@ -63,6 +64,11 @@ typedef struct ms_sampling {
     int n_logit_bias;         /* OpenAI logit_bias: added to the logits of bias_ids before sampling */
     int32_t bias_ids[MS_MAX_LOGIT_BIAS];
     float bias_vals[MS_MAX_LOGIT_BIAS];
+    ms_grammar_matcher *grammar; /* structured output (NULL = none): while it is active, each step
+                               * samples only tokens it allows (plus the stop ids once it may end)
+                               * and advances it with the sampled token. A successful submit hands
+                               * it to the engine, which frees it with the request; a failed
+                               * submit leaves it with the caller. */
 } ms_sampling;
 
 /* Fills the neutral defaults (greedy off: temperature 1, top_p 1, no penalties, max_tokens 16).
@@ -70,7 +76,11 @@ typedef struct ms_sampling {
  * filters, what logprobs are) are documented in engine/sampler.h. */
 void ms_sampling_default(ms_sampling *s);
 
-enum ms_finish { MS_FINISH_NONE = 0, MS_FINISH_STOP, MS_FINISH_LENGTH, MS_FINISH_ABORT, MS_FINISH_ERROR };
+/* GRAMMAR_END: the grammar's sentence is complete and nothing can extend it (the token is part of
+ * the output, unlike a stop id's); GRAMMAR_DEAD: no token of the vocabulary can continue the
+ * grammar (the event carries no token). */
+enum ms_finish { MS_FINISH_NONE = 0, MS_FINISH_STOP, MS_FINISH_LENGTH, MS_FINISH_ABORT, MS_FINISH_ERROR,
+                 MS_FINISH_GRAMMAR_END, MS_FINISH_GRAMMAR_DEAD };
 
 typedef struct ms_token_event {
     uint64_t req_id;

@@ -30,7 +30,7 @@ int ms_sampler_init(ms_sampler *s, int vocab, ms_err *err) {
 
 void ms_sampler_destroy(ms_sampler *s) {
     free(s->work); free(s->cand); free(s->prob); free(s->count); free(s->touched);
-    free(s->ex); free(s->bucket_mass);
+    free(s->ex); free(s->bucket_mass); free(s->gmask);
     memset(s, 0, sizeof *s);
 }
 
@@ -289,6 +289,7 @@ int32_t ms_sampler_sample(ms_sampler *s, const ms_sampling *sp, const float *log
         if (nt > 0) {
             for (int i = 0; i < V; i++) s->cand[i] = i;
             select_top(logits, s->cand, V, nt);
+            while (nt > 0 && logits[s->cand[nt - 1]] == -INFINITY) nt--; /* masked out by a grammar */
             for (int i = 0; i < nt; i++) {
                 ev->top_ids[i] = s->cand[i];
                 ev->top_logprobs[i] = (float)(logits[s->cand[i]] - lse);
@@ -297,4 +298,38 @@ int32_t ms_sampler_sample(ms_sampler *s, const ms_sampling *sp, const float *log
         }
     }
     return tok;
+}
+
+int ms_sampler_apply_grammar(ms_sampler *s, ms_grammar_matcher *m, const int32_t *stop_ids, int n_stop, float *logits) {
+    int gv = ms_grammar_matcher_vocab_size(m), words = (gv + 31) / 32;
+    if (words > s->gmask_words) {
+        uint32_t *nm = realloc(s->gmask, (size_t)words * sizeof *nm);
+        if (!nm) return 0; /* treated as "cannot continue": the request ends with a clear reason */
+        s->gmask = nm;
+        s->gmask_words = words;
+    }
+    uint32_t *mask = s->gmask;
+    int n = ms_grammar_matcher_fill_mask(m, mask);
+    int V = s->vocab;
+    if (ms_grammar_matcher_can_end(m))
+        for (int i = 0; i < n_stop; i++) {
+            int32_t t = stop_ids[i];
+            if (t >= 0 && t < gv && !((mask[t >> 5] >> (t & 31)) & 1u)) { mask[t >> 5] |= 1u << (t & 31); n++; }
+            else if (t >= gv && t < V) n++; /* beyond the tokenizer's ids: kept below */
+        }
+    int full = V < gv ? V : gv;
+    for (int w = 0; w * 32 < full; w++) {
+        uint32_t bits = mask[w];
+        if (bits == 0xffffffffu) continue;
+        int hi = (w + 1) * 32 < full ? 32 : full - w * 32;
+        for (int b = 0; b < hi; b++)
+            if (!((bits >> b) & 1u)) logits[w * 32 + b] = -INFINITY;
+    }
+    for (int i = full; i < V; i++) {
+        int keep = 0;
+        if (ms_grammar_matcher_can_end(m))
+            for (int k = 0; k < n_stop; k++) keep |= stop_ids[k] == i;
+        if (!keep) logits[i] = -INFINITY;
+    }
+    return n;
 }

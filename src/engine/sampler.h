@@ -34,6 +34,8 @@ typedef struct ms_sampler {
     int32_t *touched; /* [vocab] ids with a non-zero count */
     float *ex;        /* [vocab] exp((logit - max) / T) */
     double *bucket_mass; /* [MS_SAMPLER_BUCKETS] top_p histogram */
+    uint32_t *gmask;  /* grammar mask words, grown on first use */
+    int gmask_words;
 } ms_sampler;
 
 #define MS_SAMPLER_BUCKETS 4096
@@ -57,5 +59,10 @@ int ms_sampler_dist(ms_sampler *s, const ms_sampling *sp, const float *logits, c
  * asked for, ev->logprob and ev->n_top / top_ids / top_logprobs (largest first). Returns the token. */
 int32_t ms_sampler_sample(ms_sampler *s, const ms_sampling *sp, const float *logits, const int32_t *tokens, int n_prompt,
                           int n_tokens, uint64_t rng[4], ms_token_event *ev);
+
+/* Structured output: sets logits[i] (row of [vocab]) to -inf for every token the grammar matcher
+ * does not allow now; stop_ids[0..n_stop) stay allowed when the grammar may end here. Returns the
+ * number of tokens left allowed (0: the grammar cannot continue). The matcher must be active. */
+int ms_sampler_apply_grammar(ms_sampler *s, ms_grammar_matcher *m, const int32_t *stop_ids, int n_stop, float *logits);
 
 #endif

@@ -48,6 +48,10 @@ typedef struct ms_arch {
      * query belongs to a prefill of that many tokens (selection policies that depend on the step). */
     double (*kv_read_bytes)(const struct ms_config *cfg, int L, double ctx, double elem);
     double (*attn_flops)(const struct ms_config *cfg, int L, double ctx, int prefill_len);
+    /* Weight elements of layer L's attention (memory estimates from a config alone): projections
+     * split across tensor-parallel ranks, projections every rank holds whole, and tensors that are
+     * never quantized (norms, the DSA indexer). */
+    void (*attn_params)(const struct ms_config *cfg, int L, double *split, double *replicated, double *plain);
     /* Writes the attention lines of `inspect` (each ending in a newline). */
     void (*describe)(const struct ms_config *cfg, FILE *out);
 } ms_arch;

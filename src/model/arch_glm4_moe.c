@@ -124,6 +124,13 @@ static double attn_flops(const ms_config *c, int L, double ctx, int prefill_len)
     return 4.0 * c->num_heads * c->head_dim * ctx;
 }
 
+static void attn_params(const ms_config *c, int L, double *split, double *repl, double *plain) {
+    const double H = c->hidden_size, q = (double)c->num_heads * c->head_dim, kv = (double)c->num_kv_heads * c->head_dim;
+    *split = H * q + 2 * H * kv + q * H + (c->attention_bias ? q + 2 * kv : 0);
+    *repl = 0;
+    *plain = c->use_qk_norm ? 2.0 * c->head_dim : 0;
+}
+
 static void describe(const ms_config *c, FILE *out) {
     fprintf(out, "attention:     GQA, %d heads / %d kv heads, head dim %d (rotary %d), rope theta %g%s%s\n", c->num_heads,
             c->num_kv_heads, c->head_dim, c->rotary_dim, c->rope_theta, c->use_qk_norm ? ", qk-norm" : "",
@@ -141,5 +148,6 @@ const ms_arch ms_arch_glm4_moe = {
     .kv_bytes_per_token = kv_bytes_per_token,
     .kv_read_bytes = kv_read_bytes,
     .attn_flops = attn_flops,
+    .attn_params = attn_params,
     .describe = describe,
 };

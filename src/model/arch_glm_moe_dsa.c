@@ -239,6 +239,17 @@ static double attn_flops(const ms_config *c, int L, double ctx, int prefill_len)
     return f;
 }
 
+static void attn_params(const ms_config *c, int L, double *split, double *repl, double *plain) {
+    const double H = c->hidden_size, nh = c->num_heads, rq = c->q_lora_rank, rkv = c->kv_lora_rank,
+                 dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim;
+    *split = rq * nh * (dn + dr) + rkv * nh * (dn + dv) + nh * dv * H; /* q_b, kv_b, o */
+    *repl = H * rq + H * (rkv + dr);                                   /* q_a, kv_a_with_mqa */
+    *plain = rq + rkv;                                                 /* their norms */
+    if (c->indexer_full[L]) /* wq_b, wk, k_norm, weights_proj */
+        *plain += rq * c->index_n_heads * c->index_head_dim + H * c->index_head_dim + 2.0 * c->index_head_dim +
+                  H * c->index_n_heads;
+}
+
 static void describe(const ms_config *c, FILE *out) {
     int n_full = 0;
     for (int i = 0; i < c->num_layers; i++) n_full += c->indexer_full[i];
@@ -260,5 +271,6 @@ const ms_arch ms_arch_glm_moe_dsa = {
     .kv_bytes_per_token = kv_bytes_per_token,
     .kv_read_bytes = kv_read_bytes,
     .attn_flops = attn_flops,
+    .attn_params = attn_params,
     .describe = describe,
 };

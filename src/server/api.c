@@ -374,6 +374,50 @@ static int refuse_unimplemented(json_t *b, ms_api_error *e) {
     return 0;
 }
 
+/* response_format, and SGLang's regex / ebnf: at most one of them constrains the output. */
+static int parse_structured(json_t *b, ms_api_req *r, ms_api_error *e) {
+    r->rf_type = MS_RF_TEXT;
+    json_t *rf = json_object_get(b, "response_format");
+    if (rf && !json_is_null(rf)) {
+        if (!json_is_object(rf)) return WRONG_TYPE(e, "response_format", rf, "an object");
+        const char *t = json_string_value(json_object_get(rf, "type"));
+        if (!t) return ms_api_fail(e, 400, BAD, "response_format.type", NULL, "'response_format.type' is required.");
+        if (!strcmp(t, "json_object")) {
+            r->rf_type = MS_RF_JSON_OBJECT;
+        } else if (!strcmp(t, "json_schema")) {
+            json_t *js = json_object_get(rf, "json_schema");
+            if (!json_is_object(js))
+                return ms_api_fail(e, 400, BAD, "response_format.json_schema", NULL,
+                                   "'response_format.json_schema' must be an object with 'name' and 'schema'.");
+            json_t *nm = json_object_get(js, "name");
+            if (nm && !json_is_string(nm)) return WRONG_TYPE(e, "response_format.json_schema.name", nm, "a string");
+            json_t *sc = json_object_get(js, "schema");
+            if (!sc) sc = json_object_get(js, "schema_"); /* some clients */
+            if (sc && !json_is_object(sc) && !json_is_boolean(sc))
+                return WRONG_TYPE(e, "response_format.json_schema.schema", sc, "an object");
+            r->rf_type = MS_RF_JSON_SCHEMA;
+            r->rf_schema = sc; /* NULL: any JSON object */
+        } else if (strcmp(t, "text")) {
+            return ms_api_fail(e, 400, BAD, "response_format.type", NULL,
+                               "'response_format.type' is '%s'; it must be text, json_object or json_schema.", t);
+        }
+    }
+    int n = r->rf_type != MS_RF_TEXT;
+    const char *names[2] = {"regex", "ebnf"};
+    const char **dst[2] = {&r->regex, &r->ebnf};
+    for (int i = 0; i < 2; i++) {
+        json_t *v = json_object_get(b, names[i]);
+        if (!v || json_is_null(v)) continue;
+        if (!json_is_string(v)) return WRONG_TYPE(e, names[i], v, "a string");
+        *dst[i] = json_string_value(v);
+        n++;
+    }
+    if (n > 1)
+        return ms_api_fail(e, 400, BAD, r->ebnf ? "ebnf" : "regex", NULL,
+                           "Only one of 'response_format' (json), 'regex' and 'ebnf' may be given.");
+    return 0;
+}
+
 int ms_api_parse(const ms_api_limits *lim, int is_chat, const char *body, size_t len, ms_api_req *r,
                  ms_api_error *e) {
     memset(r, 0, sizeof *r);
@@ -485,13 +529,7 @@ int ms_api_parse(const ms_api_limits *lim, int is_chat, const char *body, size_t
     }
     sp->logprobs = r->logprobs;
     sp->top_logprobs = r->top_logprobs;
-    json_t *rf = json_object_get(b, "response_format");
-    if (rf && !json_is_null(rf)) {
-        const char *t = json_string_value(json_object_get(rf, "type"));
-        if (!t || strcmp(t, "text"))
-            return ms_api_fail(e, 400, BAD, "response_format", NULL,
-                               "'response_format' other than {\"type\": \"text\"} is not supported by this server.");
-    }
+    MS_TRY(parse_structured(b, r, e));
     int echo = 0;
     MS_TRY(get_bool(b, "echo", &echo, e));
     if (echo) return ms_api_fail(e, 400, BAD, "echo", NULL, "'echo' is not supported by this server.");

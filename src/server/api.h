@@ -31,6 +31,8 @@ int ms_api_fail(ms_api_error *e, int status, const char *type, const char *param
 /* Appends {"error":{"message","type","param","code"}}. */
 void ms_api_error_json(const ms_api_error *e, ms_sbuf *out);
 
+enum { MS_RF_TEXT, MS_RF_JSON_OBJECT, MS_RF_JSON_SCHEMA };
+
 enum { MS_TOOLCHOICE_AUTO, MS_TOOLCHOICE_NONE, MS_TOOLCHOICE_REQUIRED, MS_TOOLCHOICE_NAMED };
 
 /* What the server knows about its model, for validation. */
@@ -68,6 +70,10 @@ typedef struct ms_api_req {
     int enable_thinking;      /* effective */
     int separate_reasoning;
     int skip_special_tokens;
+    /* structured output (borrowed from body) */
+    int rf_type;              /* MS_RF_* */
+    json_t *rf_schema;        /* json_schema's schema; NULL = any object */
+    const char *regex, *ebnf; /* SGLang's extensions; NULL when absent */
     /* completions */
     ms_api_prompt prompts[MS_API_MAX_PROMPTS];
     int n_prompts;

@@ -74,10 +74,16 @@ enum MHD_Result ms_srv_start_generation(req *r, struct MHD_Connection *conn) {
                                  "The prompt (%d tokens) plus max_tokens (%d) exceeds the context length %d.",
                                  nids[p], a->sp.max_tokens, ctx);
     }
+    ms_grammar *grammar = NULL;
+    if (!status) status = ms_srv_build_grammar(r, &grammar, &e);
     if (status) {
         out = ms_srv_send_error(s, conn, &e);
         goto done;
     }
+    /* a reasoning model thinks freely first: the grammar applies after </think> */
+    int32_t think_end = -1;
+    if (grammar && is_chat && s->cfg.reasoning_parser == MS_REASONING_GLM45 && a->enable_thinking && r->ops.token_id)
+        think_end = r->ops.token_id(r->ops.ctx, "</think>");
     int use_reasoning = is_chat && s->cfg.reasoning_parser == MS_REASONING_GLM45 && a->separate_reasoning;
     int use_tools = is_chat && s->cfg.tool_parser >= 0 && a->tools != NULL;
     if (use_tools) {
@@ -118,11 +124,18 @@ enum MHD_Result ms_srv_start_generation(req *r, struct MHD_Connection *conn) {
             for (int k = 0; k < s->cfg.n_eos && sp.n_stop_ids < MS_MAX_STOP_IDS; k++)
                 sp.stop_ids[sp.n_stop_ids++] = s->cfg.eos_ids[k];
         ms_err err = {0};
+        int rc = MS_OK;
+        if (grammar) {
+            sp.grammar = ms_grammar_matcher_new(grammar);
+            if (!sp.grammar) rc = ms_errf(&err, MS_ERR_NOMEM, "out of memory for the grammar matcher");
+            else if (think_end >= 0) ms_grammar_matcher_set_free_until(sp.grammar, think_end);
+        }
         pthread_mutex_lock(&r->mu);
         r->refs++;
         pthread_mutex_unlock(&r->mu);
-        int rc = r->ops.submit(r->ops.ctx, ids[i / a->n], np, &sp, ms_srv_on_token, c, &c->eid, &err);
+        if (rc == MS_OK) rc = r->ops.submit(r->ops.ctx, ids[i / a->n], np, &sp, ms_srv_on_token, c, &c->eid, &err);
         if (rc != MS_OK) {
+            ms_grammar_matcher_free(sp.grammar); /* a failed submit leaves it with us */
             ms_srv_req_unref(r); /* never the last: the HTTP side holds one */
             ms_srv_abort_all(r);
             for (int k = i; k < r->n_ch; k++) r->ch[k].done = 1;
@@ -163,6 +176,7 @@ enum MHD_Result ms_srv_start_generation(req *r, struct MHD_Connection *conn) {
     }
     pthread_mutex_unlock(&r->mu);
 done:
+    ms_grammar_unref(grammar); /* the matchers hold their own references */
     for (int p = 0; p < n_inputs; p++) free(ids[p]);
     return out;
 }

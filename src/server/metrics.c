@@ -144,7 +144,7 @@ void ms_metrics_write(ms_metrics *m, const ms_engine_stats *es, const char *mode
                   "Time between consecutive output tokens of a request.");
     ms_hist_write(&m->e2e, o, "moeserve:e2e_request_latency_seconds",
                   "Time from request arrival to its last output token.");
-    static const char *fr[MS_FR_N] = {"stop", "length", "tool_calls", "abort", "error"};
+    static const char *fr[MS_FR_N] = {"stop", "length", "tool_calls", "abort", "error", "grammar_unsatisfiable"};
     ms_sbuf_adds(o, "# HELP moeserve:request_success_total Finished choices by finish reason.\n"
                     "# TYPE moeserve:request_success_total counter\n");
     for (int i = 0; i < MS_FR_N; i++)

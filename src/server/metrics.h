@@ -29,7 +29,8 @@ void ms_hist_observe(ms_hist *h, double v);
 /* Appends "# HELP", "# TYPE" and the _bucket/_sum/_count lines (cumulative buckets). */
 void ms_hist_write(const ms_hist *h, ms_sbuf *out, const char *name, const char *help);
 
-enum { MS_FR_STOP, MS_FR_LENGTH, MS_FR_TOOL, MS_FR_ABORT, MS_FR_ERROR, MS_FR_N };
+/* MS_FR_GRAMMAR: no token could continue the request's grammar (finish_reason "grammar_unsatisfiable") */
+enum { MS_FR_STOP, MS_FR_LENGTH, MS_FR_TOOL, MS_FR_ABORT, MS_FR_ERROR, MS_FR_GRAMMAR, MS_FR_N };
 
 /* What the watchdog (guard.c) and the admission checks ended or refused. */
 enum { MS_GUARD_CLIENT_GONE, MS_GUARD_STREAM_STALL, MS_GUARD_SLOW_UPLOAD, MS_GUARD_HEADER_TIMEOUT,

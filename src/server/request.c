@@ -250,6 +250,8 @@ static void handle_event(req *r, const ev_item *it) {
     if (ev->finish != MS_FINISH_NONE) {
         int fr = ev->finish == MS_FINISH_LENGTH ? MS_FR_LENGTH
                : ev->finish == MS_FINISH_STOP   ? MS_FR_STOP
+               : ev->finish == MS_FINISH_GRAMMAR_END  ? MS_FR_STOP
+               : ev->finish == MS_FINISH_GRAMMAR_DEAD ? MS_FR_GRAMMAR
                : ev->finish == MS_FINISH_ERROR  ? MS_FR_ERROR
                                                 : MS_FR_ABORT;
         finish_choice(r, c, fr);

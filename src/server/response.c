@@ -5,7 +5,7 @@
 #include <string.h>
 
 const char *ms_srv_fr_name(int fr) {
-    static const char *n[MS_FR_N] = {"stop", "length", "tool_calls", "abort", "error"};
+    static const char *n[MS_FR_N] = {"stop", "length", "tool_calls", "abort", "error", "grammar_unsatisfiable"};
     return fr >= 0 && fr < MS_FR_N ? n[fr] : "stop";
 }
 

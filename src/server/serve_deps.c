@@ -69,6 +69,35 @@ static int r_submit(void *ctx, const int32_t *prompt, int n, const ms_sampling *
 static void r_abort(void *ctx, uint64_t id) { ms_engine_abort(((ms_real_ops *)ctx)->eng, id); }
 static void r_stats(void *ctx, ms_engine_stats *out) { ms_engine_get_stats(((ms_real_ops *)ctx)->eng, out); }
 
+static int r_grammar_compile(void *ctx, const char *gbnf, ms_grammar **out, ms_err *err) {
+    ms_real_ops *o = ctx;
+    *out = NULL;
+    pthread_mutex_lock(&o->gmu);
+    int rc = MS_OK;
+    if (!o->gvocab) {
+        double t0 = ms_now();
+        rc = ms_grammar_vocab_from_tokenizer(o->tok, &o->gvocab, err);
+        if (rc == MS_OK) MS_LOGI("grammar: vocabulary trie of %d tokens built in %.0f ms", ms_grammar_vocab_size(o->gvocab), (ms_now() - t0) * 1e3);
+    }
+    if (rc == MS_OK && !o->gcache && !(o->gcache = ms_grammar_cache_new(16)))
+        rc = ms_errf(err, MS_ERR_NOMEM, "grammar cache: out of memory");
+    pthread_mutex_unlock(&o->gmu);
+    if (rc != MS_OK) return rc;
+    if ((*out = ms_grammar_cache_get(o->gcache, gbnf))) return MS_OK;
+    MS_TRY(ms_grammar_compile_gbnf(gbnf, o->gvocab, out, err));
+    ms_grammar_cache_put(o->gcache, gbnf, *out);
+    return MS_OK;
+}
+
+static int32_t r_token_id(void *ctx, const char *content) { return ms_tokenizer_token_to_id(((ms_real_ops *)ctx)->tok, content); }
+
+void ms_real_ops_release(ms_real_ops *ctx) {
+    ms_grammar_cache_free(ctx->gcache);
+    ms_grammar_vocab_free(ctx->gvocab);
+    ctx->gcache = NULL;
+    ctx->gvocab = NULL;
+}
+
 ms_server_ops ms_server_ops_real(ms_real_ops *ctx) {
     ms_server_ops o;
     memset(&o, 0, sizeof o);
@@ -85,6 +114,9 @@ ms_server_ops ms_server_ops_real(ms_real_ops *ctx) {
     o.submit = r_submit;
     o.abort = r_abort;
     o.stats = r_stats;
+    o.grammar_compile = r_grammar_compile;
+    o.token_id = r_token_id;
+    pthread_mutex_init(&ctx->gmu, NULL);
     return o;
 }
 
@@ -155,6 +187,7 @@ fail:
 
 void ms_serve_stack_close(ms_serve_stack *s) {
     if (s->eng) ms_engine_destroy(s->eng);
+    ms_real_ops_release(&s->rops);
     if (s->model.exec.forward || s->model.model) ms_serve_model_close(&s->model);
     if (s->tmpl) ms_template_free(s->tmpl);
     if (s->tok) ms_tokenizer_free(s->tok);

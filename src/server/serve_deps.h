@@ -9,6 +9,9 @@
 #include "core/status.h"
 #include "engine/engine.h"
 #include "engine/model_executor.h"
+#include "grammar/grammar.h"
+
+#include <pthread.h>
 #include "server/server.h"
 #include "tokenizer/chat_template.h"
 /* tokenizer.h has a nested comment opener in a contract comment (until its owner fixes it) */
@@ -34,7 +37,14 @@ typedef struct ms_real_ops {
     ms_tokenizer *tok;
     ms_template *tmpl;
     ms_engine *eng;
+    /* structured outputs: built on first use under gmu, freed by ms_real_ops_release */
+    pthread_mutex_t gmu;
+    ms_grammar_vocab *gvocab;
+    ms_grammar_cache *gcache;
 } ms_real_ops;
+
+/* Frees what the ops built lazily (grammar vocabulary and cache). */
+void ms_real_ops_release(ms_real_ops *ctx);
 
 ms_server_ops ms_server_ops_real(ms_real_ops *ctx);
 

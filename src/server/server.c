@@ -122,6 +122,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
         r->cr = ci ? ci->socket_context : NULL;
         if (r->cr) r->cr->in_req = 1;
+        snprintf(r->method, sizeof r->method, "%s", method);
         snprintf(r->url, sizeof r->url, "%s", url);
         char *q = strchr(r->url, '?');
         if (q) *q = 0;
@@ -228,10 +229,14 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe) {
     ms_server *s = cls;
-    (void)conn;
     req *r = *con_cls;
     if (!r) return;
     *con_cls = NULL;
+    if (ms_log_level() >= MS_LOG_INFO) { /* the access log: one line per request */
+        const union MHD_ConnectionInfo *st = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_HTTP_STATUS);
+        MS_LOGI("%s %s %u %.1f ms%s", r->method, r->url, st ? st->http_status : 0u, (ms_now() - r->t0) * 1e3,
+                toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (ended early: client gone or error)");
+    }
     pthread_mutex_lock(&s->live_mu);
     if (r->live_prev) r->live_prev->live_next = r->live_next;
     else s->live = r->live_next;

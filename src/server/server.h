@@ -12,6 +12,7 @@
 
 #include "core/status.h"
 #include "engine/engine.h"
+#include "grammar/grammar.h"
 #include "server/api.h"
 
 #include <jansson.h>
@@ -35,6 +36,11 @@ typedef struct ms_server_ops {
     int (*detok_push)(void *detok, int32_t id, char **buf, size_t *len, size_t *cap, ms_err *err);
     int (*detok_flush)(void *detok, char **buf, size_t *len, size_t *cap, ms_err *err);
     void (*detok_free)(void *detok);
+    /* Structured outputs (optional: NULL = not available, requests asking for them get a 400).
+     * grammar_compile: the compiled grammar of GBNF text over this tokenizer's vocabulary, shared
+     * through a cache (*out is a new reference). token_id: the id of a token by its content, or -1. */
+    int (*grammar_compile)(void *ctx, const char *gbnf, ms_grammar **out, ms_err *err);
+    int32_t (*token_id)(void *ctx, const char *content);
     /* Engine (same contracts as ms_engine_submit / abort / get_stats). */
     int (*submit)(void *ctx, const int32_t *prompt, int n_prompt, const ms_sampling *sp,
                   ms_token_cb cb, void *user, uint64_t *req_id, ms_err *err);

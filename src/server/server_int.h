@@ -108,6 +108,7 @@ typedef struct req {
     ms_sbuf body;
     int too_large, too_busy;
     int is_post;
+    char method[8];      /* for the access log line */
     char url[128];
     ms_api_req api;
     choice *ch;
@@ -190,6 +191,12 @@ void ms_srv_body_release(req *r);
 /* Parses r->body, tokenizes the prompt(s), submits one engine request per choice and either
  * queues the streaming response or suspends the connection until the engine answers. */
 enum MHD_Result ms_srv_start_generation(req *r, struct MHD_Connection *conn);
+
+/* ---- structured.c: the grammar of a request ------------------------------------------------ */
+
+/* The compiled grammar constraining r's output (a new reference, NULL when free) from
+ * response_format / regex / ebnf / tool_choice; returns 0 or an HTTP status with e filled. */
+int ms_srv_build_grammar(req *r, ms_grammar **out, ms_api_error *e);
 
 /* ---- routes.c: the routes that do not generate --------------------------------------------- */
 

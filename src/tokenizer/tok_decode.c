@@ -337,6 +337,18 @@ int ms_tokenizer_decode(const ms_tokenizer *t, const int32_t *ids, int n_ids, in
     return MS_OK;
 }
 
+int ms_tokenizer_token_bytes(const ms_tokenizer *t, int32_t id, char **out, size_t *len, ms_err *err) {
+    *out = NULL;
+    *len = 0;
+    tk_buf raw = {0};
+    int rc = tk_decode_raw(t, &id, 1, 0, 0, 1, &raw, err);
+    if (!rc && tk_buf_put(&raw, "", 1)) rc = ms_errf(err, MS_ERR_NOMEM, "tokenizer: out of memory");
+    if (rc) { tk_buf_free(&raw); return rc; }
+    *out = raw.p;
+    *len = raw.len - 1;
+    return MS_OK;
+}
+
 /* ---------------- streaming ---------------- */
 
 struct ms_detok {

@@ -28,6 +28,11 @@ int ms_tokenizer_encode(const ms_tokenizer *t, const char *text, size_t len, int
 int ms_tokenizer_decode(const ms_tokenizer *t, const int32_t *ids, int n_ids, int skip_special,
                         char **out, size_t *len, ms_err *err);
 
+/* The bytes token id contributes in the middle of a sequence (the decoder's per-token output with
+ * no text before or after it: a byte-level token ending inside a UTF-8 character yields the raw
+ * partial bytes). *out is malloc'd (caller frees); *len set. For grammar token masks. */
+int ms_tokenizer_token_bytes(const ms_tokenizer *t, int32_t id, char **out, size_t *len, ms_err *err);
+
 int ms_tokenizer_vocab_size(const ms_tokenizer *t); /* highest id + 1, added tokens included */
 int32_t ms_tokenizer_token_to_id(const ms_tokenizer *t, const char *token); /* -1 when absent */
 const char *ms_tokenizer_id_to_token(const ms_tokenizer *t, int32_t id);    /* NULL when absent */

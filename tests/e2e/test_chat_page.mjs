@@ -1,7 +1,9 @@
 // test_chat_page.mjs - the chat page at GET / in headless Chromium (playwright-core driving Debian's
 // /usr/bin/chromium) against a real `moeserve serve`: the model list is loaded from /v1/models, a
 // typed question streams an answer, the reasoning is shown in its own collapsible block, tokens/s is
-// displayed, thinking can be switched off, and Stop ends a running reply. No outside network.
+// displayed, thinking can be switched off, a refused request shows its whole error, the demo's
+// calculator tool can be offered (its calls evaluated in the page), and Stop ends a running reply.
+// No outside network.
 import { chromium } from "playwright-core";
 import { assert, eq, isDemo, run, startServer, test, waitKvEmpty } from "./lib.mjs";
 
@@ -47,6 +49,36 @@ test("thinking off: no reasoning block content", async ({ page, demo }) => {
   const answer = await msg.locator(".answer").textContent();
   if (demo) assert(/11/.test(answer), "answer " + answer);
   await page.check("#thinking");
+});
+
+test("favicon: an inline icon, no request for /favicon.ico", async ({ page }) => {
+  const href = await page.locator("link[rel=icon]").getAttribute("href");
+  assert(href && href.startsWith("data:image/svg+xml"), "icon: " + href);
+});
+
+test("a refused request shows the whole error: status, type, param, code, message", async ({ page }) => {
+  await page.route("**/v1/chat/completions", (route) => route.fulfill({ status: 400, contentType: "application/json",
+    body: JSON.stringify({ error: { message: "'max_tokens' must be at least 1.", type: "invalid_request_error", param: "max_tokens", code: "invalid_value" } }) }));
+  const msg = await ask(page, "Hi");
+  const err = await msg.locator(".error").textContent();
+  assert(/HTTP 400/.test(err) && /invalid_request_error/.test(err) && /param: max_tokens/.test(err) && /code: invalid_value/.test(err) &&
+    /must be at least 1/.test(err), "error shown: " + err);
+  await page.unroute("**/v1/chat/completions");
+  await page.click("#clear");
+});
+
+test("calculator tool: offered when checked, its call evaluated in the page, the model answers", async ({ page, demo }) => {
+  if (!demo) return;
+  await page.click("#clear");
+  await page.check("#calc");
+  await page.fill("#input", "What is the square root of 2025?");
+  await page.click("#send");
+  await page.waitForFunction(() => [...document.querySelectorAll(".msg.assistant .answer")].some((a) => /45/.test(a.textContent)) &&
+    !document.getElementById("send").disabled, null, { timeout: 120000 });
+  const tools = await page.locator(".msg.assistant .tools").first().textContent();
+  assert(/calculator\(.*2025.*\) = 45/.test(tools), "tool call and its result shown: " + tools);
+  await page.uncheck("#calc");
+  await page.click("#clear");
 });
 
 test("Stop aborts a running reply", async ({ page, server }) => {
@@ -96,7 +128,7 @@ run(import.meta.url, {
              "--disable-sync", "--no-first-run"] });
     const page = await browser.newPage();
     const outside = [];
-    page.on("request", (r) => { if (!r.url().startsWith(server.url)) outside.push(r.url()); });
+    page.on("request", (r) => { if (!r.url().startsWith(server.url) && !r.url().startsWith("data:")) outside.push(r.url()); });
     const model = (await (await fetch(server.url + "/v1/models")).json()).data[0].id;
     return { server, browser, page, outside, model, demo: server.model ? isDemo(server.model) : false };
   },

@@ -365,6 +365,63 @@ static void test_stop_ids_and_ignore_eos(void) {
     }
 }
 
+/* Rows with a grammar sample only what it allows and end with GRAMMAR_END once it is complete;
+ * rows without one in the same batches stay exactly the unconstrained greedy output. */
+static void test_grammar_rows(void) {
+    /* token i: a digit for i < 10, then "," "[" "]" and two-character pieces */
+    static const char *tok[VOCAB] = {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9", ",", "[", "]", "12", ",3", "]]", "[1",
+                                     "x", "y", "z", "ab", "9,", "0]", "77", "a", "b", "c", "d", "e", "f", "g", "h"};
+    size_t lens[VOCAB];
+    for (int i = 0; i < VOCAB; i++) lens[i] = strlen(tok[i]);
+    ms_grammar_vocab *v = NULL;
+    ms_grammar *gr = NULL;
+    ms_err err = {0};
+    CHECK_EQ_INT(ms_grammar_vocab_new(VOCAB, tok, lens, NULL, &v, &err), MS_OK);
+    CHECK_EQ_INT(ms_grammar_compile_regex("\\[[0-9]{1,2}(,[0-9]{1,2}){0,3}\\]", v, &gr, &err), MS_OK);
+    gated g;
+    ms_executor ex = gated_init(&g, 200, 4, 64);
+    ms_engine_config cfg = small_cfg(4);
+    ms_engine *e;
+    CHECK_EQ_INT(ms_engine_create(&cfg, &ex, &e, &err), MS_OK);
+    coll c;
+    coll_init(&c);
+    enum { N = 12 };
+    make_prompts(N, 20);
+    for (int i = 0; i < N; i++) {
+        ms_sampling sp;
+        ms_sampling_default(&sp);
+        sp.max_tokens = 40;
+        sp.temperature = i % 3 == 0 ? 0.0f : 1.0f;
+        sp.has_seed = 1;
+        sp.seed = (uint64_t)i;
+        if (i % 2 == 0) sp.grammar = ms_grammar_matcher_new(gr);
+        CHECK_EQ_INT(ms_engine_submit(e, prompts[i], n_prompts[i], &sp, on_event, &c.s[i], NULL, &err), MS_OK);
+    }
+    coll_wait(&c, N);
+    for (int i = 0; i < N; i++) {
+        slot *s = &c.s[i];
+        if (i % 2 == 0) {
+            CHECK_EQ_INT(s->finish, MS_FINISH_GRAMMAR_END);
+            ms_grammar_matcher *m = ms_grammar_matcher_new(gr);
+            int ok = 1;
+            for (int k = 0; k < s->n && ok; k++) ok = ms_grammar_matcher_accept(m, s->toks[k]);
+            CHECK_MSG(ok && ms_grammar_matcher_done(m), "request %d: output is not a sentence of the grammar", i);
+            ms_grammar_matcher_free(m);
+        } else if (i % 3 == 0) {
+            int32_t ref[40];
+            fake_greedy_ref(prompts[i], n_prompts[i], 40, VOCAB, 4.0f, ref);
+            CHECK_EQ_INT(s->finish, MS_FINISH_LENGTH);
+            CHECK(memcmp(s->toks, ref, sizeof ref) == 0);
+        }
+    }
+    check_clean(e);
+    ms_engine_destroy(e);
+    coll_free(&c);
+    gated_free(&g);
+    ms_grammar_unref(gr);
+    ms_grammar_vocab_free(v);
+}
+
 static void test_bounded_queue_busy(void) {
     gated g;
     ms_executor ex = gated_init(&g, 64, 4, 64);
@@ -650,6 +707,7 @@ int main(void) {
     RUN(test_greedy_concurrent_matches_oracle);
     RUN(test_seed_reproducible_regardless_of_batching);
     RUN(test_stop_ids_and_ignore_eos);
+    RUN(test_grammar_rows);
     RUN(test_bounded_queue_busy);
     RUN(test_abort);
     RUN(test_forward_error);

@@ -1,38 +1,56 @@
 /* model_args.c - see model_args.h. */
 #include "common/model_args.h"
+#include "common/model_path.h"
+#include "common/preflight.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The first of several spellings of one flag that is present (NULL when none). */
-static const char *first_of(ms_args *a, const char *const *names, const char **which) {
-    for (int i = 0; names[i]; i++) {
-        const char *v = ms_args_str(a, names[i], NULL);
-        if (v) return *which = names[i], v;
-    }
-    return NULL;
-}
+const ms_opt ms_parallel_opts[] = {
+    {"tp", "tp-size,tensor-parallel-size", MS_OPT_VALUE, "N", "tensor-parallel ranks (one per GPU, or CPU threads) [1]"},
+    {"ep", "ep-size,expert-parallel-size", MS_OPT_VALUE, "N", "expert-parallel groups; must divide --tp (alone it implies --tp N)"},
+    {"nnodes", NULL, MS_OPT_VALUE, "N", "processes (nodes) of one model [1]; node 0 serves HTTP"},
+    {"node-rank", NULL, MS_OPT_VALUE, "R", "this node's rank in [0, --nnodes) [0]"},
+    {"dist-init-addr", NULL, MS_OPT_VALUE, "HOST:PORT", "node 0's rendezvous address (required with --nnodes > 1)"},
+    {"dist-timeout", NULL, MS_OPT_VALUE, "S", "seconds to wait for the other nodes [60]"},
+    MS_OPT_END,
+};
 
-/* A positive count flag in [1, max] given under any of names; def when absent. */
-static int count_flag(ms_args *a, const char *cmd, const char *const *names, int def, int max, int *out) {
-    const char *which = names[0], *v = first_of(a, names, &which);
+const ms_opt ms_model_opts[] = {
+    {"model", "model-path", MS_OPT_VALUE, "DIR|ORG/NAME", "checkpoint directory, config.json (with --load-format dummy)\nor a Hugging Face repo id (cache, else download)"},
+    {"revision", NULL, MS_OPT_VALUE, "REV", "Hugging Face branch, tag or commit of a repo id [main]"},
+    {"device", NULL, MS_OPT_VALUE, "cpu|cuda", "where the model runs [cpu]"},
+    {"device-index", NULL, MS_OPT_VALUE, "I", "first GPU to use [0]"},
+    {"moe-runner-backend", NULL, MS_OPT_VALUE, "auto|NAME", "MoE expert runner [auto]"},
+    {"load-format", NULL, MS_OPT_VALUE, "auto|dummy", "dummy: random weights of the config's shapes [auto]"},
+    {"dummy-quant", NULL, MS_OPT_VALUE, "bf16|fp8|nvfp4", "weight format of --load-format dummy [bf16]"},
+    {"override", NULL, MS_OPT_MULTI, "KEY=VALUE", "config override, e.g. num_hidden_layers=4"},
+    {"check-numerics", NULL, MS_OPT_BOOL, NULL, "stop at the first layer and op that makes NaN/Inf"},
+    {"disable-cuda-graph", NULL, MS_OPT_BOOL, NULL, "run decode steps op by op"},
+    {"max-total-tokens", NULL, MS_OPT_VALUE, "N", "KV cache size in tokens [from memory]"},
+    {"page-size", NULL, MS_OPT_VALUE, "N", "tokens per KV page [16]"},
+    {"max-batch-tokens", NULL, MS_OPT_VALUE, "N", "tokens per forward step at most"},
+    {"mem-fraction-static", NULL, MS_OPT_VALUE, "F", "share of GPU memory for weights + KV cache"},
+    MS_OPT_END,
+};
+
+/* A positive count flag in [1, max]; def when absent. */
+static int count_flag(ms_args *a, const char *cmd, const char *name, int def, int max, int *out) {
+    const char *v = ms_args_str(a, name, NULL);
     if (!v) return *out = def, 0;
     char *end;
     long long n = strtoll(v, &end, 10);
     if (!*v || *end || n < 1 || n > max)
-        return fprintf(stderr, "moeserve %s: flag --%s: '%s' is not a number in [1, %d]\n", cmd, which, v, max), -1;
+        return fprintf(stderr, "moeserve %s: flag --%s: '%s' is not a number in [1, %d]\n", cmd, name, v, max), -1;
     *out = (int)n;
     return 0;
 }
 
 int ms_parallel_args_parse(ms_args *a, const char *cmd, ms_exec_opts *e) {
-    static const char *const tp_names[] = {"tp", "tp-size", "tensor-parallel-size", NULL};
-    static const char *const ep_names[] = {"ep", "ep-size", "expert-parallel-size", NULL};
-    static const char *const nn_names[] = {"nnodes", NULL};
     int tp = 0, ep = 0, nn = 1, bad = 0;
-    if (count_flag(a, cmd, tp_names, 0, 1024, &tp) || count_flag(a, cmd, ep_names, 0, 1024, &ep) ||
-        count_flag(a, cmd, nn_names, 1, 1024, &nn))
+    if (count_flag(a, cmd, "tp", 0, 1024, &tp) || count_flag(a, cmd, "ep", 0, 1024, &ep) ||
+        count_flag(a, cmd, "nnodes", 1, 1024, &nn))
         return -1;
     if (!tp) tp = ep ? ep : 1; /* --ep N alone: N ranks, each holding 1/N of the experts */
     if (!ep) ep = 1;
@@ -55,7 +73,6 @@ int ms_model_args_parse(ms_args *a, const char *cmd, ms_model_args *o) {
     ms_exec_opts *e = &o->ex;
     int bad = 0;
     e->model_path = ms_args_str(a, "model", NULL);
-    if (!e->model_path) e->model_path = ms_args_str(a, "model-path", NULL);
     e->device = ms_args_str(a, "device", "cpu");
     e->device_index = (int)ms_args_int(a, "device-index", 0, &bad);
     e->moe_runner = ms_args_str(a, "moe-runner-backend", "auto");
@@ -79,6 +96,12 @@ int ms_model_args_parse(ms_args *a, const char *cmd, ms_model_args *o) {
     e->page_size = (int)ps;
     e->max_batch_tokens = (int)mb;
     if (!e->model_path) return fprintf(stderr, "moeserve %s: flag --model DIR is required\n", cmd), -1;
+    if (ms_preflight_device(cmd, e->device, e->device_index)) return -1;
+    int need = MS_NEED_CONFIG | (!strcmp(e->load_format, "dummy") ? MS_ALLOW_CONFIG_FILE : MS_NEED_WEIGHTS);
+    if (ms_model_path_resolve(cmd, "model", e->model_path, ms_args_str(a, "revision", NULL), need, o->model_dir,
+                              sizeof o->model_dir))
+        return -1;
+    e->model_path = o->model_dir;
     return 0;
 }
 

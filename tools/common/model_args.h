@@ -11,9 +11,17 @@
 typedef struct ms_model_args {
     ms_exec_opts ex;
     const char *overrides[MS_MAX_OVERRIDES];
+    char model_dir[4096]; /* --model resolved (common/model_path.h): ex.model_path points here */
 } ms_model_args;
 
-/* Reads --model (or --model-path), --device, --device-index, --moe-runner-backend, --load-format,
+/* The flag tables of the two groups below (commands put them in their ms_cmd groups). */
+extern const ms_opt ms_model_opts[];
+extern const ms_opt ms_parallel_opts[];
+/* serve's own flags (tools/cmd_serve.c); chat accepts them too and passes them to its server. */
+extern const ms_opt ms_serve_opts[];
+
+/* Reads --model (or --model-path; a directory, a config.json with --load-format dummy, or a Hugging
+ * Face repo id with --revision, resolved by ms_model_path_resolve), --device, --device-index, --moe-runner-backend, --load-format,
  * --dummy-quant, --override key=value (repeatable), --check-numerics, --max-total-tokens,
  * --page-size, --max-batch-tokens, --mem-fraction-static and the parallelism flags
  * (ms_parallel_args_parse). Returns 0, or -1 after printing one
