@@ -275,7 +275,7 @@ static int pool_put(ms_grammar_matcher *m, const int32_t *v, int n, int32_t *off
         m->pool_cap = cap;
     }
     *off = (int32_t)m->pool_n;
-    memcpy(m->pool + m->pool_n, v, (size_t)n * sizeof *v);
+    if (n > 0) memcpy(m->pool + m->pool_n, v, (size_t)n * sizeof *v); /* an empty set may come with v == NULL */
     m->pool_n += (size_t)n;
     return 0;
 }
