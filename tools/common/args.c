@@ -194,10 +194,12 @@ int ms_args_parse(ms_args *a, const ms_cmd *cmd, int argc, char **argv) {
     if (help) {
         ms_args_usage(cmd, stdout);
         fflush(stdout);
+        ms_args_free(a); /* the caller returns at once: nothing to look up */
         return 1;
     }
     if (msg[0]) {
         fprintf(stderr, "moeserve %s: %s\n", cmd->name, msg);
+        ms_args_free(a);
         return -1;
     }
     return 0;

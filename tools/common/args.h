@@ -44,7 +44,7 @@ typedef struct ms_args {
  * well formed; 1 after printing the usage to stdout (--help or -h anywhere); -1 after printing one
  * error line to stderr (unknown flag with a "did you mean", missing value, abbreviation, a value for
  * a plain flag, a positional argument, a repeat with a different value). Callers return
- * ms_args_exit(rc) on a non-zero rc: 0 after help, 2 after an error. */
+ * ms_args_exit(rc) on a non-zero rc: 0 after help, 2 after an error (nothing is left to free then). */
 int ms_args_parse(ms_args *a, const ms_cmd *cmd, int argc, char **argv);
 static inline int ms_args_exit(int rc) { return rc > 0 ? 0 : 2; }
 void ms_args_free(ms_args *a);
