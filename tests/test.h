@@ -52,8 +52,23 @@ static const char *t_case_name = "";
         CHECK_MSG(fabs(t_a_ - t_b_) <= (tol), "%.9g vs %.9g (tol %g)", t_a_, t_b_, (double)(tol)); \
     } while (0)
 
+/* MS_TEST_ONLY=a,b (environment): run only the cases whose function name contains a or b (a GPU
+ * script's time budget); unset = all. */
+static inline int t_wanted(const char *name) {
+    const char *f = getenv("MS_TEST_ONLY");
+    if (!f || !*f) return 1;
+    while (*f) {
+        size_t n = strcspn(f, ",");
+        for (const char *p = name; n && *p; p++)
+            if (!strncmp(p, f, n)) return 1;
+        f += n + (f[n] == ',');
+    }
+    return 0;
+}
+
 #define RUN(fn)                                                                                   \
     do {                                                                                          \
+        if (!t_wanted(#fn)) break;                                                                \
         t_case_name = #fn;                                                                        \
         t_case_failed = 0;                                                                        \
         fn();                                                                                     \

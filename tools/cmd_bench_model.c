@@ -11,6 +11,7 @@
  * device-independent. --profile adds a per-section breakdown of a few extra decode steps. */
 #include "common/args.h"
 #include "common/model_args.h"
+#include "engine/sampler.h"
 #include "model/arch.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "core/fileutil.h"
@@ -23,6 +24,68 @@
 #include <string.h>
 
 static int g_profile; /* --profile */
+
+/* Seconds of the profile section called name (0 when absent). */
+static double prof_sec(const char **names, const double *secs, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(names[i], name)) return secs[i];
+    return 0;
+}
+
+/* The step split by kind of work, so the bottleneck is named by measurement: attention kernels
+ * (attention + DSA indexer), MoE (router + routed experts), dense GEMMs (attention projections,
+ * dense MLPs, shared experts, lm_head), collectives, sampling (host) and the rest (norms, batch
+ * upload, logits download, anything else). per = steps profiled; samp_s = sampling seconds per step. */
+static void print_split(const char *label, const char **names, const double *secs, int n, int per, double samp_s) {
+    double total = 0;
+    for (int i = 0; i < n; i++)
+        if (!strstr(names[i], "(in ")) total += secs[i];
+    const double kern = prof_sec(names, secs, n, "attn_kernel (in attention)"), idx = prof_sec(names, secs, n, "indexer (in attention)");
+    const double attn_all = prof_sec(names, secs, n, "attention");
+    const double moe = prof_sec(names, secs, n, "router") + prof_sec(names, secs, n, "moe_experts");
+    const double gemm = (attn_all - kern - idx) + prof_sec(names, secs, n, "dense_mlp") +
+                        prof_sec(names, secs, n, "shared_expert") + prof_sec(names, secs, n, "lm_head");
+    const double coll = prof_sec(names, secs, n, "collectives");
+    const double rest = total - attn_all - moe - prof_sec(names, secs, n, "dense_mlp") -
+                        prof_sec(names, secs, n, "shared_expert") - prof_sec(names, secs, n, "lm_head") - coll;
+    const char *cat[6] = {"attention", "moe", "dense_gemm", "collectives", "sampling", "rest"};
+    double v[6] = {(kern + idx) / per, moe / per, gemm / per, coll / per, samp_s, rest / per};
+    int top = 0;
+    double sum = 0;
+    for (int i = 0; i < 6; i++) {
+        sum += v[i];
+        if (v[i] > v[top]) top = i;
+    }
+    fprintf(stderr, "profile split %s (ms per step, sum %.3f):", label, sum * 1e3);
+    for (int i = 0; i < 6; i++) fprintf(stderr, " %s %.3f (%.0f%%);", cat[i], v[i] * 1e3, sum > 0 ? 100 * v[i] / sum : 0);
+    fprintf(stderr, " bottleneck: %s\n", cat[top]);
+}
+
+/* Host seconds to sample B rows of logits lg [B, V] once each as the engine does (temperature 0.7,
+ * top-p 0.95, one thread: the engine spreads rows of bigger batches over a pool). */
+static double time_sampling(const float *lg, int B, int V) {
+    ms_sampler sm;
+    ms_err err = {0};
+    if (ms_sampler_init(&sm, V, &err) != MS_OK) return 0;
+    ms_sampling sp;
+    memset(&sp, 0, sizeof sp);
+    sp.temperature = 0.7f;
+    sp.top_p = 0.95f;
+    sp.repetition_penalty = 1.0f;
+    uint64_t rng[4];
+    ms_rng_seed(rng, 1);
+    int32_t toks[1] = {0};
+    const int reps = 3;
+    double t0 = ms_now();
+    for (int r = 0; r < reps; r++)
+        for (int i = 0; i < B; i++) {
+            ms_token_event ev;
+            (void)ms_sampler_sample(&sm, &sp, lg + (size_t)i * V, toks, 1, 1, rng, &ev);
+        }
+    double s = (ms_now() - t0) / reps;
+    ms_sampler_destroy(&sm);
+    return s;
+}
 
 #define MAX_LIST 16
 
@@ -315,6 +378,9 @@ static int run_decode(const ms_executor *ex, ms_forward *fw, const ms_model *m, 
         fprintf(stderr, "profile batch %d ctx %d (synchronised sections, ms per step; sum %.3f):", B, ctx, tot / np * 1e3);
         for (int i = 0; i < n; i++) fprintf(stderr, " %s %.3f;", names[i], secs[i] / np * 1e3);
         fprintf(stderr, "\n");
+        char label[64];
+        snprintf(label, sizeof label, "batch %d ctx %d", B, ctx);
+        print_split(label, names, secs, n, np, rc ? 0 : time_sampling(lg, B, m->cfg.vocab_size));
         ms_forward_set_profile(fw, 0);
     }
     if (!rc && steps == 0) rc = ms_errf(err, MS_ERR_RUNTIME, "bench-model: no decode step was timed");

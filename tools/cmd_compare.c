@@ -4,6 +4,9 @@
  *
  * moeserve compare --model DIR [--a cuda] [--b cpu] [--moe-runner-backend NAME] [--ids 1,2,3]
  *                  [--load-format auto|dummy] [--device N] [--tp N] [--ep N]
+ * A side is a backend name with optional choices: `cuda:attn=ref`, `cuda:attn=flash,nsa=ref,moe=naive`
+ * (attn = --attention-backend, nsa = both NSA backends, nsa_prefill / nsa_decode each, moe =
+ * --moe-runner-backend), so two implementations on the same GPU can be diffed layer by layer.
  * Each backend loads its own copy of the model (placement rewrites weight pointers); with --tp/--ep
  * both sides run split, so `compare --a cpu --b cpu --tp 2` is not a split check but the same
  * command as the unsplit one, as every command that runs a model takes the parallel flags. Differences are
@@ -50,19 +53,58 @@ static void on_layer(void *ctx, int layer, const ms_tensor *hidden) {
     s->hid[layer] = out;
 }
 
+/* One side of the comparison: backend name and the implementation choices of its spec. */
+typedef struct {
+    char name[16];
+    const char *attn, *nsa_prefill, *nsa_decode, *moe;
+    char buf[256];
+} cmp_spec;
+
+/* Parses "backend[:key=value,...]" (keys attn, nsa, nsa_prefill, nsa_decode, moe) into sp; moe
+ * defaults to runner. Returns 0, or -1 after printing an error naming the flag. */
+static int parse_spec(const char *flag, const char *text, const char *runner, cmp_spec *sp) {
+    memset(sp, 0, sizeof *sp);
+    sp->moe = runner;
+    snprintf(sp->buf, sizeof sp->buf, "%s", text);
+    char *colon = strchr(sp->buf, ':');
+    if (colon) *colon = 0;
+    snprintf(sp->name, sizeof sp->name, "%s", sp->buf);
+    for (char *kv = colon ? colon + 1 : NULL, *next; kv && *kv; kv = next) {
+        next = strchr(kv, ',');
+        if (next) *next++ = 0;
+        char *eq = strchr(kv, '=');
+        if (!eq || eq == kv || !eq[1])
+            return fprintf(stderr, "compare: flag --%s: '%s' is not key=value (in '%s')\n", flag, kv, text), -1;
+        *eq = 0;
+        const char *v = eq + 1;
+        if (!strcmp(kv, "attn")) sp->attn = v;
+        else if (!strcmp(kv, "nsa")) sp->nsa_prefill = sp->nsa_decode = v;
+        else if (!strcmp(kv, "nsa_prefill")) sp->nsa_prefill = v;
+        else if (!strcmp(kv, "nsa_decode")) sp->nsa_decode = v;
+        else if (!strcmp(kv, "moe")) sp->moe = v;
+        else
+            return fprintf(stderr, "compare: flag --%s: unknown key '%s' (attn, nsa, nsa_prefill, nsa_decode, moe)\n", flag,
+                           kv), -1;
+    }
+    return 0;
+}
+
 /* Opens the model on backend `name` with the parallel flags of par (ranks as threads, one per
  * device), runs the prompt once and fills side (each layer's residual stream, read on rank 0 where
  * it is whole) and logits [T, V]. */
-static int run_side(const char *name, int device, const char *model_dir, const char *load_format, const char *runner,
+static int run_side(const cmp_spec *sp, int device, const char *model_dir, const char *load_format,
                     const ms_exec_opts *par, const int32_t *ids, int T, cmp_side *side, float **logits, int *vocab,
                     ms_err *err) {
     ms_exec_opts o = *par;
     o.model_path = model_dir;
-    o.device = name;
+    o.device = sp->name;
     o.device_index = device;
     o.load_format = load_format;
     o.dummy_quant = "bf16";
-    o.moe_runner = runner;
+    o.moe_runner = sp->moe;
+    o.attn_backend = sp->attn;
+    o.nsa_prefill = sp->nsa_prefill;
+    o.nsa_decode = sp->nsa_decode;
     o.page_size = 16;
     o.max_total_tokens = T + 16;
     o.max_batch_tokens = T;
@@ -164,10 +206,16 @@ int cmd_compare(int argc, char **argv) {
     int va = 0, vb = 0;
     ms_err err = {0};
     /* backend b's runner: "cpu" is the only runner there; runner names apply to backend a */
-    int rc = run_side(na, device, model, lf, runner, &par, ids, T, &sa, &la, &va, &err);
+    cmp_spec spa, spb;
+    if (parse_spec("a", na, runner, &spa) || parse_spec("b", nb, !strncmp(nb, "cpu", 3) ? "auto" : runner, &spb)) {
+        free(ids);
+        ms_args_free(&a);
+        return 2;
+    }
+    int rc = run_side(&spa, device, model, lf, &par, ids, T, &sa, &la, &va, &err);
     if (rc) fprintf(stderr, "compare: backend %s: %s\n", na, err.msg);
     if (!rc) {
-        rc = run_side(nb, device, model, lf, !strcmp(nb, "cpu") ? "auto" : runner, &par, ids, T, &sb, &lb, &vb, &err);
+        rc = run_side(&spb, device, model, lf, &par, ids, T, &sb, &lb, &vb, &err);
         if (rc) fprintf(stderr, "compare: backend %s: %s\n", nb, err.msg);
     }
     int status = rc ? 1 : 0;

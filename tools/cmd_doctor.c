@@ -10,13 +10,18 @@
  * With --bench, also times the GPU runners on a GLM-5-sized expert layer (hidden 6144, inter 2048,
  * 64 experts, top-8): decode at small batches (GB/s of distinct expert weights read) and grouped /
  * naive at a prefill batch (TFLOP/s).
- * Flags: --device N (GPU ordinal, default 0), --no-selftest, --bench. */
+ * Attention implementations (backend/attn.h) are listed per path (GQA, dense MLA, DSA) for GLM-4.5-
+ * and GLM-5-shaped attention with supported / refused and the reason.
+ * With --interconnect, the machine's links (doctor_ic.c): copies, launches, GPU pairs, NCCL all-reduce
+ * and, with --config FILE|DIR [--override k=v] [--tp N], the projected collective time per decode step.
+ * Flags: --device N (GPU ordinal, default 0), --no-selftest, --bench, --interconnect, --config, --tp. */
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "common/args.h"
 #include "common/version.h"
 #include "core/dtype.h"
 #include "core/fileutil.h"
+#include "backend/attn.h"
 #include "moe/moe.h"
 #ifdef MS_HAVE_CUDA
 #include "backend/cuda/backend_cuda.h"
@@ -428,14 +433,53 @@ static const ms_opt doctor_opts[] = {
     {"device", NULL, MS_OPT_VALUE, "I", "GPU index to check [0]"},
     {"no-selftest", NULL, MS_OPT_BOOL, NULL, "skip the kernel self-tests"},
     {"bench", NULL, MS_OPT_BOOL, NULL, "also measure bandwidth and GEMM rate"},
+    {"interconnect", NULL, MS_OPT_BOOL, NULL, "measure copies, launches, GPU pairs and NCCL all-reduce"},
+    {"config", NULL, MS_OPT_VALUE, "FILE|DIR", "with --interconnect: project the collective time per decode step"},
+    {"override", NULL, MS_OPT_MULTI, "KEY=VALUE", "config override for the projection"},
+    {"tp", NULL, MS_OPT_VALUE, "N", "tensor-parallel ranks of the projection [the GPUs measured]"},
     MS_OPT_END,
 };
 
 static const ms_cmd doctor_cmd = {
-    "doctor", "[--device I] [--no-selftest] [--bench]",
+    "doctor", "[--device I] [--no-selftest] [--bench] [--interconnect [--config FILE --tp N]]",
     "Reports the build, the CPU, memory, the GPUs and their drivers, and self-tests the kernels.",
     {doctor_opts, NULL},
 };
+
+/* --interconnect (doctor_ic.c): measures GPU dev's host links and launches, every GPU pair, NCCL
+ * all-reduce over the visible GPUs, and with config (file or dir, plus overrides) the collective time
+ * per decode step at --tp tp (0 = the GPUs measured). Prints; 0, or 1 when a measurement failed. */
+int doctor_interconnect(int dev, const char *config, const char *const *overrides, int n_overrides, int tp);
+
+/* The attention implementations per path, for representative shapes: supported, or refused and why. */
+static void print_attention(ms_backend *cpu, ms_backend *gpu) {
+    static const struct {
+        const char *label;
+        ms_attn_shape s;
+    } shapes[] = {
+        {"GQA (GLM-4.5-Air: 96 heads / 8 KV, d 128)", {MS_ATTN_GQA, 96, 8, 128, 128, 0, 256, 8192, MS_BF16, 0}},
+        {"GQA (head dim 96)", {MS_ATTN_GQA, 32, 4, 96, 96, 0, 256, 8192, MS_BF16, 0}},
+        {"MLA (GLM-5: 64 heads, 576/512)", {MS_ATTN_MLA, 64, 1, 576, 512, 0, 256, 8192, MS_BF16, 0}},
+        {"DSA (GLM-5, top-2048)", {MS_ATTN_DSA, 64, 1, 576, 512, 2048, 256, 8192, MS_BF16, 0}},
+    };
+    printf("\nattention implementations (--attention-backend for GQA/MLA, --nsa-prefill-backend / "
+           "--nsa-decode-backend for DSA; auto = first supported in this order):\n");
+    for (const ms_attn_impl *const *ip = ms_attn_impls(); *ip; ip++)
+        printf("  %-14s (%s) %s\n", (*ip)->name, (*ip)->backend, (*ip)->algo);
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        printf("  %s:\n", shapes[k].label);
+        for (const ms_attn_impl *const *ip = ms_attn_impls(); *ip; ip++) {
+            const ms_attn_impl *r = *ip;
+            ms_backend *b = !strcmp(r->backend, "cuda") ? gpu : cpu;
+            ms_attn_shape sh = shapes[k].s;
+            if (b) sh.dtype = b->act_dtype;
+            char why[256] = "";
+            int ok = b && ms_attn_ok(r, b, &sh, why, sizeof why);
+            if (!b) snprintf(why, sizeof why, "no %s backend on this machine", r->backend);
+            printf("    %-14s %s%s\n", r->name, ok ? "supported" : "refused: ", ok ? "" : why);
+        }
+    }
+}
 
 int cmd_doctor(int argc, char **argv) {
     ms_args a;
@@ -445,6 +489,11 @@ int cmd_doctor(int argc, char **argv) {
     int dev = (int)ms_args_int(&a, "device", 0, &bad);
     int no_self = ms_args_flag(&a, "no-selftest");
     int do_bench = ms_args_flag(&a, "bench");
+    int do_ic = ms_args_flag(&a, "interconnect");
+    const char *ic_config = ms_args_str(&a, "config", NULL);
+    const char *ic_over[64];
+    int n_ic_over = ms_args_multi(&a, "override", ic_over, 64);
+    int ic_tp = (int)ms_args_int(&a, "tp", 0, &bad);
     (void)dev; /* only used when the build has CUDA */
     if (bad) {
         ms_args_free(&a);
@@ -496,17 +545,7 @@ int cmd_doctor(int argc, char **argv) {
         if (!b) snprintf(why, sizeof why, "no %s backend on this machine", r->backend);
         printf("  %-8s (%s)  %s%s%s\n", r->name, r->backend, ok ? "supported" : "not supported: ", ok ? "" : why, "");
     }
-    printf("\nattention paths:\n");
-    printf("  cpu   gqa, mla dense, mla sparse (dsa), indexer top-k: %s\n", cpu ? "supported" : "cpu backend unavailable");
-    if (gpu) {
-        int ok = gpu->gpu.cc_major >= 8;
-        printf("  cuda  gqa, mla dense, mla sparse (dsa), indexer top-k: %s", ok ? "supported\n" : "");
-        if (!ok)
-            printf("not supported: %s is cc %d.%d, bf16 kernels need 8.0+\n", gpu->gpu.name, gpu->gpu.cc_major,
-                   gpu->gpu.cc_minor);
-    } else {
-        printf("  cuda  not available here\n");
-    }
+    print_attention(cpu, gpu);
     int failures = 0;
     if (!no_self && cpu) failures += cpu_selftest(cpu);
     if (!no_self && gpu && cpu) failures += selftest(cpu, gpu);
@@ -514,6 +553,8 @@ int cmd_doctor(int argc, char **argv) {
     if (!no_self) printf("\nself-test: %s\n", failures ? "FAILED" : "all ok");
     if (do_bench && gpu) bench(gpu);
     ms_backend_destroy(gpu);
+    gpu = NULL;
+    if (do_ic && doctor_interconnect(dev, ic_config, ic_over, n_ic_over, ic_tp)) failures++;
     ms_backend_destroy(cpu);
     return failures ? 1 : 0;
 }

@@ -39,6 +39,10 @@ const ms_opt ms_serve_opts[] = {
     {"enable-thinking-default", NULL, MS_OPT_VALUE, "true|false", "enable_thinking when a request does not say [true]"},
     {"device", NULL, MS_OPT_VALUE, "cpu|cuda", "where the model runs [cpu]"},
     {"moe-runner-backend", NULL, MS_OPT_VALUE, "auto|NAME", "MoE expert runner [auto]"},
+    {"attention-backend", NULL, MS_OPT_VALUE, "auto|NAME", "GQA / dense MLA attention implementation [auto]"},
+    {"nsa-prefill-backend", NULL, MS_OPT_VALUE, "auto|NAME", "DSA sparse attention for prefill [auto]"},
+    {"nsa-decode-backend", NULL, MS_OPT_VALUE, "auto|NAME", "DSA sparse attention for decode [auto]"},
+    {"check-numerics", NULL, MS_OPT_BOOL, NULL, "per-step NaN/Inf check of logits and residual stream; a bad\nstep fails its requests naming layer and op"},
     {"load-format", NULL, MS_OPT_VALUE, "auto|dummy", "dummy: random weights of the config's shapes [auto]"},
     {"dummy-quant", NULL, MS_OPT_VALUE, "bf16|fp8|nvfp4", "weight format of --load-format dummy [bf16]"},
     {"override", NULL, MS_OPT_MULTI, "KEY=VALUE", "config override with dummy weights, e.g. num_hidden_layers=12"},
@@ -140,6 +144,10 @@ int cmd_serve(int argc, char **argv) {
     ms_exec_opts par = {0};
     if (ms_parallel_args_parse(&a, "serve", &par)) bad = 1;
     const char *runner = ms_args_str(&a, "moe-runner-backend", "auto");
+    const char *attn_be = ms_args_str(&a, "attention-backend", "auto");
+    const char *nsa_pre = ms_args_str(&a, "nsa-prefill-backend", "auto");
+    const char *nsa_dec = ms_args_str(&a, "nsa-decode-backend", "auto");
+    int check_numerics = ms_args_flag(&a, "check-numerics");
     const char *load_format = ms_args_str(&a, "load-format", "auto");
     const char *dummy_quant = ms_args_str(&a, "dummy-quant", "bf16");
     double mem_frac = ms_args_float(&a, "mem-fraction-static", 0, &bad);
@@ -262,6 +270,10 @@ int cmd_serve(int argc, char **argv) {
     so.exec.model_path = model_path;
     so.exec.device = device;
     so.exec.moe_runner = runner;
+    so.exec.attn_backend = attn_be;
+    so.exec.nsa_prefill = nsa_pre;
+    so.exec.nsa_decode = nsa_dec;
+    so.exec.check_numerics = check_numerics ? 2 : 0; /* per step: cheap enough to leave on */
     so.exec.disable_graphs = no_graphs;
     so.exec.load_format = load_format;
     so.exec.dummy_quant = dummy_quant;

@@ -147,6 +147,11 @@ typedef struct ms_backend_ops {
     /* ---- checks and sampling helpers ---- */
     /* Finds the first row of x [R, C] holding NaN/Inf: *bad_row = row or -1. */
     int (*find_nonfinite)(ms_backend *b, const ms_tensor *x, int64_t *bad_row, ms_err *err);
+    /* The per-step check of --check-numerics, queued without a host wait (recordable into graphs):
+     * x == NULL sets *flag_d = INT32_MAX; otherwise, when x (F32 or BF16) holds a NaN/Inf,
+     * *flag_d = min(*flag_d, code). flag_d: one int32 in backend memory. Optional (NULL: the forward
+     * uses find_nonfinite, which waits). */
+    int (*nonfinite_flag)(ms_backend *b, const ms_tensor *x, int32_t code, int32_t *flag_d, ms_err *err);
     /* out_d[r] = argmax of logits row r (F32 [R, V]). */
     int (*argmax)(ms_backend *b, const ms_tensor *logits, int32_t *out_d, ms_err *err);
 

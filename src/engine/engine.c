@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 struct ms_engine {
     ms_engine_config cfg;
@@ -210,6 +211,30 @@ static void sample_rows(ms_engine *e, int n) {
     else sample_range(&job, 0, n, 1 << 30);
 }
 
+/* --check-numerics found NaN/Inf in a step: writes each of its sequences' token ids up to the step's
+ * context (what `moeserve compare --ids` replays) to $MS_NUMERICS_DUMP_DIR (default /tmp) and appends
+ * the file's path to the error message. Best effort: a file that cannot be written is named so. */
+static void numerics_dump(ms_engine *e, const ms_batch *b, ms_err *err) {
+    const char *dir = getenv("MS_NUMERICS_DUMP_DIR");
+    char path[512];
+    snprintf(path, sizeof path, "%s/moeserve-numerics-%ld-%llu.txt", dir && *dir ? dir : "/tmp", (long)getpid(),
+             (unsigned long long)e->acc.steps);
+    FILE *fp = fopen(path, "w");
+    if (fp) {
+        fprintf(fp, "# %s\n# one line per sequence of the step: request id, context, token ids (moeserve compare --ids)\n",
+                err->msg);
+        for (int i = 0; i < b->n_seqs; i++) {
+            const ms_request *r = e->sched.seq_req[i];
+            fprintf(fp, "request %llu ctx %d ids ", (unsigned long long)r->id, b->ctx_len[i]);
+            for (int j = 0; j < b->ctx_len[i]; j++) fprintf(fp, "%s%d", j ? "," : "", r->tokens[j]);
+            fputc('\n', fp);
+        }
+    }
+    int ok = fp && fclose(fp) == 0;
+    size_t n = strlen(err->msg);
+    snprintf(err->msg + n, sizeof err->msg - n, ok ? "; step inputs in %s" : "; could not write the step inputs to %s", path);
+}
+
 static void run_step(ms_engine *e) {
     ms_sched *s = &e->sched;
     const ms_batch *b = ms_sched_step(s);
@@ -243,6 +268,7 @@ static void run_step(ms_engine *e) {
     }
     if (rc != MS_OK) {
         e->acc.forward_errors++;
+        if (rc == MS_ERR_NUMERICS) numerics_dump(e, b, &err);
         MS_LOGE("engine: forward of %d tokens / %d sequences failed: %s", b->n_tokens, b->n_seqs, err.msg);
         /* decide first, so that nothing is accepted once the failed requests hear about it */
         int fatal = e->exec.healthy && !e->exec.healthy(e->exec.ctx);

@@ -496,6 +496,9 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
         fo->page_size = page_size;
         fo->n_pages = (int)((total + page_size - 1) / page_size);
         fo->moe_runner = o->moe_runner ? o->moe_runner : "auto";
+        fo->attn_backend = o->attn_backend;
+        fo->nsa_prefill = o->nsa_prefill;
+        fo->nsa_decode = o->nsa_decode;
         fo->check_numerics = o->check_numerics;
         fo->graphs = !o->disable_graphs;
         fo->record_routing = o->record_routing;

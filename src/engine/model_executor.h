@@ -12,6 +12,9 @@ typedef struct ms_exec_opts {
     const char *device;       /* "cpu" (default) or "cuda" */
     int device_index;
     const char *moe_runner;   /* "auto" default */
+    /* attention implementations (backend/attn.h): --attention-backend (GQA, dense MLA),
+     * --nsa-prefill-backend / --nsa-decode-backend (DSA sparse attention); NULL or "auto" default */
+    const char *attn_backend, *nsa_prefill, *nsa_decode;
     const char *load_format;  /* "auto" | "dummy" */
     const char *dummy_quant;  /* for dummy: "bf16" | "fp8" | "nvfp4" */
     const char *const *overrides;
@@ -20,7 +23,7 @@ typedef struct ms_exec_opts {
     int max_total_tokens;     /* KV tokens; 0 = derive from memory (cpu: 32768 capped by a quarter of RAM) */
     int page_size;            /* default 16 */
     int max_batch_tokens;     /* most tokens per forward; default 8192 */
-    int check_numerics;
+    int check_numerics;       /* 1: every op (debugging); 2: per step, cheap (see ms_forward_opts) */
     int disable_graphs;       /* run decode steps op by op even where the backend can record graphs */
     int progress;
     int record_routing;       /* forward records distinct routed experts per layer (bench-model) */

@@ -104,7 +104,9 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
     MS_TRY(op->kv_store(b, &f->kc[L], &k, f->meta.slot_mapping_d, err));
     MS_TRY(op->kv_store(b, &f->vc[L], &v, f->meta.slot_mapping_d, err));
     ms_tensor o3 = fw_view3(&f->attn, T, nh, d), o = fw_view2(&f->attn, T, (int64_t)nh * d);
-    FW_PROF(f, "attn_kernel (in attention)", op->attn_gqa(b, &q3, &f->kc[L], &f->vc[L], &f->meta, 1.0f / sqrtf((float)d), &o3, err), err);
+    ms_attn_call ac = {.kind = MS_ATTN_GQA, .q = &q3, .k = &f->kc[L], .v = &f->vc[L], .m = &f->meta,
+                       .scale = 1.0f / sqrtf((float)d), .out = &o3};
+    FW_PROF(f, "attn_kernel (in attention)", fw_attention(f, &ac, err), err);
     FW_TRY_CHECK(f, &o, "attention", err);
     ms_tensor delta = fw_view2(&f->delta, T, H);
     MS_TRY(op->linear(b, &l->o_proj, &o, &delta, err));

@@ -205,9 +205,10 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
     }
     const int32_t *topk = f->topk_valid ? f->topk.data : NULL;
     ms_tensor olat = fw_view3(&f->olat, T, nh, kvl);
-    FW_PROF(f, "attn_kernel (in attention)",
-            op->mla_attn(b, &qabs, &f->kc[L], &f->meta, topk, c->index_topk, kvl, 1.0f / sqrtf((float)(dn + dr)), &olat, err),
-            err);
+    ms_attn_call ac = {.kind = topk ? MS_ATTN_DSA : MS_ATTN_MLA, .q = &qabs, .k = &f->kc[L], .m = &f->meta,
+                       .topk_d = topk, .topk = c->index_topk, .kvl = kvl, .scale = 1.0f / sqrtf((float)(dn + dr)),
+                       .out = &olat};
+    FW_PROF(f, "attn_kernel (in attention)", fw_attention(f, &ac, err), err);
     FW_TRY_CHECK(f, &olat, "attention", err);
     ms_tensor vout = fw_view2(&f->vout, T, (int64_t)nh * dv);
     MS_TRY(op->mla_v_up(b, &l->kv_b_proj, &olat, nh, dn, dv, &vout, err));

@@ -12,6 +12,7 @@
 #include "core/fileutil.h"
 #include "core/log.h"
 
+#include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,75 @@ int fw_check(ms_forward *f, const ms_tensor *t, const char *op, int logit_rows, 
         return ms_errf(err, MS_ERR_NUMERICS, "final op %s token position %d produced NaN/Inf", op, pos);
     return ms_errf(err, MS_ERR_NUMERICS, "layer %d op %s token position %d produced NaN/Inf", f->layer, op, pos);
 }
+
+/* ------------------------------------------------------------------ attention implementations */
+
+/* The attention shape of kind k for this model on this rank, at the forward's largest step. */
+static ms_attn_shape attn_shape(const ms_forward *f, ms_attn_kind k) {
+    const ms_config *c = &f->m->cfg;
+    const int tp = f->m->shard.tp_size > 0 ? f->m->shard.tp_size : 1;
+    ms_attn_shape s;
+    memset(&s, 0, sizeof s);
+    s.kind = k;
+    s.n_heads = c->num_heads / tp;
+    s.n_tokens = f->o.max_tokens;
+    s.max_ctx = f->o.n_pages * f->o.page_size;
+    s.dtype = f->b->act_dtype;
+    if (k == MS_ATTN_GQA) {
+        s.n_kv_heads = c->num_kv_heads / tp > 0 ? c->num_kv_heads / tp : 1;
+        s.dk = s.dv = c->head_dim;
+    } else {
+        s.n_kv_heads = 1;
+        s.dk = c->kv_lora_rank + c->qk_rope_head_dim;
+        s.dv = c->kv_lora_rank;
+        s.topk = k == MS_ATTN_DSA ? c->index_topk : 0;
+    }
+    return s;
+}
+
+/* Resolves the three flags for the paths this model has (MLA models: dense MLA, plus DSA when the
+ * config has an indexer; others GQA). */
+static int resolve_attn(ms_forward *f, ms_err *err) {
+    const ms_config *c = &f->m->cfg;
+    const ms_backend *b = f->b;
+    if (c->kv_lora_rank <= 0) {
+        ms_attn_shape s = attn_shape(f, MS_ATTN_GQA);
+        return ms_attn_resolve(b, ms_attn_flag(MS_ATTN_GQA, 0), f->o.attn_backend, &s, &f->attn_impl[MS_ATTN_GQA], err);
+    }
+    ms_attn_shape s = attn_shape(f, MS_ATTN_MLA);
+    MS_TRY(ms_attn_resolve(b, ms_attn_flag(MS_ATTN_MLA, 0), f->o.attn_backend, &s, &f->attn_impl[MS_ATTN_MLA], err));
+    if (c->index_topk <= 0) return MS_OK;
+    s = attn_shape(f, MS_ATTN_DSA);
+    MS_TRY(ms_attn_resolve(b, ms_attn_flag(MS_ATTN_DSA, 0), f->o.nsa_prefill, &s, &f->attn_impl[MS_ATTN_DSA], err));
+    return ms_attn_resolve(b, ms_attn_flag(MS_ATTN_DSA, 1), f->o.nsa_decode, &s, &f->nsa_decode, err);
+}
+
+/* 1 when every resolved attention implementation may be recorded into a graph. */
+static int attn_graphs_ok(const ms_forward *f) {
+    for (int k = 0; k < MS_ATTN_KINDS; k++)
+        if (f->attn_impl[k] && !(f->attn_impl[k]->caps & MS_ATTN_CAP_GRAPHS)) return 0;
+    return !f->nsa_decode || (f->nsa_decode->caps & MS_ATTN_CAP_GRAPHS);
+}
+
+int fw_attention(ms_forward *f, ms_attn_call *c, ms_err *err) {
+    const ms_attn_impl *impl = f->attn_impl[c->kind];
+    if (c->kind == MS_ATTN_DSA && f->batch && f->batch->n_tokens == f->batch->n_seqs) impl = f->nsa_decode;
+    if (!impl)
+        return ms_errf(err, MS_ERR_INVALID, "forward: no attention implementation was resolved for kind %d", (int)c->kind);
+    return ms_attn_run(impl, f->b, c, err);
+}
+
+void ms_forward_attn_desc(const ms_forward *f, char *buf, size_t cap) {
+    if (f->attn_impl[MS_ATTN_GQA]) {
+        snprintf(buf, cap, "%s", f->attn_impl[MS_ATTN_GQA]->name);
+        return;
+    }
+    size_t n = (size_t)snprintf(buf, cap, "attn=%s", f->attn_impl[MS_ATTN_MLA] ? f->attn_impl[MS_ATTN_MLA]->name : "none");
+    if (f->attn_impl[MS_ATTN_DSA] && n < cap)
+        snprintf(buf + n, cap - n, ",nsa_prefill=%s,nsa_decode=%s", f->attn_impl[MS_ATTN_DSA]->name, f->nsa_decode->name);
+}
+
+const char *ms_forward_moe_desc(const ms_forward *f) { return f->forced ? f->forced->name : "auto"; }
 
 /* ------------------------------------------------------------------ create / free */
 
@@ -121,7 +191,7 @@ void ms_forward_free(ms_forward *f) {
     ms_tensor *all[] = {&f->x, &f->a, &f->delta, &f->g, &f->u, &f->moe_out, &f->sh_out, &f->q, &f->k, &f->v,
                         &f->attn, &f->qa, &f->qb, &f->qabs, &f->kva, &f->c, &f->olat, &f->vout, &f->qI, &f->kI,
                         &f->iw, &f->topk, &f->ids, &f->rw, &f->rlog, &f->lrows, &f->lnorm, &f->logits, &f->moe_ws,
-                        &f->db.buf, &f->glogits, &f->lgather};
+                        &f->db.buf, &f->glogits, &f->lgather, &f->nf_flag};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free_t(f, all[i]);
     graphs_reset(f);
     free(f->h_pack);
@@ -175,6 +245,7 @@ int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_f
         rc = ms_moe_resolve(b, o->moe_runner, &ms, &f->forced, err);
         if (rc) goto fail;
     }
+    if ((rc = resolve_attn(f, err))) goto fail;
     const int T = o->max_tokens, H = c->hidden_size;
     const ms_dtype ad = b->act_dtype;
     int64_t inter = c->intermediate_size;
@@ -212,9 +283,10 @@ int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_f
         }
         if ((rc = alloc2(f, &f->moe_ws, MS_U8, 1, (int64_t)(ws ? ws : 64), err))) goto fail;
     }
+    if (o->check_numerics == 2 && b->ops->nonfinite_flag && (rc = alloc2(f, &f->nf_flag, MS_I32, 1, 1, err))) goto fail;
     f->gmax = T < 256 ? T : 256;
-    f->graphs_on = o->graphs && b->ops->graph_begin && !o->check_numerics && !o->on_layer && !o->record &&
-                   !o->replay && !(f->forced && !(f->forced->caps & MS_MOE_CAP_GRAPHS));
+    f->graphs_on = o->graphs && b->ops->graph_begin && o->check_numerics != 1 && !o->on_layer && !o->record &&
+                   !o->replay && !(f->forced && !(f->forced->caps & MS_MOE_CAP_GRAPHS)) && attn_graphs_ok(f);
     if (o->record_routing) {
         f->routed = calloc((size_t)c->num_layers, sizeof(int));
         f->h_ids = malloc(sizeof(int32_t) * (size_t)T * (size_t)(c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1));
@@ -255,7 +327,7 @@ static int swiglu(ms_forward *f, const ms_linear *gate, const ms_linear *up, con
     const ms_backend_ops *op = f->b->ops;
     ms_tensor a = fw_view2(&f->a, T, f->m->cfg.hidden_size);
     ms_tensor g = fw_view2(&f->g, T, gate->n_out), u = fw_view2(&f->u, T, up->n_out);
-    if (op->linear_swiglu && !f->o.check_numerics) {
+    if (op->linear_swiglu && f->o.check_numerics != 1) {
         ms_err ferr = {0}; /* a refusal is not an error of this step */
         int rc = op->linear_swiglu(f->b, gate, up, &a, &g, &ferr);
         if (rc == MS_OK) {
@@ -416,6 +488,20 @@ static int tp_sum(ms_forward *f, ms_tensor *t, ms_err *err) {
     return cm->ops->all_reduce_sum(cm, t->data, (size_t)ms_tensor_numel(t), MS_F32, err);
 }
 
+/* --check-numerics step mode: marks code (layer, or num_layers for the logits) in f->nf_flag when t
+ * holds NaN/Inf, without waiting; x == NULL resets the flag. Backends without nonfinite_flag check
+ * at once (a wait) and fail the step there. */
+static int step_check(ms_forward *f, const ms_tensor *t, int code, ms_err *err) {
+    if (f->b->ops->nonfinite_flag) return f->b->ops->nonfinite_flag(f->b, t, code, f->nf_flag.data, err);
+    if (!t) return MS_OK;
+    int64_t bad = -1;
+    MS_TRY(f->b->ops->find_nonfinite(f->b, t, &bad, err));
+    if (bad >= 0) return ms_errf(err, MS_ERR_NUMERICS, "--check-numerics: %s%d produced NaN/Inf",
+                                 code >= f->m->cfg.num_layers ? "the logits of step row " : "the residual stream of layer ",
+                                 code >= f->m->cfg.num_layers ? (int)bad : code);
+    return MS_OK;
+}
+
 /* The step once its arrays are on the device: embedding, layers, final norm and lm_head for the
  * bt->n_logits rows. graph = 0: each chunk of logits is downloaded into logits_host (when not NULL:
  * under tensor parallelism only rank 0 asks for them) as the step goes; graph = 1: the rows go to
@@ -436,6 +522,7 @@ static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, i
         MS_TRY(op->embed(f->b, &f->m->embed, f->tok_d, T, &x, err));
     }
     FW_TRY_CHECK(f, &x, "embed", err);
+    if (f->o.check_numerics == 2) MS_TRY(step_check(f, NULL, 0, err));
     f->topk_valid = 0;
     for (int L = 0; L < c->num_layers; L++) {
         const ms_layer *l = &f->m->layers[L];
@@ -456,6 +543,7 @@ static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, i
         else
             MS_TRY(op->add(f->b, &x, &delta, err));
         FW_TRY_CHECK(f, &x, "residual", err);
+        if (f->o.check_numerics == 2) MS_TRY(step_check(f, &x, L, err));
         if (f->o.on_layer) {
             MS_TRY(op->sync(f->b, err));
             f->o.on_layer(f->o.on_layer_ctx, L, &x);
@@ -491,7 +579,8 @@ static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, i
                 MS_TRY(op->set_cols(f->b, &part, (int)(r * nv), &full, err));
             }
         }
-        if (f->o.check_numerics) {
+        if (f->o.check_numerics == 2) MS_TRY(step_check(f, &lg, c->num_layers, err));
+        if (f->o.check_numerics == 1) {
             /* logit rows r0.. map to tokens logit_idx[r0..] */
             int64_t bad = -1;
             MS_TRY(op->find_nonfinite(f->b, &lg, &bad, err)); /* this rank's columns: each rank checks its own */
@@ -671,16 +760,59 @@ int ms_forward_record_graphs(ms_forward *f, int *n_recorded, ms_err *err) {
     return rc;
 }
 
+/* A step whose check flag says NaN/Inf first appeared at `code`: runs it again op by op with the
+ * per-op check (same inputs, same cache slots, so the cache ends as it was) to name the op, and fails
+ * with the sentence naming where, the op, the backend, the attention implementations and the MoE
+ * runner. Under tensor parallelism with several ranks the re-run is skipped (the other ranks would
+ * not join its collectives). */
+static int numerics_fail(ms_forward *f, const ms_batch *bt, int32_t code, ms_err *err) {
+    const ms_config *c = &f->m->cfg;
+    char where[96], attn[128], dev[192], how[320] = "";
+    if (code >= c->num_layers) snprintf(where, sizeof where, "the logits (lm_head)");
+    else snprintf(where, sizeof where, "the residual stream after layer %d", code);
+    ms_forward_attn_desc(f, attn, sizeof attn);
+    if (f->b->device >= 0 && f->b->gpu.name[0])
+        snprintf(dev, sizeof dev, "%s on %s (compute capability %d.%d)", f->b->name, f->b->gpu.name, f->b->gpu.cc_major,
+                 f->b->gpu.cc_minor);
+    else
+        snprintf(dev, sizeof dev, "%s", f->b->name);
+    if (!f->split || f->m->shard.tp_size <= 1) {
+        ms_err e2 = {0};
+        int max_ctx = 0;
+        for (int s = 0; s < bt->n_seqs; s++) max_ctx = bt->ctx_len[s] > max_ctx ? bt->ctx_len[s] : max_ctx;
+        const int saved = f->o.check_numerics;
+        f->o.check_numerics = 1;
+        int rc = pack_upload(f, &f->db, bt, max_ctx, &e2);
+        if (!rc) rc = forward_body(f, bt, NULL, 0, &e2);
+        if (!rc) rc = f->b->ops->sync(f->b, &e2);
+        f->o.check_numerics = saved;
+        if (rc == MS_ERR_NUMERICS) snprintf(how, sizeof how, "; op by op: %s", e2.msg);
+        else if (rc) snprintf(how, sizeof how, "; the op-by-op re-run failed: %s", e2.msg);
+        else snprintf(how, sizeof how, "; the op-by-op re-run did not reproduce it (a nondeterministic fault)");
+    }
+    return ms_errf(err, MS_ERR_NUMERICS, "--check-numerics: NaN/Inf in %s of a step of %d tokens%s; backend %s, attention %s, MoE runner %s",
+                   where, bt->n_tokens, how, dev, attn, ms_forward_moe_desc(f));
+}
+
+/* The step's check flag (after the step's sync): fails the step when it is set. */
+static int step_verdict(ms_forward *f, const ms_batch *bt, ms_err *err) {
+    if (f->o.check_numerics != 2 || !f->nf_flag.data) return MS_OK;
+    int32_t code = INT32_MAX;
+    MS_TRY(f->b->ops->download(f->b, &code, f->nf_flag.data, sizeof code, err));
+    return code == INT32_MAX ? MS_OK : numerics_fail(f, bt, code, err);
+}
+
 int ms_forward_run(ms_forward *f, const ms_batch *bt, float *logits_host, ms_err *err) {
     MS_TRY(validate(f, bt, err));
     if (graph_fits(f, bt)) {
         int done = 0;
         MS_TRY(run_graph(f, bt, logits_host, &done, err));
-        if (done) return MS_OK;
+        if (done) return step_verdict(f, bt, err);
     }
     int max_ctx = 0;
     for (int s = 0; s < bt->n_seqs; s++) max_ctx = bt->ctx_len[s] > max_ctx ? bt->ctx_len[s] : max_ctx;
     FW_PROF(f, "batch_upload", pack_upload(f, &f->db, bt, max_ctx, err), err);
     MS_TRY(forward_body(f, bt, logits_host, 0, err));
-    return f->b->ops->sync(f->b, err);
+    MS_TRY(f->b->ops->sync(f->b, err));
+    return step_verdict(f, bt, err);
 }

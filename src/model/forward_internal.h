@@ -5,6 +5,7 @@
 #define MS_MODEL_FORWARD_INTERNAL_H
 
 #include "model/model.h"
+#include "backend/attn.h"
 
 /* A step's batch arrays in backend memory, packed in one buffer so a step uploads them at once. */
 typedef struct fw_dbatch {
@@ -33,6 +34,10 @@ struct ms_forward {
     ms_backend *b;
     ms_forward_opts o;
     const ms_moe_runner *forced; /* NULL = auto per call */
+    /* attention implementations, resolved at creation: [MS_ATTN_GQA], [MS_ATTN_MLA], [MS_ATTN_DSA] for
+     * steps with prefill tokens (NULL where the model has no such path); nsa_decode for DSA in pure
+     * decode steps */
+    const ms_attn_impl *attn_impl[MS_ATTN_KINDS], *nsa_decode;
     int max_tokens, lchunk;      /* lchunk: logit rows per lm_head call */
     int64_t n_slots;             /* n_pages * page_size */
     /* KV memory per layer: glm4_moe k/v [S, nkv, d]; glm_moe_dsa latent [S, kvl+dr] (k slot) and
@@ -51,6 +56,7 @@ struct ms_forward {
     ms_tensor lrows, lnorm, logits;             /* [lchunk, H], [lchunk, H], F32 [lchunk, V] */
     ms_tensor lgather;                          /* tensor parallelism: F32 [lchunk, V] gathered rank-major */
     ms_tensor moe_ws;                           /* U8 */
+    ms_tensor nf_flag;                          /* I32 [1]: --check-numerics step flag (first bad layer) */
     /* batch arrays in backend memory (eager steps) and the step's current token ids / logit rows */
     fw_dbatch db;
     const int32_t *tok_d, *lidx_d;
@@ -76,6 +82,10 @@ struct ms_forward {
     int split;      /* a communicator is given: the split code paths run (also with one rank) */
     int topk_valid; /* DSA: f->topk holds a sparse selection made by the last full indexer layer */
 };
+
+/* Runs this step's attention of kind k (GQA / MLA / DSA) with the implementation resolved for it:
+ * for DSA the decode one when every sequence has one token in the step, the prefill one otherwise. */
+int fw_attention(ms_forward *f, ms_attn_call *c, ms_err *err);
 
 /* View of the first rows*cols elements of buffer buf as a [rows, cols] tensor (asserts capacity). */
 ms_tensor fw_view2(const ms_tensor *buf, int64_t rows, int64_t cols);
@@ -108,7 +118,7 @@ int fw_prof_end(ms_forward *f, const char *name, double t0, ms_err *err);
 
 #define FW_TRY_CHECK(f, t, op, err)                                                                \
     do {                                                                                           \
-        if ((f)->o.check_numerics) MS_TRY(fw_check((f), (t), (op), 0, (err)));                     \
+        if ((f)->o.check_numerics == 1) MS_TRY(fw_check((f), (t), (op), 0, (err)));                \
     } while (0)
 
 #endif

@@ -147,7 +147,14 @@ typedef struct ms_forward_opts {
     int max_tokens;          /* most tokens per step (workspace size) */
     int n_pages, page_size;  /* KV cache geometry (pages per layer) */
     const char *moe_runner;  /* "auto" or a runner name */
-    int check_numerics;      /* check every op's output for NaN/Inf */
+    /* Attention implementations (backend/attn.h), "auto" (or NULL) or a name: attn_backend for GQA and
+     * dense MLA, nsa_prefill / nsa_decode for DSA sparse attention in steps with / without prefill
+     * tokens. A forced one that cannot run fails ms_forward_create with the flag's sentence. */
+    const char *attn_backend, *nsa_prefill, *nsa_decode;
+    /* 1: check every op's output for NaN/Inf (syncs after each op: a debugging mode); 2 ("step"):
+     * only the residual stream after every layer and the logits, queued on the stream without a
+     * host wait until the step's logits are downloaded (cheap enough for serving). */
+    int check_numerics;
     /* Optional per-layer hook (moeserve compare): called after each decoder layer with the residual
      * stream [T,H] in backend memory; layer == num_layers for the final normed hidden state. */
     void (*on_layer)(void *ctx, int layer, const ms_tensor *hidden);
@@ -196,6 +203,11 @@ void ms_forward_set_record_routing(ms_forward *f, int on);
 void ms_forward_set_profile(ms_forward *f, int on);
 /* Copies up to cap (name, seconds) totals since profiling was turned on; returns the count. */
 int ms_forward_profile(const ms_forward *f, const char **names, double *seconds, int cap);
+/* The attention implementations f uses, as "name" or "kind=name,..." text for messages (e.g.
+ * "flash" or "attn=flash,nsa_prefill=flash,nsa_decode=ref"). */
+void ms_forward_attn_desc(const ms_forward *f, char *buf, size_t cap);
+/* The MoE runner forced for f ("auto" when chosen per call). */
+const char *ms_forward_moe_desc(const ms_forward *f);
 size_t ms_forward_kv_bytes_per_token(const ms_model *m, const ms_backend *b);
 
 #endif

@@ -5,6 +5,7 @@
  * decoded by ms_linear_dequant_row (core/tensor.c), the format definition the kernels must match.
  * The build's SIMD kernels (AVX2 or NEON) are also checked against the plain C ones that
  * `make test-portable` runs: dequantization bit for bit, dot products to rounding. */
+#include "backend/attn.h"
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "core/dtype.h"
@@ -718,6 +719,37 @@ static void test_checks(void) {
     t_free(&x);
 }
 
+/* The attention registry on the CPU: auto resolves to the cpu implementation for every kind, every
+ * implementation names a reason when it refuses, the flag names follow SGLang's, a CUDA
+ * implementation (when compiled in) is refused with the alternatives, and a call of a kind the
+ * implementation does not run fails cleanly. */
+static void test_attn_registry(void) {
+    for (int k = 0; k < MS_ATTN_KINDS; k++) {
+        ms_attn_shape s = {(ms_attn_kind)k, 8, k == MS_ATTN_GQA ? 2 : 1, 64, 64, k == MS_ATTN_DSA ? 16 : 0, 4, 64,
+                           MS_F32, 0};
+        const ms_attn_impl *r = NULL;
+        CHECK(ms_attn_resolve(B, ms_attn_flag((ms_attn_kind)k, 1), "auto", &s, &r, &E) == MS_OK && r &&
+              !strcmp(r->name, "cpu"));
+        for (const ms_attn_impl *const *ip = ms_attn_impls(); *ip; ip++) {
+            char why[256] = "";
+            int ok = ms_attn_ok(*ip, B, &s, why, sizeof why);
+            CHECK_MSG(ok == !strcmp((*ip)->backend, "cpu"), "%s on cpu: %d (%s)", (*ip)->name, ok, why);
+            CHECK_MSG(ok || why[0], "%s refused without a reason", (*ip)->name);
+            if (!ok) {
+                CHECK(ms_attn_resolve(B, "--attention-backend", (*ip)->name, &s, &r, &E) == MS_ERR_UNSUPPORTED);
+                CHECK_MSG(strstr(E.msg, "--attention-backend") && strstr(E.msg, "those that can: cpu"), "%s", E.msg);
+            }
+        }
+    }
+    CHECK_STR(ms_attn_flag(MS_ATTN_GQA, 0), "--attention-backend");
+    CHECK_STR(ms_attn_flag(MS_ATTN_DSA, 0), "--nsa-prefill-backend");
+    CHECK_STR(ms_attn_flag(MS_ATTN_DSA, 1), "--nsa-decode-backend");
+    /* an implementation that does not run a kind refuses the call (no kernel runs) */
+    static const ms_attn_impl gqa_only = {"gqa_only", "cpu", "test", NULL, NULL, NULL, MS_ATTN_CAP_GQA};
+    ms_attn_call c = {MS_ATTN_DSA, NULL, NULL, NULL, NULL, NULL, 0, 0, 1.f, NULL};
+    CHECK(ms_attn_run(&gqa_only, B, &c, &E) == MS_ERR_UNSUPPORTED && strstr(E.msg, "DSA sparse attention"));
+}
+
 int main(void) {
     ms_dtype_init();
     if (ms_backend_create("cpu", -1, &B, &E) != MS_OK) {
@@ -738,6 +770,7 @@ int main(void) {
     RUN(test_mla);
     RUN(test_mla_heads);
     RUN(test_indexer);
+    RUN(test_attn_registry);
     RUN(test_router);
     RUN(test_checks);
     ms_backend_destroy(B);

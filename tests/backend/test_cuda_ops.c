@@ -3,6 +3,7 @@
  * so both backends see the same numbers; CUDA outputs are poisoned with NaN bytes before each op so
  * an element the kernel forgot to write fails. Without a GPU the program reports 0 cases and says
  * so (scripts/gpu-check.sh runs it for real). */
+#include "backend/attn.h"
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "test.h"
@@ -658,6 +659,127 @@ static void gqa_batch_case(const char *name, int nh, int nkv, int d, int page, i
     free_gbatch(&B);
 }
 
+/* Every CUDA attention implementation (backend/attn.h) that supports the call's shape, run through
+ * the registry and compared row by row with the CPU reference ref [rows, dv]; an implementation that
+ * refuses must say why. Returns how many ran. */
+static int impls_case(const char *name, const ms_attn_call *c, const ms_attn_shape *sh, const float *ref, size_t rows,
+                      int dv) {
+    int ran = 0;
+    for (const ms_attn_impl *const *ip = ms_attn_impls(); *ip; ip++) {
+        const ms_attn_impl *r = *ip;
+        if (strcmp(r->backend, "cuda")) continue;
+        char why[256] = "";
+        if (!ms_attn_ok(r, GPU, sh, why, sizeof why)) {
+            CHECK_MSG(why[0] != 0, "%s: %s refused without a reason", name, r->name);
+            continue;
+        }
+        ms_tensor og = mk(GPU, 0, c->out->ndim, c->out->shape, NULL); /* NaN-poisoned */
+        ms_attn_call cg = *c;
+        cg.out = &og;
+        R(ms_attn_run(r, GPU, &cg, &E));
+        float *a = get(GPU, &og);
+        double e = row_err(a, ref, rows, dv);
+        CHECK_MSG(e <= 2e-2, "%s (attention implementation %s): row rel err %.3g", name, r->name, e);
+        free(a);
+        fr(GPU, &og);
+        ran++;
+    }
+    return ran;
+}
+
+/* Absorbed MLA over a gbatch (long contexts, several sequences, mixed prefill and decode), dense or
+ * restricted to random top-k lists (DSA), every CUDA implementation against the CPU. */
+static void mla_batch_case(const char *name, int nh, int kvl, int dr, int topk, int n_seqs, const int *nnew,
+                           const int *ctx) {
+    gbatch B;
+    make_gbatch(&B, n_seqs, nnew, ctx, 16);
+    const int T = B.bt.n_tokens, S = B.n_slots, D = kvl + dr;
+    int64_t ls[2] = {S, D}, qs[3] = {T, nh, D}, os[3] = {T, nh, kvl};
+    float *lat = rand_vec((size_t)S * D, 1.f), *q = rand_vec((size_t)T * nh * D, 0.25f);
+    pair L = act(2, ls, lat), Q = act(3, qs, q);
+    int32_t *tk = malloc(sizeof(int32_t) * (size_t)T * (topk > 0 ? topk : 1));
+    for (int t = 0; t < T && topk > 0; t++) { /* distinct causal keys, then -1 */
+        int n = B.pos[t] + 1, c = 0;
+        for (int j = 0; j < n && c < topk; j++)
+            if ((int)(rnd_u32() % (uint32_t)n) < topk || n - j <= topk - c) tk[t * topk + c++] = j;
+        while (c < topk) tk[t * topk + c++] = -1;
+    }
+    ms_tensor tg = mk_i32(GPU, (int64_t)T * (topk > 0 ? topk : 1), tk), tc = mk_i32(CPU, (int64_t)T * (topk > 0 ? topk : 1), tk);
+    ms_tensor oc = mk(CPU, 0, 3, os, NULL);
+    const float sc = 1.f / sqrtf((float)D);
+    R(CPU->ops->mla_attn(CPU, &Q.c, &L.c, &B.mc, topk > 0 ? tc.data : NULL, topk, kvl, sc, &oc, &E));
+    float *ref = get(CPU, &oc);
+    ms_attn_kind k = topk > 0 ? MS_ATTN_DSA : MS_ATTN_MLA;
+    ms_attn_shape sh = {k, nh, 1, D, kvl, topk, T, B.mg.max_ctx, MS_BF16, 0};
+    ms_tensor og0 = mk(GPU, 0, 3, os, NULL);
+    ms_attn_call c = {k, &Q.g, &L.g, NULL, &B.mg, topk > 0 ? tg.data : NULL, topk, kvl, sc, &og0};
+    int ran = impls_case(name, &c, &sh, ref, (size_t)T * nh, kvl);
+    CHECK_MSG(ran >= 3, "%s: only %d CUDA implementations ran (flash, flash_nosplit, ref expected)", name, ran);
+    fr(GPU, &og0);
+    free(ref);
+    fr(CPU, &oc);
+    fr(GPU, &tg);
+    fr(CPU, &tc);
+    pfree(&L);
+    pfree(&Q);
+    free(lat);
+    free(q);
+    free(tk);
+    free_gbatch(&B);
+}
+
+static void test_attn_impls(void) {
+    { /* GQA through the registry: every implementation on the mixed batch, head dims 128, 64 and 96
+       * (mma refuses 96 with a reason) */
+        int nn[7] = {1, 37, 1, 1, 70, 1, 1}, cx[7] = {1, 250, 64, 65, 70, 129, 1000};
+        const int dims[3] = {128, 64, 96};
+        for (int i = 0; i < 3; i++) {
+            gbatch B;
+            make_gbatch(&B, 7, nn, cx, 16);
+            const int T = B.bt.n_tokens, S = B.n_slots, nh = 32, nkv = 4, d = dims[i];
+            int64_t cs[3] = {S, nkv, d}, qs[3] = {T, nh, d};
+            float *kc = rand_vec((size_t)S * nkv * d, 1.f), *vc = rand_vec((size_t)S * nkv * d, 1.f);
+            float *q = rand_vec((size_t)T * nh * d, 8.f);
+            pair K = act(3, cs, kc), V = act(3, cs, vc), Q = act(3, qs, q);
+            ms_tensor oc = mk(CPU, 0, 3, qs, NULL), og0 = mk(GPU, 0, 3, qs, NULL);
+            const float sc = 1.f / sqrtf((float)d);
+            R(CPU->ops->attn_gqa(CPU, &Q.c, &K.c, &V.c, &B.mc, sc, &oc, &E));
+            float *ref = get(CPU, &oc);
+            ms_attn_shape sh = {MS_ATTN_GQA, nh, nkv, d, d, 0, T, B.mg.max_ctx, MS_BF16, 0};
+            ms_attn_call c = {MS_ATTN_GQA, &Q.g, &K.g, &V.g, &B.mg, NULL, 0, 0, sc, &og0};
+            char nm[32];
+            snprintf(nm, sizeof nm, "gqa d=%d", d);
+            int ran = impls_case(nm, &c, &sh, ref, (size_t)T * nh, d);
+            CHECK_MSG(ran >= (d == 96 ? 3 : 4), "%s: %d CUDA implementations ran", nm, ran);
+            free(ref);
+            fr(CPU, &oc);
+            fr(GPU, &og0);
+            pfree(&K); pfree(&V); pfree(&Q);
+            free(kc); free(vc); free(q);
+            free_gbatch(&B);
+        }
+    }
+    { /* MLA dense and DSA (top-64 and top-300 of contexts up to 1000) */
+        int nn[5] = {1, 40, 1, 1, 1}, cx[5] = {1000, 300, 64, 65, 7};
+        mla_batch_case("mla dense", 16, 128, 32, 0, 5, nn, cx);
+        mla_batch_case("dsa top-64", 16, 128, 32, 64, 5, nn, cx);
+        mla_batch_case("dsa top-300", 8, 512, 64, 300, 5, nn, cx);
+        int dn[4] = {1, 1, 1, 1}, dc[4] = {2000, 17, 513, 300};
+        mla_batch_case("dsa decode top-256", 64, 512, 64, 256, 4, dn, dc);
+    }
+    /* a forced implementation that cannot run is refused with the flag, the GPU and the alternatives */
+    ms_attn_shape odd = {MS_ATTN_GQA, 32, 4, 96, 96, 0, 16, 256, MS_BF16, 0};
+    const ms_attn_impl *r = NULL;
+    CHECK(ms_attn_resolve(GPU, "--attention-backend", "mma", &odd, &r, &E) == MS_ERR_UNSUPPORTED);
+    CHECK_MSG(strstr(E.msg, "--attention-backend") && strstr(E.msg, GPU->gpu.name) && strstr(E.msg, "compute capability") &&
+                  strstr(E.msg, "head dim") && strstr(E.msg, "flash"),
+              "%s", E.msg);
+    ms_attn_shape dsa = {MS_ATTN_DSA, 64, 1, 576, 512, 2048, 16, 4096, MS_BF16, 0};
+    CHECK(ms_attn_resolve(GPU, "--nsa-decode-backend", "mma", &dsa, &r, &E) == MS_ERR_UNSUPPORTED &&
+          strstr(E.msg, "DSA sparse attention"));
+    CHECK(ms_attn_resolve(GPU, "--nsa-decode-backend", "auto", &dsa, &r, &E) == MS_OK && r && !strcmp(r->backend, "cuda"));
+}
+
 static void test_attn_gqa_batches(void) {
     { /* a prefill chunk of 300 tokens after a cached prefix of 200 */
         int nn[1] = {300}, cx[1] = {500};
@@ -871,6 +993,26 @@ static void test_checks(void) {
     R(CPU->ops->download(CPU, rc, ac.data, 12, &E));
     for (int i = 0; i < 3; i++) CHECK_EQ_INT(rg[i], rc[i]);
     CHECK_EQ_INT(rg[1], 999);
+    /* the per-step flag (--check-numerics): reset, then the smallest code of a tensor with NaN/Inf;
+     * bf16 activations (Y.g) and F32 (L.g) alike */
+    int32_t big = INT32_MAX, fl = 0;
+    ms_tensor fg = mk_i32(GPU, 1, &big);
+    R(GPU->ops->nonfinite_flag(GPU, NULL, 0, fg.data, &E));
+    R(GPU->ops->nonfinite_flag(GPU, &X.g, 1, fg.data, &E));
+    R(GPU->ops->nonfinite_flag(GPU, &L.g, 2, fg.data, &E));
+    R(GPU->ops->download(GPU, &fl, fg.data, 4, &E));
+    CHECK_EQ_INT(fl, INT32_MAX);
+    R(GPU->ops->nonfinite_flag(GPU, &Y.g, 7, fg.data, &E));
+    R(GPU->ops->nonfinite_flag(GPU, &Y.g, 5, fg.data, &E));
+    R(GPU->ops->nonfinite_flag(GPU, &X.g, 3, fg.data, &E));
+    R(GPU->ops->download(GPU, &fl, fg.data, 4, &E));
+    CHECK_EQ_INT(fl, 5);
+    int32_t fc = 0;
+    R(CPU->ops->nonfinite_flag(CPU, NULL, 0, &fc, &E));
+    R(CPU->ops->nonfinite_flag(CPU, &Y.c, 4, &fc, &E));
+    R(CPU->ops->nonfinite_flag(CPU, &X.c, 2, &fc, &E));
+    CHECK_EQ_INT(fc, 4);
+    fr(GPU, &fg);
     pfree(&X); pfree(&Y); pfree(&L);
     fr(GPU, &ag); fr(CPU, &ac);
     free(x); free(lg);
@@ -950,6 +1092,7 @@ int main(void) {
     RUN(test_attn_gqa);
     RUN(test_attn_gqa_batches);
     RUN(test_mla_attn);
+    RUN(test_attn_impls);
     RUN(test_mla_proj);
     RUN(test_indexer);
     RUN(test_router);

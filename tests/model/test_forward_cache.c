@@ -422,6 +422,27 @@ static void test_check_numerics(void) {
     CHECK(rc == MS_ERR_NUMERICS);
     CHECK_MSG(strstr(E.msg, "layer 1 op v_proj token position 0") != NULL, "%s", E.msg);
     ms_forward_free(f);
+    /* step mode: the cheap per-layer check finds layer 1; the op-by-op re-run names the op, and the
+     * sentence names the backend, attention implementation and MoE runner */
+    o.check_numerics = 2;
+    CHECK(ms_forward_create(m, B, &o, &f, &E) == MS_OK);
+    rc = step(f, &p, 1, lg);
+    CHECK(rc == MS_ERR_NUMERICS);
+    CHECK_MSG(strstr(E.msg, "residual stream after layer 1") && strstr(E.msg, "layer 1 op v_proj token position 0") &&
+                  strstr(E.msg, "attention ") && strstr(E.msg, "MoE runner auto"),
+              "%s", E.msg);
+    ms_forward_free(f);
+    o.check_numerics = 0;
+    /* a forced attention implementation that does not exist, or cannot run here, fails at creation */
+    o.attn_backend = "flash_turbo";
+    CHECK(ms_forward_create(m, B, &o, &f, &E) == MS_ERR_INVALID && strstr(E.msg, "--attention-backend"));
+    if (!g_gpu) {
+        o.attn_backend = "ref"; /* a CUDA implementation on the CPU backend */
+        int want = ms_backend_cuda_compiled() ? MS_ERR_UNSUPPORTED : MS_ERR_INVALID; /* else unknown in this build */
+        CHECK_MSG(ms_forward_create(m, B, &o, &f, &E) == want && strstr(E.msg, "cpu backend") && strstr(E.msg, ": cpu"),
+                  "%s", E.msg);
+    }
+    o.attn_backend = NULL;
     /* a forced runner that does not exist fails at creation with the flag named */
     o.moe_runner = "grouped_turbo";
     CHECK(ms_forward_create(m, B, &o, &f, &E) == MS_ERR_INVALID && strstr(E.msg, "--moe-runner-backend"));

@@ -23,10 +23,14 @@ const ms_opt ms_model_opts[] = {
     {"device", NULL, MS_OPT_VALUE, "cpu|cuda", "where the model runs [cpu]"},
     {"device-index", NULL, MS_OPT_VALUE, "I", "first GPU to use [0]"},
     {"moe-runner-backend", NULL, MS_OPT_VALUE, "auto|NAME", "MoE expert runner [auto]"},
+    {"attention-backend", NULL, MS_OPT_VALUE, "auto|NAME", "GQA / dense MLA attention implementation [auto]"},
+    {"nsa-prefill-backend", NULL, MS_OPT_VALUE, "auto|NAME", "DSA sparse attention for prefill [auto]"},
+    {"nsa-decode-backend", NULL, MS_OPT_VALUE, "auto|NAME", "DSA sparse attention for decode [auto]"},
     {"load-format", NULL, MS_OPT_VALUE, "auto|dummy", "dummy: random weights of the config's shapes [auto]"},
     {"dummy-quant", NULL, MS_OPT_VALUE, "bf16|fp8|nvfp4", "weight format of --load-format dummy [bf16]"},
     {"override", NULL, MS_OPT_MULTI, "KEY=VALUE", "config override, e.g. num_hidden_layers=4"},
-    {"check-numerics", NULL, MS_OPT_BOOL, NULL, "stop at the first layer and op that makes NaN/Inf"},
+    {"check-numerics", NULL, MS_OPT_BOOL, NULL, "per-step NaN/Inf check; a bad step is re-run op by op to name\nthe layer and op"},
+    {"check-numerics-ops", NULL, MS_OPT_BOOL, NULL, "check every op's output (slow; debugging)"},
     {"disable-cuda-graph", NULL, MS_OPT_BOOL, NULL, "run decode steps op by op"},
     {"max-total-tokens", NULL, MS_OPT_VALUE, "N", "KV cache size in tokens [from memory]"},
     {"page-size", NULL, MS_OPT_VALUE, "N", "tokens per KV page [16]"},
@@ -76,11 +80,16 @@ int ms_model_args_parse(ms_args *a, const char *cmd, ms_model_args *o) {
     e->device = ms_args_str(a, "device", "cpu");
     e->device_index = (int)ms_args_int(a, "device-index", 0, &bad);
     e->moe_runner = ms_args_str(a, "moe-runner-backend", "auto");
+    e->attn_backend = ms_args_str(a, "attention-backend", "auto");
+    e->nsa_prefill = ms_args_str(a, "nsa-prefill-backend", "auto");
+    e->nsa_decode = ms_args_str(a, "nsa-decode-backend", "auto");
     e->load_format = ms_args_str(a, "load-format", "auto");
     e->dummy_quant = ms_args_str(a, "dummy-quant", "bf16");
     e->n_overrides = ms_args_multi(a, "override", o->overrides, MS_MAX_OVERRIDES);
     e->overrides = o->overrides;
-    e->check_numerics = ms_args_flag(a, "check-numerics");
+    /* --check-numerics: the per-step check (a bad step is re-run op by op to name the op);
+     * --check-numerics-ops: every op's output, waiting after each (debugging) */
+    e->check_numerics = ms_args_flag(a, "check-numerics-ops") ? 1 : ms_args_flag(a, "check-numerics") ? 2 : 0;
     e->disable_graphs = ms_args_flag(a, "disable-cuda-graph");
     long long mt = ms_args_int(a, "max-total-tokens", 0, &bad);
     long long ps = ms_args_int(a, "page-size", 16, &bad);

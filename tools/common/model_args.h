@@ -21,8 +21,9 @@ extern const ms_opt ms_parallel_opts[];
 extern const ms_opt ms_serve_opts[];
 
 /* Reads --model (or --model-path; a directory, a config.json with --load-format dummy, or a Hugging
- * Face repo id with --revision, resolved by ms_model_path_resolve), --device, --device-index, --moe-runner-backend, --load-format,
- * --dummy-quant, --override key=value (repeatable), --check-numerics, --max-total-tokens,
+ * Face repo id with --revision, resolved by ms_model_path_resolve), --device, --device-index, --moe-runner-backend,
+ * --attention-backend, --nsa-prefill-backend, --nsa-decode-backend, --load-format, --dummy-quant,
+ * --override key=value (repeatable), --check-numerics (per step), --check-numerics-ops (per op), --max-total-tokens,
  * --page-size, --max-batch-tokens, --mem-fraction-static and the parallelism flags
  * (ms_parallel_args_parse). Returns 0, or -1 after printing one
  * error line naming the flag (missing --model, malformed number). */

@@ -633,6 +633,22 @@ static int cpu_find_nonfinite(ms_backend *b, const ms_tensor *x, int64_t *bad_ro
     return MS_OK;
 }
 
+static int cpu_nonfinite_flag(ms_backend *b, const ms_tensor *x, int32_t code, int32_t *flag, ms_err *err) {
+    (void)b;
+    (void)err;
+    if (!x) {
+        *flag = INT32_MAX;
+        return MS_OK;
+    }
+    check_f32(x);
+    const uint32_t *u = x->data; /* all-ones exponent = NaN or Inf: integer ops, so the loop vectorises */
+    const int64_t n = ms_tensor_numel(x);
+    uint32_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad |= (u[i] & 0x7f800000u) == 0x7f800000u;
+    if (bad && code < *flag) *flag = code;
+    return MS_OK;
+}
+
 static int cpu_argmax(ms_backend *b, const ms_tensor *logits, int32_t *out, ms_err *err) {
     check_f32(logits);
     int64_t V, R = rows_of(logits, &V);
@@ -679,6 +695,7 @@ static const ms_backend_ops cpu_ops = {
     .indexer_topk = cpu_indexer_topk,
     .router = cpu_router,
     .find_nonfinite = cpu_find_nonfinite,
+    .nonfinite_flag = cpu_nonfinite_flag,
     .argmax = cpu_argmax,
 };
 

@@ -35,6 +35,7 @@ struct at_args {
     const int32_t *topk;
     int topk_n;
     int n_split;  /* key ranges on gridDim.z; 1 = no split */
+    int allow_split; /* 0: n_split stays 1 (implementation flash_nosplit) */
     const ms_batch *meta_host; /* host view for launch sizing (not read on the device) */
     int max_ctx;
     float *part;  /* n_split > 1: [T][nh][n_split][Dv + 2] partial O, then m, l */
@@ -212,14 +213,19 @@ static size_t at_smem(int R, int Dk, int Dv, int gqa) {
     return f * 4 + i * 4 + h * 2 + 16;
 }
 
+/* Contract in cuda_internal.cuh (the smallest launch: one query row per block). */
+size_t cu_attn_flash_min_smem(int Dk, int Dv, int gqa) { return at_smem(1, Dk, Dv, gqa); }
+
+int cu_smem_optin(const ms_backend *b) { return cu_of(b)->max_smem_optin; }
+
 /* Split-K sizing and workspace shared with attn_mma.cu; contract in cuda_internal.cuh. */
-int cu_attn_split(ms_backend *b, int64_t blocks, int tiles, int per_sm, int T, int nh, int Dv, int *n_split,
-                  float **part, ms_err *err) {
+int cu_attn_split(ms_backend *b, int64_t blocks, int tiles, int per_sm, int T, int nh, int Dv, int allow_split,
+                  int *n_split, float **part, ms_err *err) {
     int64_t target = (int64_t)per_sm * (b->gpu.n_sm > 0 ? b->gpu.n_sm : 100);
     int64_t want = blocks > 0 ? (target + blocks - 1) / blocks : 1;
     int ns = want < tiles ? (int)want : tiles;
     if (ns > 64) ns = 64;
-    if (ns < 1 || cu_knob(CU_KNOB_ATTN_NO_SPLIT)) ns = 1;
+    if (ns < 1 || !allow_split) ns = 1;
     *n_split = ns;
     *part = NULL;
     if (ns > 1) {
@@ -252,7 +258,7 @@ static int at_launch(ms_backend *b, at_args *a, int nkv, size_t sm, ms_err *err)
     int64_t groups = (a->T + a->bq - 1) / a->bq + hb->n_seqs;
     int max_keys = a->topk ? a->topk_n : a->max_ctx;
     MS_TRY(cu_attn_split(b, groups * nkv * a->n_chunks, (max_keys + AT_TK - 1) / AT_TK, 2, a->T, a->nh, a->Dv,
-                         &a->n_split, &a->part, err));
+                         a->allow_split, &a->n_split, &a->part, err));
     dim3 grid(a->T, nkv * a->n_chunks, a->n_split);
     k_attn<<<grid, AT_THREADS, sm, c->stream>>>(*a);
     CK_LAUNCH();
@@ -271,19 +277,49 @@ static void at_meta(at_args *a, const ms_attn_meta *m) {
     a->max_ctx = m->max_ctx;
 }
 
+/* The backend op: the tensor-core kernel where it applies, else k_attn; the legacy environment knobs
+ * MS_ATTN_NO_MMA / MS_ATTN_NO_SPLIT still steer it (the forward chooses through backend/attn.h). */
 int cu_op_attn_gqa(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, const ms_tensor *vcache,
                    const ms_attn_meta *m, float scale, ms_tensor *out, ms_err *err) {
+    const int split = !cu_knob(CU_KNOB_ATTN_NO_SPLIT);
+    if (!cu_knob(CU_KNOB_ATTN_NO_MMA)) {
+        int done = 0;
+        MS_TRY(cu_attn_gqa_try_mma(b, q, kcache, vcache, m, scale, out, split, &done, err));
+        if (done) return MS_OK;
+    }
+    return cu_attn_gqa_flash(b, q, kcache, vcache, m, scale, out, split, err);
+}
+
+/* Checks shapes and dtypes of a GQA call (contract of attn_gqa). */
+static int gqa_check(const ms_tensor *q, const ms_tensor *kcache, const ms_tensor *vcache, const ms_attn_meta *m,
+                     const ms_tensor *out, ms_err *err) {
     MS_ASSERT(q->ndim == 3 && kcache->ndim == 3 && vcache->ndim == 3);
     const int T = (int)q->shape[0], nh = (int)q->shape[1], d = (int)q->shape[2];
     const int nkv = (int)kcache->shape[1];
     MS_ASSERT(kcache->shape[2] == d && vcache->shape[2] == d && nh % nkv == 0 && T == m->host->n_tokens);
-    if (T == 0) return MS_OK;
     if (q->dtype != MS_BF16 || kcache->dtype != MS_BF16 || vcache->dtype != MS_BF16 || out->dtype != MS_BF16)
         return ms_errf(err, MS_ERR_UNSUPPORTED, "attn_gqa: the CUDA backend needs bf16 q, caches and output");
-    int done = 0;
-    MS_TRY(cu_attn_gqa_mma(b, (const bf16 *)q->data, (const bf16 *)kcache->data, (const bf16 *)vcache->data, nh, nkv, d,
-                           m, scale, (bf16 *)out->data, &done, err));
-    if (done) return MS_OK;
+    return MS_OK;
+}
+
+/* Contract in cuda_internal.cuh. */
+int cu_attn_gqa_try_mma(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, const ms_tensor *vcache,
+                        const ms_attn_meta *m, float scale, ms_tensor *out, int allow_split, int *launched, ms_err *err) {
+    *launched = 0;
+    MS_TRY(gqa_check(q, kcache, vcache, m, out, err));
+    if (q->shape[0] == 0) return *launched = 1, MS_OK;
+    return cu_attn_gqa_mma(b, (const bf16 *)q->data, (const bf16 *)kcache->data, (const bf16 *)vcache->data,
+                           (int)q->shape[1], (int)kcache->shape[1], (int)q->shape[2], m, scale, (bf16 *)out->data,
+                           allow_split, launched, err);
+}
+
+/* Contract in cuda_internal.cuh. */
+int cu_attn_gqa_flash(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, const ms_tensor *vcache,
+                      const ms_attn_meta *m, float scale, ms_tensor *out, int allow_split, ms_err *err) {
+    MS_TRY(gqa_check(q, kcache, vcache, m, out, err));
+    const int T = (int)q->shape[0], nh = (int)q->shape[1], d = (int)q->shape[2];
+    const int nkv = (int)kcache->shape[1];
+    if (T == 0) return MS_OK;
     if (d % 2) return ms_errf(err, MS_ERR_UNSUPPORTED, "attn_gqa: odd head dim %d", d);
     at_args a;
     memset(&a, 0, sizeof a);
@@ -302,13 +338,22 @@ int cu_op_attn_gqa(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, c
     if (a.bq < 1 || m->host->n_tokens == m->host->n_seqs) a.bq = 1;
     a.Dk = a.Dv = d;
     a.scale = scale;
+    a.allow_split = allow_split;
     size_t sm = at_smem(a.bq * a.hc, d, d, 1);
     while (sm > (size_t)cu_of(b)->max_smem_optin && a.bq > 1) sm = at_smem(--a.bq * a.hc, d, d, 1);
     return at_launch(b, &a, nkv, sm, err);
 }
 
+/* The backend op: k_attn with split-K where the grid is small (MS_ATTN_NO_SPLIT turns that off). */
 int cu_op_mla_attn(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, const ms_attn_meta *m,
                    const int32_t *topk_d, int topk, int kvl, float scale, ms_tensor *out, ms_err *err) {
+    return cu_attn_mla_flash(b, q, latent, m, topk_d, topk, kvl, scale, out, !cu_knob(CU_KNOB_ATTN_NO_SPLIT), err);
+}
+
+/* Contract in cuda_internal.cuh. */
+int cu_attn_mla_flash(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, const ms_attn_meta *m,
+                      const int32_t *topk_d, int topk, int kvl, float scale, ms_tensor *out, int allow_split,
+                      ms_err *err) {
     MS_ASSERT(q->ndim == 3);
     const int T = (int)q->shape[0], nh = (int)q->shape[1], D = (int)q->shape[2];
     MS_ASSERT(latent->shape[latent->ndim - 1] == D && kvl <= D && T == m->host->n_tokens);
@@ -334,6 +379,7 @@ int cu_op_mla_attn(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, c
     a.scale = scale;
     a.topk = topk_d;
     a.topk_n = topk_d ? topk : 0;
+    a.allow_split = allow_split;
     size_t sm = at_smem(a.hc, D, kvl, 0);
     while (sm > (size_t)cu_of(b)->max_smem_optin && a.hc > 1) {
         a.hc /= 2;

@@ -292,9 +292,9 @@ template <int D> static int am_launch(ms_backend *b, const am_args *a, dim3 grid
 
 /* Contract in cuda_internal.cuh. */
 int cu_attn_gqa_mma(ms_backend *b, const bf16 *q, const bf16 *kc, const bf16 *vc, int nh, int nkv, int d,
-                    const ms_attn_meta *m, float scale, bf16 *out, int *launched, ms_err *err) {
+                    const ms_attn_meta *m, float scale, bf16 *out, int allow_split, int *launched, ms_err *err) {
     *launched = 0;
-    if ((d != 64 && d != 128) || b->gpu.cc_major < 8 || cu_knob(CU_KNOB_ATTN_NO_MMA)) return MS_OK;
+    if ((d != 64 && d != 128) || b->gpu.cc_major < 8) return MS_OK;
     const size_t sm = d == 64 ? am_smem_bytes<64>() : am_smem_bytes<128>();
     if (sm + 64 > (size_t)cu_of(b)->max_smem_optin) return MS_OK;
     const ms_batch *hb = m->host;
@@ -322,7 +322,7 @@ int cu_attn_gqa_mma(ms_backend *b, const bf16 *q, const bf16 *kc, const bf16 *vc
     int64_t groups = 0;
     for (int s = 0; s < hb->n_seqs; s++) groups += (hb->seq_start[s + 1] - hb->seq_start[s] + a.tpb - 1) / a.tpb;
     const int tiles = m->max_ctx > 0 ? (m->max_ctx + AM_BN - 1) / AM_BN : 1;
-    MS_TRY(cu_attn_split(b, groups * nkv * a.n_chunks, tiles, 4, T, nh, d, &a.n_split, &a.part, err));
+    MS_TRY(cu_attn_split(b, groups * nkv * a.n_chunks, tiles, 4, T, nh, d, allow_split, &a.n_split, &a.part, err));
     const int64_t gx = ((int64_t)T + (int64_t)(hb->n_seqs + 1) * (a.tpb - 1)) / a.tpb; /* P(n_seqs) */
     dim3 grid((unsigned)gx, (unsigned)(nkv * a.n_chunks), (unsigned)a.n_split);
     if (d == 64) MS_TRY(am_launch<64>(b, &a, grid, err));

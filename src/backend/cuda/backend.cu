@@ -670,6 +670,7 @@ static void cu_ops_init(void) {
     cu_ops.indexer_topk = cu_op_indexer_topk;
     cu_ops.router = cu_router;
     cu_ops.find_nonfinite = cu_op_find_nonfinite;
+    cu_ops.nonfinite_flag = cu_op_nonfinite_flag;
     cu_ops.argmax = cu_op_argmax;
     cu_ops.set_cols = cu_op_set_cols;
     cu_ops.scale = cu_op_scale;

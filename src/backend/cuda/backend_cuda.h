@@ -24,6 +24,24 @@ void *ms_cuda_stream(ms_backend *b);
 int ms_cuda_device_count(void);
 /* Fills info for GPU `device` without creating a backend. */
 int ms_cuda_device_info(int device, ms_gpu_info *info, ms_err *err);
+/* Host<->device link figures of one GPU (doctor --interconnect): 4-byte copy latency (copy + wait,
+ * microseconds) and `bytes`-sized copy bandwidth (GB/s), pinned and pageable, each way; kernel
+ * launch cost back to back (enqueue only) and launch + wait. */
+typedef struct ms_cuda_link_stats {
+    double h2d_pinned_lat_us, d2h_pinned_lat_us, h2d_pageable_lat_us, d2h_pageable_lat_us;
+    double h2d_pinned_gbs, d2h_pinned_gbs, h2d_pageable_gbs, d2h_pageable_gbs;
+    double launch_us, launch_sync_us;
+} ms_cuda_link_stats;
+int ms_cuda_bench_host_links(int device, size_t bytes, ms_cuda_link_stats *out, ms_err *err);
+/* GPU src -> dst: peer access (1/0), the driver's performance rank and native atomics of the pair,
+ * 4-byte copy latency (us) and `bytes`-sized copy bandwidth (GB/s; staged through the host when
+ * there is no peer access). */
+typedef struct ms_cuda_peer_stats {
+    int access, perf_rank, native_atomics;
+    double lat_us, gbs;
+} ms_cuda_peer_stats;
+int ms_cuda_bench_peer(int src, int dst, size_t bytes, ms_cuda_peer_stats *out, ms_err *err);
+
 /* CUDA driver and runtime versions as 1000*major + 10*minor (0 when unknown). */
 void ms_cuda_versions(int *driver, int *runtime);
 

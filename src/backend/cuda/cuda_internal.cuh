@@ -156,22 +156,45 @@ int cu_gemm_grouped(ms_backend *b, const cu_gg_call *c, ms_err *err);
  * k_gg. */
 int cu_gemm_grouped_mma(ms_backend *b, const cu_gg_call *c, int *launched, ms_err *err);
 
-/* ---- attention (attention.cu, attn_mma.cu) ---- */
+/* ---- attention (attention.cu, attn_mma.cu, attn_ref.cu; the implementations: attn_impl.cu) ---- */
 /* Split-K sizing shared by the attention kernels: *n_split key ranges for a launch of `blocks` blocks
  * (before splitting) over at most `tiles` key tiles, aiming at per_sm blocks per SM (at most 64 ranges,
- * at most one per tile; 1 when MS_ATTN_NO_SPLIT is set). When *n_split > 1, *part is the float
+ * at most one per tile; 1 when allow_split is 0). When *n_split > 1, *part is the float
  * workspace [T][nh][n_split][Dv + 2] (slot SCR_ATTN) for the partials: unnormalised O, then the
  * range's running max m (natural log domain of the scaled scores; -inf when it saw no key) and sum l. */
-int cu_attn_split(ms_backend *b, int64_t blocks, int tiles, int per_sm, int T, int nh, int Dv, int *n_split,
-                  float **part, ms_err *err);
+int cu_attn_split(ms_backend *b, int64_t blocks, int tiles, int per_sm, int T, int nh, int Dv, int allow_split,
+                  int *n_split, float **part, ms_err *err);
 /* Merges the n_split partials of every (token, head) into out [T][nh][Dv] (nothing when n_split <= 1). */
 int cu_attn_combine(ms_backend *b, const float *part, int n_split, int T, int nh, int Dv, bf16 *out, ms_err *err);
 /* Paged causal GQA on tensor cores (attn_mma.cu), the fast path of attn_gqa: q [T][nh][d], caches
  * [S][nkv][d], out [T][nh][d], bf16 device memory, batch layout as ms_attn_meta. Sets *launched = 0
  * and does nothing when the shape is not covered (d other than 64 or 128, a GPU below sm_80, too
- * little shared memory, or MS_ATTN_NO_MMA set in the environment); the caller then runs k_attn. */
+ * little shared memory); the caller then runs k_attn. allow_split 0: one key range per block. */
 int cu_attn_gqa_mma(ms_backend *b, const bf16 *q, const bf16 *kc, const bf16 *vc, int nh, int nkv, int d,
-                    const ms_attn_meta *m, float scale, bf16 *out, int *launched, ms_err *err);
+                    const ms_attn_meta *m, float scale, bf16 *out, int allow_split, int *launched, ms_err *err);
+/* attn_gqa (contract in backend.h) by the tensor-core kernel: checks dtypes (error), then as
+ * cu_attn_gqa_mma (*launched = 0 when the shape is not covered). */
+int cu_attn_gqa_try_mma(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, const ms_tensor *vcache,
+                        const ms_attn_meta *m, float scale, ms_tensor *out, int allow_split, int *launched, ms_err *err);
+/* attn_gqa by the CUDA-core flash kernel k_attn; allow_split 0: no split-K. */
+int cu_attn_gqa_flash(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, const ms_tensor *vcache,
+                      const ms_attn_meta *m, float scale, ms_tensor *out, int allow_split, ms_err *err);
+/* mla_attn (contract in backend.h) by k_attn: dense causal, or gathering the top-k keys of topk_d. */
+int cu_attn_mla_flash(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, const ms_attn_meta *m,
+                      const int32_t *topk_d, int topk, int kvl, float scale, ms_tensor *out, int allow_split,
+                      ms_err *err);
+/* Shared memory bytes k_attn needs for R query rows of widths Dk/Dv (gqa: a V tile too), and the
+ * largest the GPU allows a block (for supports()). */
+size_t cu_attn_flash_min_smem(int Dk, int Dv, int gqa);
+int cu_smem_optin(const ms_backend *b);
+/* The straightforward reference kernel (attn_ref.cu): one block per (token, head), keys in tiles of
+ * 128 with an online softmax in fp32, no split. GQA (v != NULL: k/v [S][nkv][d]) or MLA (v == NULL:
+ * values are the first kvl columns of the latent row). With topk_d (DSA) it is dense-equivalent
+ * masked: it walks every causal key and admits those in the query's top-k list (a [T][ctx] byte
+ * mask in scratch slot SCR_TMP2). Shapes and dtypes as attn_gqa / mla_attn. */
+int cu_attn_ref(ms_backend *b, const ms_tensor *q, const ms_tensor *k, const ms_tensor *v, const ms_attn_meta *m,
+                const int32_t *topk_d, int topk, int dv, float scale, ms_tensor *out, ms_err *err);
+#define CU_ATTN_REF_MAX_DV 1024
 
 /* ---- ops of the backend table implemented outside backend.cu (elementwise.cu, attention.cu) ----
  * Each has the contract of the ms_backend_ops member of the same name (backend/backend.h), on the
@@ -194,6 +217,7 @@ int cu_op_scale(ms_backend *b, ms_tensor *x, float alpha, ms_err *err);
 int cu_op_rope(ms_backend *b, ms_tensor *x, const int32_t *pos_d, const ms_rope_cfg *rc, ms_err *err);
 int cu_op_kv_store(ms_backend *b, ms_tensor *cache, const ms_tensor *x, const int32_t *slot_d, ms_err *err);
 int cu_op_find_nonfinite(ms_backend *b, const ms_tensor *x, int64_t *bad_row, ms_err *err);
+int cu_op_nonfinite_flag(ms_backend *b, const ms_tensor *x, int32_t code, int32_t *flag_d, ms_err *err);
 int cu_op_argmax(ms_backend *b, const ms_tensor *logits, int32_t *out_d, ms_err *err);
 int cu_op_attn_gqa(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, const ms_tensor *vcache,
                    const ms_attn_meta *m, float scale, ms_tensor *out, ms_err *err);

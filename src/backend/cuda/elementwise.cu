@@ -441,6 +441,32 @@ __global__ void k_nonfinite(const void *x, int xt, int64_t C, size_t n, unsigned
     }
 }
 
+/* Sets *flag = min(*flag, code) when x holds a NaN/Inf (the per-step check: no host wait). */
+__global__ void k_nonfinite_flag(const void *x, int xt, size_t n, int32_t code, int32_t *flag) {
+    int bad = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        bad |= !isfinite(cu_ld(x, xt, i));
+    if (__syncthreads_or(bad) && threadIdx.x == 0) atomicMin(flag, code);
+}
+
+/* Resets the step flag to "nothing seen" (a kernel, so graphs record it). */
+__global__ void k_flag_reset(int32_t *flag) { *flag = INT32_MAX; }
+
+int cu_op_nonfinite_flag(ms_backend *b, const ms_tensor *x, int32_t code, int32_t *flag_d, ms_err *err) {
+    if (!x) {
+        k_flag_reset<<<1, 1, 0, stream_of(b)>>>(flag_d);
+        CK_LAUNCH();
+        return MS_OK;
+    }
+    size_t n = (size_t)ms_tensor_numel(x);
+    if (!n) return MS_OK;
+    unsigned g = grid_for(n);
+    if (g > 1024) g = 1024; /* a grid-stride pass: a few waves are enough for a memory-bound read */
+    k_nonfinite_flag<<<g, 256, 0, stream_of(b)>>>(x->data, x->dtype, n, code, flag_d);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
 int cu_op_find_nonfinite(ms_backend *b, const ms_tensor *x, int64_t *bad_row, ms_err *err) {
     *bad_row = -1;
     int64_t C = last_dim(x);

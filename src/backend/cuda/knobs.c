@@ -43,9 +43,9 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                     "grouped GEMM (prefill MoE): mma = mma.sync kernel (gemm_mma.cu), old = wmma kernel "
                     "(quant.cu)"},
     [CU_KNOB_ATTN_NO_SPLIT] = {"MS_ATTN_NO_SPLIT", KN_FLAG, 0, 0, 1, NULL, 0,
-                               "set: attention never splits the keys across blocks (no split-K)"},
+                               "legacy, backend op default only (the forward uses --attention-backend flash_nosplit): no split-K"},
     [CU_KNOB_ATTN_NO_MMA] = {"MS_ATTN_NO_MMA", KN_FLAG, 0, 0, 1, NULL, 0,
-                             "set: GQA attention uses the generic kernel instead of the tensor-core one"},
+                             "legacy, backend op default only (the forward uses --attention-backend flash): no tensor-core GQA"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */
