@@ -55,6 +55,7 @@ const ms_opt ms_serve_opts[] = {
     {"max-request-bytes", NULL, MS_OPT_VALUE, "N", "request body limit [10485760]"},
     {"http-threads", NULL, MS_OPT_VALUE, "N", "HTTP worker threads [4]"},
     {"max-connections", NULL, MS_OPT_VALUE, "N", "open TCP connections at most [4096]"},
+    {"max-header-bytes", NULL, MS_OPT_VALUE, "N", "request line + headers per connection at most; beyond: 431 [32768]"},
     {"connection-timeout", NULL, MS_OPT_VALUE, "S", "close a connection idle this long [600]"},
     {"header-timeout", NULL, MS_OPT_VALUE, "S", "request headers must arrive within S; also the keep-alive idle\nlimit [60]"},
     {"body-timeout", NULL, MS_OPT_VALUE, "S", "a request body must arrive within S after its headers [120]"},
@@ -64,6 +65,11 @@ const ms_opt ms_serve_opts[] = {
     {"request-timeout", NULL, MS_OPT_VALUE, "S", "abort a generation running longer (finish_reason abort) [0 = none]"},
     {"shutdown-timeout", NULL, MS_OPT_VALUE, "S", "on SIGTERM/SIGINT let running requests finish for S, then\nabort them [30]"},
     {"max-choices-per-request", NULL, MS_OPT_VALUE, "N", "prompts x n of one request at most [64]"},
+    {"max-n", NULL, MS_OPT_VALUE, "N", "'n' of one request at most [8]"},
+    {"max-messages", NULL, MS_OPT_VALUE, "N", "entries of a chat request's 'messages' at most [4096]"},
+    {"max-tools", NULL, MS_OPT_VALUE, "N", "entries of a chat request's 'tools' at most [512]"},
+    {"max-stop-strings", NULL, MS_OPT_VALUE, "N", "entries of 'stop' at most [16, also the most allowed]"},
+    {"max-stop-length", NULL, MS_OPT_VALUE, "B", "bytes of one stop string at most [1024]"},
     {"disable-radix-cache", NULL, MS_OPT_BOOL, NULL, "turn the prefix cache off"},
     {"disable-cuda-graph", NULL, MS_OPT_BOOL, NULL, "run decode steps op by op (no CUDA graphs)"},
     {"log-level", NULL, MS_OPT_VALUE, "LEVEL", "error|warning|info|debug (warn, critical accepted) [info]"},
@@ -159,6 +165,7 @@ int cmd_serve(int argc, char **argv) {
     long long max_bytes = ms_args_int(&a, "max-request-bytes", 10 << 20, &bad);
     long long http_threads = ms_args_int(&a, "http-threads", 4, &bad);
     long long max_conns = ms_args_int(&a, "max-connections", 4096, &bad);
+    long long max_hdr = ms_args_int(&a, "max-header-bytes", 32768, &bad);
     double idle_to = ms_args_float(&a, "connection-timeout", 600, &bad);
     double header_to = ms_args_float(&a, "header-timeout", 60, &bad);
     double body_to = ms_args_float(&a, "body-timeout", 120, &bad);
@@ -168,6 +175,11 @@ int cmd_serve(int argc, char **argv) {
     double shutdown_to = ms_args_float(&a, "shutdown-timeout", 30, &bad);
     double request_to = ms_args_float(&a, "request-timeout", 0, &bad);
     long long max_choices = ms_args_int(&a, "max-choices-per-request", 64, &bad);
+    long long max_n = ms_args_int(&a, "max-n", MS_API_MAX_N, &bad);
+    long long max_msgs = ms_args_int(&a, "max-messages", MS_API_MAX_MESSAGES, &bad);
+    long long max_tools = ms_args_int(&a, "max-tools", MS_API_MAX_TOOLS, &bad);
+    long long max_stop = ms_args_int(&a, "max-stop-strings", MS_MAX_STOP_STRINGS, &bad);
+    long long max_stop_len = ms_args_int(&a, "max-stop-length", MS_API_MAX_STOP_LEN, &bad);
     int no_radix = ms_args_flag(&a, "disable-radix-cache");
     int no_graphs = ms_args_flag(&a, "disable-cuda-graph");
     const char *log_level = ms_args_str(&a, "log-level", NULL);
@@ -197,6 +209,7 @@ int cmd_serve(int argc, char **argv) {
         return 2;
     }
     if (http_threads < 1 || http_threads > 256) { fprintf(stderr, "moeserve serve: flag --http-threads: %lld is not in [1, 256]\n", http_threads); return 2; }
+    if (max_hdr < 4096 || max_hdr > (16 << 20)) { fprintf(stderr, "moeserve serve: flag --max-header-bytes: %lld is not in [4096, 16777216]\n", max_hdr); return 2; }
     if (max_conns < 1 || max_conns > 1000000) { fprintf(stderr, "moeserve serve: flag --max-connections: %lld is not in [1, 1000000]\n", max_conns); return 2; }
     if (!(idle_to >= 1 && idle_to <= 86400)) { fprintf(stderr, "moeserve serve: flag --connection-timeout: %g is not in [1, 86400]\n", idle_to); return 2; }
     if (!(header_to > 0 && header_to <= 3600)) { fprintf(stderr, "moeserve serve: flag --header-timeout: %g is not in (0, 3600]\n", header_to); return 2; }
@@ -210,6 +223,11 @@ int cmd_serve(int argc, char **argv) {
     if (!(request_to >= 0 && request_to <= 86400 * 7)) { fprintf(stderr, "moeserve serve: flag --request-timeout: %g is not in [0, 604800]\n", request_to); return 2; }
     if (!(shutdown_to >= 0 && shutdown_to <= 86400)) { fprintf(stderr, "moeserve serve: flag --shutdown-timeout: %g is not in [0, 86400]\n", shutdown_to); return 2; }
     if (max_choices < 1 || max_choices > 512) { fprintf(stderr, "moeserve serve: flag --max-choices-per-request: %lld is not in [1, 512]\n", max_choices); return 2; }
+    if (max_n < 1 || max_n > 512) { fprintf(stderr, "moeserve serve: flag --max-n: %lld is not in [1, 512]\n", max_n); return 2; }
+    if (max_msgs < 1 || max_msgs > 1000000) { fprintf(stderr, "moeserve serve: flag --max-messages: %lld is not in [1, 1000000]\n", max_msgs); return 2; }
+    if (max_tools < 1 || max_tools > 100000) { fprintf(stderr, "moeserve serve: flag --max-tools: %lld is not in [1, 100000]\n", max_tools); return 2; }
+    if (max_stop < 1 || max_stop > MS_MAX_STOP_STRINGS) { fprintf(stderr, "moeserve serve: flag --max-stop-strings: %lld is not in [1, %d]\n", max_stop, MS_MAX_STOP_STRINGS); return 2; }
+    if (max_stop_len < 1 || max_stop_len > 65536) { fprintf(stderr, "moeserve serve: flag --max-stop-length: %lld is not in [1, 65536]\n", max_stop_len); return 2; }
     if (max_total < 0 || ctx_len < 0 || max_running < 0 || max_queued < 0 || chunked < 0) {
         fprintf(stderr, "moeserve serve: --max-total-tokens, --context-length, --max-running-requests, --max-queued-requests and --chunked-prefill-size must not be negative\n");
         return 2;
@@ -350,6 +368,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.max_request_bytes = (size_t)max_bytes;
     cfg.n_threads = (int)http_threads;
     cfg.max_connections = (int)max_conns;
+    cfg.max_header_bytes = (size_t)max_hdr;
     cfg.idle_timeout_s = idle_to;
     cfg.header_timeout_s = header_to;
     cfg.body_timeout_s = body_to;
@@ -360,6 +379,11 @@ int cmd_serve(int argc, char **argv) {
     cfg.request_timeout_s = request_to;
     cfg.max_queued = (int)max_queued;
     cfg.max_choices = (int)max_choices;
+    cfg.lim.max_n = (int)max_n;
+    cfg.lim.max_messages = (int)max_msgs;
+    cfg.lim.max_tools = (int)max_tools;
+    cfg.lim.max_stop = (int)max_stop;
+    cfg.lim.max_stop_len = (int)max_stop_len;
     for (int i = 0; i < st.n_eos && i < 16; i++) cfg.eos_ids[cfg.n_eos++] = st.eos[i];
     cfg.version = MS_VERSION;
     /* /get_server_info: the values in effect (defaults and limits applied), not the flags as given */
@@ -382,6 +406,13 @@ int cmd_serve(int argc, char **argv) {
                             strcmp(device, "cuda") ? json_null() : json_real(mem_frac > 0 ? mem_frac : 0.88));
         json_object_set_new(flags, "log_level", json_string(log_level ? log_level : "info"));
         if (revision) json_object_set_new(flags, "revision", json_string(revision));
+        json_t *lims = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I}", "max_choices_per_request", (int)max_choices,
+                                 "max_n", (int)max_n, "max_messages", (int)max_msgs, "max_tools", (int)max_tools,
+                                 "max_stop_strings", (int)max_stop, "max_stop_length", (int)max_stop_len,
+                                 "max_prompts", MS_API_MAX_PROMPTS, "max_request_bytes", (json_int_t)max_bytes);
+        if (lims) json_object_set_new(lims, "max_header_bytes", json_integer(max_hdr));
+        if (lims) json_object_update(flags, lims);
+        json_decref(lims);
     }
     char *flags_txt = flags ? json_dumps(flags, JSON_COMPACT) : NULL;
     json_decref(flags);

@@ -119,13 +119,24 @@ static int valid_role(const char *r) {
     return 0;
 }
 
+/* The limit in force: v, or def when v is 0 (unset), never above cap. */
+static int limit_of(int v, int def, int cap) {
+    int x = v > 0 ? v : def;
+    return x > cap ? cap : x;
+}
+
 /* Validates messages and returns a deep copy in *out with tool-call arguments parsed. */
-static int check_messages(json_t *msgs, json_t **out, ms_api_error *e) {
+static int check_messages(const ms_api_limits *lim, json_t *msgs, json_t **out, ms_api_error *e) {
     char p[96];
     if (!msgs) return ms_api_fail(e, 400, BAD, "messages", NULL, "'messages' is required.");
     if (!json_is_array(msgs)) return WRONG_TYPE(e, "messages", msgs, "an array");
     if (json_array_size(msgs) == 0)
         return ms_api_fail(e, 400, BAD, "messages", NULL, "'messages' must not be empty.");
+    int max_msgs = limit_of(lim->max_messages, MS_API_MAX_MESSAGES, 1 << 30);
+    if (json_array_size(msgs) > (size_t)max_msgs)
+        return ms_api_fail(e, 400, BAD, "messages", NULL,
+                           "'messages' has %zu entries; this server allows at most %d (--max-messages).",
+                           json_array_size(msgs), max_msgs);
     json_t *copy = json_deep_copy(msgs);
     size_t i;
     json_t *m;
@@ -213,8 +224,13 @@ fail:
     return e->status;
 }
 
-static int check_tools(json_t *tools, ms_api_error *e) {
+static int check_tools(const ms_api_limits *lim, json_t *tools, ms_api_error *e) {
     if (!json_is_array(tools)) return WRONG_TYPE(e, "tools", tools, "an array");
+    int max_tools = limit_of(lim->max_tools, MS_API_MAX_TOOLS, 1 << 30);
+    if (json_array_size(tools) > (size_t)max_tools)
+        return ms_api_fail(e, 400, BAD, "tools", NULL,
+                           "'tools' has %zu entries; this server allows at most %d (--max-tools).",
+                           json_array_size(tools), max_tools);
     size_t i;
     json_t *t;
     char p[64];
@@ -245,26 +261,35 @@ static int tool_exists(json_t *tools, const char *name) {
     return 0;
 }
 
-static int parse_stop(json_t *body, ms_api_req *r, ms_api_error *e) {
+/* One stop string: longer than the limit is refused (param = its path, "stop" or "stop[i]"). */
+static int add_stop(json_t *x, const char *param, int max_len, ms_api_req *r, ms_api_error *e) {
+    size_t len = json_string_length(x);
+    if (len > (size_t)max_len)
+        return ms_api_fail(e, 400, BAD, param, NULL,
+                           "'%s' is %zu bytes long; this server allows at most %d (--max-stop-length).", param,
+                           len, max_len);
+    if (len) r->stop[r->n_stop++] = json_string_value(x);
+    return 0;
+}
+
+static int parse_stop(const ms_api_limits *lim, json_t *body, ms_api_req *r, ms_api_error *e) {
     json_t *s = json_object_get(body, "stop");
+    int max_stop = limit_of(lim->max_stop, MS_MAX_STOP_STRINGS, MS_MAX_STOP_STRINGS);
+    int max_len = limit_of(lim->max_stop_len, MS_API_MAX_STOP_LEN, 1 << 30);
     if (!s || json_is_null(s)) return 0;
-    if (json_is_string(s)) {
-        if (json_string_length(s)) r->stop[r->n_stop++] = json_string_value(s);
-        return 0;
-    }
+    if (json_is_string(s)) return add_stop(s, "stop", max_len, r, e);
     if (!json_is_array(s)) return WRONG_TYPE(e, "stop", s, "a string or an array of strings");
-    if (json_array_size(s) > MS_MAX_STOP_STRINGS)
-        return ms_api_fail(e, 400, BAD, "stop", NULL, "'stop' has %zu entries; at most %d are allowed.",
-                           json_array_size(s), MS_MAX_STOP_STRINGS);
+    if (json_array_size(s) > (size_t)max_stop)
+        return ms_api_fail(e, 400, BAD, "stop", NULL,
+                           "'stop' has %zu entries; this server allows at most %d (--max-stop-strings).",
+                           json_array_size(s), max_stop);
     size_t i;
     json_t *x;
     json_array_foreach(s, i, x) {
-        if (!json_is_string(x)) {
-            char p[32];
-            snprintf(p, sizeof p, "stop[%zu]", i);
-            return WRONG_TYPE(e, p, x, "a string");
-        }
-        if (json_string_length(x)) r->stop[r->n_stop++] = json_string_value(x);
+        char p[32];
+        snprintf(p, sizeof p, "stop[%zu]", i);
+        if (!json_is_string(x)) return WRONG_TYPE(e, p, x, "a string");
+        MS_TRY(add_stop(x, p, max_len, r, e));
     }
     return 0;
 }
@@ -476,7 +501,10 @@ int ms_api_parse(const ms_api_limits *lim, int is_chat, const char *body, size_t
     MS_TRY(get_int(b, "max_completion_tokens", 1, ctx, &x, e));
     sp->max_tokens = (int)x;
     x = 1;
-    MS_TRY(get_int(b, "n", 1, MS_API_MAX_N, &x, e));
+    int max_n = limit_of(lim->max_n, MS_API_MAX_N, 512);
+    MS_TRY(get_int(b, "n", 1, 1 << 30, &x, e));
+    if (x > max_n)
+        return ms_api_fail(e, 400, BAD, "n", NULL, "'n' is %lld; this server allows at most %d (--max-n).", x, max_n);
     r->n = (int)x;
     bv = 0;
     MS_TRY(get_bool(b, "ignore_eos", &bv, e));
@@ -491,7 +519,7 @@ int ms_api_parse(const ms_api_limits *lim, int is_chat, const char *body, size_t
             r->include_usage = json_is_true(iu);
         }
     }
-    MS_TRY(parse_stop(b, r, e));
+    MS_TRY(parse_stop(lim, b, r, e));
     json_t *sti = json_object_get(b, "stop_token_ids");
     if (sti && !json_is_null(sti)) {
         if (!json_is_array(sti)) return WRONG_TYPE(e, "stop_token_ids", sti, "an array of integers");
@@ -540,7 +568,7 @@ int ms_api_parse(const ms_api_limits *lim, int is_chat, const char *body, size_t
 
     if (!is_chat) return parse_prompt(lim, b, r, e);
 
-    MS_TRY(check_messages(json_object_get(b, "messages"), &r->messages, e));
+    MS_TRY(check_messages(lim, json_object_get(b, "messages"), &r->messages, e));
     json_t *kw = json_object_get(b, "chat_template_kwargs");
     if (kw && !json_is_null(kw) && !json_is_object(kw))
         return WRONG_TYPE(e, "chat_template_kwargs", kw, "an object");
@@ -555,7 +583,7 @@ int ms_api_parse(const ms_api_limits *lim, int is_chat, const char *body, size_t
     }
     json_t *tools = json_object_get(b, "tools");
     if (tools && !json_is_null(tools)) {
-        MS_TRY(check_tools(tools, e));
+        MS_TRY(check_tools(lim, tools, e));
         if (json_array_size(tools)) r->tools = tools;
     }
     json_t *tc = json_object_get(b, "tool_choice");

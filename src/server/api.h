@@ -14,8 +14,14 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#define MS_API_MAX_N 8
-#define MS_API_MAX_PROMPTS 64
+/* Per-request limits: the defaults of the serve flags named beside them (ms_api_limits holds the
+ * values in force; 0 there means the default). MS_API_MAX_PROMPTS and MS_MAX_STOP_STRINGS are also
+ * storage bounds, so the flags cannot raise them. */
+#define MS_API_MAX_N 8             /* n (--max-n) */
+#define MS_API_MAX_PROMPTS 64      /* entries of a completions 'prompt' array (fixed) */
+#define MS_API_MAX_MESSAGES 4096   /* entries of 'messages' (--max-messages) */
+#define MS_API_MAX_TOOLS 512       /* entries of 'tools' (--max-tools) */
+#define MS_API_MAX_STOP_LEN 1024   /* bytes of one stop string (--max-stop-length) */
 
 typedef struct ms_api_error {
     int status;        /* HTTP status */
@@ -43,6 +49,12 @@ typedef struct ms_api_limits {
     float default_temperature, default_top_p; /* generation_config or 1.0 */
     int default_top_k;
     int enable_thinking_default;
+    /* request limits, each refused with a 400 naming the field; 0 = the MS_API_* default above */
+    int max_n;            /* n, in [1, 512] */
+    int max_messages;     /* entries of 'messages' */
+    int max_tools;        /* entries of 'tools' */
+    int max_stop;         /* entries of 'stop', in [1, MS_MAX_STOP_STRINGS] */
+    int max_stop_len;     /* bytes of one stop string */
 } ms_api_limits;
 
 typedef struct ms_api_prompt {

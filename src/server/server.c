@@ -37,6 +37,7 @@ void ms_server_config_default(ms_server_config *c) {
     c->max_request_bytes = 10u << 20;
     c->n_threads = 4;
     c->max_connections = 4096;
+    c->max_header_bytes = 32u << 10;
     c->idle_timeout_s = 600;
     c->header_timeout_s = 60;
     c->body_timeout_s = 120;
@@ -274,6 +275,7 @@ int ms_server_start(const ms_server_config *cfg, const ms_server_ops *ops, ms_se
     if (!s->cfg.max_request_bytes) s->cfg.max_request_bytes = 10u << 20;
     if (s->cfg.n_threads <= 0) s->cfg.n_threads = 4;
     if (s->cfg.max_connections <= 0) s->cfg.max_connections = 4096;
+    if (s->cfg.max_header_bytes < 4096) s->cfg.max_header_bytes = s->cfg.max_header_bytes ? 4096 : 32u << 10;
     if (s->cfg.idle_timeout_s <= 0) s->cfg.idle_timeout_s = 600;
     if (s->cfg.header_timeout_s <= 0) s->cfg.header_timeout_s = 60;
     if (s->cfg.body_timeout_s <= 0) s->cfg.body_timeout_s = 120;
@@ -318,6 +320,7 @@ int ms_server_start(const ms_server_config *cfg, const ms_server_ops *ops, ms_se
                             MHD_OPTION_NOTIFY_CONNECTION, ms_srv_notify_connection, s,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, s->cfg.max_header_bytes,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(s->cfg.idle_timeout_s + 0.5),
                             MHD_OPTION_END);
     if (!s->d) {

@@ -64,6 +64,8 @@ typedef struct ms_server_config {
     int32_t eos_ids[16];
     /* Limits on connections and slow or vanished clients (0 = the default shown; see guard.c). */
     int max_connections;       /* open TCP connections (default 4096) */
+    size_t max_header_bytes;   /* per-connection memory for the request line + headers (libmicrohttpd's
+                                * connection memory limit; beyond: 431) (default 32 KiB) */
     double idle_timeout_s;     /* no byte moved in either direction (default 600) */
     double header_timeout_s;   /* request headers complete, also the keep-alive idle time (default 60) */
     double body_timeout_s;     /* request body complete after its headers (default 120) */

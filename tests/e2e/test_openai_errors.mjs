@@ -23,6 +23,8 @@ const BAD = [
   ["absurd max_tokens", chat({ max_tokens: 1e12 }), 400, "max_tokens"],
   ["n too large", chat({ n: 100 }), 400, "n"],
   ["too many stop strings", chat({ stop: Array.from({ length: 17 }, (_, i) => "s" + i) }), 400, "stop"],
+  ["stop string too long", chat({ stop: "s".repeat(2000) }), 400, "stop"],
+  ["too many messages", { messages: Array.from({ length: 5000 }, () => M[0]), max_tokens: 1 }, 400, "messages"],
   ["stop wrong type", chat({ stop: 5 }), 400, "stop"],
   ["stream wrong type", chat({ stream: "yes" }), 400, "stream"],
   ["tools wrong type", chat({ tools: "calc" }), 400, "tools"],
@@ -35,6 +37,39 @@ for (const [name, body, status, param, code] of BAD) {
     checkError(await post(server.url + "/v1/chat/completions", body), status, param, code);
   });
 }
+
+// the server below runs with --max-messages 8 --max-tools 4 --max-stop-strings 6 --max-stop-length 32 --max-n 3:
+// at each limit the request is served, one beyond it gets a 400 naming the field, the limit and the flag
+test("configured request limits", async ({ server }) => {
+  if (server.external) return;
+  const info = await (await fetch(server.url + "/get_server_info")).json();
+  eq(info.flags.max_messages, 8, "max_messages in server info");
+  eq(info.flags.max_stop_length, 32, "max_stop_length in server info");
+  const msgs = (k) => Array.from({ length: k }, (_, i) => ({ role: i % 2 ? "assistant" : "user", content: "m" + i }));
+  const tools = (k) => Array.from({ length: k }, (_, i) => ({ type: "function", function: { name: "f" + i, parameters: { type: "object" } } }));
+  const stops = (k, len) => Array.from({ length: k }, (_, i) => String.fromCharCode(97 + i) + "z".repeat(len - 1));
+  const ok = { messages: msgs(7), tools: tools(4), stop: stops(6, 32), n: 3, max_tokens: 2 };
+  const r = await post(server.url + "/v1/chat/completions", ok);
+  eq(r.status, 200, "at every limit: " + r.text);
+  const cases = [
+    [{ messages: msgs(9) }, "messages", 8, "--max-messages"],
+    [{ tools: tools(5) }, "tools", 4, "--max-tools"],
+    [{ stop: stops(7, 2) }, "stop", 6, "--max-stop-strings"],
+    [{ stop: ["ok", "y".repeat(33)] }, "stop[1]", 32, "--max-stop-length"],
+    [{ n: 4 }, "n", 3, "--max-n"],
+  ];
+  for (const [o, param, limit, flag] of cases) {
+    const e = await post(server.url + "/v1/chat/completions", { ...ok, ...o });
+    checkError(e, 400, param);
+    const msg = e.json?.error?.message || "";
+    assert(msg.includes(`at most ${limit}`) && msg.includes(flag), `${param}: message '${msg}'`);
+  }
+  const big = await post(server.url + "/v1/completions", { prompt: "x", max_tokens: info.context_length + 1 });
+  checkError(big, 400, "max_tokens");
+  // --max-header-bytes 8192: a 12 KB header is refused with 431, a 2 KB one served
+  eq((await fetch(server.url + "/health", { headers: { "X-Big": "h".repeat(12000) } })).status, 431, "12 KB header");
+  eq((await fetch(server.url + "/health", { headers: { "X-Big": "h".repeat(2000) } })).status, 200, "2 KB header");
+});
 
 test("completions bad input", async ({ server }) => {
   checkError(await post(server.url + "/v1/completions", {}), 400, "prompt");
@@ -110,7 +145,9 @@ test("metrics exposition and KV pool back to empty", async ({ server }) => {
 
 run(import.meta.url, {
   setup: async () => {
-    const server = await startServer(["--max-request-bytes", "262144"]);
+    const server = await startServer(["--max-request-bytes", "262144", "--max-messages", "8", "--max-tools", "4",
+                                      "--max-stop-strings", "6", "--max-stop-length", "32", "--max-n", "3",
+                                      "--max-header-bytes", "8192"]);
     const keyed = server.external ? server : await startServer(["--api-key", "sk-test-key"]);
     return { server, keyed };
   },

@@ -202,6 +202,93 @@ static void test_logit_bias_min_tokens(void) {
     ms_api_req_free(&r);
 }
 
+/* Body of a chat request with n_msgs messages, n_tools tools, n_stop stop strings of stop_len bytes
+ * and n. Caller frees. */
+static char *limits_body(int n_msgs, int n_tools, int n_stop, int stop_len, int n) {
+    ms_sbuf b = {0};
+    ms_sbuf_adds(&b, "{\"messages\":[");
+    for (int i = 0; i < n_msgs; i++) ms_sbuf_printf(&b, "%s{\"role\":\"user\",\"content\":\"m%d\"}", i ? "," : "", i);
+    ms_sbuf_adds(&b, "],\"tools\":[");
+    for (int i = 0; i < n_tools; i++)
+        ms_sbuf_printf(&b, "%s{\"type\":\"function\",\"function\":{\"name\":\"f%d\"}}", i ? "," : "", i);
+    ms_sbuf_adds(&b, "],\"stop\":[");
+    for (int i = 0; i < n_stop; i++) {
+        ms_sbuf_printf(&b, "%s\"%c", i ? "," : "", 'a' + i % 26);
+        for (int k = 1; k < stop_len; k++) ms_sbuf_adds(&b, "x");
+        ms_sbuf_adds(&b, "\"");
+    }
+    ms_sbuf_printf(&b, "],\"n\":%d}", n);
+    return ms_sbuf_take(&b);
+}
+
+/* Each request limit: the default and a configured value, at the limit (accepted) and one beyond
+ * (400 naming the field and the limit, and the flag that sets it). */
+static void test_limits(void) {
+    struct { int max_msgs, max_tools, max_stop, max_stop_len, max_n; } cfgs[] = {
+        {0, 0, 0, 0, 0},      /* defaults: 4096, 512, 16, 1024, 8 */
+        {3, 2, 4, 5, 2},
+    };
+    for (int c = 0; c < 2; c++) {
+        ms_api_limits l = lim();
+        l.max_messages = cfgs[c].max_msgs;
+        l.max_tools = cfgs[c].max_tools;
+        l.max_stop = cfgs[c].max_stop;
+        l.max_stop_len = cfgs[c].max_stop_len;
+        l.max_n = cfgs[c].max_n;
+        int M = c ? 3 : MS_API_MAX_MESSAGES, T = c ? 2 : MS_API_MAX_TOOLS, S = c ? 4 : MS_MAX_STOP_STRINGS,
+            L = c ? 5 : MS_API_MAX_STOP_LEN, N = c ? 2 : MS_API_MAX_N;
+        struct { int m, t, s, len, n; const char *param, *flag; } k[] = {
+            {M, T, S, L, N, "", ""},
+            {M + 1, T, S, L, N, "messages", "--max-messages"},
+            {M, T + 1, S, L, N, "tools", "--max-tools"},
+            {M, T, S + 1, L, N, "stop", "--max-stop-strings"},
+            {M, T, S, L + 1, N, "stop[0]", "--max-stop-length"},
+            {M, T, S, L, N + 1, "n", "--max-n"},
+        };
+        for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+            char *body = limits_body(k[i].m, k[i].t, k[i].s, k[i].len, k[i].n);
+            ms_api_req r;
+            ms_api_error e;
+            memset(&e, 0, sizeof e);
+            int st = ms_api_parse(&l, 1, body, strlen(body), &r, &e);
+            if (!k[i].param[0]) {
+                CHECK_MSG(st == 0, "config %d: at the limits: %d %s", c, st, e.message);
+                if (!st) {
+                    CHECK_EQ_INT(r.n_stop, S);
+                    CHECK_EQ_INT(r.n, N);
+                    CHECK_EQ_INT((int)json_array_size(r.messages), M);
+                }
+            } else {
+                char want[32];
+                int lim_v = !strcmp(k[i].param, "messages") ? M : !strcmp(k[i].param, "tools") ? T
+                          : !strcmp(k[i].param, "stop") ? S : !strcmp(k[i].param, "n") ? N : L;
+                snprintf(want, sizeof want, "at most %d", lim_v);
+                CHECK_MSG(st == 400 && !strcmp(e.param, k[i].param), "config %d case %zu: %d param '%s'", c, i, st, e.param);
+                CHECK_MSG(strstr(e.message, want) && strstr(e.message, k[i].flag), "config %d case %zu: '%s'", c, i, e.message);
+            }
+            ms_api_req_free(&r);
+            free(body);
+        }
+    }
+    /* a single stop string (not an array) is held to the length limit too */
+    ms_api_limits l = lim();
+    l.max_stop_len = 3;
+    ms_api_req r;
+    ms_api_error e;
+    const char *b1 = "{\"prompt\":\"x\",\"stop\":\"abcd\"}";
+    CHECK_EQ_INT(ms_api_parse(&l, 0, b1, strlen(b1), &r, &e), 400);
+    CHECK_STR(e.param, "stop");
+    ms_api_req_free(&r);
+    /* the configured stop count cannot exceed the storage bound */
+    l = lim();
+    l.max_stop = 1000;
+    char *body = limits_body(1, 0, MS_MAX_STOP_STRINGS + 1, 1, 1);
+    CHECK_EQ_INT(ms_api_parse(&l, 1, body, strlen(body), &r, &e), 400);
+    CHECK_STR(e.param, "stop");
+    ms_api_req_free(&r);
+    free(body);
+}
+
 static void test_error_json(void) {
     ms_api_error e;
     ms_api_fail(&e, 404, "invalid_request_error", "model", "model_not_found", "No \"%s\".", "x");
@@ -351,6 +438,7 @@ int main(void) {
     RUN(test_completions_prompts);
     RUN(test_rejections);
     RUN(test_logit_bias_min_tokens);
+    RUN(test_limits);
     RUN(test_error_json);
     RUN(test_stop_strings);
     RUN(test_histogram_text);

@@ -56,6 +56,11 @@ serve --model-path $tmp/noconf|2|has no config.json
 serve --model-path $tmp/notok|2|has no tokenizer.json
 serve --model-path no-such-org/no-such-model|2|not in the Hugging Face cache
 serve --ep 3 --tp 4|2|must divide --tp
+serve --max-stop-strings 17|2|flag --max-stop-strings: 17 is not in [1, 16]
+serve --max-messages 0|2|flag --max-messages: 0 is not in [1, 1000000]
+serve --max-tools -1|2|flag --max-tools: -1 is not in [1, 100000]
+serve --max-stop-length 0|2|flag --max-stop-length: 0 is not in [1, 65536]
+serve --max-n 513|2|flag --max-n: 513 is not in [1, 512]
 generate --ids 1,2|2|flag --model DIR is required
 generate --model tests/fixtures/glm4_moe --ids 1 --temperature hot|2|'hot' is not a number
 generate --model tests/fixtures/glm4_moe --ids x|2|flag --ids
