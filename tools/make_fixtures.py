@@ -15,7 +15,9 @@ transformers run on the dequantized weights.
 Each fixture directory holds the checkpoint plus ref.json:
   {"ids": [...], "logits_file": "logits.f32", "vocab": V, "tol": 1e-4,
    "greedy_prompt": [...], "greedy_ids": [...], "greedy_min_gap": g, "arch": ..., "format": ...}
-Usage: python3 tools/make_fixtures.py OUT_DIR
+Usage: python3 tools/make_fixtures.py OUT_DIR [--only GROUP[,GROUP...]]
+  GROUP: base (the original eight fixtures), odd (odd dimensions: odd_specs below). Without --only,
+  every group is written.
 """
 import json
 import math
@@ -296,8 +298,97 @@ def dsa_cfg(grouped, indexer_types, legacy):
     return try_config(GlmMoeDsaConfig, kw)
 
 
+# ---------------------------------------------------------------- odd dimensions (issue 17, item 1)
+#
+# Checkpoints whose dimensions are multiples of 8 or 16 but not of 32/64/128, so every kernel that has
+# a fast path for aligned sizes must take its general path. Two families per architecture:
+#   *_odd8:  sizes that are multiples of 8 but not of 16 (hidden 136, intermediate 200, moe 40, head
+#            dims 24, kv_lora_rank 24, q_lora_rank 40, index_head_dim 24, qk_rope_head_dim 8).
+#            bf16 and FP8 only: NVFP4 packs groups of 16 along K (spec 4.1: "K ... must be a multiple
+#            of 16"), so a Linear with K = 136, 200 or 40 has no NVFP4 representation; the generator
+#            says so and writes none.
+#   *_odd16: sizes that are multiples of 16 but not of 32 (hidden 176, intermediate 208, moe 80, head
+#            dims 48, kv_lora_rank 80, q_lora_rank 48, index_head_dim 48, qk_rope_head_dim 16):
+#            bf16, FP8 and NVFP4.
+# FP8 (spec 4.2) represents any shape: the 128x128 scale blocks at the edges are partial
+# (ceil(N/128) x ceil(K/128) scales); hidden 136/176 and intermediate 200/208 make [N, K] weights with
+# one full and one partial block along each side, which is the case an aligned-only kernel gets wrong.
+# NVFP4 quantizes only the expert and dense MLP weights (K = hidden, intermediate, moe_intermediate);
+# attention stays bf16 as in the real exports, so the odd attention dims reach NVFP4 fixtures in bf16.
+
+
+def glm4_odd_cfg(mult):
+    from transformers import Glm4MoeConfig
+    if mult == 8:
+        dims = dict(hidden_size=136, intermediate_size=200, moe_intermediate_size=40, num_attention_heads=5,
+                    num_key_value_heads=1, head_dim=24)  # rotary dim 12
+    else:
+        dims = dict(hidden_size=176, intermediate_size=208, moe_intermediate_size=80, num_attention_heads=3,
+                    num_key_value_heads=1, head_dim=48)  # rotary dim 24
+    kw = dict(vocab_size=384, num_hidden_layers=3, use_qk_norm=True, attention_bias=True, n_routed_experts=6,
+              n_shared_experts=1, num_experts_per_tok=3, first_k_dense_replace=1, n_group=2, topk_group=1,
+              routed_scaling_factor=2.5, norm_topk_prob=True, rms_norm_eps=1e-6, max_position_embeddings=256,
+              tie_word_embeddings=False,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+              partial_rotary_factor=0.5, eos_token_id=[1, 2], bos_token_id=0, pad_token_id=1, **dims)
+    return try_config(Glm4MoeConfig, kw)
+
+
+def dsa_odd_cfg(mult):
+    from transformers import GlmMoeDsaConfig
+    if mult == 8:
+        dims = dict(hidden_size=136, intermediate_size=200, moe_intermediate_size=40, num_attention_heads=3,
+                    num_key_value_heads=3, q_lora_rank=40, kv_lora_rank=24, qk_nope_head_dim=24,
+                    qk_rope_head_dim=8, v_head_dim=40, index_n_heads=4, index_head_dim=24)
+    else:
+        dims = dict(hidden_size=176, intermediate_size=208, moe_intermediate_size=80, num_attention_heads=3,
+                    num_key_value_heads=3, q_lora_rank=48, kv_lora_rank=80, qk_nope_head_dim=48,
+                    qk_rope_head_dim=16, v_head_dim=48, index_n_heads=4, index_head_dim=48)
+    kw = dict(vocab_size=384, num_hidden_layers=3, n_routed_experts=6, n_shared_experts=1, num_experts_per_tok=3,
+              first_k_dense_replace=1, n_group=1, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+              rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=False, index_topk=5,
+              indexer_types=["full", "full", "shared"],
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+              eos_token_id=[1, 2], bos_token_id=0, pad_token_id=1, **dims)
+    return try_config(GlmMoeDsaConfig, kw)
+
+
+def odd_specs(glm4_cls, dsa_cls):
+    """The odd-dimension fixtures, in the layout of main()'s specs (group "odd")."""
+    specs = []
+    for mult in (8, 16):
+        quants = ["fp8"] if mult == 8 else ["nvfp4", "fp8"]
+        if mult == 8:
+            log("odd8 fixtures: no NVFP4 variant (K = 136, 200, 40 are not multiples of the 16-element groups)")
+        specs.append((f"glm4_moe_odd{mult}", "glm4_moe", lambda m=mult: glm4_odd_cfg(m), glm4_cls, 20 + mult,
+                      False, False, quants))
+        specs.append((f"glm_moe_dsa_odd{mult}", "glm_moe_dsa", lambda m=mult: dsa_odd_cfg(m), dsa_cls, 40 + mult,
+                      False, False, quants))
+    return specs
+
+
+def parse_cli(argv):
+    """OUT_DIR and the selected groups ({"base", "odd"} by default)."""
+    out, groups, i = "tests/fixtures", {"base", "odd"}, 1
+    while i < len(argv):
+        a = argv[i]
+        if a == "--only" or a.startswith("--only="):
+            v = a.split("=", 1)[1] if "=" in a else (argv[i + 1] if i + 1 < len(argv) else "")
+            i += 0 if "=" in a else 1
+            groups = {g for g in v.split(",") if g}
+            bad = groups - {"base", "odd"}
+            if bad or not groups:
+                sys.exit(f"make_fixtures.py: --only: {','.join(sorted(bad)) or '(empty)'} is not base or odd")
+        elif a.startswith("-"):
+            sys.exit(f"make_fixtures.py: unknown flag {a} (usage: make_fixtures.py OUT_DIR [--only base,odd])")
+        else:
+            out = a
+        i += 1
+    return out, groups
+
+
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures"
+    out, groups = parse_cli(sys.argv)
     os.makedirs(out, exist_ok=True)
     log("transformers", transformers.__version__, "torch", torch.__version__)
     from transformers import Glm4MoeForCausalLM, GlmMoeDsaForCausalLM
@@ -317,6 +408,8 @@ def main():
          GlmMoeDsaForCausalLM, 13, False, False, ["nvfp4", "fp8"]),
         ("glm_moe_dsa_legacy", "glm_moe_dsa", lambda: dsa_cfg(True, None, True), GlmMoeDsaForCausalLM, 14, True, True, []),
     ]
+    specs = (specs if "base" in groups else []) + (odd_specs(Glm4MoeForCausalLM, GlmMoeDsaForCausalLM)
+                                                    if "odd" in groups else [])
     for name, arch, mk, cls, seed, legacy, fused, quants in specs:
         log(f"fixture {name}")
         cfg = mk()

@@ -866,9 +866,11 @@ static void test_mla_proj(void) {
 
 static int cmp_i32(const void *a, const void *b) { return *(const int32_t *)a - *(const int32_t *)b; }
 
+static int IX_NIH = 5, IX_D = 32; /* indexer heads and head dim of indexer_case */
+
 static void indexer_case(int topk) {
     abatch A;
-    int page = 4, S = 8 * page, nih = 5, d = 32;
+    int page = 4, S = 8 * page, nih = IX_NIH, d = IX_D;
     make_batch(&A, page);
     int64_t cs[2] = {S, d}, qs[3] = {5, nih, d}, wsh[2] = {5, nih};
     float *kc = rand_vec((size_t)S * d, 1.f), *q = rand_vec((size_t)5 * nih * d, 1.f), *w = rand_vec((size_t)5 * nih, 1.f);
@@ -964,6 +966,115 @@ static void test_router(void) {
     router_case(16, 4, 1, 1, 1, 1);
     router_case(24, 6, 1, 1, 0, 0);
     router_case(64, 8, 8, 4, 1, 1);
+}
+
+/* The shapes of the odd-dimension fixtures (tools/make_fixtures.py --only odd; sizes that are
+ * multiples of 8 or 16 but not of 32): every op those models run, GPU against the CPU, so a fast path
+ * that assumes alignment shows here before it shows in the conformance run. odd8: hidden 136,
+ * intermediate 200, moe 40, GQA 5:1 heads of 24 (rotary 12), MLA kv_lora 24 / rope 8 / nope 24 / v 40,
+ * q_lora 40, indexer 4 x 24. odd16: hidden 176, intermediate 208, moe 80, GQA 3:1 heads of 48
+ * (rotary 24), kv_lora 80 / rope 16 / nope 48 / v 48, q_lora 48, indexer 4 x 48, nvfp4 experts. */
+static void test_odd_fixture_shapes(void) {
+    const int64_t Ts[3] = {1, 5, 37};
+    for (int i = 0; i < 3; i++) {
+        const int64_t T = Ts[i];
+        /* bf16 (every linear of odd8/odd16), fp8 with partial 128 blocks, K % 16 == 8 (odd8) */
+        linear_case(MS_WFMT_PLAIN, MS_BF16, T, 200, 136, 0, MS_BF16);
+        linear_case(MS_WFMT_PLAIN, MS_BF16, T, 136, 40, 0, MS_F32);
+        linear_case(MS_WFMT_PLAIN, MS_BF16, T, 5 * 24, 136, 1, MS_BF16);
+        linear_case(MS_WFMT_FP8, 0, T, 200, 136, 0, MS_BF16);
+        linear_case(MS_WFMT_FP8, 0, T, 136, 200, 0, MS_F32);
+        linear_case(MS_WFMT_FP8, 0, T, 40, 136, 1, MS_BF16);
+        linear_case(MS_WFMT_FP8, 0, T, 136, 40, 0, MS_BF16);
+        linear_case(MS_WFMT_FP8, 0, T, 3 * (24 + 40), 24, 0, MS_BF16); /* kv_b_proj of odd8 */
+        linear_case(MS_WFMT_FP8, 0, T, 208, 176, 0, MS_BF16);
+        /* nvfp4 with K % 32 == 16 (odd16: hidden 176, moe 80, intermediate 208) */
+        linear_case(MS_WFMT_NVFP4, 0, T, 208, 176, 0, MS_BF16);
+        linear_case(MS_WFMT_NVFP4, 0, T, 176, 208, 0, MS_F32);
+        linear_case(MS_WFMT_NVFP4, 0, T, 80, 176, 0, MS_BF16);
+        linear_case(MS_WFMT_NVFP4, 0, T, 176, 80, 0, MS_BF16);
+    }
+    for (int i = 0; i < 2; i++) {
+        swiglu_case(MS_WFMT_PLAIN, MS_BF16, Ts[i], 200, 136);
+        swiglu_case(MS_WFMT_FP8, 0, Ts[i], 40, 136);
+        swiglu_case(MS_WFMT_NVFP4, 0, Ts[i], 80, 176);
+    }
+    rope_case(5, 24, 0, 12, 0, 10000.0); /* glm4 odd8: partial NeoX rotary 12 of 24 */
+    rope_case(3, 48, 0, 24, 0, 10000.0); /* glm4 odd16 */
+    rope_case(3, 32, 24, 8, 1, 10000.0); /* MLA odd8: rope 8 after nope 24 */
+    rope_case(4, 24, 0, 8, 1, 10000.0);  /* indexer odd8: rope on the first 8 of 24 */
+    gqa_case(5, 1, 24);
+    gqa_case(3, 1, 48);
+    { /* GQA through every implementation on a mixed batch */
+        int nn[4] = {1, 37, 1, 20}, cx[4] = {1, 250, 129, 20};
+        const int shapes[2][3] = {{5, 1, 24}, {3, 1, 48}};
+        for (int i = 0; i < 2; i++) {
+            gqa_batch_case("odd", shapes[i][0], shapes[i][1], shapes[i][2], 16, 4, nn, cx);
+            gbatch B;
+            make_gbatch(&B, 4, nn, cx, 16);
+            const int T = B.bt.n_tokens, S = B.n_slots, nh = shapes[i][0], nkv = shapes[i][1], d = shapes[i][2];
+            int64_t cs[3] = {S, nkv, d}, qs[3] = {T, nh, d};
+            float *kc = rand_vec((size_t)S * nkv * d, 1.f), *vc = rand_vec((size_t)S * nkv * d, 1.f);
+            float *q = rand_vec((size_t)T * nh * d, 8.f);
+            pair K = act(3, cs, kc), V = act(3, cs, vc), Q = act(3, qs, q);
+            ms_tensor oc = mk(CPU, 0, 3, qs, NULL), og0 = mk(GPU, 0, 3, qs, NULL);
+            const float sc = 1.f / sqrtf((float)d);
+            R(CPU->ops->attn_gqa(CPU, &Q.c, &K.c, &V.c, &B.mc, sc, &oc, &E));
+            float *ref = get(CPU, &oc);
+            ms_attn_shape sh = {MS_ATTN_GQA, nh, nkv, d, d, 0, T, B.mg.max_ctx, MS_BF16, 0};
+            ms_attn_call c = {MS_ATTN_GQA, &Q.g, &K.g, &V.g, &B.mg, NULL, 0, 0, sc, &og0};
+            char nm[40];
+            snprintf(nm, sizeof nm, "odd gqa %d:%d d=%d", nh, nkv, d);
+            int ran = impls_case(nm, &c, &sh, ref, (size_t)T * nh, d);
+            CHECK_MSG(ran >= 3, "%s: %d CUDA implementations ran (flash, flash_nosplit, ref expected)", nm, ran);
+            free(ref);
+            fr(CPU, &oc);
+            fr(GPU, &og0);
+            pfree(&K); pfree(&V); pfree(&Q);
+            free(kc); free(vc); free(q);
+            free_gbatch(&B);
+        }
+    }
+    /* absorbed MLA and DSA: kv_lora 24 + rope 8, kv_lora 80 + rope 16, 3 heads */
+    mla_case(3, 24, 8, 0);
+    mla_case(3, 24, 8, 1);
+    mla_case(3, 80, 16, 1);
+    {
+        int nn[4] = {1, 40, 1, 1}, cx[4] = {300, 40, 65, 7};
+        mla_batch_case("odd8 mla dense", 3, 24, 8, 0, 4, nn, cx);
+        mla_batch_case("odd8 dsa top-5", 3, 24, 8, 5, 4, nn, cx);
+        mla_batch_case("odd16 dsa top-5", 3, 80, 16, 5, 4, nn, cx);
+    }
+    /* the absorbed projections with kv_b [nh*(nope+v), kv_lora] in bf16 and fp8 */
+    const int mp[2][5] = {{3, 24, 8, 40, 24}, {3, 48, 16, 48, 80}}; /* nh, dn, dr, dv, kvl */
+    for (int i = 0; i < 2; i++)
+        for (int f = 0; f < 2; f++) {
+            const int nh = mp[i][0], dn = mp[i][1], dr = mp[i][2], dv = mp[i][3], kvl = mp[i][4], T = 5;
+            lpair L = mk_linear(f ? MS_WFMT_FP8 : MS_WFMT_PLAIN, MS_BF16, nh * (dn + dv), kvl, 0);
+            int64_t qs[3] = {T, nh, dn + dr}, os[3] = {T, nh, kvl + dr}, ls[3] = {T, nh, kvl}, vs[2] = {T, nh * dv};
+            float *q = rand_vec((size_t)T * nh * (dn + dr), 1.f), *ol = rand_vec((size_t)T * nh * kvl, 1.f);
+            pair Q = act(3, qs, q), O = out_act(3, os), OL = act(3, ls, ol), V = out_act(2, vs);
+            R(GPU->ops->mla_absorb_q(GPU, &L.g, &Q.g, nh, dn, dr, dv, &O.g, &E));
+            R(CPU->ops->mla_absorb_q(CPU, &L.c, &Q.c, nh, dn, dr, dv, &O.c, &E));
+            CMP(O.g, O.c, 2e-2);
+            R(GPU->ops->mla_v_up(GPU, &L.g, &OL.g, nh, dn, dv, &V.g, &E));
+            R(CPU->ops->mla_v_up(CPU, &L.c, &OL.c, nh, dn, dv, &V.c, &E));
+            CMP(V.g, V.c, 2e-2);
+            pfree(&Q); pfree(&O); pfree(&OL); pfree(&V);
+            free(q); free(ol);
+            free_linear(&L);
+        }
+    /* the indexer: 4 heads of 24 and of 48 */
+    IX_NIH = 4, IX_D = 24;
+    indexer_case(5);
+    IX_D = 48;
+    indexer_case(5);
+    IX_NIH = 5, IX_D = 32;
+    /* routing of 6 experts, top 3, in 2 groups keeping 1; and more experts than 48 KiB of shared
+     * memory holds (the router asks for the opt-in size) */
+    router_case(6, 3, 2, 1, 1, 1);
+    router_case(6, 3, 1, 1, 1, 0);
+    router_case(7000, 8, 1, 1, 1, 1);
 }
 
 static void test_checks(void) {
@@ -1096,6 +1207,7 @@ int main(void) {
     RUN(test_mla_proj);
     RUN(test_indexer);
     RUN(test_router);
+    RUN(test_odd_fixture_shapes);
     RUN(test_checks);
     ms_backend_destroy(GPU);
     ms_backend_destroy(CPU);

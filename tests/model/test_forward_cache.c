@@ -92,10 +92,13 @@ static ms_linear lin(int fmt, int64_t N, int64_t K, int bias) {
     return W;
 }
 
-enum { V = 97, H = 64, INTER = 96, MI = 32 };
+enum { V = 97 };
 /* Dims the odd-dims test changes (legal configs the fast paths do not cover: kv_lora_rank not a
- * multiple of 16, num_experts_per_tok above 64, a rotary dim above 1024); the defaults otherwise. */
-static int NEXP = 8, TOPK = 3, KVL = 32, HD = 16, ROT = 8;
+ * multiple of 16, num_experts_per_tok above 64, a rotary dim above 1024, hidden / intermediate /
+ * head sizes that are multiples of 8 or 16 but not of 32); the defaults otherwise. */
+static int H = 64, INTER = 96, MI = 32;
+static int NEXP = 8, TOPK = 3, KVL = 32, HD = 16, ROT = 8, NH = 4, NKV = 2;
+static int QL = 48, DN = 16, DR = 8, DV = 16, IH = 16, DSA_AFMT = MS_WFMT_PLAIN;
 
 static void common_cfg(ms_config *c, int layers, int grouped) {
     c->vocab_size = V;
@@ -156,15 +159,15 @@ static void build_top(ms_model *m) {
     m->lm_head = lin(MS_WFMT_PLAIN, V, H, 0);
 }
 
-/* glm4_moe: 3 layers (first dense), 4 heads / 2 kv heads, head_dim 16, rotary 8 */
+/* glm4_moe: 3 layers (first dense), NH heads / NKV kv heads (4 / 2), head_dim HD (16), rotary ROT (8) */
 static ms_model *build_glm4(int efmt, int afmt, int grouped) {
     ms_model *m = amalloc(sizeof *m);
     ms_config *c = &m->cfg;
     c->arch = &ms_arch_glm4_moe;
     strcpy(c->model_type, "glm4_moe");
     common_cfg(c, 3, grouped);
-    c->num_heads = 4;
-    c->num_kv_heads = 2;
+    c->num_heads = NH;
+    c->num_kv_heads = NKV;
     c->head_dim = HD;
     c->rotary_dim = ROT;
     c->use_qk_norm = 1;
@@ -172,10 +175,10 @@ static ms_model *build_glm4(int efmt, int afmt, int grouped) {
     m->layers = amalloc(sizeof(ms_layer) * 3);
     for (int L = 0; L < 3; L++) {
         ms_layer *l = &m->layers[L];
-        l->q_proj = lin(afmt, 4 * HD, H, 1);
-        l->k_proj = lin(afmt, 2 * HD, H, 1);
-        l->v_proj = lin(afmt, 2 * HD, H, 1);
-        l->o_proj = lin(afmt, H, 4 * HD, 0);
+        l->q_proj = lin(afmt, NH * HD, H, 1);
+        l->k_proj = lin(afmt, NKV * HD, H, 1);
+        l->v_proj = lin(afmt, NKV * HD, H, 1);
+        l->o_proj = lin(afmt, H, NH * HD, 0);
         l->q_norm = vec_bf16(HD, 1.0f, 0.2f);
         l->k_norm = vec_bf16(HD, 1.0f, 0.2f);
         build_mlp(m, l, L, efmt);
@@ -184,8 +187,9 @@ static ms_model *build_glm4(int efmt, int afmt, int grouped) {
     return m;
 }
 
-/* glm_moe_dsa: 4 layers (first dense), 4 heads, q_lora 48, kv_lora 32, nope 16, rope 8, v 16,
- * indexer 8 heads x 16, index_topk as given, layers 1 and 3 share the previous full layer's top-k */
+/* glm_moe_dsa: 4 layers (first dense), 4 heads, q_lora QL (48), kv_lora KVL (32), nope DN (16), rope
+ * DR (8), v DV (16), indexer 8 heads x IH (16), attention projections in DSA_AFMT (bf16), index_topk
+ * as given, layers 1 and 3 share the previous full layer's top-k */
 static ms_model *build_dsa(int index_topk, int grouped) {
     ms_model *m = amalloc(sizeof *m);
     ms_config *c = &m->cfg;
@@ -194,35 +198,36 @@ static ms_model *build_dsa(int index_topk, int grouped) {
     common_cfg(c, 4, grouped);
     c->num_heads = 4;
     c->num_kv_heads = 4;
-    c->q_lora_rank = 48;
+    c->q_lora_rank = QL;
     c->kv_lora_rank = KVL;
-    c->qk_nope_head_dim = 16;
-    c->qk_rope_head_dim = 8;
-    c->v_head_dim = 16;
+    c->qk_nope_head_dim = DN;
+    c->qk_rope_head_dim = DR;
+    c->v_head_dim = DV;
     c->rope_interleave = 1;
     c->indexer_rope_interleave = 1;
     c->index_topk = index_topk;
     c->index_n_heads = 8;
-    c->index_head_dim = 16;
+    c->index_head_dim = IH;
     const uint8_t full[4] = {1, 0, 1, 0};
+    const int af = DSA_AFMT;
     m->layers = amalloc(sizeof(ms_layer) * 4);
     for (int L = 0; L < 4; L++) {
         ms_layer *l = &m->layers[L];
         c->indexer_full[L] = full[L];
-        l->q_a_proj = lin(MS_WFMT_PLAIN, 48, H, 0);
-        l->q_a_norm = vec_bf16(48, 1.0f, 0.2f);
-        l->q_b_proj = lin(MS_WFMT_PLAIN, 4 * 24, 48, 0);
-        l->kv_a_proj = lin(MS_WFMT_PLAIN, KVL + 8, H, 0);
+        l->q_a_proj = lin(af, QL, H, 0);
+        l->q_a_norm = vec_bf16(QL, 1.0f, 0.2f);
+        l->q_b_proj = lin(af, 4 * (DN + DR), QL, 0);
+        l->kv_a_proj = lin(af, KVL + DR, H, 0);
         l->kv_a_norm = vec_bf16(KVL, 1.0f, 0.2f);
-        l->kv_b_proj = lin(MS_WFMT_PLAIN, 4 * 32, KVL, 0);
-        l->o_proj = lin(MS_WFMT_PLAIN, H, 4 * 16, 0);
+        l->kv_b_proj = lin(af, 4 * (DN + DV), KVL, 0);
+        l->o_proj = lin(af, H, 4 * DV, 0);
         if (full[L]) {
             l->has_indexer = 1;
-            l->idx_wq_b = lin(MS_WFMT_PLAIN, 8 * 16, 48, 0);
-            l->idx_wk = lin(MS_WFMT_PLAIN, 16, H, 0);
+            l->idx_wq_b = lin(MS_WFMT_PLAIN, 8 * IH, QL, 0);
+            l->idx_wk = lin(MS_WFMT_PLAIN, IH, H, 0);
             l->idx_wproj = lin(MS_WFMT_PLAIN, 8, H, 0);
-            l->idx_k_norm_w = vec_bf16(16, 1.0f, 0.2f);
-            l->idx_k_norm_b = vec_bf16(16, 0.0f, 0.2f);
+            l->idx_k_norm_w = vec_bf16(IH, 1.0f, 0.2f);
+            l->idx_k_norm_b = vec_bf16(IH, 0.0f, 0.2f);
         }
         build_mlp(m, l, L, MS_WFMT_PLAIN);
     }
@@ -382,6 +387,25 @@ static void test_odd_dims(void) {
     check_model(placed(build_glm4(MS_WFMT_PLAIN, MS_WFMT_PLAIN, 0)), "glm4_moe rotary dim 1040");
     HD = 16, ROT = 8;
     afree_all();
+    /* the odd-dimension fixtures' shapes (tools/make_fixtures.py --only odd): multiples of 8, not of 16
+     * (bf16 experts, fp8 attention: fp8 weights with partial 128x128 blocks and K % 16 == 8) ... */
+    H = 136, INTER = 200, MI = 40, HD = 24, ROT = 12, NH = 5, NKV = 1;
+    check_model(placed(build_glm4(MS_WFMT_PLAIN, MS_WFMT_FP8, 1)), "glm4_moe odd8 (hidden 136, head dim 24, 5:1 heads)");
+    check_model(placed(build_glm4(MS_WFMT_FP8, MS_WFMT_PLAIN, 0)), "glm4_moe odd8 fp8 experts");
+    QL = 40, KVL = 24, DN = 24, DR = 8, DV = 40, IH = 24;
+    check_model(placed(build_dsa(4, 0)), "glm_moe_dsa odd8 (kv_lora 24, q_lora 40, index dim 24)");
+    DSA_AFMT = MS_WFMT_FP8;
+    check_model(placed(build_dsa(4, 0)), "glm_moe_dsa odd8 fp8 attention");
+    DSA_AFMT = MS_WFMT_PLAIN;
+    afree_all();
+    /* ... and multiples of 16, not of 32 (nvfp4 experts: K % 32 == 16) */
+    H = 176, INTER = 208, MI = 80, HD = 48, ROT = 24, NH = 3, NKV = 1;
+    check_model(placed(build_glm4(MS_WFMT_NVFP4, MS_WFMT_FP8, 0)), "glm4_moe odd16 nvfp4 experts (hidden 176, head dim 48)");
+    QL = 48, KVL = 80, DN = 48, DR = 16, DV = 48, IH = 48;
+    check_model(placed(build_dsa(4, 1)), "glm_moe_dsa odd16 (kv_lora 80, rope 16, index dim 48)");
+    afree_all();
+    H = 64, INTER = 96, MI = 32, HD = 16, ROT = 8, NH = 4, NKV = 2;
+    QL = 48, KVL = 32, DN = 16, DR = 8, DV = 16, IH = 16;
 }
 
 /* The sparse path must actually change the result (otherwise the test above proves little). */

@@ -287,6 +287,19 @@ static void test_nvfp4_mma(void) { fmt_case(MS_WFMT_NVFP4, 160, 96); }
 static void test_fp8_mma(void) { fmt_case(MS_WFMT_FP8, 208, 80); }
 static void test_bf16_mma(void) { fmt_case(MS_WFMT_PLAIN, 200, 88); }
 
+/* the odd-dimension fixtures' expert shapes (tools/make_fixtures.py --only odd): hidden 136 with moe
+ * intermediate 40 (multiples of 8, not 16: bf16 and fp8 only, fp8 K % 16 == 8 and partial 128 blocks)
+ * and hidden 176 with 80 (multiples of 16, not 32: nvfp4 K % 32 == 16), decode and prefill runners */
+static void test_odd_fixture_shapes(void) {
+    fmt_case(MS_WFMT_PLAIN, 136, 40);
+    fmt_case(MS_WFMT_FP8, 136, 40);
+    fmt_case(MS_WFMT_PLAIN, 176, 80);
+    fmt_case(MS_WFMT_FP8, 176, 80);
+    fmt_case(MS_WFMT_NVFP4, 176, 80);
+    prefill_case(MS_WFMT_FP8, 136, 40, 0);
+    prefill_case(MS_WFMT_NVFP4, 176, 80, 0);
+}
+
 static void test_supports_message(void) {
     ms_moe_shape s = {1, 128, 96, 8, 2, MS_WFMT_NVFP4, MS_BF16};
     for (int r = 0; r < 3; r++) {
@@ -326,6 +339,7 @@ int main(void) {
     RUN(test_prefill_fp8);
     RUN(test_prefill_nvfp4);
     RUN(test_prefill_tails);
+    RUN(test_odd_fixture_shapes);
     ms_backend_destroy(GPU);
     ms_backend_destroy(CPU);
     return TEST_SUMMARY();

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MS_MAX_EXPERTS 4096
+#define MS_MAX_EXPERTS 4096 /* routing scratch on the stack up to this many experts (heap beyond) */
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -535,14 +535,29 @@ typedef struct {
     const ms_route_cfg *rc;
     int32_t *ids;
     float *wts;
+    int nomem; /* set by a worker whose scratch for more than MS_MAX_EXPERTS experts was not allocated */
 } route_ctx;
 
 static void route_fn(void *p, int64_t b, int64_t e, int wk) {
     route_ctx *c = p;
     const ms_route_cfg *rc = c->rc;
     const int E = rc->n_experts, k = rc->topk;
-    float s[MS_MAX_EXPERTS], ch[MS_MAX_EXPERTS];
-    unsigned char taken[MS_MAX_EXPERTS];
+    /* per-expert scratch: on the stack up to MS_MAX_EXPERTS, else on the heap (any expert count) */
+    float s_st[MS_MAX_EXPERTS], ch_st[MS_MAX_EXPERTS], gsc_st[MS_MAX_EXPERTS];
+    unsigned char taken_st[MS_MAX_EXPERTS], keep_st[MS_MAX_EXPERTS];
+    float *s = s_st, *ch = ch_st, *gsc = gsc_st;
+    unsigned char *taken = taken_st, *keep = keep_st;
+    void *heap = NULL;
+    (void)wk;
+    if (E > MS_MAX_EXPERTS) {
+        heap = malloc((size_t)E * (3 * sizeof(float) + 2));
+        if (!heap) { __atomic_store_n(&c->nomem, 1, __ATOMIC_RELAXED); return; }
+        s = heap;
+        ch = s + E;
+        gsc = ch + E;
+        taken = (unsigned char *)(gsc + E);
+        keep = taken + E;
+    }
     for (int64_t t = b; t < e; t++) {
         const float *l = c->logits + t * E;
         for (int i = 0; i < E; i++) {
@@ -553,8 +568,6 @@ static void route_fn(void *p, int64_t b, int64_t e, int wk) {
         if (rc->n_group > 1) {
             /* group score = sum of its two largest biased scores; keep the topk_group best groups */
             const int gs = E / rc->n_group;
-            float gsc[MS_MAX_EXPERTS];
-            unsigned char keep[MS_MAX_EXPERTS];
             for (int g = 0; g < rc->n_group; g++) {
                 float m1 = -INFINITY, m2 = -INFINITY;
                 for (int i = g * gs; i < (g + 1) * gs; i++) {
@@ -570,9 +583,11 @@ static void route_fn(void *p, int64_t b, int64_t e, int wk) {
                     if (!keep[g] && (best < 0 || gsc[g] > gsc[best])) best = g;
                 keep[best] = 1;
             }
+            /* experts of dropped groups score 0, not -inf: transformers' masked_fill(~mask, 0.0), which
+             * the CUDA router follows too (a kept expert whose biased score is negative loses to them) */
             for (int g = 0; g < rc->n_group; g++)
                 if (!keep[g])
-                    for (int i = g * gs; i < (g + 1) * gs; i++) ch[i] = -INFINITY;
+                    for (int i = g * gs; i < (g + 1) * gs; i++) ch[i] = 0.0f;
         }
         int32_t *ids = c->ids + t * k;
         float *w = c->wts + t * k;
@@ -592,6 +607,7 @@ static void route_fn(void *p, int64_t b, int64_t e, int wk) {
         }
         for (int j = 0; j < k; j++) w[j] *= rc->routed_scaling_factor;
     }
+    free(heap);
 }
 
 static int cpu_router(ms_backend *b, const ms_tensor *x, const ms_linear *gate, const ms_tensor *bias,
@@ -601,7 +617,7 @@ static int cpu_router(ms_backend *b, const ms_tensor *x, const ms_linear *gate, 
     int64_t H, T = rows_of(x, &H);
     const int E = rc->n_experts;
     MS_ASSERT(gate->n_out == E && gate->n_in == H);
-    if (E > MS_MAX_EXPERTS || rc->topk < 1 || rc->topk > E || rc->n_group < 1 || E % rc->n_group ||
+    if (rc->topk < 1 || rc->topk > E || rc->n_group < 1 || E % rc->n_group ||
         rc->topk_group < 1 || rc->topk_group > rc->n_group || (rc->n_group > 1 && E / rc->n_group < 2) ||
         (int64_t)rc->topk_group * (E / rc->n_group) < rc->topk)
         return ms_errf(err, MS_ERR_UNSUPPORTED,
@@ -615,8 +631,10 @@ static int cpu_router(ms_backend *b, const ms_tensor *x, const ms_linear *gate, 
         bf = vec_f32(bias, &c->wbuf, &c->wbuf_cap, 0, err);
         if (!bf) return err->code;
     }
-    route_ctx rcx = {c->aux, bf, rc, ids, w};
+    route_ctx rcx = {c->aux, bf, rc, ids, w, 0};
     ms_pool_run(c->pool, T, ms_cpu_grain(4.0 * E * (rc->topk + 4)), route_fn, &rcx);
+    if (rcx.nomem)
+        return ms_errf(err, MS_ERR_NOMEM, "router %s: out of memory for the scores of %d experts", gate->name ? gate->name : "", E);
     return MS_OK;
 }
 

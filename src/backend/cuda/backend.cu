@@ -572,7 +572,7 @@ static int cu_router(ms_backend *b, const ms_tensor *x, const ms_linear *gate, c
     MS_ASSERT(gate->n_out == E);
     int64_t T = rows_of(x, gate->n_in);
     if (T == 0) return MS_OK;
-    if (rc->topk <= 0 || rc->topk > E || E > 4096 || rc->n_group <= 0 || E % rc->n_group || rc->topk_group <= 0 ||
+    if (rc->topk <= 0 || rc->topk > E || rc->n_group <= 0 || E % rc->n_group || rc->topk_group <= 0 ||
         rc->topk_group > rc->n_group)
         return ms_errf(err, MS_ERR_INVALID, "router: unsupported routing (experts %d, top-k %d, groups %d/%d)", E,
                        rc->topk, rc->topk_group, rc->n_group);

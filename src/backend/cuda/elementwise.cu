@@ -593,6 +593,14 @@ __global__ void k_route(const float *logits, const void *bias, int bt, int E, in
 int cu_route(ms_backend *b, const float *logits, const void *bias, int bias_t, const ms_route_cfg *rc, int T,
              int32_t *ids, float *w, ms_err *err) {
     size_t sm = sizeof(float) * (2 * (size_t)rc->n_experts + 2 * (size_t)rc->n_group);
+    if (sm > 48 * 1024) { /* more than ~6000 experts: the opt-in shared memory (~28000 on sm_90) */
+        cu_impl *c = cu_of(b);
+        if (c->max_smem_optin <= 0 || sm > (size_t)c->max_smem_optin)
+            return ms_errf(err, MS_ERR_UNSUPPORTED,
+                           "router: n_routed_experts %d needs %zu bytes of shared memory, the GPU allows %d", rc->n_experts,
+                           sm, c->max_smem_optin);
+        CK(cudaFuncSetAttribute(k_route, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    }
     k_route<<<T, 32, sm, stream_of(b)>>>(logits, bias, bias_t, rc->n_experts, rc->topk, rc->n_group, rc->topk_group,
                                         rc->norm_topk_prob, rc->routed_scaling_factor, ids, w);
     CK_LAUNCH();
