@@ -229,6 +229,19 @@ async function main() {
     `generated ${m["moeserve:generation_tokens_total"]} tokens`);
   const tt = client.ttft.sort((a, b) => a - b), q = (p) => (tt.length ? tt[Math.min(tt.length - 1, Math.floor(p * tt.length))] : 0);
   console.log(`soak: streaming time to first chunk of admitted requests: p50 ${q(0.5).toFixed(0)} ms, p99 ${q(0.99).toFixed(0)} ms, max ${q(1).toFixed(0)} ms`);
+  // the server's own split of the time to first token (histograms; quantiles are bucket upper bounds)
+  const hq = (name, p) => {
+    const bs = Object.keys(m).filter((k) => k.startsWith(name + "_bucket{le=")).map((k) => [parseFloat(k.split('"')[1]), m[k]]);
+    const tot = m[name + "_count"] || 0;
+    if (!tot) return NaN;
+    for (const [le, c] of bs.sort((a, b) => a[0] - b[0])) if (c >= p * tot) return le;
+    return Infinity;
+  };
+  const parts = [["ttft", "moeserve:time_to_first_token_seconds"], ["pre-engine", "moeserve:request_pre_engine_seconds"],
+                 ["queue", "moeserve:request_queue_time_seconds"], ["prefill", "moeserve:request_prefill_time_seconds"],
+                 ["delivery", "moeserve:first_token_delivery_seconds"]];
+  console.log("soak: server-side, all admitted requests (mean / p50 / p99 bucket bound, s): " + parts.map(([lbl, n]) =>
+    `${lbl} ${((m[n + "_sum"] || 0) / (m[n + "_count"] || 1)).toFixed(3)} / ${hq(n, 0.5)} / ${hq(n, 0.99)}`).join(", "));
   if (fails.length) { for (const f of fails) console.log("FAIL " + f); process.exit(1); }
   console.log("soak: ok");
 }

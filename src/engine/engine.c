@@ -108,6 +108,8 @@ static void emit_final(ms_engine *e, ms_request *r, int finish, const char *erro
     ev.n_cached = r->n_cached;
     ev.n_generated = ms_request_n_generated(r);
     ev.error = error;
+    ev.t_submit = r->t_submit;
+    ev.t_admit = r->t_admit;
     if (REQ_EXT(r)->cb) REQ_EXT(r)->cb(REQ_EXT(r)->user, &ev);
     if (finish == MS_FINISH_ABORT) e->acc.requests_aborted++;
     else if (finish == MS_FINISH_ERROR) e->acc.requests_failed++;
@@ -260,6 +262,8 @@ static void run_step(ms_engine *e) {
         }
     }
     const double t0 = ms_now();
+    for (int i = 0; i < b->n_seqs; i++)
+        if (s->seq_req[i]->t_admit == 0) s->seq_req[i]->t_admit = t0;
     if (rc == MS_OK) {
         rc = e->exec.forward(e->exec.ctx, b, e->logits, &err);
         e->acc.forward_seconds += ms_now() - t0;
@@ -312,6 +316,8 @@ static void run_step(ms_engine *e) {
         ev.n_prompt = r->n_prompt;
         ev.n_cached = r->n_cached;
         ev.n_generated = n_gen;
+        ev.t_submit = r->t_submit;
+        ev.t_admit = r->t_admit;
         if (REQ_EXT(r)->cb) REQ_EXT(r)->cb(REQ_EXT(r)->user, &ev);
         if (finish != MS_FINISH_NONE) {
             ms_sched_release(s, r, 1);
@@ -582,6 +588,7 @@ int ms_engine_submit(ms_engine *e, const int32_t *prompt, int n_prompt, const ms
         return ms_errf(err, MS_ERR_BUSY, "the waiting queue is full (%d requests, max_waiting_requests)", c->max_waiting_requests);
     }
     r->id = e->next_id++;
+    r->t_submit = ms_now();
     ms_rng_seed(REQ_EXT(r)->rng, sp->has_seed ? sp->seed : ms_rng_next(e->seed_rng));
     if (e->inbox_tail) e->inbox_tail->next = r;
     else e->inbox_head = r;

@@ -95,6 +95,8 @@ typedef struct ms_token_event {
     int n_cached;              /* prompt tokens served from the prefix cache */
     int n_generated;           /* tokens generated so far, this one included */
     const char *error;         /* message when finish == MS_FINISH_ERROR, else NULL */
+    double t_submit, t_admit;  /* ms_now() seconds: when ms_engine_submit queued the request, when a
+                                * step first scheduled it (0 = never); the difference is its queue time */
 } ms_token_event;
 
 /* Called on the engine thread for every token and once at the end (finish != NONE). Exactly one

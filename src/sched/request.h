@@ -24,6 +24,7 @@ typedef struct ms_request {
     int32_t lock_node;       /* radix node locked for the matched prefix (0 = none) */
     int n_cached;            /* prompt tokens served from the prefix cache at first admission */
     int admitted_once;
+    double t_submit, t_admit; /* ms_now() seconds, set by the engine: queued, first scheduled (0 = not yet) */
     int n_preempted;
     struct ms_request *prev, *next; /* links in the waiting or running list */
     /* scheduler scratch for the step being built */

@@ -133,6 +133,7 @@ enum MHD_Result ms_srv_start_generation(req *r, struct MHD_Connection *conn) {
         pthread_mutex_lock(&r->mu);
         r->refs++;
         pthread_mutex_unlock(&r->mu);
+        if (i == 0) r->t_submitted = ms_now();
         if (rc == MS_OK) rc = r->ops.submit(r->ops.ctx, ids[i / a->n], np, &sp, ms_srv_on_token, c, &c->eid, &err);
         if (rc != MS_OK) {
             ms_grammar_matcher_free(sp.grammar); /* a failed submit leaves it with us */

@@ -54,6 +54,10 @@ void ms_metrics_init(ms_metrics *m) {
     ms_hist_init(&m->ttft, TTFT_LE, NB(TTFT_LE));
     ms_hist_init(&m->itl, ITL_LE, NB(ITL_LE));
     ms_hist_init(&m->e2e, E2E_LE, NB(E2E_LE));
+    ms_hist_init(&m->ttft_pre, TTFT_LE, NB(TTFT_LE));
+    ms_hist_init(&m->ttft_queue, TTFT_LE, NB(TTFT_LE));
+    ms_hist_init(&m->ttft_prefill, TTFT_LE, NB(TTFT_LE));
+    ms_hist_init(&m->ttft_deliver, TTFT_LE, NB(TTFT_LE));
 }
 
 void ms_metrics_destroy(ms_metrics *m) { pthread_mutex_destroy(&m->mu); }
@@ -61,6 +65,15 @@ void ms_metrics_destroy(ms_metrics *m) { pthread_mutex_destroy(&m->mu); }
 void ms_metrics_ttft(ms_metrics *m, double s) {
     pthread_mutex_lock(&m->mu);
     ms_hist_observe(&m->ttft, s);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void ms_metrics_ttft_parts(ms_metrics *m, double pre, double queue, double prefill, double deliver) {
+    pthread_mutex_lock(&m->mu);
+    ms_hist_observe(&m->ttft_pre, pre > 0 ? pre : 0);
+    ms_hist_observe(&m->ttft_queue, queue > 0 ? queue : 0);
+    ms_hist_observe(&m->ttft_prefill, prefill > 0 ? prefill : 0);
+    ms_hist_observe(&m->ttft_deliver, deliver > 0 ? deliver : 0);
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -140,6 +153,14 @@ void ms_metrics_write(ms_metrics *m, const ms_engine_stats *es, const char *mode
     pthread_mutex_lock(&m->mu);
     ms_hist_write(&m->ttft, o, "moeserve:time_to_first_token_seconds",
                   "Time from request arrival to its first output token.");
+    ms_hist_write(&m->ttft_pre, o, "moeserve:request_pre_engine_seconds",
+                  "Time from request arrival to its submission to the engine (body, parsing, template, tokenizer).");
+    ms_hist_write(&m->ttft_queue, o, "moeserve:request_queue_time_seconds",
+                  "Time a request waited in the engine queue before its first step.");
+    ms_hist_write(&m->ttft_prefill, o, "moeserve:request_prefill_time_seconds",
+                  "Time from a request's first step to its first output token.");
+    ms_hist_write(&m->ttft_deliver, o, "moeserve:first_token_delivery_seconds",
+                  "Time from a request's first output token to an HTTP worker taking it for the response.");
     ms_hist_write(&m->itl, o, "moeserve:inter_token_latency_seconds",
                   "Time between consecutive output tokens of a request.");
     ms_hist_write(&m->e2e, o, "moeserve:e2e_request_latency_seconds",

@@ -39,6 +39,11 @@ enum { MS_GUARD_CLIENT_GONE, MS_GUARD_STREAM_STALL, MS_GUARD_SLOW_UPLOAD, MS_GUA
 typedef struct ms_metrics {
     pthread_mutex_t mu;
     ms_hist ttft, itl, e2e, tpot_req;
+    /* the parts of a request's time to first token, observed at its first token: arrival of its
+     * headers to its submission to the engine (body, parsing, template, tokenizer), engine queue
+     * (submitted to first scheduled), prefill (first scheduled to first token), delivery (first
+     * token to an HTTP worker taking it for the response) */
+    ms_hist ttft_pre, ttft_queue, ttft_prefill, ttft_deliver;
     uint64_t requests_ok[MS_FR_N];  /* finished choices by finish reason */
     uint64_t http_status[6];       /* responses by status class 1xx..5xx (index 1..5) */
     uint64_t prompt_tokens, generated_tokens; /* as seen by the server */
@@ -49,6 +54,8 @@ void ms_metrics_init(ms_metrics *m);
 void ms_metrics_destroy(ms_metrics *m);
 void ms_metrics_ttft(ms_metrics *m, double s);
 void ms_metrics_itl(ms_metrics *m, double s);
+/* The four parts of one request's time to first token, in seconds (see ms_metrics). */
+void ms_metrics_ttft_parts(ms_metrics *m, double pre, double queue, double prefill, double deliver);
 /* A finished choice: e2e latency, finish reason (MS_FR_*), tokens. */
 void ms_metrics_finish(ms_metrics *m, double e2e, int reason, int prompt_tokens, int gen_tokens);
 void ms_metrics_http(ms_metrics *m, int status);

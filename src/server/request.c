@@ -227,6 +227,9 @@ static void handle_event(req *r, const ev_item *it) {
         if (!r->first_token_seen) {
             r->first_token_seen = 1;
             ms_metrics_ttft(&r->srv->metrics, it->t - r->t0);
+            if (ev->t_admit > 0 && ev->t_submit > 0) /* engines that keep no times (test doubles) report 0 */
+                ms_metrics_ttft_parts(&r->srv->metrics, r->t_submitted - r->t0, ev->t_admit - ev->t_submit,
+                                      it->t - ev->t_admit, ms_now() - it->t);
         } else if (c->t_last > 0) {
             ms_metrics_itl(&r->srv->metrics, it->t - c->t_last);
         }

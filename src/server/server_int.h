@@ -117,6 +117,7 @@ typedef struct req {
     char id[64];
     long created;
     double t0;
+    double t_submitted;       /* ms_now() when the first choice was submitted to the engine */
     ms_sbuf out;
     size_t out_pos;
     int stream_closed;
