@@ -13,6 +13,7 @@
 // Bounded: stops issuing requests after --max-seconds and fails then if not all were done.
 // Usage: node scripts/soak.mjs [--bin build/moeserve] [--model DIR] [--requests N]
 //        [--concurrency C] [--max-seconds S] [--max-queued N] [--max-total-tokens N] [--server-args "FLAGS"]
+//        [--server-log FILE]
 // Overload: a concurrency several times what the server sustains with a small --max-queued checks
 // that the excess gets 503 + Retry-After while admitted requests keep a bounded time to first chunk.
 import { spawn } from "node:child_process";
@@ -44,7 +45,8 @@ function startServer() {
   if (args["server-args"]) sargs.push(...args["server-args"].split(" ").filter(Boolean));
   const p = spawn(BIN, sargs, { stdio: ["ignore", "pipe", "pipe"] });
   let err = "";
-  p.stderr.on("data", (d) => { err += d; if (err.length > 1e5) err = err.slice(-5e4); });
+  const errLog = args["server-log"] ? fs.createWriteStream(args["server-log"]) : null; // e.g. with --log-level debug
+  p.stderr.on("data", (d) => { if (errLog) errLog.write(d); err += d; if (err.length > 1e5) err = err.slice(-5e4); });
   return new Promise((resolve, reject) => {
     let out = "";
     p.stdout.on("data", (d) => {
@@ -72,7 +74,7 @@ async function metrics(url) {
   return m;
 }
 
-const client = { ok: 0, bad: 0, busy: 0, cut: 0, fr: {}, other: {}, errors: [], ttft: [] };
+const client = { ok: 0, bad: 0, busy: 0, cut: 0, fr: {}, other: {}, errors: [], ttft: [], thdr: [] };
 let metricsGets = 0;
 
 function makeRequest(i) {
@@ -134,6 +136,7 @@ async function one(url, i) {
     client.fr[fr] = (client.fr[fr] || 0) + 1;
     return;
   }
+  const tHdr = performance.now() - t0;
   const reader = res.body.getReader();
   const dec = new TextDecoder();
   let buf = "", fr = null, done = false;
@@ -141,7 +144,7 @@ async function one(url, i) {
     while (!done) {
       const { value, done: end } = await reader.read();
       if (end) break;
-      if (!buf) client.ttft.push(performance.now() - t0);
+      if (!buf) { client.ttft.push(performance.now() - t0); client.thdr.push(tHdr); }
       buf += dec.decode(value, { stream: true });
       if (r.disconnect && buf.includes("data: {")) { ac.abort(); client.cut++; return; }
       let k;
@@ -229,6 +232,8 @@ async function main() {
     `generated ${m["moeserve:generation_tokens_total"]} tokens`);
   const tt = client.ttft.sort((a, b) => a - b), q = (p) => (tt.length ? tt[Math.min(tt.length - 1, Math.floor(p * tt.length))] : 0);
   console.log(`soak: streaming time to first chunk of admitted requests: p50 ${q(0.5).toFixed(0)} ms, p99 ${q(0.99).toFixed(0)} ms, max ${q(1).toFixed(0)} ms`);
+  const th = client.thdr.sort((a, b) => a - b), qh = (p) => (th.length ? th[Math.min(th.length - 1, Math.floor(p * th.length))] : 0);
+  console.log(`soak: ... of which to the response headers: p50 ${qh(0.5).toFixed(0)} ms, p99 ${qh(0.99).toFixed(0)} ms`);
   // the server's own split of the time to first token (histograms; quantiles are bucket upper bounds)
   const hq = (name, p) => {
     const bs = Object.keys(m).filter((k) => k.startsWith(name + "_bucket{le=")).map((k) => [parseFloat(k.split('"')[1]), m[k]]);

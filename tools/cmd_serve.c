@@ -51,7 +51,9 @@ const ms_opt ms_serve_opts[] = {
     {"context-length", NULL, MS_OPT_VALUE, "N", "longest sequence [the model's]"},
     {"max-running-requests", NULL, MS_OPT_VALUE, "N", "requests decoding at once"},
     {"max-queued-requests", NULL, MS_OPT_VALUE, "N", "requests waiting at most (then 503)"},
-    {"chunked-prefill-size", NULL, MS_OPT_VALUE, "N", "prompt tokens per step at most"},
+    {"max-queue-wait", NULL, MS_OPT_VALUE, "S", "503 when the estimated wait in the queue (waiting requests /\nrecent admission rate) exceeds S [0 = off]"},
+    {"chunked-prefill-size", NULL, MS_OPT_VALUE, "N", "prompt tokens of one request per step at most [2048]"},
+    {"max-prefill-tokens", NULL, MS_OPT_VALUE, "N", "prompt tokens of all requests in one step at most [8192]"},
     {"max-request-bytes", NULL, MS_OPT_VALUE, "N", "request body limit [10485760]"},
     {"http-threads", NULL, MS_OPT_VALUE, "N", "HTTP worker threads [4]"},
     {"max-connections", NULL, MS_OPT_VALUE, "N", "open TCP connections at most [4096]"},
@@ -162,6 +164,8 @@ int cmd_serve(int argc, char **argv) {
     long long max_running = ms_args_int(&a, "max-running-requests", 0, &bad);
     long long max_queued = ms_args_int(&a, "max-queued-requests", 0, &bad);
     long long chunked = ms_args_int(&a, "chunked-prefill-size", 0, &bad);
+    long long max_prefill = ms_args_int(&a, "max-prefill-tokens", 0, &bad);
+    double max_qwait = ms_args_float(&a, "max-queue-wait", 0, &bad);
     long long max_bytes = ms_args_int(&a, "max-request-bytes", 10 << 20, &bad);
     long long http_threads = ms_args_int(&a, "http-threads", 4, &bad);
     long long max_conns = ms_args_int(&a, "max-connections", 4096, &bad);
@@ -228,6 +232,8 @@ int cmd_serve(int argc, char **argv) {
     if (max_tools < 1 || max_tools > 100000) { fprintf(stderr, "moeserve serve: flag --max-tools: %lld is not in [1, 100000]\n", max_tools); return 2; }
     if (max_stop < 1 || max_stop > MS_MAX_STOP_STRINGS) { fprintf(stderr, "moeserve serve: flag --max-stop-strings: %lld is not in [1, %d]\n", max_stop, MS_MAX_STOP_STRINGS); return 2; }
     if (max_stop_len < 1 || max_stop_len > 65536) { fprintf(stderr, "moeserve serve: flag --max-stop-length: %lld is not in [1, 65536]\n", max_stop_len); return 2; }
+    if (!(max_qwait >= 0 && max_qwait <= 86400)) { fprintf(stderr, "moeserve serve: flag --max-queue-wait: %g is not in [0, 86400]\n", max_qwait); return 2; }
+    if (max_prefill < 0 || max_prefill > (1 << 24)) { fprintf(stderr, "moeserve serve: flag --max-prefill-tokens: %lld is not in [0, 16777216]\n", max_prefill); return 2; }
     if (max_total < 0 || ctx_len < 0 || max_running < 0 || max_queued < 0 || chunked < 0) {
         fprintf(stderr, "moeserve serve: --max-total-tokens, --context-length, --max-running-requests, --max-queued-requests and --chunked-prefill-size must not be negative\n");
         return 2;
@@ -306,6 +312,8 @@ int cmd_serve(int argc, char **argv) {
     so.max_running_requests = (int)max_running;
     so.max_queued_requests = (int)max_queued;
     so.chunked_prefill_size = (int)chunked;
+    so.max_prefill_tokens = (int)max_prefill;
+    so.max_queue_wait_s = max_qwait;
     so.max_total_tokens = (int)max_total;
     so.enable_prefix_cache = !no_radix;
     ms_serve_stack st;
@@ -378,6 +386,7 @@ int cmd_serve(int argc, char **argv) {
     cfg.shutdown_timeout_s = shutdown_to;
     cfg.request_timeout_s = request_to;
     cfg.max_queued = (int)max_queued;
+    cfg.max_queue_wait_s = max_qwait;
     cfg.max_choices = (int)max_choices;
     cfg.lim.max_n = (int)max_n;
     cfg.lim.max_messages = (int)max_msgs;
@@ -391,13 +400,14 @@ int cmd_serve(int argc, char **argv) {
     ms_engine_config_default(&ecd);
     int eff_running = max_running > 0 ? (int)max_running : ecd.max_running_requests;
     if (eff_running > st.model.exec.max_batch_tokens) eff_running = st.model.exec.max_batch_tokens;
-    json_t *flags = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:i}",
+    json_t *flags = json_pack("{s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:i}",
                               "model_path", model_path, "device", device, "moe_runner_backend", runner,
                               "load_format", load_format, "chat_template", tmpl ? tmpl : "", "tp", par.tp, "ep", par.ep,
                               "nnodes", par.nnodes, "context_length", st.context_length, "max_total_tokens", st.kv_tokens,
                               "page_size", st.page_size, "max_running_requests", eff_running,
                               "max_queued_requests", max_queued > 0 ? (int)max_queued : ecd.max_waiting_requests,
                               "chunked_prefill_size", chunked > 0 ? (int)chunked : ecd.chunked_prefill_size,
+                              "max_prefill_tokens", max_prefill > 0 ? (int)max_prefill : ecd.max_prefill_tokens,
                               "max_batch_tokens", st.model.exec.max_batch_tokens, "enable_thinking_default", think,
                               "radix_cache", !no_radix, "http_threads", (int)http_threads);
     if (flags) {

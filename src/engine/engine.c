@@ -48,6 +48,7 @@ struct ms_engine {
     uint64_t next_id;
     uint64_t seed_rng[4];   /* draws seeds for unseeded requests */
     int pub_waiting;        /* scheduler waiting count as of the last step */
+    double pub_admit_rate;  /* admissions per second while requests waited (see adm_*); -1 = not measured */
     int healthy;
     char fatal_msg[MS_ERR_MSG_MAX];
     ms_engine_stats stats;
@@ -56,6 +57,9 @@ struct ms_engine {
     int cap_abort_work;
     ms_engine_stats acc;    /* counters accumulated by the thread, published into stats */
     int need_check;
+    /* admission rate while the queue is not empty, for the queue-wait estimate: time of such steps and
+     * the requests they admitted, both decayed with a 5 s time constant */
+    double adm_busy_s, adm_busy_n;
 };
 
 void ms_sampling_default(ms_sampling *s) {
@@ -73,6 +77,7 @@ void ms_engine_config_default(ms_engine_config *c) {
     c->max_waiting_requests = 1024;
     c->chunked_prefill_size = 2048;
     c->max_prefill_tokens = 8192;
+    c->max_queue_wait_s = 0;
     c->enable_prefix_cache = 1;
     const char *ck = getenv("MS_CHECK_INTEGRITY");
     c->check_integrity = ck && ck[0] == '1';
@@ -237,10 +242,21 @@ static void numerics_dump(ms_engine *e, const ms_batch *b, ms_err *err) {
     snprintf(err->msg + n, sizeof err->msg - n, ok ? "; step inputs in %s" : "; could not write the step inputs to %s", path);
 }
 
+/* Accounts one step of dt seconds that admitted n requests, if requests were waiting before it. */
+static void note_admissions(ms_engine *e, int queued, double dt, int n) {
+    if (!queued || dt <= 0) return;
+    double d = exp(-dt / 5.0);
+    e->adm_busy_s = e->adm_busy_s * d + dt;
+    e->adm_busy_n = e->adm_busy_n * d + n;
+}
+
 static void run_step(ms_engine *e) {
     ms_sched *s = &e->sched;
+    const int queued = s->waiting.n > 0;
+    const double t_step = ms_now();
     const ms_batch *b = ms_sched_step(s);
     if (!b) return;
+    int n_admitted = 0;
     e->acc.steps++;
     e->need_check = 1;
     ms_err err = {0};
@@ -263,7 +279,7 @@ static void run_step(ms_engine *e) {
     }
     const double t0 = ms_now();
     for (int i = 0; i < b->n_seqs; i++)
-        if (s->seq_req[i]->t_admit == 0) s->seq_req[i]->t_admit = t0;
+        if (s->seq_req[i]->t_admit == 0) s->seq_req[i]->t_admit = t0, n_admitted++;
     if (rc == MS_OK) {
         rc = e->exec.forward(e->exec.ctx, b, e->logits, &err);
         e->acc.forward_seconds += ms_now() - t0;
@@ -326,6 +342,7 @@ static void run_step(ms_engine *e) {
         }
     }
     e->acc.sample_seconds += ms_now() - t1;
+    note_admissions(e, queued, ms_now() - t_step, n_admitted);
 }
 
 static ms_request *find_request(ms_sched *s, uint64_t id) {
@@ -347,9 +364,12 @@ static void publish_stats(ms_engine *e) {
     st.kv_pages_cached = ms_sched_pages_cached(s);
     st.prefix_hit_tokens = s->radix.hit_tokens;
     st.prefix_query_tokens = s->radix.query_tokens;
+    /* a rate from less than half a second of queued steps says little: not measured yet */
+    st.admit_rate = e->adm_busy_s >= 0.5 ? e->adm_busy_n / e->adm_busy_s : -1;
     pthread_mutex_lock(&e->mu);
     e->stats = st;
     e->pub_waiting = s->waiting.n;
+    e->pub_admit_rate = st.admit_rate;
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -446,6 +466,7 @@ int ms_engine_create(const ms_engine_config *cfg_in, const ms_executor *exec, ms
     e->cfg = cfg;
     e->exec = *exec;
     e->healthy = 1;
+    e->pub_admit_rate = e->stats.admit_rate = -1; /* not measured */
     e->next_id = 1;
     ms_sched_config sc = {0};
     sc.n_pages = cfg.max_total_tokens / cfg.page_size;
@@ -587,6 +608,14 @@ int ms_engine_submit(ms_engine *e, const int32_t *prompt, int n_prompt, const ms
         req_free(r);
         return ms_errf(err, MS_ERR_BUSY, "the waiting queue is full (%d requests, max_waiting_requests)", c->max_waiting_requests);
     }
+    double wait = ms_engine_queue_wait(e->n_inbox + e->pub_waiting, e->pub_admit_rate);
+    if (c->max_queue_wait_s > 0 && wait > c->max_queue_wait_s) {
+        pthread_mutex_unlock(&e->mu);
+        REQ_EXT(r)->sp.grammar = NULL; /* stays with the caller */
+        req_free(r);
+        return ms_errf(err, MS_ERR_BUSY, "the estimated queue wait of %.1f s exceeds max_queue_wait_s %.1f", wait,
+                       c->max_queue_wait_s);
+    }
     r->id = e->next_id++;
     r->t_submit = ms_now();
     ms_rng_seed(REQ_EXT(r)->rng, sp->has_seed ? sp->seed : ms_rng_next(e->seed_rng));
@@ -616,6 +645,12 @@ void ms_engine_abort(ms_engine *e, uint64_t req_id) {
     e->aborts[e->n_aborts++] = req_id;
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
+}
+
+double ms_engine_queue_wait(int waiting, double admit_rate) {
+    if (waiting <= 0 || admit_rate < 0) return 0;
+    if (admit_rate < 1e-3) return 1e9; /* requests wait and none got in for seconds */
+    return waiting / admit_rate;
 }
 
 void ms_engine_get_stats(ms_engine *e, ms_engine_stats *out) {

@@ -112,6 +112,8 @@ typedef struct ms_engine_config {
     int max_prefill_tokens;     /* prefill token budget of one step (default 8192); decode tokens
                                  * and prefill together never exceed the executor's max_batch_tokens */
     int context_length;         /* prompt + output limit per request (0 = max_total_tokens) */
+    double max_queue_wait_s;    /* > 0: submit fails with MS_ERR_BUSY when the estimated wait in the queue
+                                 * (ms_engine_queue_wait) exceeds this many seconds; 0 = off (default) */
     int enable_prefix_cache;    /* radix prefix cache (default 1) */
     int check_integrity;        /* run the KV / cache / scheduler checkers whenever the engine goes
                                  * idle (default 0, or 1 when the environment sets MS_CHECK_INTEGRITY=1);
@@ -135,7 +137,13 @@ typedef struct ms_engine_stats {
     double forward_seconds;         /* engine thread time in the executor's forward (logits included) */
     double sample_seconds;          /* ... sampling, stop checks and token callbacks after it */
     uint64_t integrity_failures; /* checker failures seen when idle (check_integrity) */
+    double admit_rate;          /* requests admitted per second in steps that began with requests waiting
+                                 * (decayed over ~5 s); -1 = not measured yet */
 } ms_engine_stats;
+
+/* Estimated seconds before a request that arrives now leaves the queue: waiting / admit_rate (0 when
+ * nobody waits or the rate is not measured yet; 1e9 when requests wait and the rate is ~0). */
+double ms_engine_queue_wait(int waiting, double admit_rate);
 
 /* Starts the engine thread. exec is borrowed and must outlive the engine. */
 int ms_engine_create(const ms_engine_config *cfg, const ms_executor *exec, ms_engine **out, ms_err *err);

@@ -142,6 +142,10 @@ void ms_metrics_write(ms_metrics *m, const ms_engine_stats *es, const char *mode
             es->prefix_hit_tokens);
     counter(o, "moeserve:prefix_cache_query_tokens_total", "Prompt tokens looked up in the prefix cache.",
             es->prefix_query_tokens);
+    gauge(o, "moeserve:queue_admit_rate", "Requests admitted per second while requests waited (-1 = not measured yet).",
+          es->admit_rate);
+    gauge(o, "moeserve:queue_wait_estimate_seconds", "Estimated queue wait of a request arriving now.",
+          ms_engine_queue_wait(es->waiting, es->admit_rate));
     gauge(o, "moeserve:engine_healthy", "1 while the engine is healthy.", es->healthy ? 1 : 0);
     counter(o, "moeserve:engine_steps_total", "Forward steps run by the engine.", es->steps);
     counter(o, "moeserve:engine_decode_steps_total", "Steps with one token per sequence.", es->decode_steps);

@@ -227,9 +227,14 @@ static void handle_event(req *r, const ev_item *it) {
         if (!r->first_token_seen) {
             r->first_token_seen = 1;
             ms_metrics_ttft(&r->srv->metrics, it->t - r->t0);
-            if (ev->t_admit > 0 && ev->t_submit > 0) /* engines that keep no times (test doubles) report 0 */
+            if (ev->t_admit > 0 && ev->t_submit > 0) { /* engines that keep no times (test doubles) report 0 */
+                double now = ms_now();
                 ms_metrics_ttft_parts(&r->srv->metrics, r->t_submitted - r->t0, ev->t_admit - ev->t_submit,
-                                      it->t - ev->t_admit, ms_now() - it->t);
+                                      it->t - ev->t_admit, now - it->t);
+                MS_LOGD("%s first token: %.1f ms = pre-engine %.1f + queue %.1f + prefill %.1f (+ delivery %.1f)%s", r->id,
+                        (it->t - r->t0) * 1e3, (r->t_submitted - r->t0) * 1e3, (ev->t_admit - ev->t_submit) * 1e3,
+                        (it->t - ev->t_admit) * 1e3, (now - it->t) * 1e3, r->api.stream ? " stream" : "");
+            }
         } else if (c->t_last > 0) {
             ms_metrics_itl(&r->srv->metrics, it->t - c->t_last);
         }

@@ -162,6 +162,8 @@ int ms_serve_stack_open(const ms_serve_stack_opts *o, ms_serve_stack *s, ms_err 
     if (o->max_running_requests > 0) ec.max_running_requests = o->max_running_requests;
     if (o->max_queued_requests > 0) ec.max_waiting_requests = o->max_queued_requests;
     if (o->chunked_prefill_size > 0) ec.chunked_prefill_size = o->chunked_prefill_size;
+    if (o->max_prefill_tokens > 0) ec.max_prefill_tokens = o->max_prefill_tokens;
+    ec.max_queue_wait_s = o->max_queue_wait_s;
     int pool = s->model.exec.n_pages * s->model.exec.page_size;
     ec.max_total_tokens = o->max_total_tokens > 0 && o->max_total_tokens < pool ? o->max_total_tokens : pool;
     ec.context_length = s->context_length;

@@ -57,6 +57,8 @@ typedef struct ms_serve_stack_opts {
     int max_running_requests;        /* 0 = engine default */
     int max_queued_requests;         /* 0 = engine default */
     int chunked_prefill_size;        /* 0 = engine default */
+    int max_prefill_tokens;          /* prompt tokens of one step, all requests together; 0 = engine default */
+    double max_queue_wait_s;         /* refuse when the estimated queue wait exceeds this; 0 = off */
     int max_total_tokens;            /* 0 = what the executor's KV memory holds */
     int enable_prefix_cache;         /* 1 = on */
 } ms_serve_stack_opts;

@@ -199,10 +199,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (s->stopping) { r->phase = PH_DONE; return ms_srv_fail(s, conn, 503, "server_error", NULL, "shutting_down", "The server is shutting down."); }
     if (!strcmp(u, "/v1/chat/completions") || !strcmp(u, "/v1/completions")) {
         if (!r->is_post) { r->phase = PH_DONE; return ms_srv_fail(s, conn, 405, "invalid_request_error", NULL, "method_not_allowed", "Use POST for this route."); }
-        if (s->cfg.max_queued > 0 && s->ops.stats) { /* overload: refuse before the costly parse + tokenize */
+        if ((s->cfg.max_queued > 0 || s->cfg.max_queue_wait_s > 0) && s->ops.stats) { /* overload: refuse before the costly parse + tokenize */
             ms_engine_stats st;
             s->ops.stats(s->ops.ctx, &st);
-            if (st.waiting >= s->cfg.max_queued) {
+            if ((s->cfg.max_queued > 0 && st.waiting >= s->cfg.max_queued) ||
+                (s->cfg.max_queue_wait_s > 0 && ms_engine_queue_wait(st.waiting, st.admit_rate) > s->cfg.max_queue_wait_s)) {
                 r->phase = PH_DONE;
                 ms_srv_body_release(r);
                 return ms_srv_fail(s, conn, 503, "server_error", NULL, "server_busy", "The server is at capacity (queue full); retry later.");

@@ -76,6 +76,7 @@ typedef struct ms_server_config {
     double shutdown_timeout_s; /* ms_server_stop lets running requests finish this long (default 30; 0 = abort at once) */
     int max_choices;           /* n x prompts of one request (default 64) */
     int max_queued;            /* the engine's waiting-queue bound: at it, 503 before parsing (0 = no early check) */
+    double max_queue_wait_s;   /* the engine's queue-wait bound: an estimate beyond it, 503 before parsing (0 = off) */
     const char *info_json;     /* JSON object text shown under "flags" in /get_server_info */
     const char *version;       /* moeserve version string */
 } ms_server_config;

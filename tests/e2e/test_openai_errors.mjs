@@ -137,10 +137,19 @@ test("metrics exposition and KV pool back to empty", async ({ server }) => {
   for (const name of ["moeserve:num_requests_running", "moeserve:num_requests_waiting", "moeserve:prompt_tokens_total",
                       "moeserve:generation_tokens_total", "moeserve:time_to_first_token_seconds", "moeserve:inter_token_latency_seconds",
                       "moeserve:e2e_request_latency_seconds", "moeserve:kv_cache_usage_ratio", "moeserve:prefix_cache_hit_rate",
-                      "moeserve:num_preemptions_total"])
+                      "moeserve:num_preemptions_total", "moeserve:request_queue_time_seconds", "moeserve:request_prefill_time_seconds",
+                      "moeserve:request_pre_engine_seconds", "moeserve:first_token_delivery_seconds", "moeserve:queue_admit_rate",
+                      "moeserve:queue_wait_estimate_seconds"])
     assert(text.includes("# TYPE " + name + " "), "TYPE line for " + name);
   const m = await waitKvEmpty(server.url);
   assert(m["moeserve:e2e_request_latency_seconds_count"] >= 1, "requests observed");
+  // every request with a first token is split into its parts, which add up to its time to first token
+  const n = m["moeserve:time_to_first_token_seconds_count"];
+  assert(n >= 1 && m["moeserve:request_queue_time_seconds_count"] === n && m["moeserve:request_prefill_time_seconds_count"] === n,
+         "queue / prefill histograms count every first token");
+  const parts = m["moeserve:request_pre_engine_seconds_sum"] + m["moeserve:request_queue_time_seconds_sum"] +
+                m["moeserve:request_prefill_time_seconds_sum"];
+  assert(Math.abs(parts - m["moeserve:time_to_first_token_seconds_sum"]) < 1e-3 * n + 1e-6, "parts add up to the ttft sum");
 });
 
 run(import.meta.url, {

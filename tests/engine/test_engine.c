@@ -460,6 +460,53 @@ static void test_bounded_queue_busy(void) {
     gated_free(&g);
 }
 
+/* max_queue_wait_s: with one request running in steps of >= 0.25 s and two waiting that no step
+ * admits, the measured admission rate falls to <= 1 / 0.75 s, so the estimated wait of a third
+ * (2 ahead) is >= 1.5 s > 1 s: refused as busy, naming the estimate; once nobody waits, accepted. */
+static void test_queue_wait_busy(void) {
+    CHECK(ms_engine_queue_wait(0, 5.0) == 0 && ms_engine_queue_wait(3, -1) == 0);
+    CHECK(ms_engine_queue_wait(4, 2.0) == 2.0 && ms_engine_queue_wait(1, 0) >= 1e9);
+    gated g;
+    ms_executor ex = gated_init(&g, 64, 4, 64);
+    g.delay_us = 250000;
+    ms_engine_config cfg = small_cfg(4);
+    cfg.max_running_requests = 1;
+    cfg.max_queue_wait_s = 1.0;
+    ms_engine *e;
+    ms_err err = {0};
+    CHECK_EQ_INT(ms_engine_create(&cfg, &ex, &e, &err), MS_OK);
+    coll c;
+    coll_init(&c);
+    int32_t p[5] = {1, 2, 3, 4, 5};
+    ms_sampling sp;
+    ms_sampling_default(&sp);
+    sp.temperature = 0;
+    sp.max_tokens = 6;
+    gated_set(&g, 1);
+    CHECK_EQ_INT(ms_engine_submit(e, p, 5, &sp, on_event, &c.s[0], NULL, &err), MS_OK);
+    gated_wait_forward(&g, 1);
+    sp.max_tokens = 1;
+    CHECK_EQ_INT(ms_engine_submit(e, p, 5, &sp, on_event, &c.s[1], NULL, &err), MS_OK);
+    CHECK_EQ_INT(ms_engine_submit(e, p, 5, &sp, on_event, &c.s[2], NULL, &err), MS_OK);
+    gated_wait_forward(&g, 4); /* steps 1..3 done and published, 2 and 3 admitted nobody */
+    ms_engine_stats st;
+    ms_engine_get_stats(e, &st);
+    CHECK_MSG(st.admit_rate >= 0 && st.admit_rate <= 1.0 / 0.75 + 1e-9, "admit rate %g", st.admit_rate);
+    CHECK_EQ_INT(ms_engine_submit(e, p, 5, &sp, on_event, &c.s[3], NULL, &err), MS_ERR_BUSY);
+    CHECK_MSG(strstr(err.msg, "estimated queue wait") != NULL, "%s", err.msg);
+    pthread_mutex_lock(&g.mu);
+    g.delay_us = 0;
+    pthread_mutex_unlock(&g.mu);
+    coll_wait(&c, 3);
+    for (int i = 0; i < 3; i++) CHECK_EQ_INT(c.s[i].finish, MS_FINISH_LENGTH);
+    CHECK_EQ_INT(ms_engine_submit(e, p, 5, &sp, on_event, &c.s[3], NULL, &err), MS_OK);
+    coll_wait(&c, 4);
+    check_clean(e);
+    ms_engine_destroy(e);
+    coll_free(&c);
+    gated_free(&g);
+}
+
 static void test_abort(void) {
     gated g;
     ms_executor ex = gated_init(&g, 128, 4, 64);
@@ -722,6 +769,7 @@ int main(void) {
     RUN(test_stop_ids_and_ignore_eos);
     RUN(test_grammar_rows);
     RUN(test_bounded_queue_busy);
+    RUN(test_queue_wait_busy);
     RUN(test_abort);
     RUN(test_forward_error);
     RUN(test_invalid_submits);

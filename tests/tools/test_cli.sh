@@ -61,6 +61,9 @@ serve --max-messages 0|2|flag --max-messages: 0 is not in [1, 1000000]
 serve --max-tools -1|2|flag --max-tools: -1 is not in [1, 100000]
 serve --max-stop-length 0|2|flag --max-stop-length: 0 is not in [1, 65536]
 serve --max-n 513|2|flag --max-n: 513 is not in [1, 512]
+serve --max-queue-wait -1|2|flag --max-queue-wait: -1 is not in [0, 86400]
+serve --max-prefill-tokens -5|2|flag --max-prefill-tokens: -5 is not in [0, 16777216]
+serve --max-header-bytes 100|2|flag --max-header-bytes: 100 is not in [4096, 16777216]
 generate --ids 1,2|2|flag --model DIR is required
 generate --model tests/fixtures/glm4_moe --ids 1 --temperature hot|2|'hot' is not a number
 generate --model tests/fixtures/glm4_moe --ids x|2|flag --ids
