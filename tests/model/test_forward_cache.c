@@ -399,8 +399,8 @@ static void test_odd_dims(void) {
     DSA_AFMT = MS_WFMT_PLAIN;
     afree_all();
     /* ... and multiples of 16, not of 32 (nvfp4 experts: K % 32 == 16) */
-    H = 176, INTER = 208, MI = 80, HD = 48, ROT = 24, NH = 3, NKV = 1;
-    check_model(placed(build_glm4(MS_WFMT_NVFP4, MS_WFMT_FP8, 0)), "glm4_moe odd16 nvfp4 experts (hidden 176, head dim 48)");
+    H = 112, INTER = 208, MI = 80, HD = 48, ROT = 24, NH = 3, NKV = 1;
+    check_model(placed(build_glm4(MS_WFMT_NVFP4, MS_WFMT_FP8, 0)), "glm4_moe odd16 nvfp4 experts (hidden 112, head dim 48)");
     QL = 48, KVL = 80, DN = 48, DR = 16, DV = 48, IH = 48;
     check_model(placed(build_dsa(4, 1)), "glm_moe_dsa odd16 (kv_lora 80, rope 16, index dim 48)");
     afree_all();
