@@ -179,6 +179,15 @@ int cu_attn_gqa_try_mma(ms_backend *b, const ms_tensor *q, const ms_tensor *kcac
 /* attn_gqa by the CUDA-core flash kernel k_attn; allow_split 0: no split-K. */
 int cu_attn_gqa_flash(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, const ms_tensor *vcache,
                       const ms_attn_meta *m, float scale, ms_tensor *out, int allow_split, ms_err *err);
+/* 1 if cu_attn_mla_mma covers a latent row of dk with value width dv on b; else 0 and the reason in
+ * why (one clause; why may be NULL). */
+int cu_attn_mla_mma_covers(const ms_backend *b, int dk, int dv, char *why, size_t cap);
+/* mla_attn (contract in backend.h) on tensor cores (attn_mla_mma.cu): one block per token and 64
+ * heads, split-KV with cu_attn_combine when the grid is small (allow_split 0: never). Sets *launched
+ * = 0 and does nothing when cu_attn_mla_mma_covers refuses the shape or a dtype is not bf16. */
+int cu_attn_mla_mma(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, const ms_attn_meta *m,
+                    const int32_t *topk_d, int topk, int kvl, float scale, ms_tensor *out, int allow_split,
+                    int *launched, ms_err *err);
 /* mla_attn (contract in backend.h) by k_attn: dense causal, or gathering the top-k keys of topk_d. */
 int cu_attn_mla_flash(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, const ms_attn_meta *m,
                       const int32_t *topk_d, int topk, int kvl, float scale, ms_tensor *out, int allow_split,
@@ -216,6 +225,9 @@ int cu_op_set_cols(ms_backend *b, const ms_tensor *src, int c0, ms_tensor *dst, 
 int cu_op_scale(ms_backend *b, ms_tensor *x, float alpha, ms_err *err);
 int cu_op_rope(ms_backend *b, ms_tensor *x, const int32_t *pos_d, const ms_rope_cfg *rc, ms_err *err);
 int cu_op_kv_store(ms_backend *b, ms_tensor *cache, const ms_tensor *x, const int32_t *slot_d, ms_err *err);
+int cu_op_gqa_prep(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_tensor *v, const ms_tensor *bq,
+                   const ms_tensor *bk, const ms_tensor *bv, const int32_t *pos_d, const ms_rope_cfg *rc,
+                   ms_tensor *kcache, ms_tensor *vcache, const int32_t *slot_d, ms_err *err);
 int cu_op_find_nonfinite(ms_backend *b, const ms_tensor *x, int64_t *bad_row, ms_err *err);
 int cu_op_nonfinite_flag(ms_backend *b, const ms_tensor *x, int32_t code, int32_t *flag_d, ms_err *err);
 int cu_op_argmax(ms_backend *b, const ms_tensor *logits, int32_t *out_d, ms_err *err);
@@ -315,6 +327,14 @@ template <int N> __device__ __forceinline__ void cu_cp_wait() {
 }
 __device__ __forceinline__ void cu_ldsm4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+/* ldmatrix .x4 .trans: register i of every lane receives rows 2(lane%4), 2(lane%4)+1 of column
+ * lane/4 of matrix i (the B fragment of a row-major k x n tile). */
+__device__ __forceinline__ void cu_ldsm4t(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr)
                  : "memory");

@@ -410,6 +410,76 @@ int cu_op_rope(ms_backend *b, ms_tensor *x, const int32_t *pos_d, const ms_rope_
     return MS_OK;
 }
 
+/* ---- fused GQA preparation ---- */
+
+/* One block per token. For every head of q (then of k): adds the bias, rotates the rotary pairs
+ * exactly as k_rope (float32 angle p * inv_freq[j]) and writes the head back in place (q) or into
+ * its cache row (k); v plus its bias goes to its cache row. The bias is added in float32 before the
+ * rotation, with one rounding to bf16 where the unfused ops round after each step. */
+__global__ void k_gqa_prep(bf16 *q, const bf16 *k, const bf16 *v, const float *bq, const float *bk, const float *bv,
+                           int nh, int nkv, int d, const int32_t *pos, const float *inv, int rot_off, int rot_dim,
+                           int interleaved, bf16 *kc, bf16 *vc, int64_t S, const int32_t *slot) {
+    const int t = blockIdx.x;
+    const float p = (float)pos[t];
+    const int half = rot_dim / 2, per = half + (d - rot_dim);
+    const int64_t s = slot[t];
+    const bool st = s >= 0 && s < S;
+    for (int u = threadIdx.x; u < (nh + nkv) * per; u += blockDim.x) {
+        const int hh = u / per, j = u - hh * per;
+        const bool isk = hh >= nh;
+        const int h = isk ? hh - nh : hh;
+        const bf16 *row = isk ? k + ((size_t)t * nkv + h) * d : q + ((size_t)t * nh + h) * d;
+        const float *bias = isk ? (bk ? bk + (size_t)h * d : NULL) : (bq ? bq + (size_t)h * d : NULL);
+        bf16 *dst = isk ? (st ? kc + ((size_t)s * nkv + h) * d : NULL) : q + ((size_t)t * nh + h) * d;
+        if (!dst) continue;
+        if (j < half) {
+            const int i0 = rot_off + (interleaved ? 2 * j : j), i1 = rot_off + (interleaved ? 2 * j + 1 : j + half);
+            const float a = __bfloat162float(row[i0]) + (bias ? bias[i0] : 0.f);
+            const float c = __bfloat162float(row[i1]) + (bias ? bias[i1] : 0.f);
+            float sn, cs;
+            sincosf(p * inv[j], &sn, &cs);
+            dst[i0] = __float2bfloat16_rn(a * cs - c * sn);
+            dst[i1] = __float2bfloat16_rn(c * cs + a * sn);
+        } else {
+            const int e = j - half, i = e < rot_off ? e : e + rot_dim;
+            dst[i] = __float2bfloat16_rn(__bfloat162float(row[i]) + (bias ? bias[i] : 0.f));
+        }
+    }
+    if (st)
+        for (int c = threadIdx.x; c < nkv * d; c += blockDim.x)
+            vc[(size_t)s * nkv * d + c] = __float2bfloat16_rn(__bfloat162float(v[(size_t)t * nkv * d + c]) + (bv ? bv[c] : 0.f));
+}
+
+static const float *f32_or_null(const ms_tensor *t, int64_t n) {
+    if (!t || !t->data) return NULL;
+    MS_ASSERT(t->dtype == MS_F32 && ms_tensor_numel(t) == n);
+    return (const float *)t->data;
+}
+
+int cu_op_gqa_prep(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_tensor *v, const ms_tensor *bq,
+                   const ms_tensor *bk, const ms_tensor *bv, const int32_t *pos_d, const ms_rope_cfg *rc,
+                   ms_tensor *kcache, ms_tensor *vcache, const int32_t *slot_d, ms_err *err) {
+    MS_ASSERT(q->ndim == 3 && k->ndim == 3 && v->ndim == 3 && kcache->ndim == 3 && vcache->ndim == 3);
+    const int T = (int)q->shape[0], nh = (int)q->shape[1], d = (int)q->shape[2], nkv = (int)k->shape[1];
+    MS_ASSERT(k->shape[0] == T && v->shape[0] == T && k->shape[2] == d && v->shape[1] == nkv && v->shape[2] == d);
+    MS_ASSERT(kcache->shape[1] == nkv && kcache->shape[2] == d && vcache->shape[0] == kcache->shape[0]);
+    if (q->dtype != MS_BF16 || k->dtype != MS_BF16 || v->dtype != MS_BF16 || kcache->dtype != MS_BF16 ||
+        vcache->dtype != MS_BF16)
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "gqa_prep: the CUDA backend needs bf16 q/k/v and caches");
+    const int rot_dim = rc ? rc->rot_dim : 0, rot_off = rc ? rc->rot_off : 0;
+    MS_ASSERT(rot_dim % 2 == 0 && rot_off >= 0 && rot_off + rot_dim <= d);
+    if (T == 0) return MS_OK;
+    const float *inv = NULL;
+    if (rot_dim) MS_TRY(rope_table(b, rc, &inv, err));
+    k_gqa_prep<<<T, 256, 0, stream_of(b)>>>((bf16 *)q->data, (const bf16 *)k->data, (const bf16 *)v->data,
+                                            f32_or_null(bq, (int64_t)nh * d), f32_or_null(bk, (int64_t)nkv * d),
+                                            f32_or_null(bv, (int64_t)nkv * d), nh, nkv, d, pos_d, inv, rot_off, rot_dim,
+                                            rc ? rc->interleaved : 0, (bf16 *)kcache->data, (bf16 *)vcache->data,
+                                            kcache->shape[0], slot_d);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
 /* ---- KV store ---- */
 
 __global__ void k_kv_store(void *cache, int ct, int64_t S, const void *x, int xt, int64_t W, const int32_t *slot) {
