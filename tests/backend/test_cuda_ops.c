@@ -985,8 +985,8 @@ static void test_indexer(void) {
     indexer_case(20); /* all keys for every token */
 }
 
-static void router_case(int E_, int topk, int ng, int tg, int norm, int with_bias) {
-    int T = 9, H = 64;
+static void router_case(int T, int E_, int topk, int ng, int tg, int norm, int with_bias) {
+    const int H = 64;
     lpair G = mk_linear(MS_WFMT_PLAIN, MS_BF16, E_, H, 0);
     int64_t xs[2] = {T, H}, bs[1] = {E_};
     float *x = rand_vec((size_t)T * H, 2.f), *bias = rand_vec((size_t)E_, 0.3f);
@@ -994,6 +994,7 @@ static void router_case(int E_, int topk, int ng, int tg, int norm, int with_bia
     wpair B = wten(MS_F32, 1, bs, bias);
     ms_route_cfg rc = {E_, topk, ng, tg, norm, 2.5f};
     int32_t z[64 * 8] = {0};
+    CHECK(T * topk <= 128);
     ms_tensor ig = mk_i32(GPU, T * topk, z), ic = mk_i32(CPU, T * topk, z);
     ms_tensor wg = mk_i32(GPU, T * topk, z), wc = mk_i32(CPU, T * topk, z);
     R(GPU->ops->router(GPU, &X.g, &G.g, with_bias ? &B.g : NULL, &rc, ig.data, wg.data, &E));
@@ -1020,10 +1021,17 @@ static void router_case(int E_, int topk, int ng, int tg, int norm, int with_bia
 }
 
 static void test_router(void) {
-    router_case(16, 4, 4, 2, 1, 1);
-    router_case(16, 4, 1, 1, 1, 1);
-    router_case(24, 6, 1, 1, 0, 0);
-    router_case(64, 8, 8, 4, 1, 1);
+    /* 9 tokens: GEMV + routing kernel; up to 8: the fused kernel (experts not a multiple of its 8
+     * warps included, 256 experts as GLM-5) */
+    router_case(9, 16, 4, 4, 2, 1, 1);
+    router_case(9, 16, 4, 1, 1, 1, 1);
+    router_case(9, 24, 6, 1, 1, 0, 0);
+    router_case(9, 64, 8, 8, 4, 1, 1);
+    router_case(1, 20, 4, 1, 1, 1, 1);
+    router_case(1, 128, 8, 1, 1, 1, 1);
+    router_case(3, 64, 8, 8, 4, 1, 1);
+    router_case(8, 256, 8, 1, 1, 1, 1);
+    router_case(2, 256, 8, 8, 4, 0, 0);
 }
 
 static void test_checks(void) {

@@ -246,6 +246,12 @@ int cu_add_bias(ms_backend *b, void *y, int yt, const float *bias, int64_t rows,
 /* Absorbed MLA: copies the rope part of q [T, nh, dn+dr] (columns dn..dn+dr) into columns kvl..kvl+dr
  * of out [T, nh, kvl+dr]; the rest of out is untouched. */
 int cu_copy_rope_part(ms_backend *b, const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl, ms_err *err);
+/* Router GEMV and noaux_tc routing in one launch for small decode batches (elementwise.cu): the same
+ * result as cu_linear into lg [T][E] fp32 followed by cu_route, up to the GEMV's summation order. Sets
+ * *launched = 0 and does nothing unless T <= 8, the gate is plain bf16 without a bias, x is bf16 and
+ * K is a multiple of 8 with 16-byte aligned rows. */
+int cu_router_fused(ms_backend *b, const ms_tensor *x, const ms_linear *gate, const void *bias, int bias_t,
+                    const ms_route_cfg *rc, int T, float *lg, int32_t *ids, float *w, int *launched, ms_err *err);
 /* MoE routing of T tokens from router logits [T, n_experts] (F32) with an optional score-correction
  * bias (dtype bias_t, NULL = none) as rc describes: ids [T, topk] expert ids and w [T, topk] weights
  * (device memory), the contract of the router op after its linear (backend/backend.h). */

@@ -591,11 +591,12 @@ int cu_op_argmax(ms_backend *b, const ms_tensor *logits, int32_t *out_d, ms_err 
 
 /* ---- router (one warp per token) ---- */
 
-/* Warp-wide argmax of v[0..n) (ties: lowest index). */
+/* Warp-wide argmax of v[0..n) (ties: lowest index); every lane of the calling warp takes part. */
 __device__ int warp_argmax(const float *v, int n) {
+    const int lane = threadIdx.x & 31;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < n; i += 32)
+    for (int i = lane; i < n; i += 32)
         if (v[i] > bv || (bi == 0x7fffffff && !isnan(v[i]))) { bv = v[i]; bi = i; }
     for (int o = 16; o > 0; o >>= 1) {
         float ov = __shfl_xor_sync(0xffffffffu, bv, o);
@@ -605,15 +606,17 @@ __device__ int warp_argmax(const float *v, int n) {
     return bi == 0x7fffffff ? 0 : bi;
 }
 
-__global__ void k_route(const float *logits, const void *bias, int bt, int E, int topk, int n_group, int topk_group,
-                        int norm, float scale, int32_t *ids, float *wout) {
-    extern __shared__ float rsm[];
-    float *s = rsm, *bsc = rsm + E, *gs = rsm + 2 * E;
+/* noaux_tc routing of one token by one warp (spec 3.9): sigmoid scores of the router logits lg [E],
+ * plus the correction bias for the choice, group-limited when n_group > 1, top-k, weights from the
+ * unbiased scores (normalised when norm) times scale into ids [topk] / wout [topk]. sm: 2E + 2 n_group
+ * floats of this warp's shared memory. lg is read through L2 (another block may have written it). */
+__device__ void route_token(const float *lg, const void *bias, int bt, int E, int topk, int n_group, int topk_group,
+                            int norm, float scale, int32_t *ids, float *wout, float *sm) {
+    float *s = sm, *bsc = sm + E, *gs = sm + 2 * E;
     int *keep = (int *)(gs + n_group);
-    const int t = blockIdx.x, lane = threadIdx.x;
-    const float *lg = logits + (size_t)t * E;
+    const int lane = threadIdx.x & 31;
     for (int e = lane; e < E; e += 32) {
-        float sv = 1.f / (1.f + expf(-lg[e]));
+        float sv = 1.f / (1.f + expf(-__ldcg(lg + e)));
         s[e] = sv;
         bsc[e] = sv + (bias ? cu_ld(bias, bt, e) : 0.f);
     }
@@ -647,17 +650,25 @@ __global__ void k_route(const float *logits, const void *bias, int bt, int E, in
         float wv = s[e];
         sum += wv;
         if (lane == 0) {
-            ids[(size_t)t * topk + k] = e;
-            wout[(size_t)t * topk + k] = wv;
+            ids[k] = e;
+            wout[k] = wv;
             bsc[e] = -INFINITY;
         }
         __syncwarp();
     }
     __syncwarp();
     for (int k = lane; k < topk; k += 32) {
-        float wv = wout[(size_t)t * topk + k];
-        wout[(size_t)t * topk + k] = norm ? (wv / (sum + 1e-20f)) * scale : wv * scale;
+        float wv = wout[k];
+        wout[k] = norm ? (wv / (sum + 1e-20f)) * scale : wv * scale;
     }
+}
+
+__global__ void k_route(const float *logits, const void *bias, int bt, int E, int topk, int n_group, int topk_group,
+                        int norm, float scale, int32_t *ids, float *wout) {
+    extern __shared__ float rsm[];
+    const int t = blockIdx.x;
+    route_token(logits + (size_t)t * E, bias, bt, E, topk, n_group, topk_group, norm, scale, ids + (size_t)t * topk,
+                wout + (size_t)t * topk, rsm);
 }
 
 int cu_route(ms_backend *b, const float *logits, const void *bias, int bias_t, const ms_route_cfg *rc, int T,
@@ -666,5 +677,86 @@ int cu_route(ms_backend *b, const float *logits, const void *bias, int bias_t, c
     k_route<<<T, 32, sm, stream_of(b)>>>(logits, bias, bias_t, rc->n_experts, rc->topk, rc->n_group, rc->topk_group,
                                         rc->norm_topk_prob, rc->routed_scaling_factor, ids, w);
     CK_LAUNCH();
+    return MS_OK;
+}
+
+/* ---- router GEMV + routing in one launch (decode) ---- */
+
+#define RF_WARPS 8
+#define RF_MAXT 8
+
+/* Blocks that finished their experts' logits in the current k_router_fused launch; the last block
+ * routes and puts it back to 0, so launches (and graph replays) on one device never overlap in it:
+ * they are ordered on the backend's stream. */
+__device__ unsigned int g_rf_done;
+
+/* Warp w of block b computes the fp32 logits of expert e = 8b + w for every token (a bf16 row of W
+ * times each bf16 x row, fp32 accumulation) into lg [T][E]; the last block to finish routes the T
+ * tokens, one warp each, as k_route. Why: at decode the router is a 1-6 MB GEMV plus a one-warp
+ * kernel, two launches costing ~16 us per layer where the bytes take ~1 us. */
+__global__ __launch_bounds__(RF_WARPS * 32) void k_router_fused(const bf16 *x, const bf16 *W, int T, int K, float *lg,
+                                                                const void *bias, int bt, int E, int topk, int n_group,
+                                                                int topk_group, int norm, float scale, int32_t *ids,
+                                                                float *wout) {
+    extern __shared__ float rfsm[];
+    __shared__ bool last;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e = blockIdx.x * RF_WARPS + warp;
+    if (e < E) {
+        float acc[RF_MAXT];
+#pragma unroll
+        for (int t = 0; t < RF_MAXT; t++) acc[t] = 0.f;
+        const uint4 *wr = (const uint4 *)(W + (size_t)e * K);
+        for (int c = lane; c < K / 8; c += 32) {
+            const uint4 wv = __ldg(wr + c);
+            const __nv_bfloat162 *w2 = (const __nv_bfloat162 *)&wv;
+#pragma unroll
+            for (int t = 0; t < RF_MAXT; t++) {
+                if (t >= T) break;
+                const uint4 xv = __ldg((const uint4 *)(x + (size_t)t * K) + c);
+                const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xv;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float2 a = __bfloat1622float2(w2[i]), bb = __bfloat1622float2(x2[i]);
+                    acc[t] = fmaf(a.x, bb.x, fmaf(a.y, bb.y, acc[t]));
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < RF_MAXT; t++) {
+            if (t >= T) break;
+            const float v = warp_sum(acc[t]);
+            if (lane == 0) lg[(size_t)t * E + e] = v;
+        }
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&g_rf_done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float *sm = rfsm + (size_t)warp * (2 * E + 2 * n_group);
+    for (int t = warp; t < T; t += RF_WARPS)
+        route_token(lg + (size_t)t * E, bias, bt, E, topk, n_group, topk_group, norm, scale, ids + (size_t)t * topk,
+                    wout + (size_t)t * topk, sm);
+    if (threadIdx.x == 0) g_rf_done = 0;
+}
+
+/* Contract in cuda_internal.cuh. */
+int cu_router_fused(ms_backend *b, const ms_tensor *x, const ms_linear *gate, const void *bias, int bias_t,
+                    const ms_route_cfg *rc, int T, float *lg, int32_t *ids, float *w, int *launched, ms_err *err) {
+    *launched = 0;
+    const int64_t K = gate->n_in;
+    if (T < 1 || T > RF_MAXT || gate->fmt != MS_WFMT_PLAIN || gate->w.dtype != MS_BF16 || gate->bias.data ||
+        x->dtype != MS_BF16 || K % 8 || ((uintptr_t)gate->w.data | (uintptr_t)x->data) % 16 || K > (1 << 24))
+        return MS_OK;
+    const int E = rc->n_experts;
+    const size_t sm = sizeof(float) * RF_WARPS * (2 * (size_t)E + 2 * (size_t)rc->n_group);
+    if (sm > 48 * 1024) return MS_OK;
+    k_router_fused<<<(E + RF_WARPS - 1) / RF_WARPS, RF_WARPS * 32, sm, stream_of(b)>>>(
+        (const bf16 *)x->data, (const bf16 *)gate->w.data, T, (int)K, lg, bias, bias_t, E, rc->topk, rc->n_group,
+        rc->topk_group, rc->norm_topk_prob, rc->routed_scaling_factor, ids, w);
+    CK_LAUNCH();
+    *launched = 1;
     return MS_OK;
 }
