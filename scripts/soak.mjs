@@ -15,7 +15,11 @@
 //        [--concurrency C] [--max-seconds S] [--max-queued N] [--max-total-tokens N] [--server-args "FLAGS"]
 //        [--server-log FILE]
 // Overload: a concurrency several times what the server sustains with a small --max-queued checks
-// that the excess gets 503 + Retry-After while admitted requests keep a bounded time to first chunk.
+// that the excess gets 503 + Retry-After while admitted requests keep a bounded time to first chunk;
+// the last lines split that time as the server saw it (pre-engine, queue, prefill, delivery), e.g.
+//   node scripts/soak.mjs --bin build/moeserve --requests 6000 --concurrency 640 --max-queued 64 \
+//     --server-args "--max-queue-wait 1 --max-prefill-tokens 512"
+// (add --log-level debug to --server-args and --server-log FILE for one line per request).
 import { spawn } from "node:child_process";
 import fs from "node:fs";
 

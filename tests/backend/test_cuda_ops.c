@@ -1141,9 +1141,11 @@ static void test_odd_fixture_shapes(void) {
     IX_NIH = 5, IX_D = 32;
     /* routing of 6 experts, top 3, in 2 groups keeping 1; and more experts than 48 KiB of shared
      * memory holds (the router asks for the opt-in size) */
-    router_case(6, 3, 2, 1, 1, 1);
-    router_case(6, 3, 1, 1, 1, 0);
-    router_case(7000, 8, 1, 1, 1, 1);
+    router_case(9, 6, 3, 2, 1, 1, 1);
+    router_case(1, 6, 2, 2, 1, 1, 1); /* the fused decode router */
+    router_case(9, 6, 3, 1, 1, 1, 0);
+    router_case(9, 7000, 8, 1, 1, 1, 1);
+    router_case(2, 7000, 8, 1, 1, 1, 1); /* beyond the fused router's shared memory: the unfused one */
 }
 
 static void test_checks(void) {
