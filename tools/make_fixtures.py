@@ -326,7 +326,8 @@ def glm4_odd_cfg(mult):
     else:
         dims = dict(hidden_size=112, intermediate_size=208, moe_intermediate_size=80, num_attention_heads=3,
                     num_key_value_heads=1, head_dim=48)  # rotary dim 24
-    kw = dict(vocab_size=384, num_hidden_layers=2, use_qk_norm=True, attention_bias=True, n_routed_experts=4,
+    # odd8 without qk-norm (as GLM-4.5/Air): the CUDA path then fuses bias + RoPE + cache stores (gqa_prep)
+    kw = dict(vocab_size=384, num_hidden_layers=2, use_qk_norm=mult == 16, attention_bias=True, n_routed_experts=4,
               n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1, n_group=2, topk_group=1,
               routed_scaling_factor=2.5, norm_topk_prob=True, rms_norm_eps=1e-6, max_position_embeddings=256,
               tie_word_embeddings=False,

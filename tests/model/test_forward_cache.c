@@ -97,7 +97,7 @@ enum { V = 97 };
  * multiple of 16, num_experts_per_tok above 64, a rotary dim above 1024, hidden / intermediate /
  * head sizes that are multiples of 8 or 16 but not of 32); the defaults otherwise. */
 static int H = 64, INTER = 96, MI = 32;
-static int NEXP = 8, TOPK = 3, KVL = 32, HD = 16, ROT = 8, NH = 4, NKV = 2;
+static int NEXP = 8, TOPK = 3, KVL = 32, HD = 16, ROT = 8, NH = 4, NKV = 2, QKN = 1;
 static int QL = 48, DN = 16, DR = 8, DV = 16, IH = 16, DSA_AFMT = MS_WFMT_PLAIN;
 
 static void common_cfg(ms_config *c, int layers, int grouped) {
@@ -170,7 +170,7 @@ static ms_model *build_glm4(int efmt, int afmt, int grouped) {
     c->num_kv_heads = NKV;
     c->head_dim = HD;
     c->rotary_dim = ROT;
-    c->use_qk_norm = 1;
+    c->use_qk_norm = QKN;
     c->attention_bias = 1;
     m->layers = amalloc(sizeof(ms_layer) * 3);
     for (int L = 0; L < 3; L++) {
@@ -179,8 +179,10 @@ static ms_model *build_glm4(int efmt, int afmt, int grouped) {
         l->k_proj = lin(afmt, NKV * HD, H, 1);
         l->v_proj = lin(afmt, NKV * HD, H, 1);
         l->o_proj = lin(afmt, H, NH * HD, 0);
-        l->q_norm = vec_bf16(HD, 1.0f, 0.2f);
-        l->k_norm = vec_bf16(HD, 1.0f, 0.2f);
+        if (QKN) {
+            l->q_norm = vec_bf16(HD, 1.0f, 0.2f);
+            l->k_norm = vec_bf16(HD, 1.0f, 0.2f);
+        }
         build_mlp(m, l, L, efmt);
     }
     build_top(m);
@@ -395,6 +397,9 @@ static void test_odd_dims(void) {
      * (bf16 experts, fp8 attention: fp8 weights with partial 128x128 blocks and K % 16 == 8) ... */
     H = 136, INTER = 200, MI = 40, HD = 24, ROT = 12, NH = 5, NKV = 1;
     check_model(placed(build_glm4(MS_WFMT_PLAIN, MS_WFMT_FP8, 1)), "glm4_moe odd8 (hidden 136, head dim 24, 5:1 heads)");
+    QKN = 0; /* no qk-norm, as GLM-4.5: CUDA fuses bias, RoPE and the cache stores (gqa_prep) */
+    check_model(placed(build_glm4(MS_WFMT_PLAIN, MS_WFMT_PLAIN, 0)), "glm4_moe odd8 without qk-norm");
+    QKN = 1;
     check_model(placed(build_glm4(MS_WFMT_FP8, MS_WFMT_PLAIN, 0)), "glm4_moe odd8 fp8 experts");
     QL = 40, KVL = 24, DN = 24, DR = 8, DV = 40, IH = 24;
     check_model(placed(build_dsa(4, 0)), "glm_moe_dsa odd8 (kv_lora 24, q_lora 40, index dim 24)");
