@@ -305,6 +305,7 @@ static void test_gqa_prep(void) {
     gqa_prep_case(12, 2, 128, 64, 1); /* GLM-4.5 style: partial NeoX rotary, q/k/v bias */
     gqa_prep_case(4, 4, 64, 64, 0);   /* full rotary, no bias */
     gqa_prep_case(6, 3, 32, 0, 1);    /* no rotary dims */
+    gqa_prep_case(96, 8, 128, 64, 1); /* GLM-4.5-Air heads: 14 blocks of 8 heads per token */
 }
 
 static void test_rope(void) {
