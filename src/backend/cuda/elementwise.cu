@@ -696,6 +696,7 @@ int cu_route(ms_backend *b, const float *logits, const void *bias, int bias_t, c
 
 #define RF_WARPS 8
 #define RF_MAXT 8
+#define RF_DEPTH 8
 
 /* Blocks that finished their experts' logits in the current k_router_fused launch; the last block
  * routes and puts it back to 0, so launches (and graph replays) on one device never overlap in it:
@@ -719,18 +720,31 @@ __global__ __launch_bounds__(RF_WARPS * 32) void k_router_fused(const bf16 *x, c
 #pragma unroll
         for (int t = 0; t < RF_MAXT; t++) acc[t] = 0.f;
         const uint4 *wr = (const uint4 *)(W + (size_t)e * K);
-        for (int c = lane; c < K / 8; c += 32) {
-            const uint4 wv = __ldg(wr + c);
-            const __nv_bfloat162 *w2 = (const __nv_bfloat162 *)&wv;
+        const int nc = K / 8;
+        /* RF_DEPTH row chunks in flight per lane before any math: one warp per expert leaves few
+         * warps per SM, so memory parallelism has to come from each lane */
+        for (int c0 = 0; c0 < nc; c0 += 32 * RF_DEPTH) {
+            uint4 wv[RF_DEPTH];
 #pragma unroll
-            for (int t = 0; t < RF_MAXT; t++) {
-                if (t >= T) break;
-                const uint4 xv = __ldg((const uint4 *)(x + (size_t)t * K) + c);
-                const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xv;
+            for (int u = 0; u < RF_DEPTH; u++) {
+                const int c = c0 + u * 32 + lane;
+                wv[u] = c < nc ? __ldg(wr + c) : make_uint4(0, 0, 0, 0);
+            }
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const float2 a = __bfloat1622float2(w2[i]), bb = __bfloat1622float2(x2[i]);
-                    acc[t] = fmaf(a.x, bb.x, fmaf(a.y, bb.y, acc[t]));
+            for (int u = 0; u < RF_DEPTH; u++) {
+                const int c = c0 + u * 32 + lane;
+                if (c >= nc) break;
+                const __nv_bfloat162 *w2 = (const __nv_bfloat162 *)&wv[u];
+#pragma unroll
+                for (int t = 0; t < RF_MAXT; t++) {
+                    if (t >= T) break;
+                    const uint4 xv = __ldg((const uint4 *)(x + (size_t)t * K) + c);
+                    const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xv;
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const float2 a = __bfloat1622float2(w2[i]), bb = __bfloat1622float2(x2[i]);
+                        acc[t] = fmaf(a.x, bb.x, fmaf(a.y, bb.y, acc[t]));
+                    }
                 }
             }
         }
