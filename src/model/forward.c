@@ -194,6 +194,11 @@ void ms_forward_free(ms_forward *f) {
                         &f->db.buf, &f->glogits, &f->lgather, &f->nf_flag};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free_t(f, all[i]);
     graphs_reset(f);
+    free_t(f, &f->ids2);
+    free_t(f, &f->rw2);
+    if (f->fold)
+        for (int L = 0; L < f->m->cfg.num_layers; L++) free(f->fold[L].gate);
+    free(f->fold);
     free(f->h_pack);
     free(f->routed);
     free(f->h_ids);
@@ -214,6 +219,47 @@ static ms_moe_shape moe_shape(const ms_model *m, int T) {
             break;
         }
     return s;
+}
+
+/* 1 if two linears hold the same shape in the same format (the expert tables need that). */
+static int same_kind(const ms_linear *a, const ms_linear *b) {
+    return a->fmt == b->fmt && a->n_out == b->n_out && a->n_in == b->n_in && a->w.dtype == b->w.dtype && !a->bias.data &&
+           !b->bias.data;
+}
+
+/* Folds each MoE layer's shared expert into its routed experts as expert n, so one runner call does
+ * both (the shared expert's own GEMVs, launches and the add go away; at decode batch 64 the shared
+ * expert alone cost ~130 us per GLM-4.5-Air layer). Only where the shared expert has the routed
+ * experts' shapes and formats, on one unsplit rank (under tensor or expert parallelism the runner's
+ * partial sums would count it once per rank), when the backend has moe_append. The linears are
+ * copies of placed ones (same memory); f owns the arrays. MS_SHARED_EXPERT_SEPARATE=1 turns it off. */
+static int fold_shared(ms_forward *f, ms_err *err) {
+    const ms_model *m = f->m;
+    const char *off = getenv("MS_SHARED_EXPERT_SEPARATE");
+    if ((off && *off && strcmp(off, "0")) || !f->b->ops->moe_append || m->shard.tp_size != 1 || m->shard.ep_size != 1)
+        return MS_OK;
+    for (int L = 0; L < m->cfg.num_layers; L++) {
+        const ms_layer *l = &m->layers[L];
+        const ms_experts *e = &l->experts;
+        if (!l->is_moe || !l->has_shared || e->n < 1 || !same_kind(&l->sh_gate, &e->gate[0]) ||
+            !same_kind(&l->sh_up, &e->up[0]) || !same_kind(&l->sh_down, &e->down[0]))
+            continue;
+        if (!f->fold && !(f->fold = calloc((size_t)m->cfg.num_layers, sizeof *f->fold)))
+            return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
+        ms_linear *arr = malloc(sizeof(ms_linear) * 3 * (size_t)(e->n + 1));
+        if (!arr) return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
+        x->n = e->n + 1;
+        x->gate = arr;
+        x->up = arr + x->n;
+        x->down = arr + 2 * x->n;
+        memcpy(x->gate, e->gate, sizeof(ms_linear) * (size_t)e->n);
+        memcpy(x->up, e->up, sizeof(ms_linear) * (size_t)e->n);
+        memcpy(x->down, e->down, sizeof(ms_linear) * (size_t)e->n);
+        x->gate[e->n] = l->sh_gate;
+        x->up[e->n] = l->sh_up;
+        x->down[e->n] = l->sh_down;
+    }
+    return MS_OK;
 }
 
 int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_forward **out, ms_err *err) {
@@ -274,12 +320,22 @@ int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_f
         if ((rc = alloc2(f, &f->sh_out, MS_F32, T, H, err)) ||
             (rc = alloc2(f, &f->ids, MS_I32, T, k, err)) || (rc = alloc2(f, &f->rw, MS_F32, T, k, err)))
             goto fail;
+        if ((rc = fold_shared(f, err))) goto fail;
+        ms_moe_shape msf = ms; /* the folded calls: one more expert, one more per token */
+        msf.n_experts++;
+        msf.topk++;
+        if (f->fold && ((rc = alloc2(f, &f->ids2, MS_I32, T, k + 1, err)) || (rc = alloc2(f, &f->rw2, MS_F32, T, k + 1, err))))
+            goto fail;
         size_t ws = 0;
         for (const ms_moe_runner *const *r = ms_moe_runners(); *r; r++) {
             char why[128];
-            if (strcmp((*r)->backend, b->name) || !(*r)->supports(b, &ms, why, sizeof why)) continue;
-            size_t n = (*r)->workspace_size(b, &ms);
-            if (n > ws) ws = n;
+            if (strcmp((*r)->backend, b->name)) continue;
+            for (int v = 0; v < (f->fold ? 2 : 1); v++) {
+                const ms_moe_shape *sp = v ? &msf : &ms;
+                if (!(*r)->supports(b, sp, why, sizeof why)) continue;
+                size_t n = (*r)->workspace_size(b, sp);
+                if (n > ws) ws = n;
+            }
         }
         if ((rc = alloc2(f, &f->moe_ws, MS_U8, 1, (int64_t)(ws ? ws : 64), err))) goto fail;
     }
@@ -378,6 +434,18 @@ static int mlp(ms_forward *f, int L, int T, ms_err *err) {
     if (f->m->shard.ep_size > 1) /* experts of other groups become -1: their ranks add them */
         MS_TRY(op->remap_ids(f->b, f->ids.data, (int64_t)T * k, f->m->shard.e0, f->m->shard.ne, err));
     ms_moe_shape s = moe_shape(f->m, T);
+    if (f->fold && f->fold[L].n) {
+        /* the shared expert rides along as expert n with weight 1 (transformers adds it unscaled) */
+        const int n = f->fold[L].n - 1;
+        MS_TRY(op->moe_append(f->b, f->ids.data, f->rw.data, T, k, n, 1.0f, f->ids2.data, f->rw2.data, err));
+        s.n_experts++;
+        s.topk++;
+        const ms_moe_runner *r = ms_moe_pick(f->b, f->forced, &s);
+        FW_PROF(f, "moe_experts", r->run(f->b, &f->fold[L], &a, f->ids2.data, f->rw2.data, k + 1, &delta,
+                                         f->moe_ws.data, ms_tensor_nbytes(&f->moe_ws), err), err);
+        FW_TRY_CHECK(f, &delta, "moe_experts + shared expert", err);
+        return MS_OK;
+    }
     const ms_moe_runner *r = ms_moe_pick(f->b, f->forced, &s);
     FW_PROF(f, "moe_experts", r->run(f->b, &l->experts, &a, f->ids.data, f->rw.data, k, &delta, f->moe_ws.data,
                                      ms_tensor_nbytes(&f->moe_ws), err), err);

@@ -50,6 +50,10 @@ struct ms_forward {
     ms_tensor qa, qb, qabs, kva, c, olat, vout; /* glm_moe_dsa */
     ms_tensor qI, kI, iw, topk;                 /* DSA indexer (topk: I32 [T, index_topk]) */
     ms_tensor ids, rw;                          /* router out: I32/F32 [T, topk] */
+    /* Shared expert folded into the routed call: per layer the routed experts plus the shared one as
+     * expert n (n = 0 where the layer keeps it separate); ids2/rw2 [T, topk + 1] carry it. */
+    ms_experts *fold;
+    ms_tensor ids2, rw2;
     ms_tensor rlog;                             /* F32 [T, E] router logits (record/replay only) */
     float *h_rlog, *h_rw;                       /* host copies for record/replay */
     int32_t *h_sel;                             /* host [T, index_topk] (record/replay only) */
