@@ -248,6 +248,7 @@ static int fold_shared(ms_forward *f, ms_err *err) {
             return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
         ms_linear *arr = malloc(sizeof(ms_linear) * 3 * (size_t)(e->n + 1));
         if (!arr) return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
+        ms_experts *x = &f->fold[L];
         x->n = e->n + 1;
         x->gate = arr;
         x->up = arr + x->n;
