@@ -22,16 +22,35 @@ enum { VOCAB = 32, MAXR = 32, MAXLEN = 256 };
 
 /* ---- draft hooks ---- */
 
-enum { D_ORACLE, D_WRONG, D_MIXED };
+enum { D_ORACLE, D_WRONG, D_MIXED, D_REPLAY };
 typedef struct hook {
     int kind;
     int calls;
 } hook;
 
+/* D_REPLAY: the outputs of an earlier run without speculation, proposed again (every draft right) */
+static int32_t replay_out[32][MAXLEN];
+static int replay_n[32];
+static int32_t (*replay_prompts)[MAXLEN];
+static int *replay_np, replay_count;
+
+static int replay_hook(const int32_t *tokens, int n_tokens, int32_t *out, int max) {
+    for (int i = 0; i < replay_count; i++) {
+        int np = replay_np[i];
+        if (np > n_tokens || memcmp(tokens, replay_prompts[i], sizeof(int32_t) * (size_t)np)) continue;
+        int k = n_tokens - np, n = 0;
+        if (k > replay_n[i] || memcmp(tokens + np, replay_out[i], sizeof(int32_t) * (size_t)k)) continue;
+        while (n < max && k + n < replay_n[i]) out[n] = replay_out[i][k + n], n++;
+        return n;
+    }
+    return 0;
+}
+
 static int draft_hook(void *user, const int32_t *tokens, int n_tokens, int n_prompt, int32_t *out, int max) {
     hook *h = user;
     (void)n_prompt;
     h->calls++;
+    if (h->kind == D_REPLAY) return replay_hook(tokens, n_tokens, out, max);
     int32_t *seq = malloc(sizeof(int32_t) * (size_t)(n_tokens + max));
     float lg[VOCAB];
     memcpy(seq, tokens, sizeof(int32_t) * (size_t)n_tokens);
@@ -127,6 +146,7 @@ typedef struct run_opts {
     int sampled;    /* temperature 0.8 with seeds */
     int logprobs;
     int n_stop;     /* stop id per request: the greedy reference's token at index stop_at[i] */
+    ms_grammar *grammar; /* every other request (even i) constrained by it */
 } run_opts;
 
 static int stop_at[MAXR];
@@ -168,6 +188,7 @@ static void run(const run_opts *o, int n, ms_engine_stats *st, fake_exec *fout) 
             sp.n_stop_ids = 1;
             sp.stop_ids[0] = ref[stop_at[i] < max_new[i] ? stop_at[i] : max_new[i] - 1];
         }
+        if (o->grammar && i % 2 == 0) sp.grammar = ms_grammar_matcher_new(o->grammar);
         CHECK_EQ_INT(ms_engine_submit(e, prompts[i], n_prompts[i], &sp, on_event, &C.s[i], &C.s[i].id, &err), MS_OK);
     }
     coll_wait(n);
@@ -283,6 +304,52 @@ static void test_sampled_same_as_without(void) {
     }
 }
 
+/* structured outputs: the matcher advances per accepted token, a draft the grammar forbids ends the
+ * accepted run, and GRAMMAR_END can land inside a run; outputs equal the non-speculative run's, with
+ * drafts that ignore the grammar (the unconstrained greedy continuation) and with drafts that replay
+ * the right answer (all accepted) */
+static void test_grammar_with_drafts(void) {
+    static const char *tok[VOCAB] = {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9", ",", "[", "]", "12", ",3", "]]", "[1",
+                                     "x", "y", "z", "ab", "9,", "0]", "77", "a", "b", "c", "d", "e", "f", "g", "h"};
+    size_t lens[VOCAB];
+    for (int i = 0; i < VOCAB; i++) lens[i] = strlen(tok[i]);
+    ms_grammar_vocab *v = NULL;
+    ms_grammar *gr = NULL;
+    ms_err err = {0};
+    CHECK_EQ_INT(ms_grammar_vocab_new(VOCAB, tok, lens, NULL, &v, &err), MS_OK);
+    CHECK_EQ_INT(ms_grammar_compile_regex("\\[[0-9]{1,2}(,[0-9]{1,2}){0,5}\\]", v, &gr, &err), MS_OK);
+    enum { N = 12 };
+    make_prompts(N, 20);
+    for (int i = 0; i < N; i++) max_new[i] = 40;
+    for (int sampled = 0; sampled < 2; sampled++) {
+        run_opts o = {0, D_ORACLE, 200, 4, 16, sampled, 0, 0, gr};
+        ms_engine_stats st;
+        run(&o, N, &st, NULL);
+        static slot ref[N];
+        memcpy(ref, C.s, sizeof ref);
+        for (int i = 0; i < N; i += 2) CHECK_EQ_INT(ref[i].finish, MS_FINISH_GRAMMAR_END);
+        for (int kind = D_ORACLE; kind <= D_REPLAY; kind += D_REPLAY - D_ORACLE) {
+            for (int i = 0; i < N; i++) memcpy(replay_out[i], ref[i].toks, sizeof(int32_t) * (size_t)ref[i].n), replay_n[i] = ref[i].n;
+            replay_prompts = prompts, replay_np = n_prompts, replay_count = N;
+            o.steps = 4, o.kind = kind;
+            run(&o, N, &st, NULL);
+            for (int i = 0; i < N; i++) {
+                CHECK_EQ_INT(C.s[i].finish, ref[i].finish);
+                CHECK_EQ_INT(C.s[i].n, ref[i].n);
+                CHECK_MSG(memcmp(C.s[i].toks, ref[i].toks, sizeof(int32_t) * (size_t)ref[i].n) == 0,
+                          "request %d (%s, drafts %s): output differs", i, sampled ? "sampled" : "greedy",
+                          kind == D_REPLAY ? "replayed" : "unconstrained greedy");
+            }
+            if (kind == D_REPLAY)
+                CHECK_MSG(st.spec_accepted_tokens == st.spec_draft_tokens && st.spec_accepted_tokens > 0,
+                          "replayed drafts: %llu of %llu accepted", (unsigned long long)st.spec_accepted_tokens,
+                          (unsigned long long)st.spec_draft_tokens);
+        }
+    }
+    ms_grammar_unref(gr);
+    ms_grammar_vocab_free(v);
+}
+
 /* speculation needs a draft source: refused clearly without one */
 static void test_refused_without_draft_layer(void) {
     fake_exec f;
@@ -307,6 +374,7 @@ int main(void) {
     RUN(test_mixed_continuous_batching);
     RUN(test_stop_inside_accepted_run);
     RUN(test_sampled_same_as_without);
+    RUN(test_grammar_with_drafts);
     RUN(test_refused_without_draft_layer);
     return TEST_SUMMARY();
 }
