@@ -13,7 +13,11 @@
  * one multi-token MTP step equals the same positions fed one token at a time through the MTP layer's
  * paged KV cache and equals two chunks; two sequences batched equal each alone; the main model's
  * logits are unchanged by the MTP layer's presence; loading fails with the tensor or field named
- * when a checkpoint has no MTP layer; a checkpoint without shared_head.head uses the lm_head. */
+ * when a checkpoint has no MTP layer; a checkpoint without shared_head.head uses the lm_head.
+ *
+ * `test_mtp cuda` (scripts/gpu-check.sh) runs the transformers check on the GPU within TOL_GPU (bf16
+ * activations) and compares the GPU's MTP logits with the CPU's on the add_mtp checkpoints, with the
+ * hidden rows of the main step kept by a CUDA graph decode step as well. */
 #include "backend/backend.h"
 #include "core/fileutil.h"
 #include "model/arch.h"
@@ -30,6 +34,8 @@
 static ms_backend *B;
 static ms_err E;
 static char g_tmp[256];
+static int g_gpu;
+#define TOL_GPU 5e-2 /* bf16 activations against float32 (test_forward_cache's bound) */
 
 enum { PS = 4, NPAGES = 32, MAXT = 64 };
 
@@ -149,7 +155,8 @@ static void fixture_check(const char *name) {
     int S;
     int32_t *ids = read_ids(json_object_get(mt, "ids"), &S);
     const int n = (int)json_integer_value(json_object_get(mt, "n")); /* S - 1 positions */
-    const double tol = json_real_value(json_object_get(mt, "tol"));
+    double tol = json_real_value(json_object_get(mt, "tol"));
+    if (g_gpu && tol < TOL_GPU) tol = TOL_GPU;
     ms_model *m = load(dir, 1);
     if (!m) { free(ids); json_decref(ref); return; }
     const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
@@ -319,16 +326,84 @@ static void test_load_errors(void) {
     ms_model_free(m);
 }
 
-int main(void) {
-    CHECK(ms_backend_create("cpu", -1, &B, &E) == MS_OK);
+/* GPU: the MTP logits of the add_mtp checkpoints against the CPU's, after a prefill step and after
+ * a one-token decode step (recorded as a CUDA graph from its second run on) */
+static void gpu_vs_cpu(const char *fixture) {
+    char src[256], dst[300];
+    snprintf(src, sizeof src, "tests/fixtures/%s", fixture);
+    snprintf(dst, sizeof dst, "%s/%s_gpu", g_tmp, fixture);
+    if (!make_mtp_dir(src, dst, "")) return;
+    ms_backend *gb = B, *cb = NULL;
+    CHECK(ms_backend_create("cpu", -1, &cb, &E) == MS_OK);
+    ms_model *mg = load(dst, 1);
+    B = cb;
+    ms_model *mc = load(dst, 1);
+    ms_forward *fc = mc ? fwd(mc, 1) : NULL;
+    B = gb;
+    ms_forward_opts o = {0};
+    o.max_tokens = MAXT, o.n_pages = NPAGES, o.page_size = PS, o.moe_runner = "auto", o.mtp = 1, o.graphs = 1;
+    ms_forward *fg = NULL;
+    if (mg) CHECK(ms_forward_create(mg, B, &o, &fg, &E) == MS_OK);
+    if (!fg || !fc) { ms_forward_free(fg); ms_forward_free(fc); ms_model_free(mg); ms_model_free(mc); ms_backend_destroy(cb); return; }
+    const int V = mg->cfg.vocab_size, S = 12, n = S - 1;
+    int32_t ids[16], hidx[MAXT];
+    for (int i = 0; i < 16; i++) ids[i] = 3 + (i * 41) % (V - 3);
+    float *a = malloc(sizeof(float) * (size_t)MAXT * V), *b = malloc(sizeof(float) * (size_t)MAXT * V);
+    bbuf u;
+    for (int i = 0; i < n; i++) hidx[i] = i;
+    bspec sm = {1, {ids}, {0}, {S}, {0}}, sd = {1, {ids + 1}, {0}, {n}, {0}};
+    CHECK(ms_forward_run(fg, mkbatch(&u, &sm), NULL, &E) == MS_OK);
+    CHECK(ms_forward_mtp_run(fg, mkbatch(&u, &sd), MS_MTP_HID_TARGET, hidx, a, &E) == MS_OK);
+    CHECK(ms_forward_run(fc, mkbatch(&u, &sm), NULL, &E) == MS_OK);
+    CHECK(ms_forward_mtp_run(fc, mkbatch(&u, &sd), MS_MTP_HID_TARGET, hidx, b, &E) == MS_OK);
+    double d1 = rel_diff(a, b, n, V), d2 = 0;
+    /* decode steps at positions S.. (graph-recorded on the GPU from the second on) then one MTP token */
+    for (int p = S; p < S + 3; p++) {
+        int32_t t = ids[p % 16], nx = ids[(p + 1) % 16], z = 0;
+        bspec s1 = {1, {&t}, {p}, {1}, {0}}, d1s = {1, {&nx}, {p}, {1}, {0}};
+        CHECK(ms_forward_run(fg, mkbatch(&u, &s1), NULL, &E) == MS_OK);
+        CHECK(ms_forward_mtp_run(fg, mkbatch(&u, &d1s), MS_MTP_HID_TARGET, &z, a, &E) == MS_OK);
+        CHECK(ms_forward_run(fc, mkbatch(&u, &s1), NULL, &E) == MS_OK);
+        CHECK(ms_forward_mtp_run(fc, mkbatch(&u, &d1s), MS_MTP_HID_TARGET, &z, b, &E) == MS_OK);
+        double d = rel_diff(a, b, 1, V);
+        d2 = d > d2 ? d : d2;
+    }
+    printf("  %s: GPU vs CPU MTP logits: prefill %.2e, decode %.2e (tol %.0e)\n", fixture, d1, d2, TOL_GPU);
+    CHECK_MSG(d1 < TOL_GPU && d2 < TOL_GPU, "%s: GPU MTP logits differ from the CPU's: %.3e / %.3e", fixture, d1, d2);
+    free(a), free(b);
+    ms_forward_free(fg);
+    ms_forward_free(fc);
+    ms_model_free(mg);
+    ms_model_free(mc);
+    ms_backend_destroy(cb);
+}
+
+static void test_gpu_glm4_moe(void) { gpu_vs_cpu("glm4_moe"); }
+static void test_gpu_glm_moe_dsa(void) { gpu_vs_cpu("glm_moe_dsa"); }
+
+int main(int argc, char **argv) {
+    g_gpu = argc > 1 && !strcmp(argv[1], "cuda");
+    if (g_gpu) {
+        if (ms_backend_create("cuda", 0, &B, &E) != MS_OK) {
+            printf("SKIP (no GPU): %s\n## tests/model/test_mtp.c (cuda): 0 passed, 0 failed\n", E.msg);
+            return 0;
+        }
+    } else {
+        CHECK(ms_backend_create("cpu", -1, &B, &E) == MS_OK);
+    }
     snprintf(g_tmp, sizeof g_tmp, "/tmp/ms_test_mtp_%d", (int)getpid());
     char cmd[320];
     snprintf(cmd, sizeof cmd, "mkdir -p %s", g_tmp);
     CHECK(system(cmd) == 0);
-    RUN(test_load_errors);
-    RUN(test_cache_glm4_moe);
-    RUN(test_cache_glm_moe_dsa);
-    RUN(test_cache_no_head);
+    if (g_gpu) {
+        RUN(test_gpu_glm4_moe);
+        RUN(test_gpu_glm_moe_dsa);
+    } else {
+        RUN(test_load_errors);
+        RUN(test_cache_glm4_moe);
+        RUN(test_cache_glm_moe_dsa);
+        RUN(test_cache_no_head);
+    }
     RUN(test_fixture_glm4_moe);
     RUN(test_fixture_glm_moe_dsa);
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_tmp);
