@@ -41,7 +41,7 @@ typedef struct rank_st {
     ms_err err;
 } rank_st;
 
-enum { JOB_OPEN = 1, JOB_FORWARD, JOB_GRAPHS, JOB_STEP, JOB_CLOSE };
+enum { JOB_OPEN = 1, JOB_FORWARD, JOB_GRAPHS, JOB_STEP, JOB_DRAFT, JOB_CLOSE };
 
 struct exec_ctx {
     ms_model *m; /* rank 0 of this node (the only one when unsplit) */
@@ -59,6 +59,8 @@ struct exec_ctx {
     int first_bad; /* local index of the first rank that failed the current job, -1 none (under mu) */
     const ms_batch *batch;
     float *logits;
+    int draft_src;            /* JOB_DRAFT: hidden source and rows (ms_forward_mtp_run) */
+    const int32_t *draft_hidx;
     ms_forward_opts fo;
     ms_comm *local_comms[MS_MAX_LOCAL_RANKS];
     unsigned char nccl_id[MS_COMM_NCCL_ID_BYTES];
@@ -221,6 +223,9 @@ static int rank_job(rank_st *r, int job, ms_err *err) {
     case JOB_FORWARD: return rank_forward(r, err);
     case JOB_GRAPHS: return rank_graphs(r, err);
     case JOB_STEP: return ms_forward_run(r->f, x->batch, r->local == 0 && x->node_rank == 0 ? x->logits : NULL, err);
+    case JOB_DRAFT:
+        return ms_forward_mtp_run(r->f, x->batch, x->draft_src, x->draft_hidx,
+                                  r->local == 0 && x->node_rank == 0 ? x->logits : NULL, err);
     case JOB_CLOSE: rank_close(r); return MS_OK;
     }
     return MS_OK;
@@ -373,10 +378,19 @@ static int exec_forward(void *ctx, const ms_batch *batch, float *logits, ms_err 
 
 static int exec_healthy(void *ctx) { return !is_broken(ctx, NULL); }
 
-/* One MTP draft step (single rank: open refuses speculation on split or multi-node runs). */
+/* One MTP draft step on every rank of this node (open refuses speculation on multi-node runs: the
+ * step plan sent to other nodes has no draft form yet). */
 static int exec_draft(void *ctx, const ms_batch *batch, int hid_src, const int32_t *hid_idx, float *logits, ms_err *err) {
     exec_ctx *x = ctx;
-    return ms_forward_mtp_run(x->f, batch, hid_src, hid_idx, logits, err);
+    if (!x->threaded) return ms_forward_mtp_run(x->f, batch, hid_src, hid_idx, logits, err);
+    if (is_broken(x, err)) return MS_ERR_RUNTIME;
+    x->batch = batch;
+    x->logits = logits;
+    x->draft_src = hid_src;
+    x->draft_hidx = hid_idx;
+    int rc = run_job(x, JOB_DRAFT, err);
+    if (rc && rc != MS_ERR_INVALID) mark_broken(x, err);
+    return rc;
 }
 
 static void exec_free(exec_ctx *x) {
@@ -454,10 +468,10 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
     x->o = *o;
     pthread_mutex_init(&x->bmu, NULL);
     int rc = plan_ranks(x, o, err);
-    if (!rc && o->speculative_num_steps > 0 && (x->tp > 1 || x->nnodes > 1))
+    if (!rc && o->speculative_num_steps > 0 && x->nnodes > 1)
         rc = ms_errf(err, MS_ERR_UNSUPPORTED,
-                     "flag --speculative-algorithm: speculative decoding runs on one rank in this build; it cannot be "
-                     "combined with --tp %d / --nnodes %d yet", x->tp, x->nnodes);
+                     "flag --speculative-algorithm: speculative decoding runs on one node in this build; it cannot be "
+                     "combined with --nnodes %d yet", x->nnodes);
     if (!rc && o->speculative_num_steps > 0 && (o->record_decisions || o->replay_decisions || o->on_layer))
         rc = ms_errf(err, MS_ERR_INVALID, "flag --speculative-algorithm cannot be combined with decision record/replay or layer hooks");
     if (!rc) {

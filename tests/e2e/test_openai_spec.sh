@@ -14,6 +14,8 @@ if ! python3 tools/add_mtp.py models/demo "$tmp/demo" >/dev/null; then
 fi
 rc=0
 MS_TEST_MODEL="$tmp/demo" node tests/e2e/test_spec_greedy.mjs || rc=1
+echo "=== test_spec_greedy.mjs with --tp 2"
+MS_TEST_MODEL="$tmp/demo" MS_SERVE_ARGS="--tp 2" node tests/e2e/test_spec_greedy.mjs || rc=1
 for t in test_openai_chat.mjs test_openai_completions.mjs test_structured_outputs.mjs test_openai_concurrency.mjs \
          test_prefix_cache.mjs; do
   echo "=== $t with --speculative-algorithm NEXTN"

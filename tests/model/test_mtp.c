@@ -13,13 +13,15 @@
  * one multi-token MTP step equals the same positions fed one token at a time through the MTP layer's
  * paged KV cache and equals two chunks; two sequences batched equal each alone; the main model's
  * logits are unchanged by the MTP layer's presence; loading fails with the tensor or field named
- * when a checkpoint has no MTP layer; a checkpoint without shared_head.head uses the lm_head.
+ * when a checkpoint has no MTP layer; a checkpoint without shared_head.head uses the lm_head; the
+ * executor's draft step under --tp 2 / 3-way splits (CPU ranks) gives the single rank's logits.
  *
  * `test_mtp cuda` (scripts/gpu-check.sh) runs the transformers check on the GPU within TOL_GPU (bf16
  * activations) and compares the GPU's MTP logits with the CPU's on the add_mtp checkpoints, with the
  * hidden rows of the main step kept by a CUDA graph decode step as well. */
 #include "backend/backend.h"
 #include "core/fileutil.h"
+#include "engine/model_executor.h"
 #include "model/arch.h"
 #include "model/model.h"
 #include "test.h"
@@ -296,6 +298,62 @@ static void test_cache_glm4_moe(void) { cache_check("glm4_moe", ""); }
 static void test_cache_glm_moe_dsa(void) { cache_check("glm_moe_dsa", ""); }
 static void test_cache_no_head(void) { cache_check("glm4_moe", "--no-head"); }
 
+/* Through the executor: a main step over the sequence, then the MTP step over it, with tp ranks;
+ * logits [n, V] of the draft step. */
+static int exec_mtp(const char *dir, int tp, const int32_t *ids, int S, float *out, ms_err *err) {
+    ms_exec_opts o = {0};
+    o.model_path = dir;
+    o.device = "cpu";
+    o.max_total_tokens = NPAGES * PS;
+    o.page_size = PS;
+    o.max_batch_tokens = MAXT;
+    o.tp = tp;
+    o.dist_timeout_s = 30;
+    o.speculative_num_steps = 3;
+    ms_executor ex;
+    MS_TRY(ms_model_executor_open(&o, &ex, NULL, err));
+    int rc = ex.draft ? MS_OK : ms_errf(err, MS_ERR_RUNTIME, "executor has no draft step");
+    float *lg = malloc(sizeof(float) * (size_t)S * ex.vocab);
+    bbuf u;
+    int32_t hidx[MAXT];
+    for (int i = 0; i < S; i++) hidx[i] = i;
+    bspec sm = {1, {ids}, {0}, {S}, {0}}, sd = {1, {ids + 1}, {0}, {S - 1}, {0}};
+    if (!rc) rc = ex.forward(ex.ctx, mkbatch(&u, &sm), lg, err);
+    if (!rc) rc = ex.draft(ex.ctx, mkbatch(&u, &sd), MS_MTP_HID_TARGET, hidx, out, err);
+    /* a chained step from the draft layer's own row */
+    int32_t last = S - 2, nx = 9;
+    bspec ch = {1, {&nx}, {S - 1}, {1}, {0}};
+    if (!rc) rc = ex.draft(ex.ctx, mkbatch(&u, &ch), MS_MTP_HID_DRAFT, &last, out + (size_t)(S - 1) * ex.vocab, err);
+    free(lg);
+    ms_model_executor_close(&ex);
+    return rc;
+}
+
+static void test_tensor_parallel(void) {
+    const char *fx[2] = {"glm4_moe", "glm_moe_dsa"};
+    for (int k = 0; k < 2; k++) {
+        char src[256], dst[300];
+        snprintf(src, sizeof src, "tests/fixtures/%s", fx[k]);
+        snprintf(dst, sizeof dst, "%s/%s_tp", g_tmp, fx[k]);
+        if (!make_mtp_dir(src, dst, "")) return;
+        const int V = 384, S = 12;
+        int32_t ids[16];
+        for (int i = 0; i < 16; i++) ids[i] = 3 + (i * 29) % (V - 3);
+        float *a = malloc(sizeof(float) * (size_t)S * V), *b = malloc(sizeof(float) * (size_t)S * V);
+        ms_err err = {0};
+        int rc = exec_mtp(dst, 1, ids, S, a, &err);
+        CHECK_MSG(rc == MS_OK, "%s tp 1: %s", fx[k], err.msg);
+        for (int tp = 2; tp <= 2 && !rc; tp++) {
+            rc = exec_mtp(dst, tp, ids, S, b, &err);
+            CHECK_MSG(rc == MS_OK, "%s tp %d: %s", fx[k], tp, err.msg);
+            double d = rc ? 1 : rel_diff(b, a, S, V);
+            printf("  %s: MTP logits tp %d vs 1: %.2e\n", fx[k], tp, d);
+            CHECK_MSG(d < 1e-4, "%s: MTP logits under tp %d differ by %.3e", fx[k], tp, d);
+        }
+        free(a), free(b);
+    }
+}
+
 /* load_mtp on a checkpoint without an MTP layer names the tensor; num_nextn_predict_layers 0 names
  * the field; without load_mtp the MTP tensors are skipped */
 static void test_load_errors(void) {
@@ -403,6 +461,7 @@ int main(int argc, char **argv) {
         RUN(test_cache_glm4_moe);
         RUN(test_cache_glm_moe_dsa);
         RUN(test_cache_no_head);
+        RUN(test_tensor_parallel);
     }
     RUN(test_fixture_glm4_moe);
     RUN(test_fixture_glm_moe_dsa);
