@@ -4,8 +4,20 @@
 // identical, streamed and not, many prompts at once (continuous batching: sequences accept different
 // lengths in one step), with stop strings and max_tokens; the speculating server reports its draft
 // counters in /metrics and the mean accept length in /get_server_info; its KV pool ends empty.
+// Run alone (no MS_TEST_MODEL), it gives a temporary copy of the demo model a random MTP layer itself.
+import { execFileSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
 import OpenAI from "openai";
-import { assert, eq, metrics, run, startServer, test, waitKvEmpty } from "./lib.mjs";
+import { ROOT, assert, eq, findModel, metrics, run, startServer, test, waitKvEmpty } from "./lib.mjs";
+
+let tmpDir = null;
+if (!process.env.MS_TEST_MODEL && !process.env.MS_E2E_URL) {
+  tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), "ms-spec-"));
+  execFileSync("python3", [path.join(ROOT, "tools/add_mtp.py"), findModel(), path.join(tmpDir, "demo")], { stdio: "ignore" });
+  process.env.MS_TEST_MODEL = path.join(tmpDir, "demo");
+}
 
 const SPEC = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
               "--speculative-num-draft-tokens", "4"];
@@ -93,5 +105,9 @@ await run(import.meta.url, {
     assert(/MTP draft layer/.test(sb.log()), "the speculating server loaded the MTP layer:\n" + sb.log());
     return { a, b };
   },
-  teardown: async ({ a, b }) => { await a.server.stop(); await b.server.stop(); },
+  teardown: async ({ a, b }) => {
+    await a.server.stop();
+    await b.server.stop();
+    if (tmpDir) fs.rmSync(tmpDir, { recursive: true, force: true });
+  },
 });
