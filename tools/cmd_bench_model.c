@@ -661,13 +661,15 @@ int cmd_bench_model(int argc, char **argv) {
                    res[i].batch, res[i].ctx, res[i].tok_s, res[i].ms_step, res[i].bytes_step / 1e6, res[i].gbs, res[i].pct,
                    res[i].flops_step / 1e9, res[i].tflops, res[i].routed_avg);
             if (res[i].verify_ms > 0) {
-                /* a round: one verification and N draft steps (the MTP extend counts as the first) */
+                /* a round: one verification and N draft steps (the MTP extend counts as the first); the
+                 * projection takes accept length 3.5 (SGLang's GLM-5 figure), or N + 1 when that is less */
                 const double round = res[i].verify_ms + g_spec * res[i].draft_ms;
+                const double al = g_spec + 1 < 3.5 ? g_spec + 1 : 3.5;
                 printf("speculative batch %3d ctx %5d: verify of %d tokens/seq %8.3f ms, MTP draft step %8.3f ms; round "
-                       "(verify + %d drafts) %8.3f ms = %.2fx a decode step; projected %.2f tok/s at accept length 3.5 "
+                       "(verify + %d drafts) %8.3f ms = %.2fx a decode step; projected %.2f tok/s at accept length %.1f "
                        "(%.2fx plain decode)\n",
                        res[i].batch, res[i].ctx, g_spec + 1, res[i].verify_ms, res[i].draft_ms, g_spec, round,
-                       round / res[i].ms_step, res[i].batch * 3.5 / round * 1e3, 3.5 * res[i].ms_step / round);
+                       round / res[i].ms_step, res[i].batch * al / round * 1e3, al, al * res[i].ms_step / round);
             }
         }
         printf("prefill     %lld tokens: %.1f tok/s, %.2f GFLOP/s", prefill, pf_tok_s, pf_flops / 1e9);
