@@ -292,7 +292,7 @@ static void draft_phase(ms_engine *e, const ms_batch *b) {
     ms_sched *s = &e->sched;
     const int N = e->cfg.speculative_num_steps, V = e->exec.vocab, ps = s->cfg.page_size;
     if (N <= 0) return;
-    const int use_mtp = !e->cfg.draft_fn;
+    const int use_mtp = e->exec.draft && (!e->cfg.draft_fn || e->cfg.draft_fn_after_layer);
     int T = 0, S = 0, NL = 0;
     for (int i = 0; i < b->n_seqs; i++) {
         if (e->seq_dead[i]) continue;
@@ -337,12 +337,7 @@ static void draft_phase(ms_engine *e, const ms_batch *b) {
         int n_max = N < r->max_new - n_gen - 1 ? N : r->max_new - n_gen - 1;
         int nd = ms_sched_reserve_drafts(s, r, n_max);
         int32_t *d = e->drafts + (size_t)q * N;
-        if (!use_mtp) {
-            int got = nd > 0 ? e->cfg.draft_fn(e->cfg.draft_user, r->tokens, r->n_tokens, r->n_prompt, d, nd) : 0;
-            nd = got < 0 ? 0 : got < nd ? got : nd;
-        } else if (nd > 0) {
-            d[0] = argmax_row(e->d_logits + (size_t)q * V, V);
-        }
+        if (use_mtp && nd > 0) d[0] = argmax_row(e->d_logits + (size_t)q * V, V);
         e->d_nd[q] = nd;
         e->d_prev[q] = q; /* its row in the last draft step's logit rows */
         max_nd = nd > max_nd ? nd : max_nd;
@@ -380,7 +375,15 @@ static void draft_phase(ms_engine *e, const ms_batch *b) {
         for (int q = 0; q < NL; q++)
             if (e->d_nd[q] > j) e->drafts[(size_t)q * N + j] = argmax_row(e->d_logits + (size_t)e->d_prev[q] * V, V);
     }
-    for (int q = 0; q < NL; q++) ms_sched_set_drafts(s, e->d_lreq[q], e->drafts + (size_t)q * N, e->d_nd[q]);
+    for (int q = 0; q < NL; q++) {
+        ms_request *r = e->d_lreq[q];
+        int nd = e->d_nd[q];
+        if (e->cfg.draft_fn && nd > 0) { /* the hook's tokens (after the layer's steps, when asked) */
+            int got = e->cfg.draft_fn(e->cfg.draft_user, r->tokens, r->n_tokens, r->n_prompt, e->drafts + (size_t)q * N, nd);
+            nd = got < 0 ? 0 : got < nd ? got : nd;
+        }
+        ms_sched_set_drafts(s, r, e->drafts + (size_t)q * N, nd);
+    }
 }
 
 static void run_step(ms_engine *e) {

@@ -133,6 +133,9 @@ typedef struct ms_engine_config {
      * thread. When set, the executor's draft layer is not used. */
     int (*draft_fn)(void *user, const int32_t *tokens, int n_tokens, int n_prompt, int32_t *out, int max);
     void *draft_user;
+    /* Test aid: with draft_fn and an executor draft layer, run the draft layer's steps anyway (its KV
+     * cache, hidden rows and chained steps are exercised) and let draft_fn replace their tokens. */
+    int draft_fn_after_layer;
 } ms_engine_config;
 
 void ms_engine_config_default(ms_engine_config *c);
