@@ -338,15 +338,25 @@ def mtp_small_cfg(arch):
 
 def mtp_layer_config(cfg):
     """cfg one layer longer: the per-layer lists transformers' decoder-layer classes index by their own
-    layer number get an entry for the MTP layer (a MoE layer; its DSA indexer is a full one)."""
+    layer number get an entry for the MTP layer (a MoE layer; its DSA indexer is a full one). Built as a
+    new config from cfg's dict (a config may validate list lengths against num_hidden_layers)."""
     import copy
-    c2 = copy.deepcopy(cfg)
     L = cfg.num_hidden_layers
+    d = cfg.to_dict()
     for key, extra in (("mlp_layer_types", "sparse"), ("indexer_types", "full"), ("layer_types", None)):
-        v = getattr(c2, key, None)
+        v = d.get(key)
         if isinstance(v, list) and len(v) == L:
-            setattr(c2, key, list(v) + [extra if extra is not None else v[-1]])
-    c2.num_hidden_layers = L + 1
+            d[key] = list(v) + [extra if extra is not None else v[-1]]
+    d["num_hidden_layers"] = L + 1
+    try:
+        c2 = type(cfg)(**d)
+    except Exception as e:  # fall back to editing a copy in place
+        log("  mtp: config rebuild failed (", e, "); editing a copy")
+        c2 = copy.deepcopy(cfg)
+        for key in ("mlp_layer_types", "indexer_types", "layer_types"):
+            if key in d and hasattr(c2, key):
+                setattr(c2, key, d[key])
+        c2.num_hidden_layers = L + 1
     c2._attn_implementation = "eager"
     return c2
 
