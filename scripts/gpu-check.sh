@@ -17,9 +17,9 @@ row() { rows+=("$(printf '%-46s %-6s %s' "$1" "$2" "${3:-}")"); [ "$2" = FAIL ] 
 # with the CUDA-core kernels and cuBLASLt for bf16 (MS_CU_GEMV=gv2, MS_CU_BF16_GEMV_MAX_T=0) so both
 # paths stay checked; the forward cache test runs on the GPU with decode steps as CUDA graphs
 for variant in default gv2; do
-  for t in backend/test_cuda_ops moe/test_moe_cuda "model/test_forward_cache cuda" dist/test_comm_nccl; do
+  for t in backend/test_cuda_ops moe/test_moe_cuda "model/test_forward_cache cuda" "model/test_mtp cuda" dist/test_comm_nccl; do
     bin=${t% *}
-    [ $variant = gv2 ] && { [ "$bin" = model/test_forward_cache ] || [ "$bin" = dist/test_comm_nccl ]; } && continue
+    [ $variant = gv2 ] && { [ "$bin" = model/test_forward_cache ] || [ "$bin" = model/test_mtp ] || [ "$bin" = dist/test_comm_nccl ]; } && continue
     name=$t; [ $variant = gv2 ] && name="$t (gv2)"
     log="$OUT/$(basename $bin)$([ $variant = gv2 ] && echo _gv2).log"
     if [ ! -x "$BUILD/tests/$bin" ]; then row "$name" FAIL "not built"; continue; fi
