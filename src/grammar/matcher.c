@@ -16,6 +16,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define CTX_K 6            /* context depth of the token cache */
 #define MAX_EXPAND_DEPTH 4000
@@ -161,6 +162,13 @@ static void step(const ms_grammar *g, narena *a, const nset *in, unsigned b, nse
 
 /* ---- grammar objects ---- */
 
+static void entry_free(gcache_entry *e) {
+    free(e->acc);
+    free(e->acc_ids);
+    free(e->unc);
+    free(e);
+}
+
 static int grammar_new(const ms_grammar_vocab *v, ms_grammar **out, ms_err *err) {
     ms_grammar *g = calloc(1, sizeof *g);
     if (!g) return ms_errf(err, MS_ERR_NOMEM, "grammar: out of memory");
@@ -210,9 +218,7 @@ void ms_grammar_unref(ms_grammar *g) {
     for (int i = 0; i < g->n_buckets; i++)
         for (gcache_entry *e = g->buckets[i], *nx; e; e = nx) {
             nx = e->next;
-            free(e->acc);
-            free(e->unc);
-            free(e);
+            entry_free(e);
         }
     free(g->buckets);
     ms_gbnf_free_rules(g);
@@ -519,22 +525,36 @@ static gcache_entry *context_entry(ms_grammar_matcher *m, int32_t id) {
     nset_push(S, top);
     cache_dfs(m, 0, 0, S, 0);
     m->b_acc = NULL;
-    if (m->oom || m->tmp.overflow) { free(e->acc); free(e); m->tmp.overflow = 0; return NULL; }
+    if (m->oom || m->tmp.overflow) { entry_free(e); m->tmp.overflow = 0; return NULL; }
     e->n_unc = m->b_n_unc;
     if (e->n_unc) {
         e->unc = malloc((size_t)e->n_unc * sizeof *e->unc);
-        if (!e->unc) { free(e->acc); free(e); return NULL; }
+        if (!e->unc) { entry_free(e); return NULL; }
         memcpy(e->unc, m->b_unc, (size_t)e->n_unc * sizeof *e->unc);
     }
+    /* a set of fewer tokens than the bitmap has words is kept as a list (most contexts inside a
+     * number, a key or a literal allow a handful of tokens): 4 bytes a token instead of V / 8 */
+    int n_acc = 0;
+    for (int w = 0; w < m->words; w++) n_acc += __builtin_popcount(e->acc[w]);
+    if (n_acc < m->words) {
+        e->acc_ids = malloc((size_t)(n_acc ? n_acc : 1) * sizeof *e->acc_ids);
+        if (!e->acc_ids) { entry_free(e); return NULL; }
+        for (int w = 0, k = 0; w < m->words; w++)
+            for (uint32_t x = e->acc[w]; x; x &= x - 1) e->acc_ids[k++] = w * 32 + __builtin_ctz(x);
+        e->n_acc_ids = n_acc;
+        free(e->acc);
+        e->acc = NULL;
+    }
+    size_t bytes = sizeof *e + (e->acc ? (size_t)m->words * sizeof(uint32_t) : (size_t)e->n_acc_ids * sizeof(int32_t)) +
+                   (size_t)e->n_unc * sizeof(int32_t);
     e->key_hash = h;
     e->klen = klen + 1;
     memcpy(e->key, key, (size_t)(klen + 1) * sizeof *key);
     pthread_mutex_lock(&g->mu);
     gcache_entry *other = cache_find(g, h, key, klen + 1);
-    size_t max_entries = CACHE_BUDGET_BYTES / ((size_t)m->words * sizeof(uint32_t) + 64);
-    if (other || (size_t)g->n_entries >= (max_entries < 64 ? 64 : max_entries)) {
+    if (other || g->cache_bytes + bytes > CACHE_BUDGET_BYTES) {
         pthread_mutex_unlock(&g->mu);
-        if (other) { free(e->acc); free(e->unc); free(e); return other; }
+        if (other) { entry_free(e); return other; }
         return e; /* not shared: the caller frees it (see fill_mask) */
     }
     size_t b = h & (uint64_t)(g->n_buckets - 1);
@@ -542,6 +562,7 @@ static gcache_entry *context_entry(ms_grammar_matcher *m, int32_t id) {
     e->next = g->buckets[b];
     g->buckets[b] = e;
     g->n_entries++;
+    g->cache_bytes += bytes;
     pthread_mutex_unlock(&g->mu);
     return e;
 }
@@ -558,8 +579,12 @@ int ms_grammar_matcher_fill_mask(ms_grammar_matcher *m, uint32_t *mask) {
     for (int i = 0; i < m->cur.n; i++) {
         gcache_entry *e = m->ents[i] = context_entry(m, m->cur.v[i]);
         if (!e) continue;
-        const uint32_t *acc = e->acc;
-        for (int w = 0; w < W; w++) mask[w] |= acc[w];
+        if (e->acc) {
+            const uint32_t *acc = e->acc;
+            for (int w = 0; w < W; w++) mask[w] |= acc[w];
+        } else {
+            for (int k = 0; k < e->n_acc_ids; k++) { int32_t id = e->acc_ids[k]; mask[id >> 5] |= 1u << (id & 31); }
+        }
     }
     /* the uncertain tokens, against the real stack they came from */
     nset one = {0};
@@ -580,9 +605,100 @@ int ms_grammar_matcher_fill_mask(ms_grammar_matcher *m, uint32_t *mask) {
     }
     for (int i = 0; i < m->cur.n; i++) {
         gcache_entry *e = m->ents[i];
-        if (e && !e->cached) { free(e->acc); free(e->unc); free(e); }
+        if (e && !e->cached) entry_free(e);
     }
     int n = 0;
     for (int w = 0; w < W; w++) n += __builtin_popcount(mask[w]);
     return n;
+}
+
+/* ---- precomputation ---- */
+
+static double mono_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int ms_grammar_precompute(ms_grammar *g, int max_stacks, double max_seconds, ms_grammar_precompute_stats *st) {
+    ms_grammar_precompute_stats local = {0};
+    if (!st) st = &local;
+    memset(st, 0, sizeof *st);
+    int expected = 0;
+    if (!atomic_compare_exchange_strong((_Atomic int *)&g->precomputed, &expected, 1)) return 0;
+    double t0 = mono_now();
+    ms_grammar_matcher *m = ms_grammar_matcher_new(g);
+    if (!m) return -1;
+    /* Breadth first over single parse stacks: every byte a stack's top class holds leads to the same
+     * successor set (expand past the class), so the graph has one edge set per stack. A grammar with
+     * recursion has infinitely many stacks: the walk stops at max_stacks or max_seconds, the nearest
+     * (shallowest) contexts done first; what is left is computed on first use as before. */
+    int32_t *queue = NULL;
+    uint8_t *seen = NULL;
+    size_t qcap = 0, scap = 0, qh = 0, qt = 0;
+    int rc = 0;
+    nset out = {0};
+    for (int i = 0; i < m->cur.n; i++) {
+        int32_t id = m->cur.v[i];
+        if ((size_t)id >= scap) {
+            size_t nc = scap ? scap : 1024;
+            while (nc <= (size_t)id) nc *= 2;
+            uint8_t *ns = realloc(seen, nc);
+            if (!ns) { rc = -1; goto done; }
+            memset(ns + scap, 0, nc - scap);
+            seen = ns, scap = nc;
+        }
+        if (seen[id]) continue;
+        seen[id] = 1;
+        if (qt == qcap) {
+            size_t nc = qcap ? 2 * qcap : 1024;
+            int32_t *nq = realloc(queue, nc * sizeof *nq);
+            if (!nq) { rc = -1; goto done; }
+            queue = nq, qcap = nc;
+        }
+        queue[qt++] = id;
+    }
+    int before = g->n_entries;
+    while (qh < qt && st->stacks < max_stacks) {
+        if ((st->stacks & 15) == 0 && mono_now() - t0 > max_seconds) { st->truncated = 1; break; }
+        int32_t id = queue[qh++];
+        st->stacks++;
+        gcache_entry *e = context_entry(m, id);
+        if (!e) { rc = -1; break; }
+        if (!e->cached) { entry_free(e); st->truncated = 1; break; } /* the cache budget is spent */
+        int32_t pos = m->a.pos[id];
+        m->a.gen++;
+        out.n = 0;
+        out.popped = 0;
+        expand(g, &m->a, pos + 1, m->a.par[id], &out, 0);
+        if (m->a.overflow) { m->a.overflow = 0; continue; }
+        for (int i = 0; i < out.n; i++) {
+            int32_t nid = out.v[i];
+            if ((size_t)nid >= scap) {
+                size_t nc = scap;
+                while (nc <= (size_t)nid) nc *= 2;
+                uint8_t *ns = realloc(seen, nc);
+                if (!ns) { rc = -1; goto done; }
+                memset(ns + scap, 0, nc - scap);
+                seen = ns, scap = nc;
+            }
+            if (seen[nid]) continue;
+            seen[nid] = 1;
+            if (qt == qcap) {
+                int32_t *nq = realloc(queue, 2 * qcap * sizeof *nq);
+                if (!nq) { rc = -1; goto done; }
+                queue = nq, qcap *= 2;
+            }
+            queue[qt++] = nid;
+        }
+    }
+    if (qh < qt) st->truncated = 1;
+    st->contexts = g->n_entries - before;
+done:
+    st->seconds = mono_now() - t0;
+    free(out.v);
+    free(queue);
+    free(seen);
+    ms_grammar_matcher_free(m);
+    return rc;
 }

@@ -167,10 +167,20 @@ static void test_json_schemas(void) {
     static const char *req0[] = {"name", "age", NULL}, *req1[] = {"c", NULL}, *req4[] = {"id", NULL};
     const void *reqs[] = {req0, req1, NULL, NULL, req4, NULL, NULL, NULL};
     for (size_t i = 0; i < sizeof schemas / sizeof schemas[0]; i++) {
-        ms_grammar *g = schema_grammar(schemas[i]);
-        if (!g) continue;
-        walk(g, VOC, NV, 12, 40, is_json, reqs[i], schemas[i]);
-        ms_grammar_unref(g);
+        /* twice: contexts computed on first use, then precomputed as the server does at admission
+         * (the masks must not depend on which) */
+        for (int pre = 0; pre < 2; pre++) {
+            ms_grammar *g = schema_grammar(schemas[i]);
+            if (!g) continue;
+            if (pre) {
+                ms_grammar_precompute_stats st;
+                CHECK(ms_grammar_precompute(g, 5000, 60.0, &st) == 0);
+                CHECK(st.contexts > 0 && st.stacks >= st.contexts);
+                CHECK(ms_grammar_precompute(g, 5000, 60.0, &st) == 0 && st.stacks == 0); /* once per grammar */
+            }
+            walk(g, VOC, NV, 12, 40, is_json, reqs[i], schemas[i]);
+            ms_grammar_unref(g);
+        }
     }
     /* json_object: any object */
     ms_grammar *g = NULL;
@@ -301,6 +311,14 @@ static void test_real_vocab(void) {
         CHECK_MSG(ms_grammar_compile_json_schema(s, v, &g, &err) == MS_OK, "%s", err.msg);
         static const char *req[] = {"name", "n", NULL};
         if (g) { walk(g, v, V, 8, 40, is_json, req, "demo vocabulary"); ms_grammar_unref(g); }
+        g = NULL;
+        CHECK_MSG(ms_grammar_compile_json_schema(s, v, &g, &err) == MS_OK, "%s", err.msg);
+        if (g) {
+            ms_grammar_precompute_stats st;
+            CHECK(ms_grammar_precompute(g, 20000, 60.0, &st) == 0 && !st.truncated && st.contexts > 0);
+            walk(g, v, V, 8, 40, is_json, req, "demo vocabulary, precomputed");
+            ms_grammar_unref(g);
+        }
         json_decref(s);
         ms_grammar_vocab_free(v);
     }
