@@ -1,6 +1,7 @@
 # moeserve build. `make` / `make build` -> build/moeserve; `make test`; `make serve`; `make asan`;
 # `make test-portable` (the plain C CPU paths, PORTABLE=1); `make fuzz` (libFuzzer, FUZZ_TIME s per
-# target); `make soak` (the server under SOAK_N requests at concurrency 128).
+# target); `make soak` (the server under SOAK_N requests at concurrency 128); `make test-structured` (the
+# whole structured-output schema corpus).
 # The CUDA backend is compiled whenever nvcc is found (CUDA=0 to skip). All output goes to build/.
 
 CC      ?= gcc

@@ -1,12 +1,14 @@
 /* json_schema.c - JSON Schema -> GBNF text (then compiled like any GBNF grammar).
  *
  * Handled: type (one or a list), enum, const, properties, required, additionalProperties (a map
- * when there are no properties), items, prefixItems, minItems/maxItems, anyOf/oneOf (oneOf is not
- * made exclusive), a one-element allOf, $ref into the document (#, #/$defs/..., #/definitions/...;
- * recursion allowed), nullable, minLength/maxLength, pattern, format (date, time, date-time, uuid,
- * email, ipv4), integer bounds (exact), number bounds (generated as integers in the range).
- * Validation keywords that cannot be enforced here (not, if/then/else, uniqueItems, multipleOf,
- * patternProperties, ...) are refused with a message naming the keyword and where it sits.
+ * when there are no properties; never extra keys beside listed properties), items, prefixItems,
+ * minItems/maxItems, anyOf, oneOf (exact: branches proven pairwise exclusive, else refused), a
+ * one-element allOf, $ref into the document (#, #/$defs/..., #/definitions/...; recursion allowed),
+ * nullable, minLength/maxLength, pattern, format (date, time, date-time, uuid, email, ipv4), integer
+ * bounds (exact), number bounds (integers and n.ddd forms, never out of range). Validation keywords
+ * that cannot be enforced here (not, if/then/else, uniqueItems, multipleOf, patternProperties, ...,
+ * or a keyword beside const/enum/anyOf/... that those would ignore) are refused with a message naming
+ * the keyword and where it sits. docs/structured-outputs.md states the semantics for users.
  *
  * Output is compact with fixed separators (", " and ": ") and no free whitespace: a model cannot
  * wander into endless blanks, and every output parses. Numbers have at most 16 integer digits. */
