@@ -17,7 +17,7 @@ const CONC = Number(process.env.MS_CORPUS_CONC || 32);
 const MAX_TOKENS = FULL ? 300 : 160;
 const SAMPLES = FULL ? [[0, 0], [1, 1], [1, 2]] : [[0, 0], [1, 1]];
 
-const all = corpus({ seed: 20, n: FULL ? 500 : 500 });
+const all = corpus({ seed: Number(process.env.MS_CORPUS_SEED || 20), n: 500 }); // (MS_CORPUS_SEED: another generated set)
 // the subset: every hand-written schema and refusal, then generated ones up to 200
 const hand = all.filter((c) => !c.name.startsWith("gen") && !c.name.endsWith("/strict"));
 const SCHEMAS = FULL ? all : hand.concat(all.filter((c) => c.name.startsWith("gen")).slice(0, 200 - hand.length));
