@@ -45,7 +45,7 @@ timeout 100 "${BM[@]}" --profile >"$log" 2>&1
 rc=$?
 if [ $rc = 0 ]; then row "bench-model glm-5x6 auto --profile" ok "b1 $(step_ms "$log" 1) ms, b32 $(step_ms "$log" 32) ms/step"
 else row "bench-model glm-5x6 auto --profile" FAIL "rc=$rc $(tail -1 "$log")"; fi
-for spec in "check:--check-numerics" "flash_nosplit:--attention-backend flash_nosplit --nsa-prefill-backend flash_nosplit --nsa-decode-backend flash_nosplit" \
+for spec in "check:--check-numerics" "flash:--attention-backend flash --nsa-prefill-backend flash --nsa-decode-backend flash" "flash_nosplit:--attention-backend flash_nosplit --nsa-prefill-backend flash_nosplit --nsa-decode-backend flash_nosplit" \
             "ref:--attention-backend ref --nsa-prefill-backend ref --nsa-decode-backend ref" \
             "nsa-masked:--nsa-prefill-backend ref --nsa-decode-backend ref"; do
   name=${spec%%:*}; flags=${spec#*:}
@@ -68,18 +68,20 @@ for name in mma flash; do
   if [ $rc = 0 ]; then row "bench-model glm-4.5-air x4 $name" ok "b1 $(step_ms "$log" 1) ms, b32 $(step_ms "$log" 32) ms/step"
   else row "bench-model glm-4.5-air x4 $name" FAIL "rc=$rc $(tail -1 "$log" | cut -c1-150)"; fi
 done
-# a forced choice that cannot run: refused at start-up naming the flag, GPU, capability, reason, alternatives
+# a forced choice that cannot run (mma covers latent widths 64/128/512): refused at start-up naming
+# the flag, GPU, capability, reason, alternatives
 log="$OUT/bench_refused.log"
-timeout 60 "$BIN" bench-model --device cuda --model tests/fixtures/glm_moe_dsa --batches 1 --ctx 16 --prefill 0 \
-  --nsa-decode-backend mma >"$log" 2>&1
+timeout 60 "$BIN" bench-model --device cuda --model configs/glm-5.json --load-format dummy --override num_hidden_layers=4 \
+  --override kv_lora_rank=96 --batches 1 --ctx 16 --prefill 0 --nsa-decode-backend mma >"$log" 2>&1
 rc=$?
-if [ $rc != 0 ] && grep -q 'nsa-decode-backend.*compute capability.*those that can' "$log"; then row "forced mma for DSA is refused" ok "$(grep -o "cannot run.*" "$log" | head -1 | cut -c1-110)"
-else row "forced mma for DSA is refused" FAIL "rc=$rc $(tail -1 "$log" | cut -c1-150)"; fi
+if [ $rc != 0 ] && grep -q 'nsa-decode-backend.*compute capability.*those that can' "$log"; then row "forced mma for DSA (latent width 96) is refused" ok "$(grep -o "cannot run.*" "$log" | head -1 | cut -c1-110)"
+else row "forced mma for DSA (latent width 96) is refused" FAIL "rc=$rc $(tail -1 "$log" | cut -c1-150)"; fi
 
 # 4. compare two implementations on the same GPU
-for c in "glm4_moe:cuda:attn=flash:cuda:attn=ref" "glm_moe_dsa:cuda:attn=flash,nsa=flash:cuda:attn=ref,nsa=ref"; do
+for c in "glm4_moe:cuda:attn=flash:cuda:attn=ref" "glm_moe_dsa:cuda:attn=flash,nsa=flash:cuda:attn=ref,nsa=ref" \
+         "glm_moe_dsa:cuda:attn=mma,nsa=mma:cuda:attn=ref,nsa=ref"; do
   fx=${c%%:*}; rest=${c#*:}; a=${rest%:cuda:*}; b=cuda:${rest##*:cuda:}
-  log="$OUT/compare_$fx.log"
+  ci=$((${ci:-0} + 1)); log="$OUT/compare_${fx}_$ci.log"
   timeout 60 "$BIN" compare --model "tests/fixtures/$fx" --a "$a" --b "$b" --ids 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20 >"$log" 2>&1
   rc=$?
   if [ $rc = 0 ]; then row "compare $fx $a vs $b" ok "$(grep '^logits' "$log" | awk '{print "logits rel "$2}')"

@@ -132,10 +132,20 @@ fl = np.fromfile(tmp, dtype="<f4").reshape(len(full), V)
 recomputed = [int(fl[len(gp) - 1 + i].argmax()) for i in range(len(gen))]
 if recomputed != gen:
     s2 = np.sort(fl, axis=1); g2 = (s2[:, -1] - s2[:, -2])[len(gp) - 1:len(full) - 1]
-    if g2.min() > 5e-2:
-        ok = False; msgs.append("cached decode %s != full recompute %s" % (gen, recomputed))
-    else:
+    # A routing choice at a near-tie anywhere up to the first differing prediction (prompt included:
+    # the prompt is prefilled as 20 rows in one run and as 27 in the other, and bf16 GEMMs of
+    # different row counts round differently) legitimately changes everything after it.
+    first = next(i for i in range(len(gen)) if recomputed[i] != gen[i])
+    rec_dec = os.path.join(out, "dec_rec.st")
+    run(["logits", "--ids", ",".join(map(str, full)), "--out", tmp, "--record-decisions", rec_dec] + common)
+    mg = load_st(rec_dec)["expert_margin"][:, :len(gp) + first]
+    near = float(mg.min()) if mg.size else float("inf")
+    if g2.min() <= 5e-2:
         msgs.append("cached/recompute differ within a tiny gap")
+    elif near < 3e-3:
+        msgs.append("cached/recompute differ after a near-tie routing choice (expert margin %.4f)" % near)
+    else:
+        ok = False; msgs.append("cached decode %s != full recompute %s (smallest expert margin %.4f)" % (gen, recomputed, near))
 print(("ok " if ok else "FAIL ") + "; ".join(msgs))
 PY
 )

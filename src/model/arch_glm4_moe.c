@@ -74,6 +74,8 @@ static int alloc(ms_forward *f, ms_err *err) {
     return MS_OK;
 }
 
+static int attend(ms_forward *f, int L, int T, ms_err *err);
+
 static int attention(ms_forward *f, int L, int T, ms_err *err) {
     const ms_config *c = &f->m->cfg;
     const ms_layer *l = &f->m->layers[L];
@@ -84,6 +86,24 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
     ms_tensor a = fw_view2(&f->a, T, H);
     ms_tensor q = fw_view2(&f->q, T, (int64_t)nh * d), k = fw_view2(&f->k, T, (int64_t)nkv * d),
               v = fw_view2(&f->v, T, (int64_t)nkv * d);
+    ms_tensor q3 = fw_view3(&f->q, T, nh, d), k3 = fw_view3(&f->k, T, nkv, d);
+    ms_rope_cfg rc = {0, c->rotary_dim, 0, c->rope_theta};
+    if (op->gqa_prep && !(c->use_qk_norm && l->q_norm.data && l->k_norm.data)) {
+        /* one kernel for the biases, RoPE and both cache stores after bias-free projections
+         * (7 launches -> 1 per layer: these move almost no bytes and cost a launch each) */
+        ms_linear qp = l->q_proj, kp = l->k_proj, vp = l->v_proj;
+        qp.bias.data = kp.bias.data = vp.bias.data = NULL;
+        MS_TRY(op->linear(b, &qp, &a, &q, err));
+        MS_TRY(op->linear(b, &kp, &a, &k, err));
+        MS_TRY(op->linear(b, &vp, &a, &v, err));
+        ms_tensor v3 = fw_view3(&f->v, T, nkv, d);
+        MS_TRY(op->gqa_prep(b, &q3, &k3, &v3, l->q_proj.bias.data ? &l->q_proj.bias : NULL,
+                            l->k_proj.bias.data ? &l->k_proj.bias : NULL, l->v_proj.bias.data ? &l->v_proj.bias : NULL,
+                            f->meta.positions_d, c->rotary_dim > 0 ? &rc : NULL, &f->kc[L], &f->vc[L],
+                            f->meta.slot_mapping_d, err));
+        FW_TRY_CHECK(f, &q, "q_proj + bias + rope", err);
+        return attend(f, L, T, err);
+    }
     MS_TRY(op->linear(b, &l->q_proj, &a, &q, err));
     FW_TRY_CHECK(f, &q, "q_proj", err);
     MS_TRY(op->linear(b, &l->k_proj, &a, &k, err));
@@ -95,14 +115,23 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
         MS_TRY(op->rmsnorm(b, &qh, &l->q_norm, c->rms_norm_eps, &qh, err));
         MS_TRY(op->rmsnorm(b, &kh, &l->k_norm, c->rms_norm_eps, &kh, err));
     }
-    ms_tensor q3 = fw_view3(&f->q, T, nh, d), k3 = fw_view3(&f->k, T, nkv, d);
     if (c->rotary_dim > 0) {
-        ms_rope_cfg rc = {0, c->rotary_dim, 0, c->rope_theta};
         MS_TRY(op->rope(b, &q3, f->meta.positions_d, &rc, err));
         MS_TRY(op->rope(b, &k3, f->meta.positions_d, &rc, err));
     }
     MS_TRY(op->kv_store(b, &f->kc[L], &k, f->meta.slot_mapping_d, err));
     MS_TRY(op->kv_store(b, &f->vc[L], &v, f->meta.slot_mapping_d, err));
+    return attend(f, L, T, err);
+}
+
+/* Attention over the cache (q rotated, this step's keys and values stored) and o_proj into delta. */
+static int attend(ms_forward *f, int L, int T, ms_err *err) {
+    const ms_config *c = &f->m->cfg;
+    const ms_layer *l = &f->m->layers[L];
+    const ms_backend_ops *op = f->b->ops;
+    ms_backend *b = f->b;
+    const int H = c->hidden_size, nh = c->num_heads / f->m->shard.tp_size, d = c->head_dim;
+    ms_tensor q3 = fw_view3(&f->q, T, nh, d);
     ms_tensor o3 = fw_view3(&f->attn, T, nh, d), o = fw_view2(&f->attn, T, (int64_t)nh * d);
     ms_attn_call ac = {.kind = MS_ATTN_GQA, .q = &q3, .k = &f->kc[L], .v = &f->vc[L], .m = &f->meta,
                        .scale = 1.0f / sqrtf((float)d), .out = &o3};

@@ -361,6 +361,10 @@ static void check_model(ms_model *m, const char *name) {
 static void test_glm4_cache(void) {
     check_model(placed(build_glm4(MS_WFMT_PLAIN, MS_WFMT_PLAIN, 1)), "glm4_moe bf16 grouped");
     check_model(placed(build_glm4(MS_WFMT_NVFP4, MS_WFMT_FP8, 0)), "glm4_moe nvfp4 experts, fp8 attention");
+    /* without q/k norm the GPU takes the fused bias + RoPE + cache-store kernel */
+    ms_model *m3 = build_glm4(MS_WFMT_NVFP4, MS_WFMT_PLAIN, 0);
+    m3->cfg.use_qk_norm = 0;
+    check_model(placed(m3), "glm4_moe without qk-norm");
     afree_all();
 }
 

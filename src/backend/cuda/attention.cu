@@ -344,9 +344,15 @@ int cu_attn_gqa_flash(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache
     return at_launch(b, &a, nkv, sm, err);
 }
 
-/* The backend op: k_attn with split-K where the grid is small (MS_ATTN_NO_SPLIT turns that off). */
+/* The backend op: the tensor-core kernel where it covers the shape, else k_attn; both split the keys
+ * where the grid is small (MS_ATTN_NO_SPLIT turns that off). */
 int cu_op_mla_attn(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, const ms_attn_meta *m,
                    const int32_t *topk_d, int topk, int kvl, float scale, ms_tensor *out, ms_err *err) {
+    int done = 0;
+    if (!cu_knob(CU_KNOB_ATTN_NO_MMA))
+        MS_TRY(cu_attn_mla_mma(b, q, latent, m, topk_d, topk, kvl, scale, out, !cu_knob(CU_KNOB_ATTN_NO_SPLIT), &done,
+                               err));
+    if (done) return MS_OK;
     return cu_attn_mla_flash(b, q, latent, m, topk_d, topk, kvl, scale, out, !cu_knob(CU_KNOB_ATTN_NO_SPLIT), err);
 }
 

@@ -1,7 +1,8 @@
 /* attn_impl.cu - the CUDA attention implementations of the registry (backend/attn.h): what each
  * supports and why not, its scratch, and the call into its kernels. Four algorithms:
- *   mma           tensor-core flash attention (attn_mma.cu), GQA with head dim 64/128 on sm_80+,
- *                 keys split across blocks when the grid is small (flash decoding);
+ *   mma           tensor-core flash attention on sm_80+: GQA with head dim 64/128 (attn_mma.cu), and
+ *                 absorbed MLA / DSA with latent widths 64, 128, 512 (attn_mla_mma.cu); keys split
+ *                 across blocks when the grid is small (flash decoding);
  *   flash         CUDA-core flash attention (k_attn, attention.cu) with the same split-K: any even
  *                 head dims, GQA, dense MLA and DSA (it gathers the top-k keys of each query);
  *   flash_nosplit k_attn with one key range per block (the split and its merge are the suspects);
@@ -28,6 +29,7 @@ static int mma_supports(const ms_backend *b, const ms_attn_shape *s, char *why, 
     if (!bf16_only(s, why, cap)) return 0;
     if (b->gpu.cc_major < 8)
         return snprintf(why, cap, "it needs bf16 tensor cores (mma.sync, compute capability 8.0 or newer)"), 0;
+    if (s->kind != MS_ATTN_GQA) return cu_attn_mla_mma_covers(b, s->dk, s->dv, why, cap);
     if (s->dk != s->dv || (s->dk != 64 && s->dk != 128))
         return snprintf(why, cap, "it takes head dim 64 or 128 only (this model: %d)", s->dk), 0;
     return 1;
@@ -40,17 +42,24 @@ static size_t mma_ws(const ms_backend *b, const ms_attn_shape *s) {
 
 static int mma_run(ms_backend *b, const ms_attn_call *c, ms_err *err) {
     int done = 0;
-    MS_TRY(cu_attn_gqa_try_mma(b, c->q, c->k, c->v, c->m, c->scale, c->out, 1, &done, err));
+    if (c->kind == MS_ATTN_GQA) MS_TRY(cu_attn_gqa_try_mma(b, c->q, c->k, c->v, c->m, c->scale, c->out, 1, &done, err));
+    else
+        MS_TRY(cu_attn_mla_mma(b, c->q, c->k, c->m, c->kind == MS_ATTN_DSA ? c->topk_d : NULL, c->topk, c->kvl, c->scale,
+                               c->out, 1, &done, err));
     if (!done)
-        return ms_errf(err, MS_ERR_UNSUPPORTED, "attention mma: head dim %d on %s (compute capability %d.%d) is not covered",
-                       (int)c->q->shape[2], b->gpu.name, b->gpu.cc_major, b->gpu.cc_minor);
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "attention mma: head dims %d/%d on %s (compute capability %d.%d) are not covered",
+                       (int)c->q->shape[2], c->kind == MS_ATTN_GQA ? (int)c->q->shape[2] : c->kvl, b->gpu.name,
+                       b->gpu.cc_major, b->gpu.cc_minor);
     return MS_OK;
 }
 
 extern "C" const ms_attn_impl ms_attn_impl_mma = {
-    "mma", "cuda", "tensor-core flash attention (mma.sync bf16), split-KV with a merge pass when the grid is small",
+    "mma", "cuda",
+    "tensor-core flash attention (mma.sync bf16), split-KV with a merge pass when the grid is small; MLA/DSA: "
+    "the 64 heads of a token as one tile over shared latent rows (gathered top-k keys for DSA)",
     mma_supports, mma_ws, mma_run,
-    MS_ATTN_CAP_GQA | MS_ATTN_CAP_GRAPHS | MS_ATTN_CAP_SPLIT_KV | MS_ATTN_CAP_TENSOR_CORES,
+    MS_ATTN_CAP_GQA | MS_ATTN_CAP_MLA | MS_ATTN_CAP_DSA | MS_ATTN_CAP_GRAPHS | MS_ATTN_CAP_SPLIT_KV |
+        MS_ATTN_CAP_TENSOR_CORES,
 };
 
 /* ---- flash / flash_nosplit ---- */

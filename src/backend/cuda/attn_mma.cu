@@ -64,13 +64,7 @@ __device__ __forceinline__ int am_first_block(const int32_t *seq_start, int s, i
     return (seq_start[s] + (s + 1) * (tpb - 1)) / tpb;
 }
 
-/* (cu_saddr, cu_cp16, cu_ldsm4, cu_mma_bf16, cu_pack_bf16 etc. are in cuda_internal.cuh.) */
-__device__ __forceinline__ void am_ldm4t(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
+/* (cu_saddr, cu_cp16, cu_ldsm4, cu_ldsm4t, cu_mma_bf16, cu_pack_bf16 etc. are in cuda_internal.cuh.) */
 
 template <int D> static constexpr size_t am_smem_bytes() { return (size_t)2 * 2 * AM_BN * (D + 8) * sizeof(bf16); }
 
@@ -243,7 +237,7 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a) {
 #pragma unroll
                 for (int dp = 0; dp < D / 16; dp++) {
                     uint32_t bv[4];
-                    am_ldm4t(bv, cu_saddr(vb + (ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * LDS + dp * 16 +
+                    cu_ldsm4t(bv, cu_saddr(vb + (ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * LDS + dp * 16 +
                                           ((lane >> 4) << 3)));
                     cu_mma_bf16(o[2 * dp], pa, bv[0], bv[1]);
                     cu_mma_bf16(o[2 * dp + 1], pa, bv[2], bv[3]);

@@ -578,6 +578,12 @@ static int cu_router(ms_backend *b, const ms_tensor *x, const ms_linear *gate, c
                        rc->topk, rc->topk_group, rc->n_group);
     void *lg;
     MS_TRY(cu_scratch(b, SCR_TMP2, (size_t)T * E * 4, &lg, err));
+    if (!cu_knob(CU_KNOB_ROUTER_UNFUSED)) {
+        int done = 0;
+        MS_TRY(cu_router_fused(b, x, gate, bias ? bias->data : NULL, bias ? bias->dtype : 0, rc, (int)T, (float *)lg,
+                               ids_d, w_d, &done, err));
+        if (done) return MS_OK;
+    }
     ms_tensor y = ms_tensor_2d(MS_F32, T, E);
     y.data = lg;
     /* logits in fp32: bf16 x and bf16 weights multiply exactly in fp32, accumulate fp32 */
@@ -681,6 +687,7 @@ static void cu_ops_init(void) {
     cu_ops.mem_epoch = cu_mem_epoch;
     cu_ops.host_pin = cu_host_pin;
     cu_ops.linear_swiglu = cu_linear_swiglu;
+    cu_ops.gqa_prep = cu_op_gqa_prep;
     cu_ops.host_unpin = cu_host_unpin;
     cu_ops.dummy_tensor = ms_cuda_dummy_tensor;
     cu_ops.dummy_linear = ms_cuda_dummy_linear;

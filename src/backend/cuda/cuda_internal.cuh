@@ -179,6 +179,15 @@ int cu_attn_gqa_try_mma(ms_backend *b, const ms_tensor *q, const ms_tensor *kcac
 /* attn_gqa by the CUDA-core flash kernel k_attn; allow_split 0: no split-K. */
 int cu_attn_gqa_flash(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, const ms_tensor *vcache,
                       const ms_attn_meta *m, float scale, ms_tensor *out, int allow_split, ms_err *err);
+/* 1 if cu_attn_mla_mma covers a latent row of dk with value width dv on b; else 0 and the reason in
+ * why (one clause; why may be NULL). */
+int cu_attn_mla_mma_covers(const ms_backend *b, int dk, int dv, char *why, size_t cap);
+/* mla_attn (contract in backend.h) on tensor cores (attn_mla_mma.cu): one block per token and 64
+ * heads, split-KV with cu_attn_combine when the grid is small (allow_split 0: never). Sets *launched
+ * = 0 and does nothing when cu_attn_mla_mma_covers refuses the shape or a dtype is not bf16. */
+int cu_attn_mla_mma(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, const ms_attn_meta *m,
+                    const int32_t *topk_d, int topk, int kvl, float scale, ms_tensor *out, int allow_split,
+                    int *launched, ms_err *err);
 /* mla_attn (contract in backend.h) by k_attn: dense causal, or gathering the top-k keys of topk_d. */
 int cu_attn_mla_flash(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, const ms_attn_meta *m,
                       const int32_t *topk_d, int topk, int kvl, float scale, ms_tensor *out, int allow_split,
@@ -216,6 +225,9 @@ int cu_op_set_cols(ms_backend *b, const ms_tensor *src, int c0, ms_tensor *dst, 
 int cu_op_scale(ms_backend *b, ms_tensor *x, float alpha, ms_err *err);
 int cu_op_rope(ms_backend *b, ms_tensor *x, const int32_t *pos_d, const ms_rope_cfg *rc, ms_err *err);
 int cu_op_kv_store(ms_backend *b, ms_tensor *cache, const ms_tensor *x, const int32_t *slot_d, ms_err *err);
+int cu_op_gqa_prep(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_tensor *v, const ms_tensor *bq,
+                   const ms_tensor *bk, const ms_tensor *bv, const int32_t *pos_d, const ms_rope_cfg *rc,
+                   ms_tensor *kcache, ms_tensor *vcache, const int32_t *slot_d, ms_err *err);
 int cu_op_find_nonfinite(ms_backend *b, const ms_tensor *x, int64_t *bad_row, ms_err *err);
 int cu_op_nonfinite_flag(ms_backend *b, const ms_tensor *x, int32_t code, int32_t *flag_d, ms_err *err);
 int cu_op_argmax(ms_backend *b, const ms_tensor *logits, int32_t *out_d, ms_err *err);
@@ -234,6 +246,12 @@ int cu_add_bias(ms_backend *b, void *y, int yt, const float *bias, int64_t rows,
 /* Absorbed MLA: copies the rope part of q [T, nh, dn+dr] (columns dn..dn+dr) into columns kvl..kvl+dr
  * of out [T, nh, kvl+dr]; the rest of out is untouched. */
 int cu_copy_rope_part(ms_backend *b, const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl, ms_err *err);
+/* Router GEMV and noaux_tc routing in one launch for small decode batches (elementwise.cu): the same
+ * result as cu_linear into lg [T][E] fp32 followed by cu_route, up to the GEMV's summation order. Sets
+ * *launched = 0 and does nothing unless T <= 8, the gate is plain bf16 without a bias, x is bf16 and
+ * K is a multiple of 8 with 16-byte aligned rows. */
+int cu_router_fused(ms_backend *b, const ms_tensor *x, const ms_linear *gate, const void *bias, int bias_t,
+                    const ms_route_cfg *rc, int T, float *lg, int32_t *ids, float *w, int *launched, ms_err *err);
 /* MoE routing of T tokens from router logits [T, n_experts] (F32) with an optional score-correction
  * bias (dtype bias_t, NULL = none) as rc describes: ids [T, topk] expert ids and w [T, topk] weights
  * (device memory), the contract of the router op after its linear (backend/backend.h). */
@@ -315,6 +333,14 @@ template <int N> __device__ __forceinline__ void cu_cp_wait() {
 }
 __device__ __forceinline__ void cu_ldsm4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+/* ldmatrix .x4 .trans: register i of every lane receives rows 2(lane%4), 2(lane%4)+1 of column
+ * lane/4 of matrix i (the B fragment of a row-major k x n tile). */
+__device__ __forceinline__ void cu_ldsm4t(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr)
                  : "memory");

@@ -410,6 +410,76 @@ int cu_op_rope(ms_backend *b, ms_tensor *x, const int32_t *pos_d, const ms_rope_
     return MS_OK;
 }
 
+/* ---- fused GQA preparation ---- */
+
+/* One block per token. For every head of q (then of k): adds the bias, rotates the rotary pairs
+ * exactly as k_rope (float32 angle p * inv_freq[j]) and writes the head back in place (q) or into
+ * its cache row (k); v plus its bias goes to its cache row. The bias is added in float32 before the
+ * rotation, with one rounding to bf16 where the unfused ops round after each step. */
+__global__ void k_gqa_prep(bf16 *q, const bf16 *k, const bf16 *v, const float *bq, const float *bk, const float *bv,
+                           int nh, int nkv, int d, const int32_t *pos, const float *inv, int rot_off, int rot_dim,
+                           int interleaved, bf16 *kc, bf16 *vc, int64_t S, const int32_t *slot) {
+    const int t = blockIdx.x;
+    const float p = (float)pos[t];
+    const int half = rot_dim / 2, per = half + (d - rot_dim);
+    const int64_t s = slot[t];
+    const bool st = s >= 0 && s < S;
+    for (int u = threadIdx.x; u < (nh + nkv) * per; u += blockDim.x) {
+        const int hh = u / per, j = u - hh * per;
+        const bool isk = hh >= nh;
+        const int h = isk ? hh - nh : hh;
+        const bf16 *row = isk ? k + ((size_t)t * nkv + h) * d : q + ((size_t)t * nh + h) * d;
+        const float *bias = isk ? (bk ? bk + (size_t)h * d : NULL) : (bq ? bq + (size_t)h * d : NULL);
+        bf16 *dst = isk ? (st ? kc + ((size_t)s * nkv + h) * d : NULL) : q + ((size_t)t * nh + h) * d;
+        if (!dst) continue;
+        if (j < half) {
+            const int i0 = rot_off + (interleaved ? 2 * j : j), i1 = rot_off + (interleaved ? 2 * j + 1 : j + half);
+            const float a = __bfloat162float(row[i0]) + (bias ? bias[i0] : 0.f);
+            const float c = __bfloat162float(row[i1]) + (bias ? bias[i1] : 0.f);
+            float sn, cs;
+            sincosf(p * inv[j], &sn, &cs);
+            dst[i0] = __float2bfloat16_rn(a * cs - c * sn);
+            dst[i1] = __float2bfloat16_rn(c * cs + a * sn);
+        } else {
+            const int e = j - half, i = e < rot_off ? e : e + rot_dim;
+            dst[i] = __float2bfloat16_rn(__bfloat162float(row[i]) + (bias ? bias[i] : 0.f));
+        }
+    }
+    if (st)
+        for (int c = threadIdx.x; c < nkv * d; c += blockDim.x)
+            vc[(size_t)s * nkv * d + c] = __float2bfloat16_rn(__bfloat162float(v[(size_t)t * nkv * d + c]) + (bv ? bv[c] : 0.f));
+}
+
+static const float *f32_or_null(const ms_tensor *t, int64_t n) {
+    if (!t || !t->data) return NULL;
+    MS_ASSERT(t->dtype == MS_F32 && ms_tensor_numel(t) == n);
+    return (const float *)t->data;
+}
+
+int cu_op_gqa_prep(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_tensor *v, const ms_tensor *bq,
+                   const ms_tensor *bk, const ms_tensor *bv, const int32_t *pos_d, const ms_rope_cfg *rc,
+                   ms_tensor *kcache, ms_tensor *vcache, const int32_t *slot_d, ms_err *err) {
+    MS_ASSERT(q->ndim == 3 && k->ndim == 3 && v->ndim == 3 && kcache->ndim == 3 && vcache->ndim == 3);
+    const int T = (int)q->shape[0], nh = (int)q->shape[1], d = (int)q->shape[2], nkv = (int)k->shape[1];
+    MS_ASSERT(k->shape[0] == T && v->shape[0] == T && k->shape[2] == d && v->shape[1] == nkv && v->shape[2] == d);
+    MS_ASSERT(kcache->shape[1] == nkv && kcache->shape[2] == d && vcache->shape[0] == kcache->shape[0]);
+    if (q->dtype != MS_BF16 || k->dtype != MS_BF16 || v->dtype != MS_BF16 || kcache->dtype != MS_BF16 ||
+        vcache->dtype != MS_BF16)
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "gqa_prep: the CUDA backend needs bf16 q/k/v and caches");
+    const int rot_dim = rc ? rc->rot_dim : 0, rot_off = rc ? rc->rot_off : 0;
+    MS_ASSERT(rot_dim % 2 == 0 && rot_off >= 0 && rot_off + rot_dim <= d);
+    if (T == 0) return MS_OK;
+    const float *inv = NULL;
+    if (rot_dim) MS_TRY(rope_table(b, rc, &inv, err));
+    k_gqa_prep<<<T, 256, 0, stream_of(b)>>>((bf16 *)q->data, (const bf16 *)k->data, (const bf16 *)v->data,
+                                            f32_or_null(bq, (int64_t)nh * d), f32_or_null(bk, (int64_t)nkv * d),
+                                            f32_or_null(bv, (int64_t)nkv * d), nh, nkv, d, pos_d, inv, rot_off, rot_dim,
+                                            rc ? rc->interleaved : 0, (bf16 *)kcache->data, (bf16 *)vcache->data,
+                                            kcache->shape[0], slot_d);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
 /* ---- KV store ---- */
 
 __global__ void k_kv_store(void *cache, int ct, int64_t S, const void *x, int xt, int64_t W, const int32_t *slot) {
@@ -521,11 +591,12 @@ int cu_op_argmax(ms_backend *b, const ms_tensor *logits, int32_t *out_d, ms_err 
 
 /* ---- router (one warp per token) ---- */
 
-/* Warp-wide argmax of v[0..n) (ties: lowest index). */
+/* Warp-wide argmax of v[0..n) (ties: lowest index); every lane of the calling warp takes part. */
 __device__ int warp_argmax(const float *v, int n) {
+    const int lane = threadIdx.x & 31;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < n; i += 32)
+    for (int i = lane; i < n; i += 32)
         if (v[i] > bv || (bi == 0x7fffffff && !isnan(v[i]))) { bv = v[i]; bi = i; }
     for (int o = 16; o > 0; o >>= 1) {
         float ov = __shfl_xor_sync(0xffffffffu, bv, o);
@@ -535,15 +606,17 @@ __device__ int warp_argmax(const float *v, int n) {
     return bi == 0x7fffffff ? 0 : bi;
 }
 
-__global__ void k_route(const float *logits, const void *bias, int bt, int E, int topk, int n_group, int topk_group,
-                        int norm, float scale, int32_t *ids, float *wout) {
-    extern __shared__ float rsm[];
-    float *s = rsm, *bsc = rsm + E, *gs = rsm + 2 * E;
+/* noaux_tc routing of one token by one warp (spec 3.9): sigmoid scores of the router logits lg [E],
+ * plus the correction bias for the choice, group-limited when n_group > 1, top-k, weights from the
+ * unbiased scores (normalised when norm) times scale into ids [topk] / wout [topk]. sm: 2E + 2 n_group
+ * floats of this warp's shared memory. lg is read through L2 (another block may have written it). */
+__device__ void route_token(const float *lg, const void *bias, int bt, int E, int topk, int n_group, int topk_group,
+                            int norm, float scale, int32_t *ids, float *wout, float *sm) {
+    float *s = sm, *bsc = sm + E, *gs = sm + 2 * E;
     int *keep = (int *)(gs + n_group);
-    const int t = blockIdx.x, lane = threadIdx.x;
-    const float *lg = logits + (size_t)t * E;
+    const int lane = threadIdx.x & 31;
     for (int e = lane; e < E; e += 32) {
-        float sv = 1.f / (1.f + expf(-lg[e]));
+        float sv = 1.f / (1.f + expf(-__ldcg(lg + e)));
         s[e] = sv;
         bsc[e] = sv + (bias ? cu_ld(bias, bt, e) : 0.f);
     }
@@ -577,17 +650,25 @@ __global__ void k_route(const float *logits, const void *bias, int bt, int E, in
         float wv = s[e];
         sum += wv;
         if (lane == 0) {
-            ids[(size_t)t * topk + k] = e;
-            wout[(size_t)t * topk + k] = wv;
+            ids[k] = e;
+            wout[k] = wv;
             bsc[e] = -INFINITY;
         }
         __syncwarp();
     }
     __syncwarp();
     for (int k = lane; k < topk; k += 32) {
-        float wv = wout[(size_t)t * topk + k];
-        wout[(size_t)t * topk + k] = norm ? (wv / (sum + 1e-20f)) * scale : wv * scale;
+        float wv = wout[k];
+        wout[k] = norm ? (wv / (sum + 1e-20f)) * scale : wv * scale;
     }
+}
+
+__global__ void k_route(const float *logits, const void *bias, int bt, int E, int topk, int n_group, int topk_group,
+                        int norm, float scale, int32_t *ids, float *wout) {
+    extern __shared__ float rsm[];
+    const int t = blockIdx.x;
+    route_token(logits + (size_t)t * E, bias, bt, E, topk, n_group, topk_group, norm, scale, ids + (size_t)t * topk,
+                wout + (size_t)t * topk, rsm);
 }
 
 int cu_route(ms_backend *b, const float *logits, const void *bias, int bias_t, const ms_route_cfg *rc, int T,
@@ -596,5 +677,86 @@ int cu_route(ms_backend *b, const float *logits, const void *bias, int bias_t, c
     k_route<<<T, 32, sm, stream_of(b)>>>(logits, bias, bias_t, rc->n_experts, rc->topk, rc->n_group, rc->topk_group,
                                         rc->norm_topk_prob, rc->routed_scaling_factor, ids, w);
     CK_LAUNCH();
+    return MS_OK;
+}
+
+/* ---- router GEMV + routing in one launch (decode) ---- */
+
+#define RF_WARPS 8
+#define RF_MAXT 8
+
+/* Blocks that finished their experts' logits in the current k_router_fused launch; the last block
+ * routes and puts it back to 0, so launches (and graph replays) on one device never overlap in it:
+ * they are ordered on the backend's stream. */
+__device__ unsigned int g_rf_done;
+
+/* Warp w of block b computes the fp32 logits of expert e = 8b + w for every token (a bf16 row of W
+ * times each bf16 x row, fp32 accumulation) into lg [T][E]; the last block to finish routes the T
+ * tokens, one warp each, as k_route. Why: at decode the router is a 1-6 MB GEMV plus a one-warp
+ * kernel, two launches costing ~16 us per layer where the bytes take ~1 us. */
+__global__ __launch_bounds__(RF_WARPS * 32) void k_router_fused(const bf16 *x, const bf16 *W, int T, int K, float *lg,
+                                                                const void *bias, int bt, int E, int topk, int n_group,
+                                                                int topk_group, int norm, float scale, int32_t *ids,
+                                                                float *wout) {
+    extern __shared__ float rfsm[];
+    __shared__ bool last;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e = blockIdx.x * RF_WARPS + warp;
+    if (e < E) {
+        float acc[RF_MAXT];
+#pragma unroll
+        for (int t = 0; t < RF_MAXT; t++) acc[t] = 0.f;
+        const uint4 *wr = (const uint4 *)(W + (size_t)e * K);
+        for (int c = lane; c < K / 8; c += 32) {
+            const uint4 wv = __ldg(wr + c);
+            const __nv_bfloat162 *w2 = (const __nv_bfloat162 *)&wv;
+#pragma unroll
+            for (int t = 0; t < RF_MAXT; t++) {
+                if (t >= T) break;
+                const uint4 xv = __ldg((const uint4 *)(x + (size_t)t * K) + c);
+                const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xv;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float2 a = __bfloat1622float2(w2[i]), bb = __bfloat1622float2(x2[i]);
+                    acc[t] = fmaf(a.x, bb.x, fmaf(a.y, bb.y, acc[t]));
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < RF_MAXT; t++) {
+            if (t >= T) break;
+            const float v = warp_sum(acc[t]);
+            if (lane == 0) lg[(size_t)t * E + e] = v;
+        }
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&g_rf_done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float *sm = rfsm + (size_t)warp * (2 * E + 2 * n_group);
+    for (int t = warp; t < T; t += RF_WARPS)
+        route_token(lg + (size_t)t * E, bias, bt, E, topk, n_group, topk_group, norm, scale, ids + (size_t)t * topk,
+                    wout + (size_t)t * topk, sm);
+    if (threadIdx.x == 0) g_rf_done = 0;
+}
+
+/* Contract in cuda_internal.cuh. */
+int cu_router_fused(ms_backend *b, const ms_tensor *x, const ms_linear *gate, const void *bias, int bias_t,
+                    const ms_route_cfg *rc, int T, float *lg, int32_t *ids, float *w, int *launched, ms_err *err) {
+    *launched = 0;
+    const int64_t K = gate->n_in;
+    if (T < 1 || T > RF_MAXT || gate->fmt != MS_WFMT_PLAIN || gate->w.dtype != MS_BF16 || gate->bias.data ||
+        x->dtype != MS_BF16 || K % 8 || ((uintptr_t)gate->w.data | (uintptr_t)x->data) % 16 || K > (1 << 24))
+        return MS_OK;
+    const int E = rc->n_experts;
+    const size_t sm = sizeof(float) * RF_WARPS * (2 * (size_t)E + 2 * (size_t)rc->n_group);
+    if (sm > 48 * 1024) return MS_OK;
+    k_router_fused<<<(E + RF_WARPS - 1) / RF_WARPS, RF_WARPS * 32, sm, stream_of(b)>>>(
+        (const bf16 *)x->data, (const bf16 *)gate->w.data, T, (int)K, lg, bias, bias_t, E, rc->topk, rc->n_group,
+        rc->topk_group, rc->norm_topk_prob, rc->routed_scaling_factor, ids, w);
+    CK_LAUNCH();
+    *launched = 1;
     return MS_OK;
 }

@@ -46,6 +46,9 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                "legacy, backend op default only (the forward uses --attention-backend flash_nosplit): no split-K"},
     [CU_KNOB_ATTN_NO_MMA] = {"MS_ATTN_NO_MMA", KN_FLAG, 0, 0, 1, NULL, 0,
                              "legacy, backend op default only (the forward uses --attention-backend flash): no tensor-core GQA"},
+    [CU_KNOB_ROUTER_UNFUSED] = {"MS_CU_ROUTER_UNFUSED", KN_FLAG, 0, 0, 1, NULL, 0,
+                                "router as cuBLASLt GEMV + routing kernel even at decode (default: one fused "
+                                "kernel for up to 8 tokens)"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */

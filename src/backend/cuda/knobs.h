@@ -19,6 +19,7 @@ typedef enum cu_knob_id {
     CU_KNOB_GG,                /* MS_CU_GG: CU_GG_MMA or CU_GG_OLD (read at every call) */
     CU_KNOB_ATTN_NO_SPLIT,     /* MS_ATTN_NO_SPLIT: 1 when set to anything (read at every call) */
     CU_KNOB_ATTN_NO_MMA,       /* MS_ATTN_NO_MMA: 1 when set to anything (read at every call) */
+    CU_KNOB_ROUTER_UNFUSED,    /* MS_CU_ROUTER_UNFUSED: 1 when set to anything (read at every call) */
     CU_KNOB_COUNT
 } cu_knob_id;
 

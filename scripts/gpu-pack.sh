@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# gpu-pack.sh - packs a prebuilt CUDA build for the GPU machine into .gpu/b.txz (under the device
+# tool's 64 MiB carry limit): the moeserve binary, the GPU test programs and the bundled libraries,
+# stripped and xz-compressed. Run after `make build`. On the GPU machine:
+#   python3 -c "import tarfile; tarfile.open('.gpu/b.txz').extractall('.gpu')" && BUILD=.gpu/build scripts/gpu-check.sh
+set -eu
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+scripts/bundle-libs.sh "$BUILD" >/dev/null
+rm -rf .gpu/build && mkdir -p .gpu/build/tests
+cp "$BUILD/moeserve" .gpu/build/
+cp -r "$BUILD/lib" .gpu/build/
+for t in backend/test_cuda_ops moe/test_moe_cuda model/test_forward_cache dist/test_comm_nccl ${EXTRA_TESTS:-}; do
+  mkdir -p ".gpu/build/tests/$(dirname "$t")"
+  cp "$BUILD/tests/$t" ".gpu/build/tests/$t"
+done
+find .gpu/build -type f -perm -u+x -exec strip --strip-unneeded {} + 2>/dev/null || true
+(cd .gpu && tar cf - build | xz -6 -T2 > b.txz)
+ls -l .gpu/b.txz | awk '{printf "%s: %.1f MB\n", $9, $5 / 1e6}'

@@ -1,0 +1,291 @@
+/* attn_mla_mma.cu - absorbed MLA attention (dense causal, or restricted to the DSA indexer's top-k
+ * keys) on tensor cores: the fast path of mla_attn for GLM-5-style models in prefill and decode.
+ *
+ * Why a kernel of its own: in absorbed form every head of a token reads the same latent rows
+ * (kvl + dr = 576 wide for GLM-5), so the 64 heads of one token are the M dimension of one MMA tile
+ * (FlashMLA's layout) and a latent row is loaded once per block for all of them. The CUDA-core kernel
+ * (k_attn) re-reads it per 16-head chunk and does the dot products on CUDA cores: 1.9 s of a 4096-token
+ * GLM-5 prefill (bench/NOTES.md).
+ *
+ * Work split. A block (8 warps) takes one query token, up to 64 of its heads (blockIdx.y picks the
+ * group) and, with n_split > 1, one range of its key tiles (blockIdx.z). Warp w owns heads 16*(w&3)..
+ * +15 of the group and output columns (w>>2)*DV/2 .. +DV/2: the two warps of a head tile compute the
+ * same scores (Q·Kᵀ is 576 wide, P·V 512) and each keeps half of O in registers (128 floats a thread
+ * for DV = 512 instead of 256). The token's keys are either 0..position (dense MLA, and DSA tokens
+ * whose position is below index_topk, where the top-k list must hold every causal key) or the
+ * token's top-k list (-1 entries unused). Keys come in tiles of 32 latent rows gathered from the paged
+ * cache (slot = block_table[s][pos / page] * page + pos % page) by 16-byte cp.async, double-buffered;
+ * a missing key is zero-filled and masked, so it never brings NaN into P·V. Q (64 x DK) sits in shared
+ * memory for the whole walk and its A fragments are reloaded by ldmatrix per k-step.
+ *
+ * Math per warp and tile: S = Q·Kᵀ (16 x 32, fp32, mma.m16n8k16 bf16); online softmax in the log2
+ * domain as attn_mma.cu (a row that has seen no key keeps m = -inf and uses 0 as its base); P rounded
+ * to bf16 and O += P·V over the first DV columns of the same shared rows (ldmatrix .trans). Output O/l
+ * in bf16, or with n_split > 1 the partials (O, m in natural log, l) that cu_attn_combine merges.
+ * Fragment layouts: cuda_internal.cuh. Shared rows are padded so a row is an odd number of 16-byte
+ * chunks: ldmatrix's 8 row addresses then fall in 8 different bank groups. */
+#include "backend/cuda/cuda_internal.cuh"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define MM_WARPS 8
+#define MM_THREADS (MM_WARPS * 32)
+#define MM_HB 64 /* heads per block */
+#define MM_BN 32 /* keys per tile */
+
+struct mm_args {
+    const bf16 *q, *lat;
+    bf16 *out;
+    int nh, dk, lds;
+    float sl2; /* scale * log2(e) */
+    const int32_t *positions, *token_seq, *block_table, *topk;
+    int topk_n, max_blocks, page_size;
+    int n_split;
+    float *part; /* n_split > 1: [T][nh][n_split][DV + 2] */
+};
+
+/* Shared row stride (elements) for a row of dk: dk + 8 or dk + 16, whichever is an odd number of
+ * 16-byte chunks. */
+static int mm_lds(int dk) { return (dk / 8) % 2 == 0 ? dk + 8 : dk + 16; }
+
+static size_t mm_smem(int dk) {
+    return (size_t)(MM_HB + 2 * MM_BN) * (size_t)mm_lds(dk) * sizeof(bf16) + 2 * MM_BN * sizeof(int);
+}
+
+template <int DV>
+__global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
+    constexpr int DVW = DV / 2; /* output columns per warp */
+    constexpr int NT = DVW / 8; /* 8-wide n-tiles of O per warp */
+    static_assert(DV % 32 == 0, "value width");
+    extern __shared__ __align__(16) unsigned char mm_sm[];
+    const int LDS = a.lds, DK = a.dk, CPR = DK / 8;
+    bf16 *Qs = (bf16 *)mm_sm;                 /* [MM_HB][LDS] */
+    bf16 *Ks = Qs + MM_HB * LDS;              /* [2][MM_BN][LDS] */
+    int *kpos = (int *)(Ks + 2 * MM_BN * LDS); /* [2][MM_BN]: key position, -1 = masked */
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    const int hw = warp & 3, dh = warp >> 2;
+    const int t = blockIdx.x, h0 = blockIdx.y * MM_HB;
+    const bool active = h0 + hw * 16 < a.nh; /* warp-uniform: this warp has a real head */
+    const int pos = a.positions[t], s = a.token_seq[t];
+    const bool dense = !a.topk || pos + 1 <= a.topk_n;
+    const int nkeys = dense ? pos + 1 : a.topk_n;
+    const int ntiles = (nkeys + MM_BN - 1) / MM_BN;
+    const int per = (ntiles + a.n_split - 1) / a.n_split;
+    const int kt0 = (int)blockIdx.z * per, kt1 = min(ntiles, kt0 + per);
+    const int32_t *bt = a.block_table + (size_t)s * a.max_blocks;
+    const int32_t *tl = a.topk ? a.topk + (size_t)t * a.topk_n : NULL;
+
+    for (int i = tid; i < MM_HB * CPR; i += MM_THREADS) {
+        const int r = i / CPR, c = (i % CPR) * 8, h = h0 + r;
+        const bool ok = h < a.nh;
+        cu_cp16(cu_saddr(Qs + r * LDS + c), ok ? a.q + ((size_t)t * a.nh + h) * DK + c : a.q, ok);
+    }
+    auto load_tile = [&](int kt, int buf) {
+        bf16 *kd = Ks + buf * MM_BN * LDS;
+        int *kp = kpos + buf * MM_BN;
+        for (int i = tid; i < MM_BN * CPR; i += MM_THREADS) {
+            const int j = i / CPR, c = (i % CPR) * 8, idx = kt * MM_BN + j;
+            const int key = idx < nkeys ? (dense ? idx : tl[idx]) : -1;
+            const bf16 *src = a.lat;
+            bool ok = false;
+            if (key >= 0 && key <= pos) {
+                const int pg = key / a.page_size;
+                if (pg < a.max_blocks) {
+                    src = a.lat + ((size_t)bt[pg] * a.page_size + key % a.page_size) * DK + c;
+                    ok = true;
+                }
+            }
+            cu_cp16(cu_saddr(kd + j * LDS + c), src, ok);
+            if (c == 0) kp[j] = ok ? key : -1;
+        }
+    };
+
+    float o[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; /* l: this thread's share of the row sum */
+
+    if (kt0 < kt1) load_tile(kt0, 0);
+    cu_cp_commit(); /* Q and the first tile */
+    for (int kt = kt0; kt < kt1; kt++) {
+        const int buf = (kt - kt0) & 1;
+        if (kt + 1 < kt1) {
+            load_tile(kt + 1, buf ^ 1);
+            cu_cp_commit();
+            cu_cp_wait<1>();
+        } else {
+            cu_cp_wait<0>();
+        }
+        __syncthreads();
+        if (active) {
+            const bf16 *kb = Ks + buf * MM_BN * LDS;
+            const int *kp = kpos + buf * MM_BN;
+            float sc[MM_BN / 8][4];
+#pragma unroll
+            for (int i = 0; i < MM_BN / 8; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+            /* S = Q·Kᵀ. A (heads x dims) by ldmatrix: lane address row lane & 15, dims + 8 * (lane >> 4);
+             * B as attn_mma.cu: key (lane & 7) + 8 * (lane >> 4), dims + 8 * ((lane >> 3) & 1) */
+            const bf16 *qrow = Qs + (hw * 16 + (lane & 15)) * LDS + ((lane >> 4) << 3);
+            const bf16 *krow = kb + ((lane & 7) + ((lane >> 4) << 3)) * LDS + (((lane >> 3) & 1) << 3);
+            for (int kk = 0; kk < DK / 16; kk++) {
+                uint32_t qa[4];
+                cu_ldsm4(qa, cu_saddr(qrow + kk * 16));
+#pragma unroll
+                for (int np = 0; np < MM_BN / 16; np++) {
+                    uint32_t bk[4];
+                    cu_ldsm4(bk, cu_saddr(krow + np * 16 * LDS + kk * 16));
+                    cu_mma_bf16(sc[2 * np], qa, bk[0], bk[1]);
+                    cu_mma_bf16(sc[2 * np + 1], qa, bk[2], bk[3]);
+                }
+            }
+            /* mask missing keys, online softmax (log2 domain) */
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < MM_BN / 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        float &v = sc[nt][2 * hf + e];
+                        v = kp[nt * 8 + 2 * tq + e] >= 0 ? v * a.sl2 : -INFINITY;
+                        mx = fmaxf(mx, v);
+                    }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mn = fmaxf(m[hf], mx);
+                const float base = mn == -INFINITY ? 0.f : mn;
+                const float alpha = exp2f(m[hf] - base); /* 0 while the row had no key */
+                m[hf] = mn;
+                float rs = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < MM_BN / 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        float &v = sc[nt][2 * hf + e];
+                        v = exp2f(v - base);
+                        rs += v;
+                    }
+                l[hf] = l[hf] * alpha + rs;
+#pragma unroll
+                for (int dt = 0; dt < NT; dt++) {
+                    o[dt][2 * hf] *= alpha;
+                    o[dt][2 * hf + 1] *= alpha;
+                }
+            }
+            /* O += P·V over this warp's value columns; ldmatrix.trans lane address: key (lane & 7) +
+             * 8 * ((lane >> 3) & 1), dims + 8 * (lane >> 4) */
+            const bf16 *vrow = kb + ((lane & 7) + (((lane >> 3) & 1) << 3)) * LDS + dh * DVW + ((lane >> 4) << 3);
+#pragma unroll
+            for (int ks = 0; ks < MM_BN / 16; ks++) {
+                const uint32_t pa[4] = {cu_pack_bf16(sc[2 * ks][0], sc[2 * ks][1]),
+                                        cu_pack_bf16(sc[2 * ks][2], sc[2 * ks][3]),
+                                        cu_pack_bf16(sc[2 * ks + 1][0], sc[2 * ks + 1][1]),
+                                        cu_pack_bf16(sc[2 * ks + 1][2], sc[2 * ks + 1][3])};
+#pragma unroll
+                for (int dp = 0; dp < DVW / 16; dp++) {
+                    uint32_t bv[4];
+                    cu_ldsm4t(bv, cu_saddr(vrow + ks * 16 * LDS + dp * 16));
+                    cu_mma_bf16(o[2 * dp], pa, bv[0], bv[1]);
+                    cu_mma_bf16(o[2 * dp + 1], pa, bv[2], bv[3]);
+                }
+            }
+        }
+        __syncthreads(); /* the next iteration's loads overwrite this buffer */
+    }
+    cu_cp_wait<0>(); /* an empty key range still committed Q's copies */
+    if (!active) return;
+
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 1);
+        l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 2);
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int h = h0 + hw * 16 + gq + 8 * hf;
+        if (h >= a.nh) continue;
+        const size_t row = (size_t)t * a.nh + h;
+        if (a.part) {
+            float *p = a.part + (row * a.n_split + blockIdx.z) * (DV + 2);
+#pragma unroll
+            for (int dt = 0; dt < NT; dt++)
+                *(float2 *)(p + dh * DVW + dt * 8 + 2 * tq) = make_float2(o[dt][2 * hf], o[dt][2 * hf + 1]);
+            if (dh == 0 && tq == 0) {
+                p[DV] = m[hf] * 0.69314718f; /* natural-log max, as k_attn_combine expects */
+                p[DV + 1] = l[hf];
+            }
+        } else {
+            const float inv = l[hf] > 0.f ? 1.f / l[hf] : 0.f;
+            bf16 *op = a.out + row * DV + dh * DVW;
+#pragma unroll
+            for (int dt = 0; dt < NT; dt++)
+                *(__nv_bfloat162 *)(op + dt * 8 + 2 * tq) =
+                    __floats2bfloat162_rn(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
+        }
+    }
+}
+
+template <int DV> static int mm_launch(ms_backend *b, const mm_args *a, dim3 grid, size_t sm, ms_err *err) {
+    CK(cudaFuncSetAttribute(k_mla_mma<DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    k_mla_mma<DV><<<grid, MM_THREADS, sm, cu_of(b)->stream>>>(*a);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
+/* Contract in cuda_internal.cuh. */
+int cu_attn_mla_mma_covers(const ms_backend *b, int dk, int dv, char *why, size_t cap) {
+    char tmp[8];
+    if (!why) why = tmp, cap = sizeof tmp;
+    if (b->gpu.cc_major < 8)
+        return snprintf(why, cap, "it needs bf16 tensor cores (mma.sync, compute capability 8.0 or newer)"), 0;
+    if (dv != 64 && dv != 128 && dv != 512)
+        return snprintf(why, cap, "it takes latent widths (kv_lora_rank) 64, 128 or 512 only (this model: %d)", dv), 0;
+    if (dk % 16 || dk < dv)
+        return snprintf(why, cap, "it needs a latent row (kv_lora_rank + rope dims: %d) that is a multiple of 16", dk), 0;
+    if (mm_smem(dk) > (size_t)cu_smem_optin(b))
+        return snprintf(why, cap, "a latent row of %d needs %zu bytes of shared memory per block, the GPU allows %d", dk,
+                        mm_smem(dk), cu_smem_optin(b)), 0;
+    return 1;
+}
+
+/* Contract in cuda_internal.cuh. */
+int cu_attn_mla_mma(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, const ms_attn_meta *m,
+                    const int32_t *topk_d, int topk, int kvl, float scale, ms_tensor *out, int allow_split,
+                    int *launched, ms_err *err) {
+    *launched = 0;
+    MS_ASSERT(q->ndim == 3);
+    const int T = (int)q->shape[0], nh = (int)q->shape[1], D = (int)q->shape[2];
+    MS_ASSERT(latent->shape[latent->ndim - 1] == D && kvl <= D && T == m->host->n_tokens);
+    if (q->dtype != MS_BF16 || latent->dtype != MS_BF16 || out->dtype != MS_BF16) return MS_OK;
+    if (!cu_attn_mla_mma_covers(b, D, kvl, NULL, 0)) return MS_OK;
+    *launched = 1;
+    if (T == 0) return MS_OK;
+    mm_args a;
+    memset(&a, 0, sizeof a);
+    a.q = (const bf16 *)q->data;
+    a.lat = (const bf16 *)latent->data;
+    a.out = (bf16 *)out->data;
+    a.nh = nh;
+    a.dk = D;
+    a.lds = mm_lds(D);
+    a.sl2 = scale * 1.4426950408889634f;
+    a.positions = m->positions_d;
+    a.token_seq = m->token_seq_d;
+    a.block_table = m->block_table_d;
+    a.topk = topk_d;
+    a.topk_n = topk_d ? topk : 0;
+    a.max_blocks = m->host->max_blocks;
+    a.page_size = m->host->page_size;
+    const int groups = (nh + MM_HB - 1) / MM_HB;
+    const int max_keys = topk_d ? (topk < m->max_ctx ? topk : m->max_ctx) : m->max_ctx;
+    MS_TRY(cu_attn_split(b, (int64_t)T * groups, max_keys > 0 ? (max_keys + MM_BN - 1) / MM_BN : 1, 1, T, nh, kvl,
+                         allow_split, &a.n_split, &a.part, err));
+    dim3 grid((unsigned)T, (unsigned)groups, (unsigned)a.n_split);
+    const size_t sm = mm_smem(D);
+    if (kvl == 512) MS_TRY(mm_launch<512>(b, &a, grid, sm, err));
+    else if (kvl == 128) MS_TRY(mm_launch<128>(b, &a, grid, sm, err));
+    else MS_TRY(mm_launch<64>(b, &a, grid, sm, err));
+    return cu_attn_combine(b, a.part, a.n_split, T, nh, kvl, (bf16 *)out->data, err);
+}
