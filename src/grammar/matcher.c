@@ -620,6 +620,25 @@ static double mono_now(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* The stack id with everything below its top PRE_DEPTH positions cut off (id itself when shallower):
+ * the walk's state space becomes finite under recursion, and the top CTX_K positions, all that a
+ * cache key holds, are unchanged. Popping below the cut ends the walk there (an early "end" that at
+ * worst adds a context no real stack has). -1 when out of memory. */
+#define PRE_DEPTH (2 * CTX_K)
+static int32_t truncate_stack(ms_grammar_matcher *m, int32_t id) {
+    int32_t pos[PRE_DEPTH];
+    int d = 0;
+    int32_t n = id;
+    while (n != 0 && d < PRE_DEPTH) { pos[d++] = m->a.pos[n]; n = m->a.par[n]; }
+    if (n == 0) return id;
+    int32_t top = 0;
+    for (int i = d - 1; i >= 0; i--) {
+        top = intern(&m->a, pos[i], top);
+        if (top < 0) return -1;
+    }
+    return top;
+}
+
 int ms_grammar_precompute(ms_grammar *g, int max_stacks, double max_seconds, ms_grammar_precompute_stats *st) {
     ms_grammar_precompute_stats local = {0};
     if (!st) st = &local;
@@ -630,9 +649,10 @@ int ms_grammar_precompute(ms_grammar *g, int max_stacks, double max_seconds, ms_
     ms_grammar_matcher *m = ms_grammar_matcher_new(g);
     if (!m) return -1;
     /* Breadth first over single parse stacks: every byte a stack's top class holds leads to the same
-     * successor set (expand past the class), so the graph has one edge set per stack. A grammar with
-     * recursion has infinitely many stacks: the walk stops at max_stacks or max_seconds, the nearest
-     * (shallowest) contexts done first; what is left is computed on first use as before. */
+     * successor set (expand past the class), so the graph has one edge set per stack. Stacks are cut
+     * to their top PRE_DEPTH positions (truncate_stack), so that recursion cannot make the walk
+     * infinite. It still stops at max_stacks, max_seconds or the cache budget, nearest contexts first;
+     * what is left is computed on first use as before. */
     int32_t *queue = NULL;
     uint8_t *seen = NULL;
     size_t qcap = 0, scap = 0, qh = 0, qt = 0;
@@ -666,6 +686,8 @@ int ms_grammar_precompute(ms_grammar *g, int max_stacks, double max_seconds, ms_
         gcache_entry *e = context_entry(m, id);
         if (!e) { rc = -1; break; }
         if (!e->cached) { entry_free(e); st->truncated = 1; break; } /* the cache budget is spent */
+        /* half the budget at most: the rest stays for the contexts real requests meet beyond it */
+        if (g->cache_bytes > CACHE_BUDGET_BYTES / 2) { st->truncated = 1; break; }
         int32_t pos = m->a.pos[id];
         m->a.gen++;
         out.n = 0;
@@ -673,7 +695,8 @@ int ms_grammar_precompute(ms_grammar *g, int max_stacks, double max_seconds, ms_
         expand(g, &m->a, pos + 1, m->a.par[id], &out, 0);
         if (m->a.overflow) { m->a.overflow = 0; continue; }
         for (int i = 0; i < out.n; i++) {
-            int32_t nid = out.v[i];
+            int32_t nid = truncate_stack(m, out.v[i]);
+            if (nid < 0) { rc = -1; goto done; }
             if ((size_t)nid >= scap) {
                 size_t nc = scap;
                 while (nc <= (size_t)nid) nc *= 2;

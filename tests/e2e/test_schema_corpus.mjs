@@ -9,6 +9,7 @@
 // with 3 samples (T=0, T=1 twice).
 import Ajv2020 from "ajv/dist/2020.js";
 import addFormats from "ajv-formats";
+import fs from "node:fs";
 import { assert, post, run, startServer, test, waitKvEmpty } from "./lib.mjs";
 import { corpus } from "./schema_corpus.mjs";
 
@@ -26,6 +27,9 @@ const ajv = new Ajv2020({ strict: false, allErrors: true });
 addFormats(ajv);
 
 const stats = { replies: 0, validated: 0, length: 0, refused_ok: 0, failures: [] };
+// MS_CORPUS_DUMP=FILE: the validated replies as JSON lines {"name","schema","doc"} (input for
+// `moeserve bench-grammar --cases FILE`, which times masks over them with a real 150k vocabulary)
+const dump = process.env.MS_CORPUS_DUMP ? [] : null;
 const fail = (msg) => { stats.failures.push(msg); };
 
 async function one(server, model, c, temperature, seed) {
@@ -50,6 +54,7 @@ async function one(server, model, c, temperature, seed) {
   const validate = ajv.compile(c.schema);
   if (!validate(v)) return fail(`${c.name} T=${temperature}: ajv rejects ${ch.message.content}: ${ajv.errorsText(validate.errors)}`);
   stats.validated++;
+  if (dump) dump.push(JSON.stringify({ name: c.name, schema: c.schema, doc: ch.message.content }));
 }
 
 test(`corpus (${SCHEMAS.length} schemas x ${SAMPLES.length} samples, max_tokens ${MAX_TOKENS}): every finished reply valid under ajv, every refusal a 400 naming its keyword`, async ({ server, model }) => {
@@ -63,6 +68,7 @@ test(`corpus (${SCHEMAS.length} schemas x ${SAMPLES.length} samples, max_tokens 
                 `${stats.validated} replies valid under ajv, ${stats.length} cut by max_tokens, ${stats.refused_ok} refusals as expected, ` +
                 `${stats.failures.length} failures`);
   for (const f of stats.failures.slice(0, 15)) console.error("  " + f);
+  if (dump) fs.writeFileSync(process.env.MS_CORPUS_DUMP, dump.join("\n") + "\n");
   assert(stats.failures.length === 0, `${stats.failures.length} failures (first: ${stats.failures[0]})`);
 });
 
