@@ -98,7 +98,7 @@ typedef struct ms_grammar_precompute_stats {
 int ms_grammar_precompute(ms_grammar *g, int max_stacks, double max_seconds, ms_grammar_precompute_stats *st);
 /* The limits the server uses at admission (a bound on the latency one new schema adds). */
 #define MS_GRAMMAR_PRECOMPUTE_STACKS 100000
-#define MS_GRAMMAR_PRECOMPUTE_SECONDS 1.0
+#define MS_GRAMMAR_PRECOMPUTE_SECONDS 2.0
 
 /* ---- matching ---- */
 

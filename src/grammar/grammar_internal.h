@@ -48,6 +48,7 @@ typedef struct gcache_entry {
     int32_t key[8];
     int klen;
     uint32_t *acc;   /* [words] tokens allowed whatever lies below the context (dense form) */
+    int acc_shared;  /* acc belongs to the grammar's table of distinct bitmaps (not freed with the entry) */
     int32_t *acc_ids; /* the same as a list of ids (sparse form, when acc is NULL) */
     int n_acc_ids;
     int32_t *unc;    /* tokens to check against the full stack */
@@ -70,6 +71,10 @@ struct ms_grammar {
     gcache_entry **buckets;
     int n_buckets, n_entries;
     size_t cache_bytes; /* token sets held by the cache */
+    /* distinct dense bitmaps, shared by the entries whose sets are equal (inside a long string
+     * most positions allow the same tokens): open addressing by hash, guarded by mu */
+    struct gbitmap { uint64_t h; uint32_t *bits; } *bm;
+    int bm_cap, bm_n;
     int precomputed;    /* atomic: ms_grammar_precompute has claimed this grammar */
 };
 

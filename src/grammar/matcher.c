@@ -163,7 +163,7 @@ static void step(const ms_grammar *g, narena *a, const nset *in, unsigned b, nse
 /* ---- grammar objects ---- */
 
 static void entry_free(gcache_entry *e) {
-    free(e->acc);
+    if (!e->acc_shared) free(e->acc);
     free(e->acc_ids);
     free(e->unc);
     free(e);
@@ -221,6 +221,8 @@ void ms_grammar_unref(ms_grammar *g) {
             entry_free(e);
         }
     free(g->buckets);
+    for (int i = 0; i < g->bm_cap; i++) free(g->bm[i].bits);
+    free(g->bm);
     ms_gbnf_free_rules(g);
     pthread_mutex_destroy(&g->mu);
     free(g);
@@ -552,6 +554,55 @@ static gcache_entry *context_entry(ms_grammar_matcher *m, int32_t id) {
     memcpy(e->key, key, (size_t)(klen + 1) * sizeof *key);
     pthread_mutex_lock(&g->mu);
     gcache_entry *other = cache_find(g, h, key, klen + 1);
+    if (!other && e->acc) {
+        /* an equal bitmap already held: share it and count only the entry */
+        size_t wb = (size_t)m->words * sizeof(uint32_t);
+        uint64_t bh = 1469598103934665603ull;
+        for (int w = 0; w < m->words; w++) bh = (bh ^ e->acc[w]) * 1099511628211ull;
+        bh |= 1;
+        int slot = -1;
+        if (g->bm_cap) {
+            uint32_t msk = (uint32_t)g->bm_cap - 1;
+            for (uint32_t i = (uint32_t)bh & msk;; i = (i + 1) & msk) {
+                if (!g->bm[i].h) { slot = (int)i; break; }
+                if (g->bm[i].h == bh && !memcmp(g->bm[i].bits, e->acc, wb)) {
+                    free(e->acc);
+                    e->acc = g->bm[i].bits;
+                    e->acc_shared = 1;
+                    bytes -= wb;
+                    break;
+                }
+            }
+        }
+        if (!e->acc_shared && g->cache_bytes + bytes <= CACHE_BUDGET_BYTES) {
+            if ((g->bm_n + 1) * 2 > g->bm_cap) { /* grow (and rehash) the table */
+                int cap = g->bm_cap ? 2 * g->bm_cap : 64;
+                struct gbitmap *nb = calloc((size_t)cap, sizeof *nb);
+                if (nb) {
+                    for (int i = 0; i < g->bm_cap; i++)
+                        if (g->bm[i].h) {
+                            uint32_t j = (uint32_t)g->bm[i].h & (uint32_t)(cap - 1);
+                            while (nb[j].h) j = (j + 1) & (uint32_t)(cap - 1);
+                            nb[j] = g->bm[i];
+                        }
+                    free(g->bm);
+                    g->bm = nb;
+                    g->bm_cap = cap;
+                    uint32_t j = (uint32_t)bh & (uint32_t)(cap - 1);
+                    while (g->bm[j].h) j = (j + 1) & (uint32_t)(cap - 1);
+                    slot = (int)j;
+                } else {
+                    slot = -1;
+                }
+            }
+            if (slot >= 0) {
+                g->bm[slot].h = bh;
+                g->bm[slot].bits = e->acc;
+                g->bm_n++;
+                e->acc_shared = 1;
+            }
+        }
+    }
     if (other || g->cache_bytes + bytes > CACHE_BUDGET_BYTES) {
         pthread_mutex_unlock(&g->mu);
         if (other) { entry_free(e); return other; }
