@@ -153,6 +153,8 @@ int cmd_bench_grammar(int argc, char **argv) {
         }
         pre[c] = ps.seconds;
         n_trunc += ps.truncated;
+        if (precompute && !verbose && ps.truncated)
+            printf("case %zu: precompute stopped by a limit: %d contexts from %d stacks in %.1f ms\n", c, ps.contexts, ps.stacks, ps.seconds * 1e3);
         if (precompute && verbose)
             printf("case %zu: precomputed %d contexts from %d stacks in %.1f ms%s\n", c, ps.contexts, ps.stacks, ps.seconds * 1e3,
                    ps.truncated ? " (stopped by a limit)" : "");
