@@ -114,7 +114,8 @@ typedef struct ms_backend_ops {
     /* Optional fused form of what follows the q/k/v projections of a GQA layer without q/k norm:
      * q [T,nh,d] += bq then rotated in place; k [T,nkv,d] + bk rotated and stored into kcache rows
      * slot_d[t]; v + bv stored into vcache (k and v themselves unchanged). Biases F32 or NULL; rc
-     * NULL = no rotary dims. Equals add-bias, rope and kv_store up to one bf16 rounding fewer. */
+     * NULL = no rotary dims, else rc->rot_dim <= 1024. Equals add-bias, rope and kv_store up to one bf16
+     * rounding fewer. */
     int (*gqa_prep)(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_tensor *v, const ms_tensor *bq,
                     const ms_tensor *bk, const ms_tensor *bv, const int32_t *pos_d, const ms_rope_cfg *rc,
                     ms_tensor *kcache, ms_tensor *vcache, const int32_t *slot_d, ms_err *err);

@@ -88,7 +88,7 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
               v = fw_view2(&f->v, T, (int64_t)nkv * d);
     ms_tensor q3 = fw_view3(&f->q, T, nh, d), k3 = fw_view3(&f->k, T, nkv, d);
     ms_rope_cfg rc = {0, c->rotary_dim, 0, c->rope_theta};
-    if (op->gqa_prep && !(c->use_qk_norm && l->q_norm.data && l->k_norm.data)) {
+    if (op->gqa_prep && !(c->use_qk_norm && l->q_norm.data && l->k_norm.data) && c->rotary_dim <= 1024) {
         /* one kernel for the biases, RoPE and both cache stores after bias-free projections
          * (7 launches -> 1 per layer: these move almost no bytes and cost a launch each) */
         ms_linear qp = l->q_proj, kp = l->k_proj, vp = l->v_proj;

@@ -305,6 +305,7 @@ static void test_gqa_prep(void) {
     gqa_prep_case(12, 2, 128, 64, 1); /* GLM-4.5 style: partial NeoX rotary, q/k/v bias */
     gqa_prep_case(4, 4, 64, 64, 0);   /* full rotary, no bias */
     gqa_prep_case(6, 3, 32, 0, 1);    /* no rotary dims */
+    gqa_prep_case(96, 8, 128, 64, 1); /* GLM-4.5-Air heads: 14 blocks of 8 heads per token */
 }
 
 static void test_rope(void) {
@@ -979,10 +980,76 @@ static void indexer_case(int topk) {
     free_batch(&A);
 }
 
+/* The indexer over a gbatch (long contexts, several sequences, mixed prefill and decode) at a model's
+ * head count and dim: the GPU's top-k set must be a valid top-k of float64 host scores (ties within
+ * 1e-3 relative), the CPU's too, and their valid counts min(n, topk). */
+static void indexer_batch_case(const char *name, int nih, int d, int topk, int n_seqs, const int *nnew, const int *ctx) {
+    gbatch B;
+    make_gbatch(&B, n_seqs, nnew, ctx, 16);
+    const int T = B.bt.n_tokens, S = B.n_slots;
+    int64_t cs[2] = {S, d}, qs[3] = {T, nih, d}, wsh[2] = {T, nih};
+    float *kc = rand_vec((size_t)S * d, 1.f), *q = rand_vec((size_t)T * nih * d, 1.f), *w = rand_vec((size_t)T * nih, 1.f);
+    pair K = act(2, cs, kc), Q = act(3, qs, q), W = act(2, wsh, w);
+    int32_t *og = calloc((size_t)T * topk, 4), *oc = calloc((size_t)T * topk, 4);
+    ms_tensor tg = mk_i32(GPU, (int64_t)T * topk, og), tc = mk_i32(CPU, (int64_t)T * topk, oc);
+    R(GPU->ops->indexer_topk(GPU, &Q.g, &W.g, &K.g, &B.mg, topk, tg.data, &E));
+    R(CPU->ops->indexer_topk(CPU, &Q.c, &W.c, &K.c, &B.mc, topk, tc.data, &E));
+    R(GPU->ops->download(GPU, og, tg.data, (size_t)T * topk * 4, &E));
+    R(CPU->ops->download(CPU, oc, tc.data, (size_t)T * topk * 4, &E));
+    /* the inputs as the kernels see them (bf16) */
+    float *kb = get(CPU, &K.c), *qb = get(CPU, &Q.c), *wb = get(CPU, &W.c);
+    int bad_tokens = 0;
+    for (int t = 0; t < T; t++) {
+        const int s = B.tseq[t], n = B.pos[t] + 1;
+        double *sc = malloc(sizeof(double) * (size_t)n);
+        char *sel = calloc((size_t)n, 1);
+        for (int j = 0; j < n; j++) {
+            const int slot = B.table[s * B.bt.max_blocks + j / 16] * 16 + j % 16;
+            double tot = 0;
+            for (int h = 0; h < nih; h++) {
+                double dot = 0;
+                for (int c = 0; c < d; c++) dot += (double)qb[((size_t)t * nih + h) * d + c] * kb[(size_t)slot * d + c];
+                dot /= sqrt((double)d);
+                tot += wb[(size_t)t * nih + h] * (dot > 0 ? dot : 0);
+            }
+            sc[j] = tot;
+        }
+        for (int side = 0; side < 2; side++) {
+            const int32_t *o = (side ? oc : og) + (size_t)t * topk;
+            double minsel = 1e300, maxrest = -1e300;
+            int bad = 0, nv = 0;
+            memset(sel, 0, (size_t)n);
+            for (int k = 0; k < topk; k++) {
+                if (o[k] < 0) continue;
+                if (o[k] >= n || sel[o[k]]) { bad = 1; continue; }
+                sel[o[k]] = 1;
+                nv++;
+                if (sc[o[k]] < minsel) minsel = sc[o[k]];
+            }
+            for (int j = 0; j < n; j++) if (!sel[j] && sc[j] > maxrest) maxrest = sc[j];
+            if (bad || nv != (n < topk ? n : topk) || maxrest > minsel + 1e-3 * (fabs(minsel) + 1)) bad_tokens++;
+        }
+        free(sc);
+        free(sel);
+    }
+    CHECK_MSG(bad_tokens == 0, "%s: %d token rows are not a valid top-%d", name, bad_tokens, topk);
+    free(kb); free(qb); free(wb);
+    pfree(&K); pfree(&Q); pfree(&W);
+    fr(GPU, &tg); fr(CPU, &tc);
+    free(og); free(oc); free(kc); free(q); free(w);
+    free_gbatch(&B);
+}
+
 static void test_indexer(void) {
     indexer_case(3);
     indexer_case(7);  /* token 0 of seq 0 has 6 keys < 7: padding */
     indexer_case(20); /* all keys for every token */
+    /* GLM-5's indexer (32 heads of 128) and an odd head count, long decode contexts and a prefill chunk */
+    int dn[4] = {1, 1, 1, 1}, dc[4] = {3000, 17, 513, 300};
+    indexer_batch_case("indexer glm-5 decode", 32, 128, 256, 4, dn, dc);
+    int pn[3] = {120, 1, 40}, pc[3] = {700, 90, 40};
+    indexer_batch_case("indexer glm-5 prefill", 32, 128, 64, 3, pn, pc);
+    indexer_batch_case("indexer 20 heads of 48", 20, 48, 32, 3, pn, pc);
 }
 
 static void router_case(int T, int E_, int topk, int ng, int tg, int norm, int with_bias) {

@@ -38,7 +38,7 @@
 struct mm_args {
     const bf16 *q, *lat;
     bf16 *out;
-    int nh, dk, lds;
+    int nh;
     float sl2; /* scale * log2(e) */
     const int32_t *positions, *token_seq, *block_table, *topk;
     int topk_n, max_blocks, page_size;
@@ -54,13 +54,13 @@ static size_t mm_smem(int dk) {
     return (size_t)(MM_HB + 2 * MM_BN) * (size_t)mm_lds(dk) * sizeof(bf16) + 2 * MM_BN * sizeof(int);
 }
 
-template <int DV>
+template <int DK, int DV>
 __global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
     constexpr int DVW = DV / 2; /* output columns per warp */
     constexpr int NT = DVW / 8; /* 8-wide n-tiles of O per warp */
-    static_assert(DV % 32 == 0, "value width");
+    constexpr int LDS = (DK / 8) % 2 == 0 ? DK + 8 : DK + 16, CPR = DK / 8;
+    static_assert(DV % 32 == 0 && DK % 16 == 0 && DK >= DV, "latent widths");
     extern __shared__ __align__(16) unsigned char mm_sm[];
-    const int LDS = a.lds, DK = a.dk, CPR = DK / 8;
     bf16 *Qs = (bf16 *)mm_sm;                 /* [MM_HB][LDS] */
     bf16 *Ks = Qs + MM_HB * LDS;              /* [2][MM_BN][LDS] */
     int *kpos = (int *)(Ks + 2 * MM_BN * LDS); /* [2][MM_BN]: key position, -1 = masked */
@@ -129,6 +129,7 @@ __global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
              * B as attn_mma.cu: key (lane & 7) + 8 * (lane >> 4), dims + 8 * ((lane >> 3) & 1) */
             const bf16 *qrow = Qs + (hw * 16 + (lane & 15)) * LDS + ((lane >> 4) << 3);
             const bf16 *krow = kb + ((lane & 7) + ((lane >> 4) << 3)) * LDS + (((lane >> 3) & 1) << 3);
+#pragma unroll 6
             for (int kk = 0; kk < DK / 16; kk++) {
                 uint32_t qa[4];
                 cu_ldsm4(qa, cu_saddr(qrow + kk * 16));
@@ -140,57 +141,16 @@ __global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
                     cu_mma_bf16(sc[2 * np + 1], qa, bk[2], bk[3]);
                 }
             }
-            /* mask missing keys, online softmax (log2 domain) */
+            /* mask missing keys, online softmax (log2 domain), O += P·V over this warp's value columns */
 #pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                float mx = -INFINITY;
+            for (int nt = 0; nt < MM_BN / 8; nt++)
 #pragma unroll
-                for (int nt = 0; nt < MM_BN / 8; nt++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        float &v = sc[nt][2 * hf + e];
-                        v = kp[nt * 8 + 2 * tq + e] >= 0 ? v * a.sl2 : -INFINITY;
-                        mx = fmaxf(mx, v);
-                    }
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float mn = fmaxf(m[hf], mx);
-                const float base = mn == -INFINITY ? 0.f : mn;
-                const float alpha = exp2f(m[hf] - base); /* 0 while the row had no key */
-                m[hf] = mn;
-                float rs = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < MM_BN / 8; nt++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        float &v = sc[nt][2 * hf + e];
-                        v = exp2f(v - base);
-                        rs += v;
-                    }
-                l[hf] = l[hf] * alpha + rs;
-#pragma unroll
-                for (int dt = 0; dt < NT; dt++) {
-                    o[dt][2 * hf] *= alpha;
-                    o[dt][2 * hf + 1] *= alpha;
+                for (int e = 0; e < 4; e++) {
+                    float &v = sc[nt][e];
+                    v = kp[nt * 8 + 2 * tq + (e & 1)] >= 0 ? v * a.sl2 : -INFINITY;
                 }
-            }
-            /* O += P·V over this warp's value columns; ldmatrix.trans lane address: key (lane & 7) +
-             * 8 * ((lane >> 3) & 1), dims + 8 * (lane >> 4) */
-            const bf16 *vrow = kb + ((lane & 7) + (((lane >> 3) & 1) << 3)) * LDS + dh * DVW + ((lane >> 4) << 3);
-#pragma unroll
-            for (int ks = 0; ks < MM_BN / 16; ks++) {
-                const uint32_t pa[4] = {cu_pack_bf16(sc[2 * ks][0], sc[2 * ks][1]),
-                                        cu_pack_bf16(sc[2 * ks][2], sc[2 * ks][3]),
-                                        cu_pack_bf16(sc[2 * ks + 1][0], sc[2 * ks + 1][1]),
-                                        cu_pack_bf16(sc[2 * ks + 1][2], sc[2 * ks + 1][3])};
-#pragma unroll
-                for (int dp = 0; dp < DVW / 16; dp++) {
-                    uint32_t bv[4];
-                    cu_ldsm4t(bv, cu_saddr(vrow + ks * 16 * LDS + dp * 16));
-                    cu_mma_bf16(o[2 * dp], pa, bv[0], bv[1]);
-                    cu_mma_bf16(o[2 * dp + 1], pa, bv[2], bv[3]);
-                }
-            }
+            cu_softmax_tile(sc, m, l, o);
+            cu_pv_tile(sc, kb + ((lane & 7) + (((lane >> 3) & 1) << 3)) * LDS + dh * DVW + ((lane >> 4) << 3), LDS, o);
         }
         __syncthreads(); /* the next iteration's loads overwrite this buffer */
     }
@@ -227,12 +187,17 @@ __global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
     }
 }
 
-template <int DV> static int mm_launch(ms_backend *b, const mm_args *a, dim3 grid, size_t sm, ms_err *err) {
-    CK(cudaFuncSetAttribute(k_mla_mma<DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    k_mla_mma<DV><<<grid, MM_THREADS, sm, cu_of(b)->stream>>>(*a);
+template <int DK, int DV> static int mm_launch(ms_backend *b, const mm_args *a, dim3 grid, ms_err *err) {
+    const size_t sm = mm_smem(DK);
+    CK(cudaFuncSetAttribute(k_mla_mma<DK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    k_mla_mma<DK, DV><<<grid, MM_THREADS, sm, cu_of(b)->stream>>>(*a);
     CK_LAUNCH();
     return MS_OK;
 }
+
+/* The (latent row, value width) pairs compiled: GLM-5 / DeepSeek (512 + 64) and two small shapes the
+ * fixtures and tests use; the k-loop is unrolled per row width, which a runtime width prevented. */
+static const int mm_shapes[][2] = {{576, 512}, {160, 128}, {80, 64}};
 
 /* Contract in cuda_internal.cuh. */
 int cu_attn_mla_mma_covers(const ms_backend *b, int dk, int dv, char *why, size_t cap) {
@@ -240,10 +205,12 @@ int cu_attn_mla_mma_covers(const ms_backend *b, int dk, int dv, char *why, size_
     if (!why) why = tmp, cap = sizeof tmp;
     if (b->gpu.cc_major < 8)
         return snprintf(why, cap, "it needs bf16 tensor cores (mma.sync, compute capability 8.0 or newer)"), 0;
-    if (dv != 64 && dv != 128 && dv != 512)
-        return snprintf(why, cap, "it takes latent widths (kv_lora_rank) 64, 128 or 512 only (this model: %d)", dv), 0;
-    if (dk % 16 || dk < dv)
-        return snprintf(why, cap, "it needs a latent row (kv_lora_rank + rope dims: %d) that is a multiple of 16", dk), 0;
+    int known = 0;
+    for (size_t i = 0; i < sizeof mm_shapes / sizeof mm_shapes[0]; i++) known |= mm_shapes[i][0] == dk && mm_shapes[i][1] == dv;
+    if (!known)
+        return snprintf(why, cap,
+                        "it is compiled for latent widths (kv_lora_rank + rope dims) 512+64, 128+32 and 64+16 only "
+                        "(this model: %d+%d)", dv, dk - dv), 0;
     if (mm_smem(dk) > (size_t)cu_smem_optin(b))
         return snprintf(why, cap, "a latent row of %d needs %zu bytes of shared memory per block, the GPU allows %d", dk,
                         mm_smem(dk), cu_smem_optin(b)), 0;
@@ -268,8 +235,6 @@ int cu_attn_mla_mma(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, 
     a.lat = (const bf16 *)latent->data;
     a.out = (bf16 *)out->data;
     a.nh = nh;
-    a.dk = D;
-    a.lds = mm_lds(D);
     a.sl2 = scale * 1.4426950408889634f;
     a.positions = m->positions_d;
     a.token_seq = m->token_seq_d;
@@ -283,9 +248,8 @@ int cu_attn_mla_mma(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, 
     MS_TRY(cu_attn_split(b, (int64_t)T * groups, max_keys > 0 ? (max_keys + MM_BN - 1) / MM_BN : 1, 1, T, nh, kvl,
                          allow_split, &a.n_split, &a.part, err));
     dim3 grid((unsigned)T, (unsigned)groups, (unsigned)a.n_split);
-    const size_t sm = mm_smem(D);
-    if (kvl == 512) MS_TRY(mm_launch<512>(b, &a, grid, sm, err));
-    else if (kvl == 128) MS_TRY(mm_launch<128>(b, &a, grid, sm, err));
-    else MS_TRY(mm_launch<64>(b, &a, grid, sm, err));
+    if (D == 576) MS_TRY((mm_launch<576, 512>(b, &a, grid, err)));
+    else if (D == 160) MS_TRY((mm_launch<160, 128>(b, &a, grid, err)));
+    else MS_TRY((mm_launch<80, 64>(b, &a, grid, err)));
     return cu_attn_combine(b, a.part, a.n_split, T, nh, kvl, (bf16 *)out->data, err);
 }

@@ -191,58 +191,17 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a) {
                     cu_mma_bf16(sc[2 * np], qf[kk], bk[0], bk[1]);
                     cu_mma_bf16(sc[2 * np + 1], qf[kk], bk[2], bk[3]);
                 }
-            /* causal mask, online softmax (log2 domain) */
+            /* causal mask, online softmax (log2 domain), O += P·V */
             const int key0 = kt * AM_BN + 2 * tq;
 #pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                float mx = -INFINITY;
+            for (int nt = 0; nt < AM_BN / 8; nt++)
 #pragma unroll
-                for (int nt = 0; nt < AM_BN / 8; nt++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        float &v = sc[nt][2 * hf + e];
-                        v = key0 + nt * 8 + e <= lim[hf] ? v * a.sl2 : -INFINITY;
-                        mx = fmaxf(mx, v);
-                    }
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float mn = fmaxf(m[hf], mx);
-                const float base = mn == -INFINITY ? 0.f : mn;
-                const float alpha = exp2f(m[hf] - base); /* 0 while the row had no key */
-                m[hf] = mn;
-                float rs = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < AM_BN / 8; nt++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        float &v = sc[nt][2 * hf + e];
-                        v = exp2f(v - base);
-                        rs += v;
-                    }
-                l[hf] = l[hf] * alpha + rs;
-#pragma unroll
-                for (int dt = 0; dt < NT; dt++) {
-                    o[dt][2 * hf] *= alpha;
-                    o[dt][2 * hf + 1] *= alpha;
+                for (int e = 0; e < 4; e++) {
+                    float &v = sc[nt][e];
+                    v = key0 + nt * 8 + (e & 1) <= lim[e >> 1] ? v * a.sl2 : -INFINITY;
                 }
-            }
-            /* O += P·V; P's A fragment for keys 16ks.. is S's C fragments of n-tiles 2ks, 2ks+1;
-             * ldmatrix.trans lane address: key (lane & 7) + 8 * ((lane >> 3) & 1), dims + 8 * (lane >> 4) */
-#pragma unroll
-            for (int ks = 0; ks < AM_BN / 16; ks++) {
-                const uint32_t pa[4] = {cu_pack_bf16(sc[2 * ks][0], sc[2 * ks][1]),
-                                        cu_pack_bf16(sc[2 * ks][2], sc[2 * ks][3]),
-                                        cu_pack_bf16(sc[2 * ks + 1][0], sc[2 * ks + 1][1]),
-                                        cu_pack_bf16(sc[2 * ks + 1][2], sc[2 * ks + 1][3])};
-#pragma unroll
-                for (int dp = 0; dp < D / 16; dp++) {
-                    uint32_t bv[4];
-                    cu_ldsm4t(bv, cu_saddr(vb + (ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * LDS + dp * 16 +
-                                          ((lane >> 4) << 3)));
-                    cu_mma_bf16(o[2 * dp], pa, bv[0], bv[1]);
-                    cu_mma_bf16(o[2 * dp + 1], pa, bv[2], bv[3]);
-                }
-            }
+            cu_softmax_tile(sc, m, l, o);
+            cu_pv_tile(sc, vb + ((lane & 7) + (((lane >> 3) & 1) << 3)) * LDS + ((lane >> 4) << 3), LDS, o);
         }
         __syncthreads(); /* the next iteration's loads overwrite this buffer */
     }

@@ -357,6 +357,62 @@ __device__ __forceinline__ uint32_t cu_pack_bf16(float lo, float hi) {
     return *(const uint32_t *)&v;
 }
 
+/* One online-softmax step of a flash-attention warp tile (rows g and g+8 of the lane, NS 8-key
+ * n-tiles): sc holds the tile's scores already scaled into the log2 domain, -inf where masked. Folds
+ * them into the running max m and this lane's share of the sum l, turns sc into P = exp2(s - m) and
+ * rescales the lane's O fragments (NO n-tiles). A row that has seen no key keeps m = -inf and uses 0
+ * as its base, so no inf - inf appears. */
+template <int NS, int NO>
+__device__ __forceinline__ void cu_softmax_tile(float (&sc)[NS][4], float (&m)[2], float (&l)[2], float (&o)[NO][4]) {
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NS; nt++) mx = fmaxf(mx, fmaxf(sc[nt][2 * hf], sc[nt][2 * hf + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mn = fmaxf(m[hf], mx);
+        const float base = mn == -INFINITY ? 0.f : mn;
+        const float alpha = exp2f(m[hf] - base); /* 0 while the row had no key */
+        m[hf] = mn;
+        float rs = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < NS; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float &v = sc[nt][2 * hf + e];
+                v = exp2f(v - base);
+                rs += v;
+            }
+        l[hf] = l[hf] * alpha + rs;
+#pragma unroll
+        for (int dt = 0; dt < NO; dt++) {
+            o[dt][2 * hf] *= alpha;
+            o[dt][2 * hf + 1] *= alpha;
+        }
+    }
+}
+/* O += P·V for a warp tile: P from sc (S's C fragments of n-tiles 2ks, 2ks+1 are P's A fragment for
+ * keys 16ks..16ks+15), V rows in shared memory with row stride lds elements; vrow is this lane's
+ * ldmatrix.trans address of key 0, column 0: row (lane & 7) + 8 * ((lane >> 3) & 1), column
+ * 8 * (lane >> 4). NO 8-wide output n-tiles. */
+template <int NS, int NO>
+__device__ __forceinline__ void cu_pv_tile(const float (&sc)[NS][4], const bf16 *vrow, int lds, float (&o)[NO][4]) {
+#pragma unroll
+    for (int ks = 0; ks < NS / 2; ks++) {
+        const uint32_t pa[4] = {cu_pack_bf16(sc[2 * ks][0], sc[2 * ks][1]), cu_pack_bf16(sc[2 * ks][2], sc[2 * ks][3]),
+                                cu_pack_bf16(sc[2 * ks + 1][0], sc[2 * ks + 1][1]),
+                                cu_pack_bf16(sc[2 * ks + 1][2], sc[2 * ks + 1][3])};
+#pragma unroll
+        for (int dp = 0; dp < NO / 2; dp++) {
+            uint32_t bv[4];
+            cu_ldsm4t(bv, cu_saddr(vrow + ks * 16 * lds + dp * 16));
+            cu_mma_bf16(o[2 * dp], pa, bv[0], bv[1]);
+            cu_mma_bf16(o[2 * dp + 1], pa, bv[2], bv[3]);
+        }
+    }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

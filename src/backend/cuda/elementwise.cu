@@ -412,20 +412,30 @@ int cu_op_rope(ms_backend *b, ms_tensor *x, const int32_t *pos_d, const ms_rope_
 
 /* ---- fused GQA preparation ---- */
 
-/* One block per token. For every head of q (then of k): adds the bias, rotates the rotary pairs
- * exactly as k_rope (float32 angle p * inv_freq[j]) and writes the head back in place (q) or into
- * its cache row (k); v plus its bias goes to its cache row. The bias is added in float32 before the
- * rotation, with one rounding to bf16 where the unfused ops round after each step. */
+/* Block (t, c) takes heads GP_HPB*c .. +GP_HPB of token t from the list q heads (nh), k heads (nkv),
+ * v heads (nkv): for q and k it adds the bias and rotates the rotary pairs exactly as k_rope (float32
+ * angle p * inv_freq[j], cos/sin computed once per block into shared memory) and writes the head back
+ * in place (q) or into its cache row (k); a v head plus its bias goes to its cache row. The bias is
+ * added in float32 before the rotation, with one rounding to bf16 where the unfused ops round after
+ * each step. Several blocks per token: at decode one token's ~100 heads in one block left the GPU
+ * idle for longer than the seven kernels it replaces. */
+#define GP_HPB 8
 __global__ void k_gqa_prep(bf16 *q, const bf16 *k, const bf16 *v, const float *bq, const float *bk, const float *bv,
                            int nh, int nkv, int d, const int32_t *pos, const float *inv, int rot_off, int rot_dim,
                            int interleaved, bf16 *kc, bf16 *vc, int64_t S, const int32_t *slot) {
-    const int t = blockIdx.x;
-    const float p = (float)pos[t];
+    extern __shared__ float gp_cs[]; /* [half] cos, then [half] sin */
+    const int t = blockIdx.x, h0 = blockIdx.y * GP_HPB;
     const int half = rot_dim / 2, per = half + (d - rot_dim);
+    const float p = (float)pos[t];
+    for (int j = threadIdx.x; j < half; j += blockDim.x) sincosf(p * inv[j], &gp_cs[half + j], &gp_cs[j]);
+    __syncthreads();
     const int64_t s = slot[t];
     const bool st = s >= 0 && s < S;
-    for (int u = threadIdx.x; u < (nh + nkv) * per; u += blockDim.x) {
-        const int hh = u / per, j = u - hh * per;
+    const int nheads = min(GP_HPB, nh + 2 * nkv - h0);
+    /* rotated heads (q, k): one unit per rotary pair or pass-through dim */
+    const int nrot = max(0, min(nheads, nh + nkv - h0));
+    for (int u = threadIdx.x; u < nrot * per; u += blockDim.x) {
+        const int hh = h0 + u / per, j = u % per;
         const bool isk = hh >= nh;
         const int h = isk ? hh - nh : hh;
         const bf16 *row = isk ? k + ((size_t)t * nkv + h) * d : q + ((size_t)t * nh + h) * d;
@@ -436,8 +446,7 @@ __global__ void k_gqa_prep(bf16 *q, const bf16 *k, const bf16 *v, const float *b
             const int i0 = rot_off + (interleaved ? 2 * j : j), i1 = rot_off + (interleaved ? 2 * j + 1 : j + half);
             const float a = __bfloat162float(row[i0]) + (bias ? bias[i0] : 0.f);
             const float c = __bfloat162float(row[i1]) + (bias ? bias[i1] : 0.f);
-            float sn, cs;
-            sincosf(p * inv[j], &sn, &cs);
+            const float cs = gp_cs[j], sn = gp_cs[half + j];
             dst[i0] = __float2bfloat16_rn(a * cs - c * sn);
             dst[i1] = __float2bfloat16_rn(c * cs + a * sn);
         } else {
@@ -445,8 +454,10 @@ __global__ void k_gqa_prep(bf16 *q, const bf16 *k, const bf16 *v, const float *b
             dst[i] = __float2bfloat16_rn(__bfloat162float(row[i]) + (bias ? bias[i] : 0.f));
         }
     }
-    if (st)
-        for (int c = threadIdx.x; c < nkv * d; c += blockDim.x)
+    /* v heads of this block: plus bias into the cache */
+    const int v0 = max(h0, nh + nkv) - (nh + nkv), v1 = h0 + nheads - (nh + nkv);
+    if (st && v1 > v0)
+        for (int c = v0 * d + threadIdx.x; c < v1 * d; c += blockDim.x)
             vc[(size_t)s * nkv * d + c] = __float2bfloat16_rn(__bfloat162float(v[(size_t)t * nkv * d + c]) + (bv ? bv[c] : 0.f));
 }
 
@@ -471,7 +482,8 @@ int cu_op_gqa_prep(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_ten
     if (T == 0) return MS_OK;
     const float *inv = NULL;
     if (rot_dim) MS_TRY(rope_table(b, rc, &inv, err));
-    k_gqa_prep<<<T, 256, 0, stream_of(b)>>>((bf16 *)q->data, (const bf16 *)k->data, (const bf16 *)v->data,
+    dim3 grid((unsigned)T, (unsigned)((nh + 2 * nkv + GP_HPB - 1) / GP_HPB));
+    k_gqa_prep<<<grid, 256, sizeof(float) * (size_t)rot_dim, stream_of(b)>>>((bf16 *)q->data, (const bf16 *)k->data, (const bf16 *)v->data,
                                             f32_or_null(bq, (int64_t)nh * d), f32_or_null(bk, (int64_t)nkv * d),
                                             f32_or_null(bv, (int64_t)nkv * d), nh, nkv, d, pos_d, inv, rot_off, rot_dim,
                                             rc ? rc->interleaved : 0, (bf16 *)kcache->data, (bf16 *)vcache->data,
@@ -684,6 +696,7 @@ int cu_route(ms_backend *b, const float *logits, const void *bias, int bias_t, c
 
 #define RF_WARPS 8
 #define RF_MAXT 8
+#define RF_DEPTH 8
 
 /* Blocks that finished their experts' logits in the current k_router_fused launch; the last block
  * routes and puts it back to 0, so launches (and graph replays) on one device never overlap in it:
@@ -707,18 +720,31 @@ __global__ __launch_bounds__(RF_WARPS * 32) void k_router_fused(const bf16 *x, c
 #pragma unroll
         for (int t = 0; t < RF_MAXT; t++) acc[t] = 0.f;
         const uint4 *wr = (const uint4 *)(W + (size_t)e * K);
-        for (int c = lane; c < K / 8; c += 32) {
-            const uint4 wv = __ldg(wr + c);
-            const __nv_bfloat162 *w2 = (const __nv_bfloat162 *)&wv;
+        const int nc = K / 8;
+        /* RF_DEPTH row chunks in flight per lane before any math: one warp per expert leaves few
+         * warps per SM, so memory parallelism has to come from each lane */
+        for (int c0 = 0; c0 < nc; c0 += 32 * RF_DEPTH) {
+            uint4 wv[RF_DEPTH];
 #pragma unroll
-            for (int t = 0; t < RF_MAXT; t++) {
-                if (t >= T) break;
-                const uint4 xv = __ldg((const uint4 *)(x + (size_t)t * K) + c);
-                const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xv;
+            for (int u = 0; u < RF_DEPTH; u++) {
+                const int c = c0 + u * 32 + lane;
+                wv[u] = c < nc ? __ldg(wr + c) : make_uint4(0, 0, 0, 0);
+            }
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const float2 a = __bfloat1622float2(w2[i]), bb = __bfloat1622float2(x2[i]);
-                    acc[t] = fmaf(a.x, bb.x, fmaf(a.y, bb.y, acc[t]));
+            for (int u = 0; u < RF_DEPTH; u++) {
+                const int c = c0 + u * 32 + lane;
+                if (c >= nc) break;
+                const __nv_bfloat162 *w2 = (const __nv_bfloat162 *)&wv[u];
+#pragma unroll
+                for (int t = 0; t < RF_MAXT; t++) {
+                    if (t >= T) break;
+                    const uint4 xv = __ldg((const uint4 *)(x + (size_t)t * K) + c);
+                    const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xv;
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const float2 a = __bfloat1622float2(w2[i]), bb = __bfloat1622float2(x2[i]);
+                        acc[t] = fmaf(a.x, bb.x, fmaf(a.y, bb.y, acc[t]));
+                    }
                 }
             }
         }
