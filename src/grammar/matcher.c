@@ -266,10 +266,23 @@ typedef struct smemo {
 
 #define MEMO_POOL_MAX ((size_t)1 << 22)
 
-static uint64_t set_hash(const nset *s, unsigned b) {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)b ^ ((uint64_t)s->n << 8);
+/* The hash of a stack set (its byte mixed in by set_hash_b): the walk hashes a node's set once and
+ * mixes in each child's byte. */
+static uint64_t set_hash_base(const nset *s) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ ((uint64_t)s->n << 8);
     for (int i = 0; i < s->n; i++) h = (h ^ (uint32_t)s->v[i]) * 0xff51afd7ed558ccdull;
+    return h;
+}
+
+static inline uint64_t set_hash_b(uint64_t base, unsigned b) {
+    uint64_t h = (base ^ ((uint64_t)b * 0xc4ceb9fe1a85ec53ull)) * 0xff51afd7ed558ccdull;
+    h ^= h >> 29;
     return h | 1;
+}
+
+static inline int ids_equal(const int32_t *a, const int32_t *b, int n) {
+    for (int i = 0; i < n; i++) if (a[i] != b[i]) return 0;
+    return 1;
 }
 
 static int pool_put(ms_grammar_matcher *m, const int32_t *v, int n, int32_t *off) {
@@ -288,17 +301,24 @@ static int pool_put(ms_grammar_matcher *m, const int32_t *v, int n, int32_t *off
     return 0;
 }
 
-/* step() through the memo (tmp arena only: node ids are stable within one cache computation). */
-static void step_memo(ms_grammar_matcher *m, const nset *in, unsigned b, nset *out) {
-    uint64_t h = set_hash(in, b) ^ ((uint64_t)b << 56);
-    if (!h) h = 1;
+/* step() through the memo (tmp arena only: node ids are stable within one cache computation);
+ * base = set_hash_base(in). */
+static void step_memo(ms_grammar_matcher *m, const nset *in, uint64_t base, unsigned b, nset *out) {
+    uint64_t h = set_hash_b(base, b);
     uint32_t mask = (uint32_t)m->memo_cap - 1, i = (uint32_t)h & mask;
     for (; m->memo[i].h; i = (i + 1) & mask) {
         smemo *e = &m->memo[i];
-        if (e->h == h && e->in_n == in->n && !memcmp(m->pool + e->in_off, in->v, (size_t)in->n * sizeof *in->v)) {
+        if (e->h == h && e->out_n >= 0 && e->in_n == in->n && ids_equal(m->pool + e->in_off, in->v, in->n)) {
             out->n = 0;
             out->popped = e->popped;
-            for (int k = 0; k < e->out_n; k++) nset_push(out, m->pool[e->out_off + k]);
+            if (out->cap < e->out_n) {
+                int32_t *v = realloc(out->v, (size_t)e->out_n * sizeof *v);
+                if (!v) { m->oom = 1; return; }
+                out->v = v;
+                out->cap = e->out_n;
+            }
+            if (e->out_n) memcpy(out->v, m->pool + e->out_off, (size_t)e->out_n * sizeof *out->v);
+            out->n = e->out_n;
             return;
         }
     }
@@ -412,7 +432,8 @@ static int nset_equal(const nset *a, const nset *b) {
 /* The bytes b with step(S, b) == S (S loops on them: the inside of a string, digits of a number),
  * memoized per set; NULL when the memo is full. */
 static const uint32_t *loop_class(ms_grammar_matcher *m, const nset *S, nset *scratch) {
-    uint64_t h = set_hash(S, 256) ^ 0xA5A5A5A5ull;
+    uint64_t base = set_hash_base(S), h = set_hash_b(base, 256) ^ 0xA5A5A5A5ull;
+    h |= 1;
     uint32_t mask = (uint32_t)m->memo_cap - 1, i = (uint32_t)h & mask;
     for (; m->memo[i].h; i = (i + 1) & mask) {
         smemo *e = &m->memo[i];
@@ -421,7 +442,7 @@ static const uint32_t *loop_class(ms_grammar_matcher *m, const nset *S, nset *sc
     }
     uint32_t cls[8] = {0};
     for (unsigned b = 0; b < 256; b++) {
-        step_memo(m, S, b, scratch);
+        step_memo(m, S, base, b, scratch);
         if (nset_equal(scratch, S)) cls[b >> 5] |= 1u << (b & 31);
     }
     if (m->memo_n * 2 >= m->memo_cap) return NULL;
@@ -451,13 +472,14 @@ static void cache_dfs_l(ms_grammar_matcher *m, int32_t t, int d, nset *S, int un
     }
     int unc_next = unc || (S->popped && !m->b_complete);
     nset *out = &m->lvl[d + 1];
+    uint64_t base = set_hash_base(S);
     for (int32_t c = tn->first_child; c >= 0; c = v->nodes[c].next_sibling) {
         unsigned byte = v->nodes[c].byte;
         if (loop && gset_has(loop, byte)) { /* same stacks one byte on: S->popped is unchanged too */
             cache_dfs_l(m, c, d + 1, S, unc_next, loop);
             continue;
         }
-        step_memo(m, S, byte, out);
+        step_memo(m, S, base, byte, out);
         if (out->n == 0 && !out->popped) {
             if (unc_next) b_unc_add_range(m, v->nodes[c].lo, v->nodes[c].hi);
             continue;
@@ -465,7 +487,7 @@ static void cache_dfs_l(ms_grammar_matcher *m, int32_t t, int d, nset *S, int un
         if (!loop && nset_equal(out, S) && S->n) {
             loop = loop_class(m, S, out);
             if (loop) { cache_dfs_l(m, c, d + 1, S, unc_next, loop); continue; }
-            step_memo(m, S, byte, out); /* out was the scratch of loop_class */
+            step_memo(m, S, base, byte, out); /* out was the scratch of loop_class */
         }
         cache_dfs_l(m, c, d + 1, out, unc_next, NULL);
         out = &m->lvl[d + 1]; /* (the recursion used deeper levels only) */
