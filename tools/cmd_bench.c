@@ -209,6 +209,7 @@ int cmd_bench(int argc, char **argv) {
 
     ms_bench_metrics m;
     if (ms_bench_metrics_compute(res, (int)num, te - tb, &m, &err)) goto fail;
+    m.accept_length = ms_bench_fetch_accept_length(base_url, getenv("OPENAI_API_KEY"));
     ms_bench_info info = {.backend = backend, .base_url = base_url, .endpoint = endpoint, .model = model,
                           .dataset_name = dataset, .request_rate = rate, .max_concurrency = (int)maxc,
                           .num_prompts = (int)num, .random_input_len = (int)in_len, .random_output_len = (int)out_len,

@@ -24,6 +24,7 @@
 #include <string.h>
 
 static int g_profile; /* --profile */
+static int g_spec;    /* --speculative-num-steps N (0 = off): time verify and draft steps too */
 static int g_dummy;   /* --load-format dummy: random weights give near-flat logits */
 
 /* Seconds of the profile section called name (0 when absent). */
@@ -240,7 +241,70 @@ typedef struct {
     double flops_step, tflops, pct_gemm; /* FLOPs the step needs; achieved rate; share of the GEMM ceiling */
     double routed_avg; /* distinct experts per MoE layer per step */
     char skipped[160]; /* non-empty: not run, and why (e.g. the KV cache cannot hold it) */
+    double verify_ms, draft_ms; /* speculative decoding: a verification step of N+1 tokens per sequence, one
+                                 * MTP draft step of one token per sequence (0 when not measured) */
 } decode_res;
+
+/* Speculative decoding's two step kinds at this batch and context, on the sequences' own pages:
+ * the target verifying N+1 tokens per sequence (logits on all of them) and one MTP draft step (one
+ * token per sequence, hidden rows of the verification). Each is the mean of several timed runs after
+ * warm-up; positions ctx .. ctx+N are rewritten every run (only the time matters here). */
+static int run_spec(const ms_executor *ex, int B, int ctx, const int32_t *bt, int pps, const int32_t *ids, decode_res *r,
+                    ms_err *err) {
+    const int N = g_spec, ps = ex->page_size, V = ex->vocab, T = B * (N + 1);
+    if (!ex->draft || T > ex->max_batch_tokens) return MS_OK;
+    int32_t *arr = malloc(sizeof(int32_t) * (size_t)(6 * T + 2 * B + 2));
+    float *lg = malloc(sizeof(float) * (size_t)T * (size_t)V);
+    if (!arr || !lg) {
+        free(arr), free(lg);
+        return ms_errf(err, MS_ERR_NOMEM, "bench-model: out of memory for the speculative steps");
+    }
+    int32_t *tok = arr, *pos = tok + T, *slot = pos + T, *lidx = slot + T, *hidx = lidx + T, *st = hidx + T,
+            *ctxl = st + B + 1;
+    int rc = MS_OK;
+    double tv = 0, td = 0;
+    int nv = 0;
+    for (int it = 0; it < 12 && !rc; it++) {
+        for (int s = 0; s < B; s++) {
+            st[s] = s * (N + 1);
+            ctxl[s] = ctx + N + 1;
+            for (int j = 0; j <= N; j++) {
+                int t = s * (N + 1) + j, p = ctx + j;
+                tok[t] = ids[(s + j + it) % (ctx + 1)];
+                pos[t] = p;
+                slot[t] = bt[s * pps + p / ps] * ps + p % ps;
+                lidx[t] = t;
+            }
+        }
+        st[B] = T;
+        ms_batch vb = {T, B, tok, pos, st, ctxl, slot, bt, pps, ps, T, lidx};
+        double t0 = ms_now();
+        rc = ex->forward(ex->ctx, &vb, lg, err);
+        double t1 = ms_now();
+        if (rc) break;
+        /* one draft step: position ctx + 1 of each sequence, hidden row of its second token */
+        for (int s = 0; s < B; s++) {
+            int p = ctx + 1;
+            tok[s] = ids[(s + it + 2) % (ctx + 1)];
+            pos[s] = p;
+            slot[s] = bt[s * pps + p / ps] * ps + p % ps;
+            lidx[s] = s;
+            st[s] = s;
+            ctxl[s] = p + 1;
+            hidx[s] = s * (N + 1) + 1;
+        }
+        st[B] = B;
+        ms_batch db = {B, B, tok, pos, st, ctxl, slot, bt, pps, ps, B, lidx};
+        double t2 = ms_now();
+        rc = ex->draft(ex->ctx, &db, 0, hidx, lg, err);
+        double t3 = ms_now();
+        if (!rc && it >= 2) tv += t1 - t0, td += t3 - t2, nv++;
+    }
+    if (!rc && nv) r->verify_ms = tv / nv * 1e3, r->draft_ms = td / nv * 1e3;
+    free(arr);
+    free(lg);
+    return rc;
+}
 
 #define MAX_STEPS 200
 /* Private KV pages per sequence for the decode steps (positions ctx .. ctx + MAX_STEPS + warm-up). */
@@ -395,6 +459,7 @@ static int run_decode(const ms_executor *ex, ms_forward *fw, const ms_model *m, 
         ms_forward_set_profile(fw, 0);
     }
     if (!rc && steps == 0) rc = ms_errf(err, MS_ERR_RUNTIME, "bench-model: no decode step was timed");
+    if (!rc && g_spec) rc = run_spec(ex, B, ctx, bt, pps, ids, r, err);
     if (!rc) {
         const int p_mid = ctx + 2 + steps / 2 + 1; /* context of the middle timed step */
         r->steps = steps;
@@ -451,7 +516,7 @@ static const ms_cmd bench_model_cmd = {
     "bench-model", "--model DIR [flags]",
     "How close the forward gets to what the hardware allows: decode bandwidth and prefill FLOP/s\n"
     "against the machine's measured ceilings.",
-    {bench_model_opts, ms_model_opts, ms_parallel_opts, NULL},
+    {bench_model_opts, ms_model_opts, ms_parallel_opts, ms_spec_opts},
 };
 
 int cmd_bench_model(int argc, char **argv) {
@@ -468,6 +533,8 @@ int cmd_bench_model(int argc, char **argv) {
     g_profile = ms_args_flag(&a, "profile");
     rc = 2; /* a flag at fault until the model opens */
     if (ms_model_args_parse(&a, "bench-model", &ma) || bad) goto done;
+    if (ms_spec_args_parse(&a, "bench-model", &ma.ex)) goto done;
+    g_spec = ma.ex.speculative_num_steps;
     const int gpu = strcmp(ma.ex.device, "cpu") != 0;
     g_dummy = ma.ex.load_format && !strcmp(ma.ex.load_format, "dummy");
     if ((nb = parse_list(bs ? bs : gpu ? "1,8,64,256" : "1,4", batches, "batches")) <= 0) goto done;
@@ -484,6 +551,7 @@ int cmd_bench_model(int argc, char **argv) {
     const int ps = ma.ex.page_size > 0 ? ma.ex.page_size : 16;
     ma.ex.page_size = ps;
     if (!ma.ex.max_batch_tokens) ma.ex.max_batch_tokens = (int)(prefill > maxb ? prefill : maxb);
+    if (g_spec && ma.ex.max_batch_tokens < maxb * (g_spec + 1)) ma.ex.max_batch_tokens = maxb * (g_spec + 1);
     if (!ma.ex.max_total_tokens) {
         /* pages for the largest (batch, context) run; runs that memory cannot hold are skipped */
         int64_t need = prefill + ps;
@@ -578,9 +646,10 @@ int cmd_bench_model(int argc, char **argv) {
             }
             printf("%s{\"batch\":%d,\"ctx\":%d,\"steps\":%d,\"tok_s\":%.3f,\"ms_per_step\":%.4f,\"bytes_per_step\":%.0f,"
                    "\"achieved_gbs\":%.4f,\"pct_of_bw\":%.2f,\"flops_per_step\":%.0f,\"achieved_tflops\":%.4f,"
-                   "\"pct_of_gemm\":%.2f,\"experts_per_layer\":%.2f}",
+                   "\"pct_of_gemm\":%.2f,\"experts_per_layer\":%.2f,\"spec_verify_ms\":%.4f,\"spec_draft_ms\":%.4f}",
                    i ? "," : "", res[i].batch, res[i].ctx, res[i].steps, res[i].tok_s, res[i].ms_step, res[i].bytes_step,
-                   res[i].gbs, res[i].pct, res[i].flops_step, res[i].tflops, res[i].pct_gemm, res[i].routed_avg);
+                   res[i].gbs, res[i].pct, res[i].flops_step, res[i].tflops, res[i].pct_gemm, res[i].routed_avg,
+                   res[i].verify_ms, res[i].draft_ms);
         }
         printf("],\"prefill\":{\"tokens\":%lld,\"tok_s\":%.3f,\"gflops\":%.3f,\"pct_of_gemm\":%.2f}}\n", prefill, pf_tok_s,
                pf_flops / 1e9, ce.gemm_tflops > 0 ? 100.0 * pf_flops / (ce.gemm_tflops * 1e12) : 0.0);
@@ -603,6 +672,17 @@ int cmd_bench_model(int argc, char **argv) {
                    "%8.2f GFLOP/step %6.2f TFLOP/s, %.1f experts/layer\n",
                    res[i].batch, res[i].ctx, res[i].tok_s, res[i].ms_step, res[i].bytes_step / 1e6, res[i].gbs, res[i].pct,
                    res[i].flops_step / 1e9, res[i].tflops, res[i].routed_avg);
+            if (res[i].verify_ms > 0) {
+                /* a round: one verification and N draft steps (the MTP extend counts as the first); the
+                 * projection takes accept length 3.5 (SGLang's GLM-5 figure), or N + 1 when that is less */
+                const double round = res[i].verify_ms + g_spec * res[i].draft_ms;
+                const double al = g_spec + 1 < 3.5 ? g_spec + 1 : 3.5;
+                printf("speculative batch %3d ctx %5d: verify of %d tokens/seq %8.3f ms, MTP draft step %8.3f ms; round "
+                       "(verify + %d drafts) %8.3f ms = %.2fx a decode step; projected %.2f tok/s at accept length %.1f "
+                       "(%.2fx plain decode)\n",
+                       res[i].batch, res[i].ctx, g_spec + 1, res[i].verify_ms, res[i].draft_ms, g_spec, round,
+                       round / res[i].ms_step, res[i].batch * al / round * 1e3, al, al * res[i].ms_step / round);
+            }
         }
         printf("prefill     %lld tokens: %.1f tok/s, %.2f GFLOP/s", prefill, pf_tok_s, pf_flops / 1e9);
         if (ce.gemm_tflops > 0) printf(" (%.1f%% of GEMM ceiling)", 100.0 * pf_flops / (ce.gemm_tflops * 1e12));

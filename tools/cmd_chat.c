@@ -44,7 +44,7 @@ static const ms_cmd chat_cmd = {
     "A terminal chat. Without --url a server is started on a free loopback port (or --port) for the\n"
     "session with the serve flags given (e.g. --model-path DIR --device cuda); --api-key is sent to\n"
     "--url, or required by and sent to the session's server. Commands: /help /think on|off /reset /quit",
-    {chat_opts, ms_serve_opts, ms_parallel_opts, NULL},
+    {chat_opts, ms_serve_opts, ms_parallel_opts, ms_spec_opts},
 };
 
 static void chat_help(void) {

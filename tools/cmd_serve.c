@@ -74,7 +74,7 @@ static const ms_cmd serve_cmd = {
     "serve", "[--model-path DIR|ORG/NAME] [flags]",
     "Serves the OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models, /health,\n"
     "/metrics, /get_server_info, and a chat page at /). Flag names follow SGLang's.",
-    {ms_serve_opts, ms_parallel_opts, NULL},
+    {ms_serve_opts, ms_parallel_opts, ms_spec_opts, NULL},
 };
 
 /* models/demo next to the binary (../models/demo from build/moeserve; ../share/moeserve/models/demo
@@ -143,6 +143,7 @@ int cmd_serve(int argc, char **argv) {
     const char *device = ms_args_str(&a, "device", "cpu");
     ms_exec_opts par = {0};
     if (ms_parallel_args_parse(&a, "serve", &par)) bad = 1;
+    if (ms_spec_args_parse(&a, "serve", &par)) bad = 1;
     const char *runner = ms_args_str(&a, "moe-runner-backend", "auto");
     const char *attn_be = ms_args_str(&a, "attention-backend", "auto");
     const char *nsa_pre = ms_args_str(&a, "nsa-prefill-backend", "auto");

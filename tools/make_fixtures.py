@@ -296,6 +296,177 @@ def dsa_cfg(grouped, indexer_types, legacy):
     return try_config(GlmMoeDsaConfig, kw)
 
 
+# ---------------------------------------------------------------- MTP (NEXTN) fixtures (issue 16)
+# tests/fixtures/<arch>_mtp: a small model (kept under 1 MB) whose checkpoint also holds a random MTP
+# layer at index L = num_hidden_layers, with the reference of the MTP forward as SGLang's
+# glm4_moe_nextn / deepseek_nextn define it:
+#   x = eh_proj([enorm(embed(ids[t+1])) ; hnorm(h[t])]),  h = the main model's last_hidden_state
+#       (after the final norm: what the lm_head reads)
+#   h' = decoder_layer_L(x) over positions 0..S-2 (causal), logits = shared_head.head(shared_head.norm(h'))
+# The decoder layer is transformers' own class (built at index L of a config one layer longer);
+# enorm / hnorm / eh_proj / shared_head are plain torch. ref.json gets an "mtp" object:
+#   {"ids": [...], "n": S-1, "hidden": H, "hidden_file": "mtp_hidden.f32" ([n, H] h[0..n)),
+#    "logits_file": "mtp_logits.f32" ([n, V]), "tol": 1e-4}
+# next to the usual main-model reference (the conformance test checks the main model there too).
+
+
+def mtp_small_cfg(arch):
+    if arch == "glm4_moe":
+        from transformers import Glm4MoeConfig
+        kw = dict(vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  use_qk_norm=True, attention_bias=True, n_routed_experts=8, n_shared_experts=1,
+                  num_experts_per_tok=3, first_k_dense_replace=1, n_group=4, topk_group=2,
+                  routed_scaling_factor=2.5, norm_topk_prob=True, rms_norm_eps=1e-6,
+                  max_position_embeddings=256, tie_word_embeddings=False,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+                  partial_rotary_factor=0.5, num_nextn_predict_layers=1, eos_token_id=[1, 2], bos_token_id=0,
+                  pad_token_id=1)
+        return try_config(Glm4MoeConfig, kw)
+    from transformers import GlmMoeDsaConfig
+    kw = dict(vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=48,
+              kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+              n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=3, first_k_dense_replace=1,
+              n_group=1, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, rms_norm_eps=1e-6,
+              max_position_embeddings=256, tie_word_embeddings=False, index_topk=5, index_n_heads=4,
+              index_head_dim=16, indexer_types=["full", "shared"], num_nextn_predict_layers=1,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+              eos_token_id=[1, 2], bos_token_id=0, pad_token_id=1)
+    return try_config(GlmMoeDsaConfig, kw)
+
+
+def mtp_layer_config(cfg):
+    """cfg one layer longer: the per-layer lists transformers' decoder-layer classes index by their own
+    layer number get an entry for the MTP layer (a MoE layer; its DSA indexer is a full one). Built as a
+    new config from cfg's dict (a config may validate list lengths against num_hidden_layers)."""
+    import copy
+    L = cfg.num_hidden_layers
+    d = cfg.to_dict()
+    for key, extra in (("mlp_layer_types", "sparse"), ("indexer_types", "full"), ("layer_types", None)):
+        v = d.get(key)
+        if isinstance(v, list) and len(v) == L:
+            d[key] = list(v) + [extra if extra is not None else v[-1]]
+    d["num_hidden_layers"] = L + 1
+    try:
+        c2 = type(cfg)(**d)
+    except Exception as e:  # fall back to editing a copy in place
+        log("  mtp: config rebuild failed (", e, "); editing a copy")
+        c2 = copy.deepcopy(cfg)
+        for key in ("mlp_layer_types", "indexer_types", "layer_types"):
+            if key in d and hasattr(c2, key):
+                setattr(c2, key, d[key])
+        c2.num_hidden_layers = L + 1
+    c2._attn_implementation = "eager"
+    return c2
+
+
+def mtp_rms(x, w, eps):
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+
+
+def mtp_layer_tensors(layer, L):
+    """The decoder layer's parameters and buffers under checkpoint names model.layers.L.*, routed
+    experts split per expert (the layout save_pretrained writes for the main layers)."""
+    out = {}
+    sd = dict(layer.state_dict())
+    for name, t in sd.items():
+        if not (name.endswith("weight") or name.endswith("bias") or name.endswith("gate_up_proj")
+                or name.endswith("down_proj") or "e_score_correction_bias" in name):
+            continue
+        if name.endswith("mlp.experts.gate_up_proj") and t.dim() == 3:
+            inter = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"model.layers.{L}.mlp.experts.{e}.gate_proj.weight"] = t[e, :inter].clone()
+                out[f"model.layers.{L}.mlp.experts.{e}.up_proj.weight"] = t[e, inter:].clone()
+            continue
+        if name.endswith("mlp.experts.down_proj") and t.dim() == 3:
+            for e in range(t.shape[0]):
+                out[f"model.layers.{L}.mlp.experts.{e}.down_proj.weight"] = t[e].clone()
+            continue
+        out[f"model.layers.{L}.{name}"] = t.clone()
+    return out
+
+
+def make_mtp_fixture(out, arch, cls, seed, ids):
+    log(f"fixture {arch}_mtp")
+    cfg = mtp_small_cfg(arch)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = cls(cfg).float().eval()
+    init_weights(model, seed)
+    d = os.path.join(out, f"{arch}_mtp")
+    if os.path.exists(d):
+        shutil.rmtree(d)
+    save_bf16(model, d)
+    ref = load_ref(cls, d)
+    L, H, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size
+    eps = cfg.rms_norm_eps
+    # the MTP layer: transformers' decoder-layer class, O(1)-scaled random weights
+    c2 = mtp_layer_config(cfg)
+    layer_cls = type(ref.model.layers[-1])
+    layer = layer_cls(c2, L).float().eval()
+    init_weights(layer, seed + 100)
+    g = torch.Generator().manual_seed(seed + 200)
+
+    def bf(shape, std=None, norm=False):
+        v = (1.0 + torch.randn(shape, generator=g) * 0.2) if norm else torch.randn(shape, generator=g) * std
+        return v.to(torch.bfloat16).float()
+
+    enorm, hnorm, shnorm = bf((H,), norm=True), bf((H,), norm=True), bf((H,), norm=True)
+    eh = bf((H, 2 * H), std=1.0 / math.sqrt(2 * H))
+    head = bf((V, H), std=1.0 / math.sqrt(H))
+    tensors = {k: v.to(torch.bfloat16).contiguous() for k, v in mtp_layer_tensors(layer, L).items()}
+    for k in list(tensors):
+        if "e_score_correction_bias" in k:
+            tensors[k] = tensors[k].float().contiguous()
+    tensors.update({f"model.layers.{L}.enorm.weight": enorm, f"model.layers.{L}.hnorm.weight": hnorm,
+                    f"model.layers.{L}.eh_proj.weight": eh, f"model.layers.{L}.shared_head.norm.weight": shnorm,
+                    f"model.layers.{L}.shared_head.head.weight": head})
+    st = os.path.join(d, "model.safetensors")
+    sd = load_file(st)
+    sd.update({k: v.to(torch.bfloat16).contiguous() if v.dtype != torch.float32 or "e_score" not in k else v
+               for k, v in tensors.items()})
+    save_file(sd, st, metadata={"format": "pt"})
+    conf = json.load(open(os.path.join(d, "config.json")))
+    conf["num_nextn_predict_layers"] = 1
+    json.dump(conf, open(os.path.join(d, "config.json"), "w"), indent=1)
+    write_ref(d, ref, cfg, ids, "bf16", arch, 1e-4)
+    # the reference of the MTP forward
+    S = len(ids)
+    n = S - 1
+    with torch.no_grad():
+        tid = torch.tensor([ids])
+        h = ref.model(tid, use_cache=False).last_hidden_state[0].float()  # after the final norm
+        e = ref.model.embed_tokens(tid[:, 1:])[0].float()
+        x = torch.cat([mtp_rms(e, enorm, eps), mtp_rms(h[:n], hnorm, eps)], dim=-1) @ eh.t()
+        pos = torch.arange(n)[None]
+        cos, sin = ref.model.rotary_emb(x[None], pos)
+        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        y = layer(x[None], attention_mask=mask, position_ids=pos, position_embeddings=(cos, sin), use_cache=False)
+        if isinstance(y, tuple):
+            y = y[0]
+        logits = mtp_rms(y[0], shnorm, eps) @ head.t()
+    h[:n].numpy().astype("<f4").tofile(os.path.join(d, "mtp_hidden.f32"))
+    logits.numpy().astype("<f4").tofile(os.path.join(d, "mtp_logits.f32"))
+    rp = os.path.join(d, "ref.json")
+    r = json.load(open(rp))
+    r["mtp"] = {"ids": ids, "n": n, "hidden": H, "hidden_file": "mtp_hidden.f32", "logits_file": "mtp_logits.f32",
+                "tol": 1e-4, "layer": L}
+    json.dump(r, open(rp, "w"), indent=1)
+    top = torch.topk(logits, 2, dim=-1).values
+    log(f"  {arch}_mtp: MTP logits {tuple(logits.shape)}, min top-2 gap {float((top[:, 0] - top[:, 1]).min()):.4f}, "
+        f"files {sorted(os.listdir(d))}")
+
+
+def make_mtp_fixtures(out, ids):
+    from transformers import Glm4MoeForCausalLM, GlmMoeDsaForCausalLM
+    small = [i % 256 if i % 256 >= 3 else i + 3 for i in ids]
+    make_mtp_fixture(out, "glm4_moe", Glm4MoeForCausalLM, 21, small)
+    make_mtp_fixture(out, "glm_moe_dsa", GlmMoeDsaForCausalLM, 23, small)
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures"
     os.makedirs(out, exist_ok=True)
@@ -343,6 +514,7 @@ def main():
                 shutil.rmtree(qd)
             qm = quantize_dir(d, qd, q, cls, cfg)
             write_ref(qd, qm, cfg, ids, q, arch, 1e-4)
+    make_mtp_fixtures(out, ids)
     log("done")
 
 

@@ -101,6 +101,11 @@ typedef struct ms_backend_ops {
     /* Expert parallelism: ids_d[i] becomes ids_d[i] - lo when lo <= ids_d[i] < lo + count, else -1 (an
      * expert another rank holds), for i < n. Optional, as embed_part. */
     int (*remap_ids)(ms_backend *b, int32_t *ids_d, int64_t n, int lo, int count, ms_err *err);
+    /* ids_out [T, k+1] / w_out [T, k+1] = ids [T, k] / w [T, k] with column k set to (id, weight) in
+     * every row: how the forward hands a shared expert to the routed-expert runner as one more expert
+     * of each token (one runner call instead of the shared expert's own GEMMs and an add). Optional. */
+    int (*moe_append)(ms_backend *b, const int32_t *ids_d, const float *w_d, int T, int k, int32_t id, float weight,
+                      int32_t *ids_out_d, float *w_out_d, ms_err *err);
 
     /* ---- GEMM ---- */
     /* y [T,N] = x [T,K] · Wᵀ (+ bias). y may be act_dtype or F32. Any weight format. */

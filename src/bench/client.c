@@ -527,3 +527,37 @@ int ms_bench_run(const ms_bench_config *cfg, const ms_bench_prompt *p, int n, co
     curl_multi_cleanup(m);
     return rc;
 }
+
+double ms_bench_fetch_accept_length(const char *base_url, const char *api_key) {
+    char url[2048], auth[1024];
+    snprintf(url, sizeof url, "%s/get_server_info", base_url);
+    CURL *e = curl_easy_init();
+    if (!e) return 0;
+    buf b = {.max = (size_t)1 << 20};
+    struct curl_slist *h = NULL;
+    if (api_key) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", api_key);
+        h = curl_slist_append(h, auth);
+    }
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_buf_write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 10000L);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    CURLcode cc = curl_easy_perform(e);
+    long code = 0;
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
+    curl_easy_cleanup(e);
+    curl_slist_free_all(h);
+    double al = 0;
+    if (cc == CURLE_OK && code == 200 && !b.overflow) {
+        json_t *root = json_loadb(b.p ? b.p : "", b.len, 0, NULL);
+        json_t *v = json_object_get(json_array_get(json_object_get(root, "internal_states"), 0), "avg_spec_accept_length");
+        if (json_is_number(v)) al = json_number_value(v);
+        json_decref(root);
+    }
+    free(b.p);
+    return al;
+}

@@ -75,6 +75,10 @@ int ms_bench_check_url(const char *url, int allow_remote, ms_err *err);
 
 /* GET base_url/v1/models and returns the first model id (malloc'd). Bounded: 10 s, 1 MiB. */
 int ms_bench_fetch_model(const char *base_url, const char *api_key, char **model, ms_err *err);
+/* The server's mean speculative accept length from GET base_url/get_server_info
+ * (internal_states[0].avg_spec_accept_length, as SGLang reports it); 0 when the server reports none
+ * or cannot be asked (best effort: never an error). */
+double ms_bench_fetch_accept_length(const char *base_url, const char *api_key);
 
 /* Sends n requests: prompt i becomes eligible at arrivals[i] seconds after the start and is sent
  * once fewer than max_concurrency requests are open. Fills res[0..n) (caller zeroes res before the

@@ -135,6 +135,7 @@ void ms_bench_print_table(FILE *f, const ms_bench_info *info, const ms_bench_met
     row_f(f, "Peak output token throughput (tok/s):", m->peak_output_throughput);
     row_f(f, "Peak concurrent requests:", m->peak_concurrent);
     row_f(f, "Total token throughput (tok/s):", m->total_throughput);
+    if (m->accept_length > 0) row_f(f, "Accept length:", m->accept_length);
     row_f(f, "Concurrency:", m->concurrency);
     title(f, "End-to-End Latency", '-');
     stat_rows(f, "E2E Latency", &m->e2e_ms, 0, 0);
@@ -232,6 +233,7 @@ int ms_bench_write_json(const char *path, const ms_bench_info *info, const ms_be
     json_object_set_new(o, "max_output_tokens_per_s", json_real(m->peak_output_throughput));
     json_object_set_new(o, "max_concurrent_requests", json_real(m->peak_concurrent));
     json_object_set_new(o, "concurrency", json_real(m->concurrency));
+    if (m->accept_length > 0) json_object_set_new(o, "accept_length", json_real(m->accept_length));
     json_object_set_new(o, "empty_replies", json_integer(m->empty_replies));
     json_object_set_new(o, "usage_missing", json_integer(m->usage_missing));
     put_stat(o, "e2e_latency", &m->e2e_ms);

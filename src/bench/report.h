@@ -22,6 +22,8 @@ typedef struct ms_bench_metrics {
     double peak_output_throughput; /* most output tokens in one whole second */
     double peak_concurrent;        /* most requests open in one whole second */
     ms_bench_stat ttft_ms, tpot_ms, itl_ms, e2e_ms;
+    double accept_length;          /* speculative decoding: the server's mean accept length, 0 = none
+                                    * reported (filled by the caller, not by ms_bench_metrics_compute) */
 } ms_bench_metrics;
 
 /* Aggregates n results over a run of duration_s seconds. Only successful requests count.

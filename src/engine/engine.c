@@ -56,6 +56,17 @@ struct ms_engine {
     int cap_abort_work;
     ms_engine_stats acc;    /* counters accumulated by the thread, published into stats */
     int need_check;
+    /* a step's logit rows grouped by request (a request verifying drafts has several, sampled in
+     * order by one worker): first row, rows, batch sequence, rows emitted */
+    int *grp_row0, *grp_nrow, *grp_seq, *grp_emit;
+    int n_groups;
+    uint8_t *seq_dead;      /* [max_running] sequence of the step whose request finished */
+    /* speculative decoding (cfg.speculative_num_steps > 0): draft step batch arrays */
+    int32_t *d_tok, *d_pos, *d_slot, *d_hidx, *d_start, *d_ctx, *d_bt, *d_lidx, *d_prev, *drafts;
+    ms_request **d_sreq, **d_lreq;
+    int *d_nd;
+    float *d_logits;
+    int draft_warned;
 };
 
 void ms_sampling_default(ms_sampling *s) {
@@ -120,9 +131,10 @@ static void end_request(ms_engine *e, ms_request *r, int finish, const char *err
     req_free(r);
 }
 
-/* vLLM semantics: the request's stop ids always stop; the executor's eos ids unless ignore_eos. */
-static int is_stop(const ms_engine *e, const ms_request *r, int32_t tok) {
-    if (r->n_tokens - r->n_prompt < REQ_EXT(r)->sp.min_tokens) return 0; /* min_tokens: nothing stops yet */
+/* vLLM semantics: the request's stop ids always stop; the executor's eos ids unless ignore_eos.
+ * n_gen: generated tokens counting tok. */
+static int is_stop(const ms_engine *e, const ms_request *r, int n_gen, int32_t tok) {
+    if (n_gen < REQ_EXT(r)->sp.min_tokens) return 0; /* min_tokens: nothing stops yet */
     for (int i = 0; i < REQ_EXT(r)->sp.n_stop_ids; i++) if (REQ_EXT(r)->sp.stop_ids[i] == tok) return 1;
     if (REQ_EXT(r)->sp.ignore_eos) return 0;
     for (int i = 0; i < e->exec.n_eos; i++) if (e->exec.eos_ids[i] == tok) return 1;
@@ -149,46 +161,60 @@ typedef struct sample_job {
     ms_engine *e;
 } sample_job;
 
-/* Rows [b0, b1) of this step: each row belongs to its own request (own rng), so rows are
- * independent; worker w owns sampler w. */
-static void sample_range(void *ctx, int64_t b0, int64_t b1, int worker) {
+/* Groups [g0, g1) of this step's logit rows: each group is one request (own rng, own grammar), so
+ * groups are independent; worker w owns sampler w. A group of several rows is a request verifying
+ * its drafts: row j holds the target's logits after the last real token and drafts 1..j; each row is
+ * sampled exactly as a plain decode step would sample it, in order, until the sampled token differs
+ * from the draft (that token is the target's), a stop, the grammar's end or max_tokens. */
+static void sample_range(void *ctx, int64_t g0, int64_t g1, int worker) {
     ms_engine *e = ((sample_job *)ctx)->e;
     ms_sampler *sm = worker < e->n_wsamplers ? &e->wsamplers[worker] : &e->sampler;
-    for (int64_t row = b0; row < b1; row++) {
-        ms_request *r = e->sched.logit_req[row];
-        ms_token_event *ev = &e->row_ev[row];
-        memset(ev, 0, sizeof *ev);
-        float *lg = e->logits + (size_t)row * e->exec.vocab;
+    for (int64_t g = g0; g < g1; g++) {
+        const int row0 = e->grp_row0[g], nrow = e->grp_nrow[g];
+        ms_request *r = e->sched.logit_req[row0];
         const ms_sampling *sp = &REQ_EXT(r)->sp;
         ms_grammar_matcher *gm = sp->grammar;
-        if (gm && ms_grammar_matcher_active(gm)) {
-            /* the stop ids stay allowed once the grammar may end */
-            int32_t stops[2 * MS_MAX_STOP_IDS];
-            int ns = 0;
-            for (int i = 0; i < sp->n_stop_ids; i++) stops[ns++] = sp->stop_ids[i];
-            if (!sp->ignore_eos)
-                for (int i = 0; i < e->exec.n_eos; i++) stops[ns++] = e->exec.eos_ids[i];
-            if (ms_sampler_apply_grammar(sm, gm, stops, ns, lg) == 0) {
-                e->row_tok[row] = -1; /* the grammar cannot go on: run_step ends the request */
-                continue;
+        const int base = r->n_tokens - r->spec_n; /* tokens up to the last real one */
+        int emit = 0;
+        for (int j = 0; j < nrow; j++) {
+            const int row = row0 + j;
+            ms_token_event *ev = &e->row_ev[row];
+            memset(ev, 0, sizeof *ev);
+            float *lg = e->logits + (size_t)row * e->exec.vocab;
+            emit = j + 1;
+            if (gm && ms_grammar_matcher_active(gm)) {
+                /* the stop ids stay allowed once the grammar may end */
+                int32_t stops[2 * MS_MAX_STOP_IDS];
+                int ns = 0;
+                for (int i = 0; i < sp->n_stop_ids; i++) stops[ns++] = sp->stop_ids[i];
+                if (!sp->ignore_eos)
+                    for (int i = 0; i < e->exec.n_eos; i++) stops[ns++] = e->exec.eos_ids[i];
+                if (ms_sampler_apply_grammar(sm, gm, stops, ns, lg) == 0) {
+                    e->row_tok[row] = -1; /* the grammar cannot go on: run_step ends the request */
+                    break;
+                }
+            } else if (gm) {
+                /* the free prefix (thinking): the reply may not end before the constrained content
+                 * has begun, else a "stop" would come with no content at all */
+                for (int i = 0; i < sp->n_stop_ids; i++)
+                    if (sp->stop_ids[i] >= 0 && sp->stop_ids[i] < e->exec.vocab) lg[sp->stop_ids[i]] = -INFINITY;
+                if (!sp->ignore_eos)
+                    for (int i = 0; i < e->exec.n_eos; i++)
+                        if (e->exec.eos_ids[i] >= 0 && e->exec.eos_ids[i] < e->exec.vocab) lg[e->exec.eos_ids[i]] = -INFINITY;
             }
-        } else if (gm) {
-            /* the free prefix (thinking): the reply may not end before the constrained content has
-             * begun, else a "stop" would come with no content at all */
-            for (int i = 0; i < sp->n_stop_ids; i++)
-                if (sp->stop_ids[i] >= 0 && sp->stop_ids[i] < e->exec.vocab) lg[sp->stop_ids[i]] = -INFINITY;
-            if (!sp->ignore_eos)
-                for (int i = 0; i < e->exec.n_eos; i++)
-                    if (e->exec.eos_ids[i] >= 0 && e->exec.eos_ids[i] < e->exec.vocab) lg[e->exec.eos_ids[i]] = -INFINITY;
+            int32_t tok = e->row_tok[row] = ms_sampler_sample(sm, sp, lg, r->tokens, r->n_prompt, base + j, REQ_EXT(r)->rng, ev);
+            if (gm) ms_grammar_matcher_accept(gm, tok); /* a stop id is refused and ends the request anyway */
+            if (j + 1 == nrow || tok != r->tokens[base + j]) break; /* the last row, or a rejected draft */
+            const int n_gen = base + j + 1 - r->n_prompt;
+            if (is_stop(e, r, n_gen, tok) || (gm && ms_grammar_matcher_done(gm)) || n_gen >= r->max_new) break;
         }
-        int32_t tok = e->row_tok[row] = ms_sampler_sample(sm, sp, lg, r->tokens, r->n_prompt, r->n_tokens, REQ_EXT(r)->rng, ev);
-        if (gm) ms_grammar_matcher_accept(gm, tok); /* a stop id is refused and ends the request anyway */
+        e->grp_emit[g] = emit;
     }
 }
 
-/* Samples the step's n logit rows into row_tok / row_ev: on the sampling pool when there are
- * several rows (a 150k-vocabulary row costs ~0.1-1 ms), else inline. Falls back to one sampler
- * when the per-worker ones cannot be made. */
+/* Samples the step's n logit rows (e->n_groups groups) into row_tok / row_ev: on the sampling pool
+ * when there are several groups (a 150k-vocabulary row costs ~0.1-1 ms), else inline. Falls back to
+ * one sampler when the per-worker ones cannot be made. */
 static void sample_rows(ms_engine *e, int n) {
     if (n > e->row_cap) {
         int cap = n > 2 * e->row_cap ? n : 2 * e->row_cap;
@@ -215,8 +241,9 @@ static void sample_rows(ms_engine *e, int n) {
         else free(ws);
     }
     sample_job job = {e};
-    if (e->spool && e->n_wsamplers && n >= 4) ms_pool_run(e->spool, n, 2, sample_range, &job);
-    else sample_range(&job, 0, n, 1 << 30);
+    const int ng = e->n_groups;
+    if (e->spool && e->n_wsamplers && ng >= 4) ms_pool_run(e->spool, ng, 2, sample_range, &job);
+    else sample_range(&job, 0, ng, 1 << 30);
 }
 
 /* --check-numerics found NaN/Inf in a step: writes each of its sequences' token ids up to the step's
@@ -241,6 +268,130 @@ static void numerics_dump(ms_engine *e, const ms_batch *b, ms_err *err) {
     int ok = fp && fclose(fp) == 0;
     size_t n = strlen(err->msg);
     snprintf(err->msg + n, sizeof err->msg - n, ok ? "; step inputs in %s" : "; could not write the step inputs to %s", path);
+}
+
+/* ---- speculative decoding: drafts ---- */
+
+static int argmax_row(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* Fills a block table of S sequences from their requests' pages, rows as long as the longest
+ * context (ctx[i] tokens each); returns the row length. */
+static int fill_block_table(ms_engine *e, ms_request **req, const int32_t *ctx, int S) {
+    const int ps = e->sched.cfg.page_size;
+    int mb = 1;
+    for (int i = 0; i < S; i++) mb = (ctx[i] + ps - 1) / ps > mb ? (ctx[i] + ps - 1) / ps : mb;
+    for (int i = 0; i < S; i++)
+        memcpy(e->d_bt + (size_t)i * mb, req[i]->pages, sizeof(int32_t) * (size_t)((ctx[i] + ps - 1) / ps));
+    return mb;
+}
+
+/* After a step: every request of it that is now decoding gets its draft tokens for the next step.
+ * With the executor's draft layer (MTP), first one draft step over the step's positions whose KV is
+ * kept (token = the next token, hidden row = the main step's row: this also fills the MTP layer's
+ * own cache, prefill chunks included), whose last row gives each decoding request's first draft;
+ * then chained one-token steps (hidden = the draft layer's own output row) give the others. Drafts
+ * are greedy (the draft distribution is one-hot). A failing draft step costs only the drafts. */
+static void draft_phase(ms_engine *e, const ms_batch *b) {
+    ms_sched *s = &e->sched;
+    const int N = e->cfg.speculative_num_steps, V = e->exec.vocab, ps = s->cfg.page_size;
+    if (N <= 0) return;
+    const int use_mtp = e->exec.draft && (!e->cfg.draft_fn || e->cfg.draft_fn_after_layer);
+    int T = 0, S = 0, NL = 0;
+    for (int i = 0; i < b->n_seqs; i++) {
+        if (e->seq_dead[i]) continue;
+        ms_request *r = s->seq_req[i];
+        const int t0 = b->seq_start[i], p0 = b->positions[t0];
+        int n = b->seq_start[i + 1] - t0;
+        if (n > r->n_computed - p0) n = r->n_computed - p0;
+        if (n < 1) continue;
+        const int n_gen = r->n_tokens - r->n_prompt;
+        const int drafting = r->spec_n == 0 && r->n_tokens == r->n_computed + 1 && r->max_new - n_gen >= 2 &&
+                             p0 + n == r->n_computed;
+        if (use_mtp) {
+            e->d_start[S] = T;
+            for (int j = 0; j < n; j++, T++) {
+                e->d_tok[T] = r->tokens[p0 + j + 1];
+                e->d_pos[T] = p0 + j;
+                e->d_slot[T] = b->slot_mapping[t0 + j];
+                e->d_hidx[T] = t0 + j;
+            }
+            e->d_ctx[S] = p0 + n;
+            e->d_sreq[S++] = r;
+            if (drafting) e->d_lidx[NL] = T - 1;
+        }
+        if (drafting) e->d_lreq[NL++] = r;
+    }
+    if (use_mtp && T > 0) {
+        e->d_start[S] = T;
+        int mb = fill_block_table(e, e->d_sreq, e->d_ctx, S);
+        ms_batch db = {T, S, e->d_tok, e->d_pos, e->d_start, e->d_ctx, e->d_slot, e->d_bt, mb, ps, NL, e->d_lidx};
+        ms_err err = {0};
+        int rc = e->exec.draft(e->exec.ctx, &db, 0, e->d_hidx, e->d_logits, &err);
+        e->acc.spec_draft_steps++;
+        if (rc != MS_OK) {
+            if (!e->draft_warned++) MS_LOGW("engine: a draft step failed (%s); those requests decode without drafts", err.msg);
+            return;
+        }
+    }
+    int max_nd = 0;
+    for (int q = 0; q < NL; q++) {
+        ms_request *r = e->d_lreq[q];
+        const int n_gen = r->n_tokens - r->n_prompt;
+        int n_max = N < r->max_new - n_gen - 1 ? N : r->max_new - n_gen - 1;
+        int nd = ms_sched_reserve_drafts(s, r, n_max);
+        int32_t *d = e->drafts + (size_t)q * N;
+        if (use_mtp && nd > 0) d[0] = argmax_row(e->d_logits + (size_t)q * V, V);
+        e->d_nd[q] = nd;
+        e->d_prev[q] = q; /* its row in the last draft step's logit rows */
+        max_nd = nd > max_nd ? nd : max_nd;
+    }
+    /* chained draft steps: draft j+1 from draft j at position n_computed + j - 1 */
+    for (int j = 1; use_mtp && j < max_nd; j++) {
+        int n = 0;
+        for (int q = 0; q < NL; q++) {
+            if (e->d_nd[q] <= j) continue;
+            ms_request *r = e->d_lreq[q];
+            const int p = r->n_computed + j - 1;
+            e->d_tok[n] = e->drafts[(size_t)q * N + j - 1];
+            e->d_pos[n] = p;
+            e->d_slot[n] = r->pages[p / ps] * ps + p % ps;
+            e->d_hidx[n] = e->d_prev[q];
+            e->d_start[n] = n;
+            e->d_ctx[n] = p + 1;
+            e->d_lidx[n] = n;
+            e->d_sreq[n] = r;
+            e->d_prev[q] = n;
+            n++;
+        }
+        e->d_start[n] = n;
+        int mb = fill_block_table(e, e->d_sreq, e->d_ctx, n);
+        ms_batch db = {n, n, e->d_tok, e->d_pos, e->d_start, e->d_ctx, e->d_slot, e->d_bt, mb, ps, n, e->d_lidx};
+        ms_err err = {0};
+        int rc = e->exec.draft(e->exec.ctx, &db, 1, e->d_hidx, e->d_logits, &err);
+        e->acc.spec_draft_steps++;
+        if (rc != MS_OK) {
+            if (!e->draft_warned++) MS_LOGW("engine: a draft step failed (%s); drafts cut short", err.msg);
+            for (int q = 0; q < NL; q++)
+                if (e->d_nd[q] > j) e->d_nd[q] = j;
+            break;
+        }
+        for (int q = 0; q < NL; q++)
+            if (e->d_nd[q] > j) e->drafts[(size_t)q * N + j] = argmax_row(e->d_logits + (size_t)e->d_prev[q] * V, V);
+    }
+    for (int q = 0; q < NL; q++) {
+        ms_request *r = e->d_lreq[q];
+        int nd = e->d_nd[q];
+        if (e->cfg.draft_fn && nd > 0) { /* the hook's tokens (after the layer's steps, when asked) */
+            int got = e->cfg.draft_fn(e->cfg.draft_user, r->tokens, r->n_tokens, r->n_prompt, e->drafts + (size_t)q * N, nd);
+            nd = got < 0 ? 0 : got < nd ? got : nd;
+        }
+        ms_sched_set_drafts(s, r, e->drafts + (size_t)q * N, nd);
+    }
 }
 
 static void run_step(ms_engine *e) {
@@ -297,36 +448,69 @@ static void run_step(ms_engine *e) {
     }
     ms_sched_commit(s);
     const double t1 = ms_now();
-    sample_rows(e, b->n_logits);
-    for (int row = 0; row < b->n_logits; row++) {
+    /* group the logit rows by request (add_seq writes a request's rows together, in sequence order) */
+    e->n_groups = 0;
+    for (int row = 0, seq = 0; row < b->n_logits;) {
         ms_request *r = s->logit_req[row];
-        ms_token_event ev = e->row_ev[row];
-        int32_t tok = e->row_tok[row];
-        if (tok < 0) { /* no token can continue the request's grammar */
-            ms_sched_release(s, r, 1);
-            end_request(e, r, MS_FINISH_GRAMMAR_DEAD, NULL);
-            continue;
+        int n = 1;
+        while (row + n < b->n_logits && s->logit_req[row + n] == r) n++;
+        while (seq + 1 < b->n_seqs && b->seq_start[seq + 1] <= b->logit_idx[row]) seq++;
+        e->grp_row0[e->n_groups] = row;
+        e->grp_nrow[e->n_groups] = n;
+        e->grp_seq[e->n_groups++] = seq;
+        row += n;
+    }
+    memset(e->seq_dead, 0, (size_t)b->n_seqs);
+    sample_rows(e, b->n_logits);
+    for (int g = 0; g < e->n_groups; g++) {
+        const int row0 = e->grp_row0[g], emit = e->grp_emit[g];
+        ms_request *r = s->logit_req[row0];
+        const int spec = r->spec_n, base = r->n_tokens - spec;
+        const int dead = emit > 0 && e->row_tok[row0 + emit - 1] < 0; /* no token can continue the grammar */
+        const int n_ok = dead ? emit - 1 : emit;
+        if (spec) {
+            int k = 0;
+            while (k < n_ok && k < spec && e->row_tok[row0 + k] == r->tokens[base + k]) k++;
+            e->acc.spec_verifications++;
+            e->acc.spec_draft_tokens += (uint64_t)spec;
+            e->acc.spec_accepted_tokens += (uint64_t)k;
+            /* keep the verified tokens and the target's own; the KV of rejected drafts goes */
+            for (int j = 0; j < n_ok; j++) r->tokens[base + j] = e->row_tok[row0 + j];
+            e->acc.spec_pages_freed += (uint64_t)ms_sched_rollback(s, r, base + n_ok);
+        } else {
+            for (int j = 0; j < n_ok; j++) ms_sched_append_token(s, r, e->row_tok[row0 + j]);
         }
-        ms_sched_append_token(s, r, tok);
-        e->acc.generated_tokens_total++;
-        int n_gen = ms_request_n_generated(r);
-        const ms_grammar_matcher *gm = REQ_EXT(r)->sp.grammar;
-        int finish = is_stop(e, r, tok)                     ? MS_FINISH_STOP
-                   : gm && ms_grammar_matcher_done(gm)      ? MS_FINISH_GRAMMAR_END
-                   : n_gen >= r->max_new                    ? MS_FINISH_LENGTH
-                                                            : MS_FINISH_NONE;
-        ev.req_id = r->id;
-        ev.finish = finish;
-        ev.n_prompt = r->n_prompt;
-        ev.n_cached = r->n_cached;
-        ev.n_generated = n_gen;
-        if (REQ_EXT(r)->cb) REQ_EXT(r)->cb(REQ_EXT(r)->user, &ev);
-        if (finish != MS_FINISH_NONE) {
+        int finish = MS_FINISH_NONE;
+        for (int j = 0; j < n_ok; j++) {
+            ms_token_event ev = e->row_ev[row0 + j];
+            int32_t tok = e->row_tok[row0 + j];
+            e->acc.generated_tokens_total++;
+            int n_gen = base + j + 1 - r->n_prompt;
+            const ms_grammar_matcher *gm = REQ_EXT(r)->sp.grammar;
+            if (j == n_ok - 1 && !dead)
+                finish = is_stop(e, r, n_gen, tok)                ? MS_FINISH_STOP
+                       : gm && ms_grammar_matcher_done(gm)        ? MS_FINISH_GRAMMAR_END
+                       : n_gen >= r->max_new                      ? MS_FINISH_LENGTH
+                                                                  : MS_FINISH_NONE;
+            ev.req_id = r->id;
+            ev.finish = finish;
+            ev.n_prompt = r->n_prompt;
+            ev.n_cached = r->n_cached;
+            ev.n_generated = n_gen;
+            if (REQ_EXT(r)->cb) REQ_EXT(r)->cb(REQ_EXT(r)->user, &ev);
+        }
+        if (dead) {
             ms_sched_release(s, r, 1);
+            e->seq_dead[e->grp_seq[g]] = 1;
+            end_request(e, r, MS_FINISH_GRAMMAR_DEAD, NULL);
+        } else if (finish != MS_FINISH_NONE) {
+            ms_sched_release(s, r, 1);
+            e->seq_dead[e->grp_seq[g]] = 1;
             e->acc.requests_finished++;
             req_free(r);
         }
     }
+    draft_phase(e, b);
     e->acc.sample_seconds += ms_now() - t1;
 }
 
@@ -420,6 +604,33 @@ static void *engine_main(void *arg) {
 
 /* ---- public API ---- */
 
+static void free_step_arrays(ms_engine *e) {
+    void *all[] = {e->grp_row0, e->grp_nrow, e->grp_seq, e->grp_emit, e->seq_dead, e->d_tok, e->d_pos, e->d_slot,
+                   e->d_hidx, e->d_start, e->d_ctx, e->d_bt, e->d_lidx, e->d_prev, e->drafts, e->d_sreq, e->d_lreq,
+                   e->d_nd, e->d_logits};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+}
+
+/* The step's row groups, and with speculative decoding the draft steps' batch arrays: sized once
+ * for the largest step (every token a row; every running request a sequence). */
+static int alloc_step_arrays(ms_engine *e, ms_err *err) {
+    const size_t nt = (size_t)e->exec.max_batch_tokens, ns = (size_t)e->sched.cfg.max_running_requests + 1;
+    int ok = (e->grp_row0 = malloc(nt * sizeof(int))) && (e->grp_nrow = malloc(nt * sizeof(int))) &&
+             (e->grp_seq = malloc(nt * sizeof(int))) && (e->grp_emit = malloc(nt * sizeof(int))) &&
+             (e->seq_dead = calloc(ns, 1));
+    const int N = e->cfg.speculative_num_steps;
+    if (ok && N > 0) {
+        const size_t mbs = (size_t)e->sched.max_blocks_seq;
+        ok = (e->d_tok = malloc(nt * 4)) && (e->d_pos = malloc(nt * 4)) && (e->d_slot = malloc(nt * 4)) &&
+             (e->d_hidx = malloc(nt * 4)) && (e->d_start = malloc((ns + 1) * 4)) && (e->d_ctx = malloc(ns * 4)) &&
+             (e->d_bt = malloc(ns * mbs * 4)) && (e->d_lidx = malloc(ns * 4)) && (e->d_prev = malloc(ns * 4)) &&
+             (e->drafts = malloc(ns * (size_t)N * 4)) && (e->d_sreq = malloc(ns * sizeof(ms_request *))) &&
+             (e->d_lreq = malloc(ns * sizeof(ms_request *))) && (e->d_nd = malloc(ns * sizeof(int))) &&
+             (e->d_logits = malloc(ns * (size_t)e->exec.vocab * sizeof(float)));
+    }
+    return ok ? MS_OK : ms_errf(err, MS_ERR_NOMEM, "engine: out of memory for step arrays (%zu tokens)", nt);
+}
+
 int ms_engine_create(const ms_engine_config *cfg_in, const ms_executor *exec, ms_engine **out, ms_err *err) {
     *out = NULL;
     ms_engine_config cfg = *cfg_in;
@@ -443,6 +654,12 @@ int ms_engine_create(const ms_engine_config *cfg_in, const ms_executor *exec, ms
                        "max_prefill_tokens %d must be >= 1 and max_total_tokens %d >= page_size",
                        cfg.max_running_requests, cfg.max_waiting_requests, cfg.chunked_prefill_size,
                        cfg.max_prefill_tokens, cfg.max_total_tokens);
+    if (cfg.speculative_num_steps < 0 || cfg.speculative_num_steps > 64)
+        return ms_errf(err, MS_ERR_INVALID, "flag --speculative-num-steps %d is not in [0, 64]", cfg.speculative_num_steps);
+    if (cfg.speculative_num_steps > 0 && !cfg.draft_fn && !exec->draft)
+        return ms_errf(err, MS_ERR_INVALID,
+                       "flag --speculative-num-steps %d: speculative decoding needs a draft layer and this executor has none",
+                       cfg.speculative_num_steps);
     ms_engine *e = calloc(1, sizeof *e);
     if (!e) return ms_errf(err, MS_ERR_NOMEM, "engine: out of memory");
     e->cfg = cfg;
@@ -459,6 +676,7 @@ int ms_engine_create(const ms_engine_config *cfg_in, const ms_executor *exec, ms
     sc.chunked_prefill_size = cfg.chunked_prefill_size;
     sc.context_length = cfg.context_length;
     sc.enable_prefix_cache = cfg.enable_prefix_cache;
+    sc.max_draft_tokens = cfg.speculative_num_steps;
     int rc = ms_sched_init(&e->sched, &sc, err);
     if (rc == MS_OK) rc = ms_sampler_init(&e->sampler, exec->vocab, err);
     if (rc == MS_OK) {
@@ -467,8 +685,13 @@ int ms_engine_create(const ms_engine_config *cfg_in, const ms_executor *exec, ms
         e->row_ev = malloc(sizeof(ms_token_event) * (size_t)e->row_cap);
         if (!e->row_tok || !e->row_ev) rc = ms_errf(err, MS_ERR_NOMEM, "engine: out of memory for sampled rows");
     }
+    if (rc == MS_OK) rc = alloc_step_arrays(e, err);
     if (rc != MS_OK) {
         ms_sched_destroy(&e->sched);
+        ms_sampler_destroy(&e->sampler);
+        free_step_arrays(e);
+        free(e->row_tok);
+        free(e->row_ev);
         free(e);
         return rc;
     }
@@ -524,6 +747,7 @@ void ms_engine_destroy(ms_engine *e) {
     if (e->spool) ms_pool_destroy(e->spool);
     free(e->row_tok);
     free(e->row_ev);
+    free_step_arrays(e);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     if (e->logits && e->exec.unpin) e->exec.unpin(e->exec.ctx, e->logits);

@@ -39,6 +39,11 @@ typedef struct ms_executor {
      * ignore_eos is set (optional: the server may instead put eos into each request's stop_ids) */
     int n_eos;
     int32_t eos_ids[MS_MAX_STOP_IDS];
+    /* optional, speculative decoding (NEXTN): one step of the model's MTP draft layer (model.h
+     * ms_forward_mtp_run): batch laid out like a main step whose token t is the next token after
+     * position positions[t], paired with hidden row hid_idx[t] of the last main step (hid_src 0) or
+     * of the last draft step's logit rows (hid_src 1); fills logits [n_logits, vocab] (host float32). */
+    int (*draft)(void *ctx, const ms_batch *batch, int hid_src, const int32_t *hid_idx, float *logits, ms_err *err);
 } ms_executor;
 
 typedef struct ms_sampling {
@@ -114,6 +119,23 @@ typedef struct ms_engine_config {
     int check_integrity;        /* run the KV / cache / scheduler checkers whenever the engine goes
                                  * idle (default 0, or 1 when the environment sets MS_CHECK_INTEGRITY=1);
                                  * failures are logged and counted in stats */
+    /* Speculative decoding (SGLang's --speculative-num-steps; 0 = off): after every step each decoding
+     * request gets up to this many draft tokens, chained greedy steps of the executor's draft layer
+     * (or of draft_fn); the next step verifies them all at once (the target model's logits on the last
+     * real token and every draft), keeps the longest run the target's own sampling agrees with plus the
+     * token it sampled where they part, and rolls the rest of the KV back. Each emitted token is drawn
+     * exactly as without speculation (same logits rows, same per-request random stream), so greedy and
+     * seeded outputs are the same with and without it; with a one-hot draft this is exactly rejection
+     * sampling (accept x with min(1, p(x)/q(x)), else sample norm(max(0, p - q))). */
+    int speculative_num_steps;
+    /* Test hook (or another draft source): proposes up to max drafts following tokens[0..n_tokens)
+     * (the first n_prompt are the prompt) into out; returns how many (0..max). Called on the engine
+     * thread. When set, the executor's draft layer is not used. */
+    int (*draft_fn)(void *user, const int32_t *tokens, int n_tokens, int n_prompt, int32_t *out, int max);
+    void *draft_user;
+    /* Test aid: with draft_fn and an executor draft layer, run the draft layer's steps anyway (its KV
+     * cache, hidden rows and chained steps are exercised) and let draft_fn replace their tokens. */
+    int draft_fn_after_layer;
 } ms_engine_config;
 
 void ms_engine_config_default(ms_engine_config *c);
@@ -133,6 +155,11 @@ typedef struct ms_engine_stats {
     double forward_seconds;         /* engine thread time in the executor's forward (logits included) */
     double sample_seconds;          /* ... sampling, stop checks and token callbacks after it */
     uint64_t integrity_failures; /* checker failures seen when idle (check_integrity) */
+    /* speculative decoding: verifications (a request's drafts checked in one step), draft tokens
+     * proposed and accepted, draft steps run, KV pages returned after rejections. Mean accept length
+     * (tokens per verification, the target's own token included, as SGLang reports it) =
+     * (spec_accepted_tokens + spec_verifications) / spec_verifications. */
+    uint64_t spec_verifications, spec_draft_tokens, spec_accepted_tokens, spec_draft_steps, spec_pages_freed;
 } ms_engine_stats;
 
 /* Starts the engine thread. exec is borrowed and must outlive the engine. */

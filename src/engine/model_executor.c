@@ -41,7 +41,7 @@ typedef struct rank_st {
     ms_err err;
 } rank_st;
 
-enum { JOB_OPEN = 1, JOB_FORWARD, JOB_GRAPHS, JOB_STEP, JOB_CLOSE };
+enum { JOB_OPEN = 1, JOB_FORWARD, JOB_GRAPHS, JOB_STEP, JOB_DRAFT, JOB_CLOSE };
 
 struct exec_ctx {
     ms_model *m; /* rank 0 of this node (the only one when unsplit) */
@@ -59,6 +59,8 @@ struct exec_ctx {
     int first_bad; /* local index of the first rank that failed the current job, -1 none (under mu) */
     const ms_batch *batch;
     float *logits;
+    int draft_src;            /* JOB_DRAFT: hidden source and rows (ms_forward_mtp_run) */
+    const int32_t *draft_hidx;
     ms_forward_opts fo;
     ms_comm *local_comms[MS_MAX_LOCAL_RANKS];
     unsigned char nccl_id[MS_COMM_NCCL_ID_BYTES];
@@ -154,6 +156,7 @@ static int rank_open(rank_st *r, ms_err *err) {
     lo.tp_size = x->tp;
     lo.ep_size = x->ep;
     if (x->tp > 1) lo.prefetch_threads = -1; /* each rank touches only its slices */
+    lo.load_mtp = o->speculative_num_steps > 0;
     /* backend first: dummy weights for a GPU are generated in its memory, never on the host */
     int rc = ms_backend_create(o->device ? o->device : "cpu", o->device_index + r->local, &r->b, err);
     if (!rc && !strcmp(lo.load_format, "dummy")) lo.dummy_device = r->b;
@@ -220,6 +223,9 @@ static int rank_job(rank_st *r, int job, ms_err *err) {
     case JOB_FORWARD: return rank_forward(r, err);
     case JOB_GRAPHS: return rank_graphs(r, err);
     case JOB_STEP: return ms_forward_run(r->f, x->batch, r->local == 0 && x->node_rank == 0 ? x->logits : NULL, err);
+    case JOB_DRAFT:
+        return ms_forward_mtp_run(r->f, x->batch, x->draft_src, x->draft_hidx,
+                                  r->local == 0 && x->node_rank == 0 ? x->logits : NULL, err);
     case JOB_CLOSE: rank_close(r); return MS_OK;
     }
     return MS_OK;
@@ -372,6 +378,21 @@ static int exec_forward(void *ctx, const ms_batch *batch, float *logits, ms_err 
 
 static int exec_healthy(void *ctx) { return !is_broken(ctx, NULL); }
 
+/* One MTP draft step on every rank of this node (open refuses speculation on multi-node runs: the
+ * step plan sent to other nodes has no draft form yet). */
+static int exec_draft(void *ctx, const ms_batch *batch, int hid_src, const int32_t *hid_idx, float *logits, ms_err *err) {
+    exec_ctx *x = ctx;
+    if (!x->threaded) return ms_forward_mtp_run(x->f, batch, hid_src, hid_idx, logits, err);
+    if (is_broken(x, err)) return MS_ERR_RUNTIME;
+    x->batch = batch;
+    x->logits = logits;
+    x->draft_src = hid_src;
+    x->draft_hidx = hid_idx;
+    int rc = run_job(x, JOB_DRAFT, err);
+    if (rc && rc != MS_ERR_INVALID) mark_broken(x, err);
+    return rc;
+}
+
 static void exec_free(exec_ctx *x) {
     if (!x) return;
     if (x->ctl && x->node_rank == 0) {
@@ -447,6 +468,12 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
     x->o = *o;
     pthread_mutex_init(&x->bmu, NULL);
     int rc = plan_ranks(x, o, err);
+    if (!rc && o->speculative_num_steps > 0 && x->nnodes > 1)
+        rc = ms_errf(err, MS_ERR_UNSUPPORTED,
+                     "flag --speculative-algorithm: speculative decoding runs on one node in this build; it cannot be "
+                     "combined with --nnodes %d yet", x->nnodes);
+    if (!rc && o->speculative_num_steps > 0 && (o->record_decisions || o->replay_decisions || o->on_layer))
+        rc = ms_errf(err, MS_ERR_INVALID, "flag --speculative-algorithm cannot be combined with decision record/replay or layer hooks");
     if (!rc) {
         x->ranks = calloc((size_t)x->n_local, sizeof *x->ranks);
         if (!x->ranks) rc = ms_errf(err, MS_ERR_NOMEM, "executor: out of memory");
@@ -504,6 +531,7 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
         fo->record_routing = o->record_routing;
         fo->record = o->record_decisions;
         fo->replay = o->replay_decisions;
+        fo->mtp = o->speculative_num_steps > 0;
         rc = run_job(x, JOB_FORWARD, err);
     }
     if (!rc) {
@@ -521,9 +549,11 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
         out->healthy = exec_healthy;
         out->pin = exec_pin;
         out->unpin = exec_unpin;
+        if (x->fo.mtp) out->draft = exec_draft;
         MS_LOGI("executor: %s on %s, KV cache %d pages x %d tokens (%.1f MiB per rank), max %d tokens per step%s",
                 x->m->cfg.model_type, x->b->name, x->fo.n_pages, page_size,
-                (double)ms_forward_kv_bytes_per_token(x->m, x->b) * x->fo.n_pages * page_size / 1048576.0, max_batch, "");
+                (double)ms_forward_kv_bytes_per_token(x->m, x->b) * x->fo.n_pages * page_size / 1048576.0, max_batch,
+                x->fo.mtp ? " (MTP draft layer loaded: NEXTN speculative decoding)" : "");
         if (x->with_comm)
             MS_LOGI("executor: %d ranks (tp %d, ep %d, %d node%s; this node runs ranks %d..%d), collectives: %s", x->tp, x->tp,
                     x->ep, x->nnodes, x->nnodes == 1 ? "" : "s", x->ranks[0].rank, x->ranks[x->n_local - 1].rank,

@@ -36,6 +36,10 @@ typedef struct ms_exec_opts {
     int nnodes, node_rank;       /* processes (nodes) of the run and this one's index (0 = serves) */
     const char *dist_init_addr;  /* HOST:PORT node 0 listens at (needed when nnodes > 1) */
     double dist_timeout_s;       /* bound on every collective and control message (0 = 60 s) */
+    /* Speculative decoding (NEXTN): > 0 loads the checkpoint's MTP layer, gives it its KV cache layer
+     * and sets ms_executor.draft (one rank only in this build). The value is the engine's
+     * speculative_num_steps; the executor only needs it to be > 0. */
+    int speculative_num_steps;
     /* Optional per-layer hook of rank 0's forward (see ms_forward_opts.on_layer; `compare`). */
     void (*on_layer)(void *ctx, int layer, const ms_tensor *hidden);
     void *on_layer_ctx;

@@ -54,6 +54,11 @@ typedef struct ms_arch {
     void (*attn_params)(const struct ms_config *cfg, int L, double *split, double *replicated, double *plain);
     /* Writes the attention lines of `inspect` (each ending in a newline). */
     void (*describe)(const struct ms_config *cfg, FILE *out);
+    /* Sets the attention facts of the MTP (NEXTN) layer kept at config index L (the layer after the
+     * decoder layers): it runs in its own forward step, so it cannot reuse another layer's state
+     * (glm_moe_dsa: its indexer is a full one, computing its own top-k). The decoder skeleton's facts
+     * (layer_is_moe) are set by the loader. */
+    void (*mtp_layer)(struct ms_config *cfg, int L);
 } ms_arch;
 
 /* The architecture whose model_type is name, or NULL. */

@@ -67,7 +67,7 @@ static int alloc(ms_forward *f, ms_err *err) {
     MS_TRY(ms_backend_alloc(f->b, &f->k, ad, 2, skv, err));
     MS_TRY(ms_backend_alloc(f->b, &f->v, ad, 2, skv, err));
     int64_t sc[3] = {f->n_slots, nkv, d};
-    for (int L = 0; L < c->num_layers; L++) {
+    for (int L = 0; L < fw_cache_layers(f); L++) {
         MS_TRY(ms_backend_alloc(f->b, &f->kc[L], ad, 3, sc, err));
         MS_TRY(ms_backend_alloc(f->b, &f->vc[L], ad, 3, sc, err));
     }
@@ -168,6 +168,12 @@ static void describe(const ms_config *c, FILE *out) {
             c->attention_bias ? ", qkv bias" : "");
 }
 
+/* GQA keeps no state between layers: the MTP layer is an ordinary one. */
+static void mtp_layer(ms_config *cfg, int L) {
+    (void)cfg;
+    (void)L;
+}
+
 const ms_arch ms_arch_glm4_moe = {
     .name = "glm4_moe",
     .attention_kind = "GQA",
@@ -181,4 +187,5 @@ const ms_arch ms_arch_glm4_moe = {
     .attn_flops = attn_flops,
     .attn_params = attn_params,
     .describe = describe,
+    .mtp_layer = mtp_layer,
 };

@@ -113,7 +113,7 @@ static int alloc(ms_forward *f, ms_err *err) {
                        nh, dn, dr, dv, kvl, ql, nih, di, c->index_topk);
     if (!c->indexer_full[0])
         return ms_errf(err, MS_ERR_FORMAT, "config: indexer_types[0] is 'shared' but no earlier layer computes a top-k");
-    for (int L = 0; L < c->num_layers; L++)
+    for (int L = 0; L < fw_cache_layers(f); L++)
         if (c->indexer_full[L] && !f->m->layers[L].has_indexer)
             return ms_errf(err, MS_ERR_FORMAT, "model: layer %d is a full indexer layer but has no indexer weights", L);
     int64_t r;
@@ -130,7 +130,7 @@ static int alloc(ms_forward *f, ms_err *err) {
     MS_TRY(ms_backend_alloc(f->b, &f->iw, MS_F32, 2, (int64_t[]){T, nih}, err));
     MS_TRY(ms_backend_alloc(f->b, &f->topk, MS_I32, 2, (int64_t[]){T, c->index_topk}, err));
 #undef A2
-    for (int L = 0; L < c->num_layers; L++) {
+    for (int L = 0; L < fw_cache_layers(f); L++) {
         MS_TRY(ms_backend_alloc(f->b, &f->kc[L], ad, 2, (int64_t[]){f->n_slots, kvl + dr}, err));
         if (c->indexer_full[L]) MS_TRY(ms_backend_alloc(f->b, &f->vc[L], ad, 2, (int64_t[]){f->n_slots, di}, err));
     }
@@ -261,6 +261,13 @@ static void describe(const ms_config *c, FILE *out) {
             c->index_topk, n_full, c->num_layers - n_full);
 }
 
+/* The MTP layer runs in a step of its own, where no earlier layer made a selection to share: its
+ * indexer computes its own top-k (the MTP layer of DeepSeek-V3.2-style checkpoints has indexer
+ * weights). */
+static void mtp_layer(ms_config *cfg, int L) {
+    if (L >= 0 && L < MS_MAX_LAYERS) cfg->indexer_full[L] = 1;
+}
+
 const ms_arch ms_arch_glm_moe_dsa = {
     .name = "glm_moe_dsa",
     .attention_kind = "MLA + DSA indexer",
@@ -274,4 +281,5 @@ const ms_arch ms_arch_glm_moe_dsa = {
     .attn_flops = attn_flops,
     .attn_params = attn_params,
     .describe = describe,
+    .mtp_layer = mtp_layer,
 };

@@ -9,6 +9,7 @@
 #include "model/forward_internal.h"
 #include "model/arch.h"
 
+#include "core/dtype.h"
 #include "core/fileutil.h"
 #include "core/log.h"
 
@@ -167,6 +168,7 @@ size_t ms_forward_kv_bytes_per_token(const ms_model *m, const ms_backend *b) {
     const ms_config *c = &m->cfg;
     size_t es = ms_dtype_size(b->act_dtype), n = 0;
     for (int L = 0; L < c->num_layers; L++) n += c->arch->kv_bytes_per_token(c, L, es, m->shard.tp_size);
+    if (m->mtp.loaded) n += c->arch->kv_bytes_per_token(c, c->num_layers, es, m->shard.tp_size);
     return n;
 }
 
@@ -185,15 +187,20 @@ static void graphs_reset(ms_forward *f) {
 void ms_forward_free(ms_forward *f) {
     if (!f) return;
     if (f->kc)
-        for (int L = 0; L < f->m->cfg.num_layers; L++) free_t(f, &f->kc[L]), free_t(f, &f->vc[L]);
+        for (int L = 0; L < fw_cache_layers(f); L++) free_t(f, &f->kc[L]), free_t(f, &f->vc[L]);
     free(f->kc);
     free(f->vc);
     ms_tensor *all[] = {&f->x, &f->a, &f->delta, &f->g, &f->u, &f->moe_out, &f->sh_out, &f->q, &f->k, &f->v,
                         &f->attn, &f->qa, &f->qb, &f->qabs, &f->kva, &f->c, &f->olat, &f->vout, &f->qI, &f->kI,
                         &f->iw, &f->topk, &f->ids, &f->rw, &f->rlog, &f->lrows, &f->lnorm, &f->logits, &f->moe_ws,
-                        &f->db.buf, &f->glogits, &f->lgather, &f->nf_flag};
+                        &f->db.buf, &f->glogits, &f->lgather, &f->nf_flag, &f->hid, &f->mtp_out, &f->mcat, &f->hidx};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free_t(f, all[i]);
     graphs_reset(f);
+    free_t(f, &f->ids2);
+    free_t(f, &f->rw2);
+    if (f->fold)
+        for (int L = 0; L <= f->m->cfg.num_layers; L++) free(f->fold[L].gate);
+    free(f->fold);
     free(f->h_pack);
     free(f->routed);
     free(f->h_ids);
@@ -214,6 +221,50 @@ static ms_moe_shape moe_shape(const ms_model *m, int T) {
             break;
         }
     return s;
+}
+
+/* 1 if two linears hold the same shape in the same format (the expert tables need that). */
+static int same_kind(const ms_linear *a, const ms_linear *b) {
+    return a->fmt == b->fmt && a->n_out == b->n_out && a->n_in == b->n_in && a->w.dtype == b->w.dtype && !a->bias.data &&
+           !b->bias.data;
+}
+
+/* Folds each MoE layer's shared expert into its routed experts as expert n, so one runner call does
+ * both (the shared expert's own GEMVs, launches and the add go away; at decode batch 64 the shared
+ * expert alone cost ~130 us per GLM-4.5-Air layer). Only where the shared expert has the routed
+ * experts' shapes and formats, on one unsplit rank (under tensor or expert parallelism the runner's
+ * partial sums would count it once per rank), when the backend has moe_append. The linears are
+ * copies of placed ones (same memory); f owns the arrays. MS_SHARED_EXPERT_SEPARATE=1 turns it off. */
+static int fold_shared(ms_forward *f, ms_err *err) {
+    const ms_model *m = f->m;
+    const char *off = getenv("MS_SHARED_EXPERT_SEPARATE");
+    if ((off && *off && strcmp(off, "0")) || !f->b->ops->moe_append || m->shard.tp_size != 1 || m->shard.ep_size != 1)
+        return MS_OK;
+    /* the MTP layer, when loaded, sits at layers[num_layers] and runs the same MoE code */
+    const int nl = m->cfg.num_layers + (m->mtp.loaded ? 1 : 0);
+    for (int L = 0; L < nl; L++) {
+        const ms_layer *l = &m->layers[L];
+        const ms_experts *e = &l->experts;
+        if (!l->is_moe || !l->has_shared || e->n < 1 || !same_kind(&l->sh_gate, &e->gate[0]) ||
+            !same_kind(&l->sh_up, &e->up[0]) || !same_kind(&l->sh_down, &e->down[0]))
+            continue;
+        if (!f->fold && !(f->fold = calloc((size_t)m->cfg.num_layers + 1, sizeof *f->fold)))
+            return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
+        ms_linear *arr = malloc(sizeof(ms_linear) * 3 * (size_t)(e->n + 1));
+        if (!arr) return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
+        ms_experts *x = &f->fold[L];
+        x->n = e->n + 1;
+        x->gate = arr;
+        x->up = arr + x->n;
+        x->down = arr + 2 * x->n;
+        memcpy(x->gate, e->gate, sizeof(ms_linear) * (size_t)e->n);
+        memcpy(x->up, e->up, sizeof(ms_linear) * (size_t)e->n);
+        memcpy(x->down, e->down, sizeof(ms_linear) * (size_t)e->n);
+        x->gate[e->n] = l->sh_gate;
+        x->up[e->n] = l->sh_up;
+        x->down[e->n] = l->sh_down;
+    }
+    return MS_OK;
 }
 
 int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_forward **out, ms_err *err) {
@@ -274,12 +325,22 @@ int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_f
         if ((rc = alloc2(f, &f->sh_out, MS_F32, T, H, err)) ||
             (rc = alloc2(f, &f->ids, MS_I32, T, k, err)) || (rc = alloc2(f, &f->rw, MS_F32, T, k, err)))
             goto fail;
+        if ((rc = fold_shared(f, err))) goto fail;
+        ms_moe_shape msf = ms; /* the folded calls: one more expert, one more per token */
+        msf.n_experts++;
+        msf.topk++;
+        if (f->fold && ((rc = alloc2(f, &f->ids2, MS_I32, T, k + 1, err)) || (rc = alloc2(f, &f->rw2, MS_F32, T, k + 1, err))))
+            goto fail;
         size_t ws = 0;
         for (const ms_moe_runner *const *r = ms_moe_runners(); *r; r++) {
             char why[128];
-            if (strcmp((*r)->backend, b->name) || !(*r)->supports(b, &ms, why, sizeof why)) continue;
-            size_t n = (*r)->workspace_size(b, &ms);
-            if (n > ws) ws = n;
+            if (strcmp((*r)->backend, b->name)) continue;
+            for (int v = 0; v < (f->fold ? 2 : 1); v++) {
+                const ms_moe_shape *sp = v ? &msf : &ms;
+                if (!(*r)->supports(b, sp, why, sizeof why)) continue;
+                size_t n = (*r)->workspace_size(b, sp);
+                if (n > ws) ws = n;
+            }
         }
         if ((rc = alloc2(f, &f->moe_ws, MS_U8, 1, (int64_t)(ws ? ws : 64), err))) goto fail;
     }
@@ -305,8 +366,18 @@ int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_f
             goto fail;
         }
     }
-    f->kc = calloc((size_t)c->num_layers, sizeof(ms_tensor));
-    f->vc = calloc((size_t)c->num_layers, sizeof(ms_tensor));
+    if (o->mtp) {
+        if (!m->mtp.loaded) {
+            rc = ms_errf(err, MS_ERR_INVALID, "forward: the MTP layer was requested but the model was loaded without it");
+            goto fail;
+        }
+        f->mtp_on = 1;
+        if ((rc = alloc2(f, &f->hid, ad, T, H, err)) || (rc = alloc2(f, &f->mtp_out, ad, T, H, err)) ||
+            (rc = alloc2(f, &f->mcat, ad, T, 2 * (int64_t)H, err)) || (rc = alloc2(f, &f->hidx, MS_I32, 1, T, err)))
+            goto fail;
+    }
+    f->kc = calloc((size_t)c->num_layers + 1, sizeof(ms_tensor));
+    f->vc = calloc((size_t)c->num_layers + 1, sizeof(ms_tensor));
     if (!f->kc || !f->vc) {
         rc = ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
         goto fail;
@@ -367,7 +438,7 @@ static int mlp(ms_forward *f, int L, int T, ms_err *err) {
     FW_PROF(f, "router", op->router(f->b, &a, &l->router, l->router_bias.data ? &l->router_bias : NULL, &rc, f->ids.data,
                                     f->rw.data, err), err);
     MS_TRY(fw_decide_experts(f, L, T, &rc, err));
-    if (f->routed && !f->routing_paused) {
+    if (f->routed && !f->routing_paused && L < c->num_layers) {
         MS_TRY(op->download(f->b, f->h_ids, f->ids.data, sizeof(int32_t) * (size_t)T * (size_t)k, err));
         unsigned char seen[4096] = {0};
         int n = 0;
@@ -378,6 +449,18 @@ static int mlp(ms_forward *f, int L, int T, ms_err *err) {
     if (f->m->shard.ep_size > 1) /* experts of other groups become -1: their ranks add them */
         MS_TRY(op->remap_ids(f->b, f->ids.data, (int64_t)T * k, f->m->shard.e0, f->m->shard.ne, err));
     ms_moe_shape s = moe_shape(f->m, T);
+    if (f->fold && f->fold[L].n) {
+        /* the shared expert rides along as expert n with weight 1 (transformers adds it unscaled) */
+        const int n = f->fold[L].n - 1;
+        MS_TRY(op->moe_append(f->b, f->ids.data, f->rw.data, T, k, n, 1.0f, f->ids2.data, f->rw2.data, err));
+        s.n_experts++;
+        s.topk++;
+        const ms_moe_runner *r = ms_moe_pick(f->b, f->forced, &s);
+        FW_PROF(f, "moe_experts", r->run(f->b, &f->fold[L], &a, f->ids2.data, f->rw2.data, k + 1, &delta,
+                                         f->moe_ws.data, ms_tensor_nbytes(&f->moe_ws), err), err);
+        FW_TRY_CHECK(f, &delta, "moe_experts + shared expert", err);
+        return MS_OK;
+    }
     const ms_moe_runner *r = ms_moe_pick(f->b, f->forced, &s);
     FW_PROF(f, "moe_experts", r->run(f->b, &l->experts, &a, f->ids.data, f->rw.data, k, &delta, f->moe_ws.data,
                                      ms_tensor_nbytes(&f->moe_ws), err), err);
@@ -550,6 +633,10 @@ static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, i
         }
     }
     f->layer = c->num_layers;
+    if (f->mtp_on) { /* what the lm_head reads, for every token: the MTP step's hidden input */
+        ms_tensor hid = fw_view2(&f->hid, T, H);
+        MS_TRY(op->rmsnorm(f->b, &x, &f->m->final_norm, c->rms_norm_eps, &hid, err));
+    }
     if (f->o.on_layer) {
         MS_TRY(op->rmsnorm(f->b, &x, &f->m->final_norm, c->rms_norm_eps, &a, err));
         MS_TRY(op->sync(f->b, err));
@@ -815,4 +902,121 @@ int ms_forward_run(ms_forward *f, const ms_batch *bt, float *logits_host, ms_err
     MS_TRY(forward_body(f, bt, logits_host, 0, err));
     MS_TRY(f->b->ops->sync(f->b, err));
     return step_verdict(f, bt, err);
+}
+
+/* ------------------------------------------------------------------ MTP (NEXTN) draft layer */
+
+int ms_forward_set_hidden(ms_forward *f, const float *h, int n, ms_err *err) {
+    const int H = f->m->cfg.hidden_size;
+    if (!f->mtp_on || n < 0 || n > f->max_tokens)
+        return ms_errf(err, MS_ERR_INVALID, "forward: set_hidden of %d rows (MTP %s, %d rows kept)", n, f->mtp_on ? "on" : "off",
+                       f->max_tokens);
+    const size_t cnt = (size_t)n * (size_t)H;
+    if (f->b->act_dtype == MS_F32) return f->b->ops->upload(f->b, f->hid.data, h, cnt * sizeof(float), err);
+    uint16_t *tmp = malloc(cnt * sizeof(uint16_t) + 1);
+    if (!tmp) return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory staging %d hidden rows", n);
+    for (size_t i = 0; i < cnt; i++) tmp[i] = ms_f32_to_bf16(h[i]);
+    int rc = f->b->ops->upload(f->b, f->hid.data, tmp, cnt * sizeof(uint16_t), err);
+    free(tmp);
+    return rc;
+}
+
+int ms_forward_get_hidden(ms_forward *f, float *h, int n, ms_err *err) {
+    const int H = f->m->cfg.hidden_size;
+    if (!f->mtp_on || n < 0 || n > f->max_tokens)
+        return ms_errf(err, MS_ERR_INVALID, "forward: get_hidden of %d rows (MTP %s)", n, f->mtp_on ? "on" : "off");
+    const size_t cnt = (size_t)n * (size_t)H, es = ms_dtype_size(f->b->act_dtype);
+    void *tmp = malloc(cnt * es + 1);
+    if (!tmp) return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory reading %d hidden rows", n);
+    int rc = f->b->ops->sync(f->b, err);
+    if (!rc) rc = f->b->ops->download(f->b, tmp, f->hid.data, cnt * es, err);
+    if (!rc) ms_convert_to_f32(f->b->act_dtype, tmp, h, cnt);
+    free(tmp);
+    return rc;
+}
+
+int ms_forward_mtp_run(ms_forward *f, const ms_batch *bt, int hid_src, const int32_t *hid_idx, float *logits_host,
+                       ms_err *err) {
+    if (!f->mtp_on) return ms_errf(err, MS_ERR_INVALID, "forward: MTP step on a forward created without the MTP layer");
+    if (f->o.record || f->o.replay)
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "forward: MTP steps cannot record or replay decisions");
+    MS_TRY(validate(f, bt, err));
+    const ms_config *c = &f->m->cfg;
+    const ms_backend_ops *op = f->b->ops;
+    const ms_mtp *mt = &f->m->mtp;
+    const int T = bt->n_tokens, H = c->hidden_size, V = c->vocab_size, Lm = c->num_layers;
+    const ms_tensor *src = hid_src == MS_MTP_HID_DRAFT ? &f->mtp_out : &f->hid;
+    for (int t = 0; t < T; t++)
+        if (hid_idx[t] < 0 || hid_idx[t] >= f->max_tokens)
+            return ms_errf(err, MS_ERR_INVALID, "forward: MTP token %d takes hidden row %d (0..%d)", t, hid_idx[t], f->max_tokens - 1);
+    int max_ctx = 0;
+    for (int s = 0; s < bt->n_seqs; s++) max_ctx = bt->ctx_len[s] > max_ctx ? bt->ctx_len[s] : max_ctx;
+    MS_TRY(pack_upload(f, &f->db, bt, max_ctx, err));
+    MS_TRY(op->upload(f->b, f->hidx.data, hid_idx, sizeof(int32_t) * (size_t)T, err));
+    f->batch = bt;
+    f->layer = Lm;
+    f->topk_valid = 0;
+    ms_tensor x = fw_view2(&f->x, T, H), a = fw_view2(&f->a, T, H), delta = fw_view2(&f->delta, T, H);
+    ms_tensor cat = fw_view2(&f->mcat, T, 2 * (int64_t)H);
+    const ms_shard *sh = &f->m->shard;
+    /* e = enorm(embed(token)) -> cat[:, :H] */
+    if (f->split) {
+        MS_TRY(op->embed_part(f->b, &f->m->embed, f->tok_d, T, sh->v0, &x, err));
+        MS_TRY(tp_sum(f, &x, err));
+    } else {
+        MS_TRY(op->embed(f->b, &f->m->embed, f->tok_d, T, &x, err));
+    }
+    MS_TRY(op->rmsnorm(f->b, &x, &mt->enorm, c->rms_norm_eps, &a, err));
+    MS_TRY(op->set_cols(f->b, &a, 0, &cat, err));
+    /* h = hnorm(hidden row) -> cat[:, H:] */
+    MS_TRY(op->gather_rows(f->b, src, (const int32_t *)f->hidx.data, T, &a, err));
+    MS_TRY(op->rmsnorm(f->b, &a, &mt->hnorm, c->rms_norm_eps, &a, err));
+    MS_TRY(op->set_cols(f->b, &a, H, &cat, err));
+    MS_TRY(op->linear(f->b, &mt->eh_proj, &cat, &x, err));
+    FW_TRY_CHECK(f, &x, "mtp eh_proj", err);
+    /* the decoder layer (index Lm: its weights, KV cache and indexer), float32 residual stream */
+    const ms_layer *l = &f->m->layers[Lm];
+    MS_TRY(op->rmsnorm(f->b, &x, &l->attn_norm, c->rms_norm_eps, &a, err));
+    MS_TRY(c->arch->attention(f, Lm, T, err));
+    MS_TRY(tp_sum(f, &delta, err));
+    MS_TRY(op->add_rmsnorm(f->b, &x, &delta, &l->ffn_norm, c->rms_norm_eps, &a, err));
+    MS_TRY(mlp(f, Lm, T, err));
+    MS_TRY(tp_sum(f, &delta, err));
+    MS_TRY(op->add(f->b, &x, &delta, err));
+    FW_TRY_CHECK(f, &x, "mtp residual", err);
+    /* logits = head(shared_head.norm(h')) of the logit rows; the normed rows stay in mtp_out */
+    for (int r0 = 0; r0 < bt->n_logits; r0 += f->lchunk) {
+        int n = bt->n_logits - r0 < f->lchunk ? bt->n_logits - r0 : f->lchunk;
+        const int64_t nv = sh->nv;
+        ms_tensor rows = fw_view2(&f->lrows, n, H), lg = fw_view2(&f->logits, n, nv);
+        ms_tensor nrm = ms_tensor_2d(f->mtp_out.dtype, n, H);
+        nrm.data = (char *)f->mtp_out.data + (size_t)r0 * (size_t)H * ms_dtype_size(f->mtp_out.dtype);
+        MS_TRY(op->gather_rows(f->b, &x, f->lidx_d + r0, n, &rows, err));
+        MS_TRY(op->rmsnorm(f->b, &rows, &mt->head_norm, c->rms_norm_eps, &nrm, err));
+        MS_TRY(op->linear(f->b, &mt->head, &nrm, &lg, err));
+        float *dst = lg.data;
+        if (f->split) {
+            ms_comm *cm = f->o.comm;
+            MS_TRY(cm->ops->all_gather(cm, lg.data, f->lgather.data, (size_t)n * (size_t)nv, MS_F32, err));
+            MS_ASSERT(f->logits.data && ms_tensor_numel(&f->logits) >= (int64_t)n * V);
+            ms_tensor full = ms_tensor_2d(MS_F32, n, V);
+            full.data = f->logits.data; /* the local rows were consumed by the gather */
+            for (int r = 0; r < sh->tp_size; r++) {
+                ms_tensor part = ms_tensor_2d(MS_F32, n, nv);
+                part.data = (float *)f->lgather.data + (int64_t)r * n * nv;
+                MS_TRY(op->set_cols(f->b, &part, (int)(r * nv), &full, err));
+            }
+            dst = full.data;
+        }
+        if (f->o.check_numerics == 1) {
+            int64_t bad = -1;
+            MS_TRY(op->find_nonfinite(f->b, &lg, &bad, err));
+            if (bad >= 0)
+                return ms_errf(err, MS_ERR_NUMERICS, "MTP op head token position %d produced NaN/Inf",
+                               bt->positions[bt->logit_idx[r0 + bad]]);
+        }
+        if (logits_host)
+            MS_TRY(op->download(f->b, logits_host + (int64_t)r0 * V, dst, sizeof(float) * (size_t)n * (size_t)V, err));
+    }
+    return op->sync(f->b, err);
 }

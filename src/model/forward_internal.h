@@ -50,6 +50,10 @@ struct ms_forward {
     ms_tensor qa, qb, qabs, kva, c, olat, vout; /* glm_moe_dsa */
     ms_tensor qI, kI, iw, topk;                 /* DSA indexer (topk: I32 [T, index_topk]) */
     ms_tensor ids, rw;                          /* router out: I32/F32 [T, topk] */
+    /* Shared expert folded into the routed call: per layer the routed experts plus the shared one as
+     * expert n (n = 0 where the layer keeps it separate); ids2/rw2 [T, topk + 1] carry it. */
+    ms_experts *fold;
+    ms_tensor ids2, rw2;
     ms_tensor rlog;                             /* F32 [T, E] router logits (record/replay only) */
     float *h_rlog, *h_rw;                       /* host copies for record/replay */
     int32_t *h_sel;                             /* host [T, index_topk] (record/replay only) */
@@ -75,6 +79,12 @@ struct ms_forward {
     const char *prof_name[32];
     double prof_s[32];
     double prof_t0;
+    /* MTP (NEXTN) draft layer (opts.mtp): hid = the last step's final-normed hidden rows [T, H] (what
+     * the lm_head reads, kept for every token), mtp_out = the last MTP step's shared_head-normed rows of
+     * its logit rows (what a chained draft step reads), mcat [T, 2H] the eh_proj input, hidx I32 [T]
+     * the hidden row of each MTP token */
+    int mtp_on;
+    ms_tensor hid, mtp_out, mcat, hidx;
     /* per-step state */
     const ms_batch *batch;
     ms_attn_meta meta;
@@ -82,6 +92,9 @@ struct ms_forward {
     int split;      /* a communicator is given: the split code paths run (also with one rank) */
     int topk_valid; /* DSA: f->topk holds a sparse selection made by the last full indexer layer */
 };
+
+/* Layers with a KV cache: the decoder layers, plus the MTP layer (index cfg.num_layers) when on. */
+static inline int fw_cache_layers(const ms_forward *f) { return f->m->cfg.num_layers + (f->mtp_on ? 1 : 0); }
 
 /* Runs this step's attention of kind k (GQA / MLA / DSA) with the implementation resolved for it:
  * for DSA the decode one when every sequence has one token in the step, the prefill one otherwise. */

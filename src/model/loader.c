@@ -634,11 +634,58 @@ static void account_unused(lctx *c) {
                 unexpected == 1 ? "" : "s", c->cfg->model_type, first);
 }
 
-static int build(lctx *c) {
+/* The MTP (NEXTN) module (model.h ms_mtp): its decoder layer at checkpoint index num_layers_ckpt goes
+ * to m->layers[num_layers] (the two differ when num_hidden_layers is overridden), plus enorm, hnorm,
+ * eh_proj and shared_head. Called after the lm_head is loaded (a checkpoint without shared_head.head
+ * uses it). */
+static int load_mtp(lctx *c) {
+    ms_model *m = c->m;
+    ms_config *cfg = &m->cfg;
+    const int64_t V = cfg->vocab_size, H = cfg->hidden_size;
+    const int Lc = cfg->num_layers_ckpt, Lf = cfg->num_layers;
+    if (cfg->num_nextn_predict_layers < 1)
+        return ms_errf(c->err, MS_ERR_INVALID,
+                       "%s: config.json field 'num_nextn_predict_layers' is 0: the checkpoint has no MTP layer for NEXTN "
+                       "speculative decoding", c->dir);
+    if (Lc >= MS_MAX_LAYERS || Lf >= MS_MAX_LAYERS)
+        return ms_errf(c->err, MS_ERR_UNSUPPORTED, "%s: the MTP layer index %d is past the %d layers supported", c->dir, Lc,
+                       MS_MAX_LAYERS);
+    /* the MTP layer of GLM / DeepSeek checkpoints is a MoE layer when the model has experts */
+    const int moe = cfg->n_routed_experts > 0 && Lc >= cfg->first_k_dense_replace;
+    cfg->layer_is_moe[Lc] = cfg->layer_is_moe[Lf] = (uint8_t)moe;
+    cfg->arch->mtp_layer(cfg, Lc);
+    cfg->arch->mtp_layer(cfg, Lf);
+    ms_mtp *t = &m->mtp;
+    t->ckpt_layer = Lc;
+    t->loaded = 1; /* from here on placement and ms_model_free visit whatever got loaded */
+    char nm[256];
+#define NM(suffix) (snprintf(nm, sizeof nm, "model.layers.%d.%s", Lc, suffix), nm)
+    if (!c->dummy && !ms_st_find(c->st, NM("eh_proj.weight")))
+        return ms_errf(c->err, MS_ERR_NOT_FOUND,
+                       "%s: tensor '%s' is missing: config.json declares num_nextn_predict_layers %d but the checkpoint "
+                       "holds no MTP layer (needed for NEXTN speculative decoding)", c->dir, nm, cfg->num_nextn_predict_layers);
+    MS_TRY(load_layer(c, Lc, &m->layers[Lf]));
+    MS_TRY(load_tensor1(c, NM("enorm.weight"), H, 1, MS_GROUP_LM_HEAD, MS_DUMMY_NORM, &t->enorm));
+    MS_TRY(load_tensor1(c, NM("hnorm.weight"), H, 1, MS_GROUP_LM_HEAD, MS_DUMMY_NORM, &t->hnorm));
+    MS_TRY(load_linear(c, NM("eh_proj"), H, 2 * H, MS_GROUP_LM_HEAD, 0, 0, MS_SPLIT_NONE, &t->eh_proj));
+    MS_TRY(load_tensor1(c, NM("shared_head.norm.weight"), H, 1, MS_GROUP_LM_HEAD, MS_DUMMY_NORM, &t->head_norm));
+    /* dummy weights share the lm_head (real checkpoints hold a copy of it) */
+    const int have_head = !c->dummy && ms_st_find(c->st, NM("shared_head.head.weight")) != NULL;
+    if (have_head) {
+        MS_TRY(load_linear(c, NM("shared_head.head"), V, H, MS_GROUP_LM_HEAD, 0, 0, MS_SPLIT_OUT, &t->head));
+    } else {
+        t->head = m->lm_head;
+        t->head_shared = 1;
+    }
+#undef NM
+    return MS_OK;
+}
+
+static int build(lctx *c, int with_mtp) {
     ms_model *m = c->m;
     const ms_config *cfg = &m->cfg;
     const int64_t V = cfg->vocab_size, H = cfg->hidden_size;
-    m->layers = ms_model_alloc(m, (size_t)(cfg->num_layers ? cfg->num_layers : 1) * sizeof(ms_layer));
+    m->layers = ms_model_alloc(m, (size_t)(cfg->num_layers + 1) * sizeof(ms_layer));
     if (!m->layers) return ms_errf(c->err, MS_ERR_NOMEM, "out of memory");
     /* vocab-parallel: this rank's rows of the embedding (and of a tied lm_head) */
     int64_t eshape[2] = {c->dummy ? c->sh.nv : V, H};
@@ -664,6 +711,7 @@ static int build(lctx *c) {
     } else {
         return missing(c, "lm_head.weight");
     }
+    if (with_mtp) MS_TRY(load_mtp(c));
     if (!c->dummy) account_unused(c);
     int nt = 0;
     if (c->used)
@@ -725,7 +773,7 @@ int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_
             rc = ms_errf(err, MS_ERR_INVALID, "load format '%s' is not one of auto, safetensors, dummy", lf);
         }
     }
-    if (!rc) rc = build(&c);
+    if (!rc) rc = build(&c, opts->load_mtp);
     free(c.used);
     ms_quant_decl_free(&c.q);
     if (!rc && c.dev) rc = c.dev->ops->sync(c.dev, err); /* fill kernels finished (and succeeded) */
@@ -752,7 +800,12 @@ static int visit_all(ms_model *m, visit *v) {
     VT(m->embed);
     VT(m->final_norm);
     if (!m->tied_lm_head) VL(m->lm_head);
-    for (int L = 0; L < m->cfg.num_layers && m->layers; L++) {
+    const int nl = m->cfg.num_layers + (m->mtp.loaded ? 1 : 0);
+    if (m->mtp.loaded) {
+        VT(m->mtp.enorm); VT(m->mtp.hnorm); VT(m->mtp.head_norm); VL(m->mtp.eh_proj);
+        if (!m->mtp.head_shared) VL(m->mtp.head);
+    }
+    for (int L = 0; L < nl && m->layers; L++) {
         ms_layer *l = &m->layers[L];
         VT(l->attn_norm); VT(l->ffn_norm); VT(l->q_norm); VT(l->k_norm); VT(l->q_a_norm); VT(l->kv_a_norm);
         VT(l->idx_k_norm_w); VT(l->idx_k_norm_b); VT(l->router_bias);
@@ -781,6 +834,7 @@ int ms_model_place(ms_model *m, ms_backend *b, ms_err *err) {
     m->placed = 1;
     int rc = visit_all(m, &v);
     if (m->tied_lm_head) m->lm_head.w = m->embed; /* shares the embedding's (now placed) memory */
+    if (m->mtp.head_shared) m->mtp.head = m->lm_head;
     return rc;
 }
 

@@ -70,6 +70,24 @@ typedef struct ms_shard {
  * dividing the routed experts, tp/ep not dividing the expert width. */
 int ms_shard_make(const ms_config *cfg, int tp, int ep, int rank, ms_shard *sh, ms_err *err);
 
+/* The multi-token-prediction (NEXTN) module of GLM-4.5+/GLM-5 checkpoints, at checkpoint layer index
+ * ckpt_layer = num_hidden_layers (DeepSeek-V3 MTP, as SGLang's glm4_moe_nextn / deepseek_nextn run it):
+ *   x  = eh_proj([enorm(embed(token_{t+1})) ; hnorm(h_t)])        (concat order: embedding first)
+ *   h' = decoder_layer(x)        (a full attention + MoE layer, its own KV cache, at position t)
+ *   g  = shared_head.norm(h');  logits = head(g)
+ * h_t is what the main model feeds its lm_head at position t (the last layer's output after the final
+ * norm); g is what a chained draft step feeds the next one. The embedding is the main model's (SGLang
+ * shares it); head is shared_head.head when the checkpoint has it, else the main lm_head. The decoder
+ * layer itself is ms_model.layers[cfg.num_layers]. */
+typedef struct ms_mtp {
+    int loaded;          /* loaded (ms_load_opts.load_mtp) */
+    int ckpt_layer;      /* L of the checkpoint's model.layers.L.* tensors */
+    ms_tensor enorm, hnorm, head_norm; /* [H] */
+    ms_linear eh_proj;   /* [H, 2H], replicated under tensor parallelism */
+    ms_linear head;      /* [V, H] (this rank's vocabulary rows); a copy of lm_head when head_shared */
+    int head_shared;     /* no shared_head.head in the checkpoint: the main lm_head is used */
+} ms_mtp;
+
 typedef struct ms_model {
     ms_config cfg;
     ms_shard shard; /* this rank's part (tp_size 1: the whole model) */
@@ -78,7 +96,8 @@ typedef struct ms_model {
     ms_tensor embed;      /* [V, H] */
     ms_tensor final_norm; /* [H] */
     ms_linear lm_head;    /* [V, H] (views embed when tied) */
-    ms_layer *layers;     /* [cfg.num_layers] */
+    ms_layer *layers;     /* [cfg.num_layers + 1]: the decoder layers, then the MTP layer (when loaded) */
+    ms_mtp mtp;
     ms_weight_stats stats;
     char quant_desc[64];  /* "bf16", "fp8 (block 128)", "nvfp4 (group 16)", "mixed" */
     void *owned;          /* model-owned host memory (names, dummy data, converted tensors) */
@@ -104,6 +123,9 @@ typedef struct ms_load_opts {
     /* Tensor / expert parallelism: load only rank tp_rank's part of a tp_size-way split with ep_size
      * expert groups (0 or 1: unsplit). Only the byte ranges of the rank's slices are read. */
     int tp_rank, tp_size, ep_size;
+    /* Also load the MTP (NEXTN) layer (speculative decoding); fails naming the config field or the
+     * tensor when the checkpoint has none. 0: its tensors are skipped (no memory). */
+    int load_mtp;
 } ms_load_opts;
 
 /* Loads config + weights from DIR (or just config for dummy; DIR may then be a config .json path).
@@ -176,6 +198,10 @@ typedef struct ms_forward_opts {
      * paths (vocab-parallel embedding, collectives, gathered logits) run as one-rank collectives, which
      * is how one GPU checks the NCCL path. Not owned. */
     ms_comm *comm;
+    /* 1: also run the MTP (NEXTN) layer (the model must be loaded with load_mtp): its KV cache (same
+     * pages and slots as the decoder layers), and every step keeps its final-normed hidden rows for
+     * ms_forward_mtp_run. */
+    int mtp;
 } ms_forward_opts;
 
 int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_forward **out, ms_err *err);
@@ -209,5 +235,25 @@ void ms_forward_attn_desc(const ms_forward *f, char *buf, size_t cap);
 /* The MoE runner forced for f ("auto" when chosen per call). */
 const char *ms_forward_moe_desc(const ms_forward *f);
 size_t ms_forward_kv_bytes_per_token(const ms_model *m, const ms_backend *b);
+
+/* Where the hidden inputs of an MTP step come from: the rows the last ms_forward_run kept (the main
+ * model's final-normed hidden state of each of its tokens), or the rows the last MTP step produced
+ * for its logit rows (a chained draft step). */
+enum { MS_MTP_HID_TARGET = 0, MS_MTP_HID_DRAFT = 1 };
+
+/* Runs the MTP layer (model.h ms_mtp) for one step (forward created with opts.mtp). bt is laid out
+ * like a main step: token t is the NEXT token (token_{p+1}) paired with the hidden state of position
+ * p = positions[t]; its MTP K/V go to slot_mapping[t] of the MTP layer's cache (same pages as the
+ * main cache, so freeing a page frees both). hid_idx[t] (host, [n_tokens]) is the row of the hidden
+ * source (hid_src: MS_MTP_HID_TARGET rows of the last ms_forward_run, or MS_MTP_HID_DRAFT rows =
+ * logit rows of the last MTP step). Writes the draft logits of bt->logit_idx rows into logits_host
+ * [n_logits, vocab] (float32; NULL: none downloaded) and keeps their normed hidden rows for a chained
+ * step. Runs eagerly (no graphs); every rank of a split runs it with the same batch. */
+int ms_forward_mtp_run(ms_forward *f, const ms_batch *bt, int hid_src, const int32_t *hid_idx, float *logits_host,
+                       ms_err *err);
+/* Test hook: overwrites rows [0, n) of the kept target hidden rows with h [n, H] (float32, host) as
+ * if a main step had produced them; ms_forward_get_hidden reads them back (float32). */
+int ms_forward_set_hidden(ms_forward *f, const float *h, int n, ms_err *err);
+int ms_forward_get_hidden(ms_forward *f, float *h, int n, ms_err *err);
 
 #endif

@@ -19,6 +19,9 @@ typedef struct ms_request {
     int n_tokens, n_prompt, cap_tokens;
     int max_new;             /* generated tokens at most (cap_tokens = n_prompt + max_new) */
     int n_computed;          /* leading tokens whose KV is written in pages */
+    int spec_n;              /* speculative decoding: the last spec_n tokens are draft tokens, tentative
+                              * until the next step verifies them (0 = none); pages then cover every
+                              * token, drafts included */
     int32_t *pages;          /* [cap_pages] one pool reference each */
     int n_pages, cap_pages;
     int32_t lock_node;       /* radix node locked for the matched prefix (0 = none) */

@@ -72,10 +72,10 @@ int ms_sched_init(ms_sched *s, const ms_sched_config *cfg, ms_err *err) {
     s->slot_mapping = malloc((size_t)nt * sizeof(int32_t));
     s->seq_start = malloc(((size_t)ns + 1) * sizeof(int32_t));
     s->ctx_len = malloc((size_t)ns * sizeof(int32_t));
-    s->logit_idx = malloc((size_t)ns * sizeof(int32_t));
+    s->logit_idx = malloc((size_t)nt * sizeof(int32_t));
     s->block_table = calloc((size_t)ns * (size_t)s->max_blocks_seq, sizeof(int32_t));
     s->seq_req = calloc((size_t)ns, sizeof *s->seq_req);
-    s->logit_req = calloc((size_t)ns, sizeof *s->logit_req);
+    s->logit_req = calloc((size_t)nt, sizeof *s->logit_req);
     if (!s->token_ids || !s->positions || !s->slot_mapping || !s->seq_start || !s->ctx_len || !s->logit_idx ||
         !s->block_table || !s->seq_req || !s->logit_req) {
         ms_sched_destroy(s);
@@ -138,7 +138,20 @@ static void release_pages(ms_sched *s, ms_request *r, int cache) {
     r->lock_node = 0;
 }
 
+/* Drops r's draft tokens (not computed) and the pages that were reserved only for them. */
+static void drop_drafts(ms_sched *s, ms_request *r) {
+    if (!r->spec_n) return;
+    r->n_tokens -= r->spec_n;
+    r->spec_n = 0;
+    int keep = pages_for(s, r->n_computed);
+    if (r->n_pages > keep) {
+        ms_kv_pool_unref_n(&s->pool, r->pages + keep, r->n_pages - keep);
+        r->n_pages = keep;
+    }
+}
+
 static void preempt(ms_sched *s, ms_request *r) {
+    drop_drafts(s, r);
     release_pages(s, r, 1);
     list_remove(&s->running, r);
     r->n_computed = 0;
@@ -174,8 +187,12 @@ static void add_seq(ms_sched *s, ms_request *r, int n) {
     s->seq_start[i + 1] = b->n_tokens;
     s->ctx_len[i] = r->n_computed + n;
     if (r->n_computed + n == r->n_tokens) {
-        s->logit_idx[b->n_logits] = b->n_tokens - 1;
-        s->logit_req[b->n_logits++] = r;
+        /* a request with drafts gets logits on its last real token and on every draft */
+        int nl = r->spec_n > 0 && r->spec_n < n ? r->spec_n + 1 : 1;
+        for (int j = nl - 1; j >= 0; j--) {
+            s->logit_idx[b->n_logits] = b->n_tokens - 1 - j;
+            s->logit_req[b->n_logits++] = r;
+        }
     }
     r->step_new = n;
     r->step_id = s->step_no;
@@ -191,19 +208,25 @@ const ms_batch *ms_sched_step(ms_sched *s) {
     int tok_left = c->max_batch_tokens, prefill_left = c->max_prefill_tokens;
     uint64_t preempt0 = s->preemptions;
 
-    /* 1. decode tokens */
+    /* 1. decode tokens (with the request's draft tokens, if it carries any and they fit) */
     for (ms_request *r = s->running.head; r;) {
-        if (r->n_tokens - r->n_computed != 1) { r = r->next; continue; }
+        if (r->n_tokens - r->n_computed != 1 + r->spec_n) { r = r->next; continue; }
         if (tok_left < 1 || b->n_seqs >= c->max_running_requests) break;
+        if (r->spec_n && tok_left < 1 + r->spec_n) drop_drafts(s, r);
         int ok;
-        while (!(ok = grow_pages(s, r, r->n_computed + 1))) {
+        while (!(ok = grow_pages(s, r, r->n_computed + 1 + r->spec_n))) {
+            if (r->spec_n) { /* verification is optional: no preemption for it */
+                drop_drafts(s, r);
+                continue;
+            }
             ms_request *v = victim_after(s, r);
             if (!v) break;
             preempt(s, v);
         }
         if (ok) {
-            add_seq(s, r, 1);
-            tok_left--;
+            const int n = 1 + r->spec_n;
+            add_seq(s, r, n);
+            tok_left -= n;
             r = r->next;
         } else {
             ms_request *nx = r->next;
@@ -216,6 +239,10 @@ const ms_batch *ms_sched_step(ms_sched *s) {
     for (ms_request *r = s->running.head; r; r = r->next) {
         int remaining = r->n_tokens - r->n_computed;
         if (remaining <= 1 || in_batch(s, r)) continue;
+        if (r->spec_n) { /* drafts not verified this step (no room): dropped */
+            drop_drafts(s, r);
+            continue;
+        }
         int chunk = min_i(min_i(remaining, c->chunked_prefill_size), min_i(prefill_left, tok_left));
         if (chunk <= 0 || b->n_seqs >= c->max_running_requests) break;
         int fit = (r->n_pages + avail_pages(s)) * ps - r->n_computed;
@@ -303,6 +330,41 @@ void ms_sched_commit(ms_sched *s) {
     }
 }
 
+int ms_sched_reserve_drafts(ms_sched *s, ms_request *r, int n) {
+    MS_ASSERT(r->state == MS_REQ_RUNNING && r->spec_n == 0 && r->n_tokens == r->n_computed + 1);
+    if (n > r->cap_tokens - r->n_tokens) n = r->cap_tokens - r->n_tokens;
+    while (n > 0 && !grow_pages(s, r, r->n_tokens + n)) n--;
+    return n > 0 ? n : 0;
+}
+
+void ms_sched_set_drafts(ms_sched *s, ms_request *r, const int32_t *drafts, int n) {
+    MS_ASSERT(r->spec_n == 0 && n >= 0 && r->n_tokens + n <= r->cap_tokens && (!n || pages_for(s, r->n_tokens + n) <= r->n_pages));
+    for (int i = 0; i < n; i++) r->tokens[r->n_tokens + i] = drafts[i];
+    r->n_tokens += n;
+    r->spec_n = n;
+    /* pages reserved for drafts that were not proposed go back */
+    int keep = pages_for(s, n ? r->n_tokens : r->n_computed);
+    if (r->n_pages > keep) {
+        ms_kv_pool_unref_n(&s->pool, r->pages + keep, r->n_pages - keep);
+        r->n_pages = keep;
+    }
+}
+
+int ms_sched_rollback(ms_sched *s, ms_request *r, int n_tokens) {
+    MS_ASSERT(n_tokens >= 1 && n_tokens <= r->cap_tokens);
+    r->spec_n = 0;
+    r->n_tokens = n_tokens;
+    if (r->n_computed > n_tokens - 1) r->n_computed = n_tokens - 1;
+    int keep = pages_for(s, r->n_computed), freed = 0;
+    if (r->n_pages > keep) {
+        freed = r->n_pages - keep;
+        ms_kv_pool_unref_n(&s->pool, r->pages + keep, freed);
+        r->n_pages = keep;
+        s->draft_pages_freed += (uint64_t)freed;
+    }
+    return freed;
+}
+
 void ms_sched_append_token(ms_sched *s, ms_request *r, int32_t token) {
     (void)s;
     MS_ASSERT(r->n_tokens < r->cap_tokens);
@@ -335,8 +397,9 @@ static int check_list(const ms_sched *s, const ms_sched_list *l, int state, int3
         if (r->state != state) return ms_errf(err, MS_ERR_RUNTIME, "scheduler check: request %llu state %d in list of state %d", (unsigned long long)r->id, r->state, state);
         if (r->n_computed < 0 || r->n_computed >= r->n_tokens || r->n_tokens > r->cap_tokens)
             return ms_errf(err, MS_ERR_RUNTIME, "scheduler check: request %llu computed %d of %d tokens (cap %d)", (unsigned long long)r->id, r->n_computed, r->n_tokens, r->cap_tokens);
-        if (r->n_pages != pages_for(s, r->n_computed))
-            return ms_errf(err, MS_ERR_RUNTIME, "scheduler check: request %llu holds %d pages for %d computed tokens", (unsigned long long)r->id, r->n_pages, r->n_computed);
+        /* pages cover the computed tokens, or every token while drafts are carried */
+        if (r->n_pages != pages_for(s, r->spec_n ? r->n_tokens : r->n_computed))
+            return ms_errf(err, MS_ERR_RUNTIME, "scheduler check: request %llu holds %d pages for %d computed tokens (%d drafts)", (unsigned long long)r->id, r->n_pages, r->n_computed, r->spec_n);
         if (state == MS_REQ_WAITING && (r->n_pages || r->lock_node))
             return ms_errf(err, MS_ERR_RUNTIME, "scheduler check: waiting request %llu holds pages or a cache lock", (unsigned long long)r->id);
         for (int j = 0; j < r->n_pages; j++) {

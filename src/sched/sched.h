@@ -11,7 +11,13 @@
  * pages in the batch) and never allocates.
  *
  * Per step: ms_sched_step -> executor forward -> ms_sched_commit (or ms_sched_release on failure)
- * -> for each logits row: sample, ms_sched_append_token, maybe ms_sched_release. */
+ * -> for each logits row: sample, ms_sched_append_token, maybe ms_sched_release.
+ *
+ * Speculative decoding: a running request may carry draft tokens at the tail of its tokens
+ * (ms_sched_set_drafts, pages reserved for them); the next step schedules the last real token and
+ * its drafts together as one decode sequence with logits on every one of them (verification), or, when
+ * the step has no room for them, drops the drafts. After the verification ms_sched_rollback keeps the
+ * accepted tokens and returns the pages that only held rejected ones. Preemption drops drafts. */
 #ifndef MS_SCHED_SCHED_H
 #define MS_SCHED_SCHED_H
 
@@ -33,6 +39,7 @@ typedef struct ms_sched_config {
     int chunked_prefill_size;  /* prefill tokens per sequence per step */
     int context_length;        /* tokens per request at most (sizes the block table) */
     int enable_prefix_cache;
+    int max_draft_tokens;      /* draft tokens a request may carry (0 = no speculative decoding) */
 } ms_sched_config;
 
 typedef struct ms_sched_list {
@@ -50,14 +57,16 @@ typedef struct ms_sched {
     ms_batch batch;
     int32_t *token_ids, *positions, *slot_mapping; /* [max_batch_tokens] */
     int32_t *seq_start;                            /* [max_running + 1] */
-    int32_t *ctx_len, *logit_idx;                  /* [max_running] */
+    int32_t *ctx_len;                              /* [max_running] */
+    int32_t *logit_idx;                            /* [max_batch_tokens] */
     int32_t *block_table;                          /* [max_running * max_blocks_seq] */
     int max_blocks_seq;                            /* pages one request can hold at most */
     ms_request **seq_req;                          /* [max_running] request of each sequence */
-    ms_request **logit_req;                        /* [max_running] request of each logits row */
+    ms_request **logit_req;                        /* [max_batch_tokens] request of each logits row */
     /* counters */
     uint64_t preemptions;
     uint64_t prompt_tokens, cached_tokens;         /* at first admission */
+    uint64_t draft_pages_freed;                    /* pages returned by ms_sched_rollback */
 } ms_sched;
 
 /* Validates cfg (all sizes >= 1) and allocates the pool, cache and batch arrays. */
@@ -82,6 +91,19 @@ void ms_sched_append_token(ms_sched *s, ms_request *r, int32_t token);
  * computed full pages are first offered to the prefix cache. State becomes FINISHED. The caller
  * keeps ownership of r. */
 void ms_sched_release(ms_sched *s, ms_request *r, int cache);
+
+/* Speculative decoding: reserves pages so that r (running, no drafts, one uncomputed token) can
+ * carry up to n draft tokens, evicting cache pages if needed but never preempting; returns how many
+ * fit (0..n). Then ms_sched_set_drafts appends n draft tokens (at most the returned count; 0 is
+ * fine) and gives back the reserved pages the drafts do not need. */
+int ms_sched_reserve_drafts(ms_sched *s, ms_request *r, int n);
+void ms_sched_set_drafts(ms_sched *s, ms_request *r, const int32_t *drafts, int n);
+/* After a step verified r's drafts: r's sequence becomes tokens[0..n_tokens) as the caller wrote them
+ * (the verified tokens, then the one token the verification produced, which is uncomputed; n_tokens
+ * in [1, cap_tokens]), n_computed becomes n_tokens - 1 when it was larger, the drafts are dropped, and
+ * the pages past those n_computed tokens go back to the pool (they held only rejected drafts' KV).
+ * Returns the pages freed. */
+int ms_sched_rollback(ms_sched *s, ms_request *r, int n_tokens);
 
 /* Pages held by someone (requests or cache), and pages held only by the prefix cache. */
 int ms_sched_pages_used(const ms_sched *s);

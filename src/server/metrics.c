@@ -136,6 +136,18 @@ void ms_metrics_write(ms_metrics *m, const ms_engine_stats *es, const char *mode
           es->forward_seconds);
     gauge(o, "moeserve:engine_sample_seconds_total", "Engine time sampling and delivering tokens after steps.",
           es->sample_seconds);
+    counter(o, "moeserve:spec_verifications_total",
+            "Speculative decoding: times a request's draft tokens were verified in one step.", es->spec_verifications);
+    counter(o, "moeserve:spec_draft_tokens_total", "Speculative decoding: draft tokens proposed.", es->spec_draft_tokens);
+    counter(o, "moeserve:spec_accepted_tokens_total", "Speculative decoding: draft tokens accepted.",
+            es->spec_accepted_tokens);
+    counter(o, "moeserve:spec_draft_steps_total", "Speculative decoding: draft (MTP layer) steps run.", es->spec_draft_steps);
+    counter(o, "moeserve:spec_rollback_pages_total", "Speculative decoding: KV pages returned after rejected drafts.",
+            es->spec_pages_freed);
+    gauge(o, "moeserve:spec_accept_length",
+          "Speculative decoding: mean tokens per verification, the target's own included (1 when none).",
+          es->spec_verifications ? (double)(es->spec_accepted_tokens + es->spec_verifications) / (double)es->spec_verifications
+                                 : 1.0);
 
     pthread_mutex_lock(&m->mu);
     ms_hist_write(&m->ttft, o, "moeserve:time_to_first_token_seconds",

@@ -49,6 +49,21 @@ static enum MHD_Result route_info(ms_server *s, struct MHD_Connection *c) {
     json_object_set_new(ver, "jansson", json_string(jansson_version_str()));
     json_object_set_new(o, "versions", ver);
     json_object_set_new(o, "uptime_s", json_real(ms_now() - s->t_start_mono));
+    /* SGLang's place for it (bench_serving reads internal_states[0].avg_spec_accept_length) */
+    ms_engine_stats es;
+    memset(&es, 0, sizeof es);
+    s->ops.stats(s->ops.ctx, &es);
+    json_t *is = json_object();
+    if (es.spec_verifications) {
+        json_object_set_new(is, "avg_spec_accept_length",
+                            json_real((double)(es.spec_accepted_tokens + es.spec_verifications) / (double)es.spec_verifications));
+        json_object_set_new(is, "spec_verifications", json_integer((json_int_t)es.spec_verifications));
+        json_object_set_new(is, "spec_draft_tokens", json_integer((json_int_t)es.spec_draft_tokens));
+        json_object_set_new(is, "spec_accepted_tokens", json_integer((json_int_t)es.spec_accepted_tokens));
+    }
+    json_t *isa = json_array();
+    json_array_append_new(isa, is);
+    json_object_set_new(o, "internal_states", isa);
     char *txt = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     enum MHD_Result rc = ms_srv_send_buf(s, c, 200, "application/json", txt, strlen(txt), NULL);

@@ -190,6 +190,7 @@ int ms_serve_stack_open(const ms_serve_stack_opts *o, ms_serve_stack *s, ms_err 
     ec.max_total_tokens = o->max_total_tokens > 0 && o->max_total_tokens < pool ? o->max_total_tokens : pool;
     ec.context_length = s->context_length;
     ec.enable_prefix_cache = o->enable_prefix_cache;
+    ec.speculative_num_steps = o->exec.speculative_num_steps; /* the executor loaded the MTP layer for it */
     if (ec.max_total_tokens > 0 && s->context_length > ec.max_total_tokens) {
         MS_LOGW("context length %d limited to the KV cache capacity of %d tokens", s->context_length, ec.max_total_tokens);
         s->context_length = ec.max_total_tokens;

@@ -28,6 +28,8 @@ typedef struct fake_exec {
     int errors;                     /* contract violations seen */
     char first_error[256];
     float logit_scale;              /* spread of the fake logits */
+    int any_logit_rows;             /* speculative decoding: logits may be asked for any token of a
+                                     * sequence (its context then ends at that token) */
 } fake_exec;
 
 static inline uint64_t fake_mix(uint64_t x) {
@@ -88,8 +90,8 @@ static inline int fake_forward(void *ctx, const ms_batch *b, float *logits, ms_e
     for (int r = 0; r < b->n_logits; r++) {
         int t = b->logit_idx[r], i = 0;
         while (i < b->n_seqs && b->seq_start[i + 1] <= t) i++;
-        if (i >= b->n_seqs || t != b->seq_start[i + 1] - 1) { fake_err(f, "logit index is not a sequence's last token", t, i); continue; }
-        int cl = b->ctx_len[i];
+        if (i >= b->n_seqs || (t != b->seq_start[i + 1] - 1 && !f->any_logit_rows)) { fake_err(f, "logit index is not a sequence's last token", t, i); continue; }
+        int cl = b->ctx_len[i] - (b->seq_start[i + 1] - 1 - t);
         if ((size_t)cl > ctxcap) { ctxcap = (size_t)cl * 2; ctxbuf = realloc(ctxbuf, ctxcap * sizeof *ctxbuf); }
         for (int p = 0; p < cl; p++) {
             int slot = b->block_table[(size_t)i * b->max_blocks + p / ps] * ps + p % ps;

@@ -337,6 +337,86 @@ static void test_abort_frees_pages(void) {
     check_oracle(&W, &R1);
 }
 
+
+/* Draft tokens: reserved pages, a verification sequence with logits on every draft, rollback of the
+ * rejected drafts' pages, drafts dropped under preemption and when the step has no room; the
+ * integrity check holds throughout. */
+static void test_drafts_reserve_verify_rollback(void) {
+    ms_sched_config c = base_cfg(12, 2);
+    c.max_draft_tokens = 4;
+    c.max_batch_tokens = 16;
+    ms_sched s;
+    ms_err err = {0};
+    CHECK_EQ_INT(ms_sched_init(&s, &c, &err), MS_OK);
+    int32_t p[5] = {1, 2, 3, 4, 5};
+    ms_request *r = ms_request_create(1, p, 5, 20, 2), *q = ms_request_create(2, p, 3, 20, 2);
+    CHECK_EQ_INT(ms_sched_add(&s, r, &err), MS_OK);
+    const ms_batch *b = ms_sched_step(&s); /* prefill of 5 tokens */
+    CHECK(b && b->n_tokens == 5 && b->n_logits == 1);
+    ms_sched_commit(&s);
+    ms_sched_append_token(&s, r, 9);
+    CHECK_EQ_INT(r->n_pages, 3); /* 5 computed tokens, pages of 2 */
+    int nd = ms_sched_reserve_drafts(&s, r, 4);
+    CHECK_EQ_INT(nd, 4);
+    CHECK_EQ_INT(r->n_pages, 5); /* positions 5 (the real token) .. 9 (drafts) */
+    int32_t d[4] = {10, 11, 12, 13};
+    ms_sched_set_drafts(&s, r, d, 4);
+    CHECK_EQ_INT(ms_sched_check(&s, &err), MS_OK);
+    b = ms_sched_step(&s); /* verification: the real token and 4 drafts, logits on all five */
+    CHECK(b && b->n_tokens == 5 && b->n_logits == 5);
+    for (int i = 0; i < 5; i++) CHECK_EQ_INT(b->logit_idx[i], i);
+    CHECK_EQ_INT(b->token_ids[0], 9);
+    CHECK_EQ_INT(b->token_ids[4], 13);
+    ms_sched_commit(&s);
+    /* one draft accepted (10), then the target's own token 20 */
+    r->tokens[6] = 10, r->tokens[7] = 20;
+    int freed = ms_sched_rollback(&s, r, 8);
+    CHECK_EQ_INT(r->n_computed, 7);
+    CHECK_EQ_INT(r->n_pages, 4);
+    CHECK_EQ_INT(freed, 1);
+    CHECK_EQ_INT(r->spec_n, 0);
+    CHECK_EQ_INT(ms_sched_check(&s, &err), MS_OK);
+    /* drafts that do not fit the step's token budget are dropped: a plain decode step */
+    nd = ms_sched_reserve_drafts(&s, r, 4);
+    ms_sched_set_drafts(&s, r, d, nd);
+    s.cfg.max_batch_tokens = 2;
+    b = ms_sched_step(&s);
+    CHECK(b && b->n_tokens == 1 && b->n_logits == 1 && r->spec_n == 0);
+    ms_sched_commit(&s);
+    ms_sched_append_token(&s, r, 21);
+    s.cfg.max_batch_tokens = 16;
+    CHECK_EQ_INT(ms_sched_check(&s, &err), MS_OK);
+    /* preemption drops drafts first: a newer request carrying drafts is the victim */
+    CHECK_EQ_INT(ms_sched_add(&s, q, &err), MS_OK);
+    b = ms_sched_step(&s);
+    ms_sched_commit(&s);
+    ms_sched_append_token(&s, r, 22);
+    ms_sched_append_token(&s, q, 7);
+    b = ms_sched_step(&s);
+    ms_sched_commit(&s);
+    ms_sched_append_token(&s, r, 23);
+    ms_sched_append_token(&s, q, 8);
+    CHECK_EQ_INT(r->n_computed % 2, 0); /* r's next token starts a page */
+    nd = ms_sched_reserve_drafts(&s, q, 4);
+    CHECK(nd > 0);
+    ms_sched_set_drafts(&s, q, d, nd);
+    int pre = (int)s.preemptions;
+    while (s.pool.n_free > 0) { /* fill the pool so that r's next page preempts q */
+        int32_t pg;
+        if (ms_kv_pool_alloc(&s.pool, 1, &pg) != MS_OK) break;
+    }
+    b = ms_sched_step(&s);
+    CHECK_MSG((int)s.preemptions > pre, "no preemption (r at %d computed, %d pages)", r->n_computed, r->n_pages);
+    if ((int)s.preemptions > pre) {
+        CHECK_EQ_INT(q->spec_n, 0);
+        CHECK_EQ_INT(q->n_tokens, 5); /* prompt 3 + two generated: the drafts are gone */
+        CHECK_EQ_INT(q->n_pages, 0);
+    }
+    ms_sched_destroy(&s);
+    ms_request_free(r);
+    ms_request_free(q);
+}
+
 /* Random configurations and workloads, with aborts; every run against the oracle. */
 static void test_random_stress(void) {
     for (int it = 0; it < 30; it++) {
@@ -371,5 +451,6 @@ int main(void) {
     RUN(test_bounded_queue_and_invalid);
     RUN(test_abort_frees_pages);
     RUN(test_random_stress);
+    RUN(test_drafts_reserve_verify_rollback);
     return TEST_SUMMARY();
 }

@@ -74,6 +74,13 @@ doctor --devcie 0|2|did you mean --device?
 tune --reps 0|2|flag --reps
 compare --a cpu|2|flag --model
 bench-model --model tests/fixtures/glm4_moe --mem-mb 1|2|out of range
+serve --speculative-num-steps 3|2|needs --speculative-algorithm NEXTN
+serve --speculative-algorithm MEDUSA|2|is not NEXTN or EAGLE
+serve --speculative-algorithm NEXTN --speculative-eagle-topk 4|2|only 1 is supported
+serve --speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-num-draft-tokens 5|2|must be --speculative-num-steps + 1
+generate --model tests/fixtures/glm4_moe --ids 1 --speculative-algorithm NEXTN --no-cache|2|cannot be combined
+generate --model tests/fixtures/glm4_moe --ids 1 --speculative-algorithm NEXTN|1|model.layers.3.eh_proj.weight' is missing
+generate --model tests/fixtures/glm4_moe --ids 1 --speculative-algorithm NEXTN --tp 2 --nnodes 2 --dist-init-addr 127.0.0.1:1|1|runs on one node
 bench-tokenizer --mb 0|2|flag --mb
 bench-grammar --repeat 0 --model models/demo|2|flag --repeat
 srve|2|did you mean 'serve'?

@@ -17,6 +17,46 @@ const ms_opt ms_parallel_opts[] = {
     MS_OPT_END,
 };
 
+static int count_flag(ms_args *a, const char *cmd, const char *name, int def, int max, int *out);
+
+const ms_opt ms_spec_opts[] = {
+    {"speculative-algorithm", NULL, MS_OPT_VALUE, "NEXTN|EAGLE", "speculative decoding with the checkpoint's MTP layer as the draft\n(EAGLE: alias of NEXTN) [off]"},
+    {"speculative-num-steps", NULL, MS_OPT_VALUE, "N", "draft tokens per step (chained MTP steps) [3]"},
+    {"speculative-eagle-topk", NULL, MS_OPT_VALUE, "1", "draft branching; only 1 (a chain) is supported [1]"},
+    {"speculative-num-draft-tokens", NULL, MS_OPT_VALUE, "N+1", "tokens verified per step: --speculative-num-steps + 1"},
+    MS_OPT_END,
+};
+
+int ms_spec_args_parse(ms_args *a, const char *cmd, ms_exec_opts *e) {
+    const char *alg = ms_args_str(a, "speculative-algorithm", NULL);
+    const char *st = ms_args_str(a, "speculative-num-steps", NULL), *tk = ms_args_str(a, "speculative-eagle-topk", NULL),
+               *nd = ms_args_str(a, "speculative-num-draft-tokens", NULL);
+    e->speculative_num_steps = 0;
+    if (!alg) {
+        const char *f = st ? "speculative-num-steps" : tk ? "speculative-eagle-topk" : nd ? "speculative-num-draft-tokens" : NULL;
+        if (f) return fprintf(stderr, "moeserve %s: flag --%s needs --speculative-algorithm NEXTN\n", cmd, f), -1;
+        return 0;
+    }
+    if (strcmp(alg, "NEXTN") && strcmp(alg, "EAGLE") && strcmp(alg, "nextn") && strcmp(alg, "eagle"))
+        return fprintf(stderr, "moeserve %s: flag --speculative-algorithm: '%s' is not NEXTN or EAGLE (the draft is the "
+                       "checkpoint's MTP layer)\n", cmd, alg), -1;
+    int steps = 3, topk = 1, ndraft = 0;
+    if (st && count_flag(a, cmd, "speculative-num-steps", 3, 16, &steps)) return -1;
+    if (tk && count_flag(a, cmd, "speculative-eagle-topk", 1, 1024, &topk)) return -1;
+    if (nd && count_flag(a, cmd, "speculative-num-draft-tokens", 0, 17, &ndraft)) return -1;
+    if (topk != 1)
+        return fprintf(stderr, "moeserve %s: flag --speculative-eagle-topk %d: only 1 is supported (drafts form one chain; "
+                       "tree drafts are not implemented)\n", cmd, topk), -1;
+    if (nd && !st) steps = ndraft - 1;
+    if (steps < 1)
+        return fprintf(stderr, "moeserve %s: flag --speculative-num-draft-tokens %d must be at least 2\n", cmd, ndraft), -1;
+    if (nd && ndraft != steps + 1)
+        return fprintf(stderr, "moeserve %s: flag --speculative-num-draft-tokens %d must be --speculative-num-steps + 1 "
+                       "(%d) with --speculative-eagle-topk 1\n", cmd, ndraft, steps + 1), -1;
+    e->speculative_num_steps = steps;
+    return 0;
+}
+
 const ms_opt ms_model_opts[] = {
     {"model", "model-path", MS_OPT_VALUE, "DIR|ORG/NAME", "checkpoint directory, config.json (with --load-format dummy)\nor a Hugging Face repo id (cache, else download)"},
     {"revision", NULL, MS_OPT_VALUE, "REV", "Hugging Face branch, tag or commit of a repo id [main]"},

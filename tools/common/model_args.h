@@ -17,6 +17,7 @@ typedef struct ms_model_args {
 /* The flag tables of the two groups below (commands put them in their ms_cmd groups). */
 extern const ms_opt ms_model_opts[];
 extern const ms_opt ms_parallel_opts[];
+extern const ms_opt ms_spec_opts[];
 /* serve's own flags (tools/cmd_serve.c); chat accepts them too and passes them to its server. */
 extern const ms_opt ms_serve_opts[];
 
@@ -34,6 +35,14 @@ int ms_model_args_parse(ms_args *a, const char *cmd, ms_model_args *out);
  * --dist-init-addr HOST:PORT, --dist-timeout SECONDS. Returns 0, or -1 after printing one error line
  * naming the flag. The model-dependent checks (heads, experts, vocab divisible) happen at load. */
 int ms_parallel_args_parse(ms_args *a, const char *cmd, ms_exec_opts *e);
+
+/* Reads SGLang's speculative-decoding flags into e->speculative_num_steps (0 = off):
+ * --speculative-algorithm NEXTN|EAGLE (EAGLE is an alias: the draft is the checkpoint's own MTP
+ * layer), --speculative-num-steps N [3], --speculative-eagle-topk K (only 1: chain drafts; other
+ * values are refused), --speculative-num-draft-tokens M (must be N + 1 with topk 1; alone it sets
+ * N = M - 1). The other flags without --speculative-algorithm are refused. Returns 0, or -1 after
+ * printing one error line naming the flag. */
+int ms_spec_args_parse(ms_args *a, const char *cmd, ms_exec_opts *e);
 
 /* Runs one forward step of a single sequence whose pages are 0,1,2,... in order: the new tokens
  * are ids[start, start+n_new) at positions start.. (earlier positions must already be cached).

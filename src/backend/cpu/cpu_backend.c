@@ -166,6 +166,17 @@ static int cpu_remap_ids(ms_backend *b, int32_t *ids, int64_t n, int lo, int cou
     return MS_OK;
 }
 
+static int cpu_moe_append(ms_backend *b, const int32_t *ids, const float *w, int T, int k, int32_t id, float weight,
+                          int32_t *ids_out, float *w_out, ms_err *err) {
+    for (int t = 0; t < T; t++) {
+        memcpy(ids_out + (size_t)t * (k + 1), ids + (size_t)t * k, sizeof(int32_t) * (size_t)k);
+        memcpy(w_out + (size_t)t * (k + 1), w + (size_t)t * k, sizeof(float) * (size_t)k);
+        ids_out[(size_t)t * (k + 1) + k] = id;
+        w_out[(size_t)t * (k + 1) + k] = weight;
+    }
+    return MS_OK;
+}
+
 typedef struct {
     float *resid;
     const float *delta;
@@ -676,6 +687,7 @@ static const ms_backend_ops cpu_ops = {
     .embed = cpu_embed,
     .embed_part = cpu_embed_part,
     .remap_ids = cpu_remap_ids,
+    .moe_append = cpu_moe_append,
     .rmsnorm = cpu_rmsnorm,
     .add_rmsnorm = cpu_add_rmsnorm,
     .layernorm = cpu_layernorm,

@@ -659,6 +659,7 @@ static void cu_ops_init(void) {
     cu_ops.embed = cu_op_embed;
     cu_ops.embed_part = cu_op_embed_part;
     cu_ops.remap_ids = cu_op_remap_ids;
+    cu_ops.moe_append = cu_op_moe_append;
     cu_ops.rmsnorm = cu_op_rmsnorm;
     cu_ops.add_rmsnorm = cu_op_add_rmsnorm;
     cu_ops.layernorm = cu_op_layernorm;

@@ -212,6 +212,8 @@ int cu_op_embed(ms_backend *b, const ms_tensor *table, const int32_t *ids_d, int
 int cu_op_embed_part(ms_backend *b, const ms_tensor *table, const int32_t *ids_d, int n, int64_t v0, ms_tensor *out,
                      ms_err *err);
 int cu_op_remap_ids(ms_backend *b, int32_t *ids_d, int64_t n, int lo, int count, ms_err *err);
+int cu_op_moe_append(ms_backend *b, const int32_t *ids_d, const float *w_d, int T, int k, int32_t id, float weight,
+                     int32_t *ids_out_d, float *w_out_d, ms_err *err);
 int cu_op_rmsnorm(ms_backend *b, const ms_tensor *x, const ms_tensor *w, float eps, ms_tensor *out, ms_err *err);
 int cu_op_add_rmsnorm(ms_backend *b, ms_tensor *resid, const ms_tensor *delta, const ms_tensor *w, float eps,
                       ms_tensor *out, ms_err *err);

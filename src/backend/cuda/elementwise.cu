@@ -109,6 +109,27 @@ int cu_op_remap_ids(ms_backend *b, int32_t *ids_d, int64_t n, int lo, int count,
     return MS_OK;
 }
 
+__global__ void k_moe_append(const int32_t *ids, const float *w, int T, int k, int32_t id, float weight, int32_t *ids_out,
+                             float *w_out) {
+    const int64_t n = (int64_t)T * (k + 1);
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / (k + 1);
+        const int j = (int)(i - t * (k + 1));
+        ids_out[i] = j < k ? ids[t * k + j] : id;
+        w_out[i] = j < k ? w[t * k + j] : weight;
+    }
+}
+
+/* A shared expert as column k of every row (backend.h, moe_append). */
+int cu_op_moe_append(ms_backend *b, const int32_t *ids_d, const float *w_d, int T, int k, int32_t id, float weight,
+                     int32_t *ids_out_d, float *w_out_d, ms_err *err) {
+    if (T <= 0) return MS_OK;
+    k_moe_append<<<grid_for((size_t)T * (size_t)(k + 1)), 256, 0, stream_of(b)>>>(ids_d, w_d, T, k, id, weight, ids_out_d,
+                                                                                  w_out_d);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
 /* ---- norms ---- */
 
 __device__ float block_sum(float v, float *sh) {

@@ -1,0 +1,193 @@
+/* test_spec_model.c - speculative decoding with a real model and its MTP layer (CPU): the committed
+ * fixtures given a random MTP layer by tools/add_mtp.py (in a temporary directory), served by the
+ * model executor and the engine. Many prompts at once (continuous batching, chunked prefill, shared
+ * prefixes for the prefix cache, a KV pool small enough to preempt) give the same greedy tokens with
+ * and without speculation:
+ *   - the MTP layer's own drafts (random weights: nearly all rejected, the rollback path);
+ *   - the MTP steps run, then every draft replaced by the right token (a replay of the run without
+ *     speculation: all accepted, so several tokens per step are committed and the MTP layer's cache
+ *     is extended over them);
+ *   - the MTP steps run, then every draft replaced by a wrong token (all rejected).
+ * Asserts on the accept counters and on pages returned by rollbacks, and on an empty pool at the end. */
+#include "engine/engine.h"
+#include "engine/model_executor.h"
+#include "test.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { NR = 14, MAXLEN = 96 };
+
+static char g_tmp[256];
+static int32_t prompts[NR][MAXLEN];
+static int n_prompt[NR], max_new[NR];
+
+typedef struct out {
+    int32_t toks[MAXLEN];
+    int n, finish;
+} out;
+static out ref[NR], got[NR];
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static int n_done;
+
+static void on_event(void *user, const ms_token_event *ev) {
+    out *o = user;
+    pthread_mutex_lock(&mu);
+    if (ev->token >= 0 && o->n < MAXLEN) o->toks[o->n++] = ev->token;
+    if (ev->finish != MS_FINISH_NONE) {
+        o->finish = ev->finish;
+        n_done++;
+        pthread_cond_broadcast(&cv);
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+enum { H_NONE, H_REPLAY, H_WRONG };
+static int g_hook;
+
+/* the reference continuation of the request whose prompt and output so far are tokens[0..n) */
+static int hook(void *user, const int32_t *tokens, int n_tokens, int np, int32_t *o, int max) {
+    (void)user;
+    for (int i = 0; i < NR; i++) {
+        if (n_prompt[i] != np || memcmp(tokens, prompts[i], sizeof(int32_t) * (size_t)np)) continue;
+        int k = n_tokens - np;
+        if (k > ref[i].n || memcmp(tokens + np, ref[i].toks, sizeof(int32_t) * (size_t)k)) continue;
+        int n = 0;
+        while (n < max && k + n < ref[i].n) {
+            o[n] = g_hook == H_REPLAY ? ref[i].toks[k + n] : (ref[i].toks[k + n] + 1) % 384;
+            n++;
+        }
+        return n;
+    }
+    return 0;
+}
+
+/* Runs every request through one engine on dir; fills got[] and *st. */
+static void run(const char *dir, int steps, int hk, ms_engine_stats *st) {
+    ms_exec_opts o = {0};
+    o.model_path = dir;
+    o.device = "cpu";
+    o.page_size = 4;
+    o.max_total_tokens = 4 * 70; /* small: some requests get preempted */
+    o.max_batch_tokens = 64;
+    o.speculative_num_steps = steps;
+    ms_executor ex;
+    ms_err err = {0};
+    int rc = ms_model_executor_open(&o, &ex, NULL, &err);
+    CHECK_MSG(rc == MS_OK, "%s: %s", dir, err.msg);
+    if (rc) return;
+    ms_engine_config ec;
+    ms_engine_config_default(&ec);
+    ec.page_size = 4;
+    ec.max_running_requests = 6;
+    ec.chunked_prefill_size = 8;
+    ec.max_prefill_tokens = 16;
+    ec.context_length = 4 * 70;
+    ec.check_integrity = 1;
+    ec.speculative_num_steps = steps;
+    g_hook = hk;
+    if (hk != H_NONE) ec.draft_fn = hook, ec.draft_fn_after_layer = 1;
+    ms_engine *e = NULL;
+    CHECK_EQ_INT(ms_engine_create(&ec, &ex, &e, &err), MS_OK);
+    if (!e) {
+        ms_model_executor_close(&ex);
+        return;
+    }
+    memset(got, 0, sizeof got);
+    n_done = 0;
+    for (int i = 0; i < NR; i++) {
+        ms_sampling sp;
+        ms_sampling_default(&sp);
+        sp.temperature = 0;
+        sp.max_tokens = max_new[i];
+        sp.ignore_eos = 1;
+        CHECK_EQ_INT(ms_engine_submit(e, prompts[i], n_prompt[i], &sp, on_event, &got[i], NULL, &err), MS_OK);
+    }
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 120;
+    pthread_mutex_lock(&mu);
+    int wrc = 0;
+    while (n_done < NR && wrc != ETIMEDOUT) wrc = pthread_cond_timedwait(&cv, &mu, &dl);
+    pthread_mutex_unlock(&mu);
+    CHECK_MSG(n_done == NR, "%s: %d of %d requests finished", dir, n_done, NR);
+    T_WAIT_UNTIL((ms_engine_get_stats(e, st), st->running == 0 && st->waiting == 0 && st->kv_pages_used == st->kv_pages_cached));
+    CHECK_EQ_INT(st->kv_pages_used, st->kv_pages_cached);
+    CHECK_EQ_INT(st->integrity_failures, 0);
+    ms_engine_destroy(e);
+    ms_model_executor_close(&ex);
+}
+
+static void check_same(const char *what) {
+    for (int i = 0; i < NR; i++) {
+        CHECK_MSG(got[i].n == ref[i].n && got[i].finish == ref[i].finish, "%s: request %d has %d tokens (want %d)", what, i,
+                  got[i].n, ref[i].n);
+        int j = 0;
+        while (j < ref[i].n && j < got[i].n && got[i].toks[j] == ref[i].toks[j]) j++;
+        CHECK_MSG(j == ref[i].n, "%s: request %d differs from the run without speculation at token %d", what, i, j);
+    }
+}
+
+static void model_check(const char *fixture) {
+    char src[256], dst[300], cmd[700];
+    snprintf(src, sizeof src, "tests/fixtures/%s", fixture);
+    snprintf(dst, sizeof dst, "%s/%s", g_tmp, fixture);
+    snprintf(cmd, sizeof cmd, "python3 tools/add_mtp.py %s %s >/dev/null", src, dst);
+    if (system(cmd) != 0) {
+        CHECK_MSG(0, "%s failed", cmd);
+        return;
+    }
+    /* prompts with shared stems, 1..40 tokens; outputs 1..30 tokens */
+    uint64_t x = 77;
+    for (int i = 0; i < NR; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        n_prompt[i] = 1 + (int)((x >> 33) % 40);
+        max_new[i] = 1 + (int)((x >> 13) % 30);
+        for (int j = 0; j < n_prompt[i]; j++)
+            prompts[i][j] = (int32_t)(3 + (j < 12 && i % 3 ? (j * 31) % 300 : ((x >> 20) + (uint64_t)j * 97) % 380));
+    }
+    ms_engine_stats st;
+    run(dst, 0, H_NONE, &st);
+    memcpy(ref, got, sizeof ref);
+    CHECK(st.spec_verifications == 0);
+    run(dst, 3, H_NONE, &st);
+    check_same("MTP drafts");
+    CHECK(st.spec_verifications > 0 && st.spec_draft_steps > 0);
+    printf("  %s, MTP drafts: %llu verifications, %llu of %llu accepted, %llu draft steps, %llu pages freed\n", fixture,
+           (unsigned long long)st.spec_verifications, (unsigned long long)st.spec_accepted_tokens,
+           (unsigned long long)st.spec_draft_tokens, (unsigned long long)st.spec_draft_steps,
+           (unsigned long long)st.spec_pages_freed);
+    run(dst, 3, H_REPLAY, &st);
+    check_same("replayed drafts");
+    CHECK_MSG(st.spec_accepted_tokens == st.spec_draft_tokens && st.spec_accepted_tokens > 0,
+              "replayed drafts: %llu of %llu accepted", (unsigned long long)st.spec_accepted_tokens,
+              (unsigned long long)st.spec_draft_tokens);
+    printf("  %s, replayed drafts: %llu verifications, accept length %.2f\n", fixture,
+           (unsigned long long)st.spec_verifications,
+           (double)(st.spec_accepted_tokens + st.spec_verifications) / (double)st.spec_verifications);
+    run(dst, 3, H_WRONG, &st);
+    check_same("wrong drafts");
+    CHECK_EQ_INT(st.spec_accepted_tokens, 0);
+    CHECK(st.spec_pages_freed > 0);
+}
+
+static void test_glm4_moe(void) { model_check("glm4_moe"); }
+static void test_glm_moe_dsa(void) { model_check("glm_moe_dsa"); }
+
+int main(void) {
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/ms_test_spec_model_%d", (int)getpid());
+    char cmd[320];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", g_tmp);
+    CHECK(system(cmd) == 0);
+    RUN(test_glm4_moe);
+    RUN(test_glm_moe_dsa);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_tmp);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);
+    return TEST_SUMMARY();
+}
