@@ -1,6 +1,7 @@
 # moeserve build. `make` / `make build` -> build/moeserve; `make test`; `make serve`; `make asan`;
 # `make test-portable` (the plain C CPU paths, PORTABLE=1); `make fuzz` (libFuzzer, FUZZ_TIME s per
-# target); `make soak` (the server under SOAK_N requests at concurrency 128).
+# target); `make soak` (the server under SOAK_N requests at concurrency 128); `make test-structured` (the
+# whole structured-output schema corpus).
 # The CUDA backend is compiled whenever nvcc is found (CUDA=0 to skip). All output goes to build/.
 
 CC      ?= gcc
@@ -62,7 +63,7 @@ CFLAGS_TOOLS := -Itools
 TEST_C   := $(shell find tests -name 'test_*.c' | sort)
 TEST_BIN := $(TEST_C:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all build test test-portable serve asan fuzz soak format clean deps bench gpu-check check-deps install FORCE
+.PHONY: all build test test-portable test-structured serve asan fuzz soak format clean deps bench gpu-check check-deps install FORCE
 
 # Rebuild everything when the compile flags change (e.g. CUDA=0 then CUDA=1 in one build dir).
 FLAGS_STAMP := $(BUILD)/.flags
@@ -109,6 +110,12 @@ test: deps
 	@scripts/check-deps.sh
 	@$(MAKE) --no-print-directory test-portable
 	@tests/run.sh $(BUILD)
+
+# The whole structured-output schema corpus (tests/e2e/schema_corpus.mjs, ~640 schemas x 3 samples at
+# temperature 0 and 1, every finished reply validated by ajv); `make test` runs a 200-schema subset.
+test-structured: deps
+	@$(MAKE) --no-print-directory build
+	@MS_BIN=$(CURDIR)/$(BUILD)/moeserve MS_CORPUS=full node tests/e2e/test_schema_corpus.mjs
 
 # Installs the built binary as PREFIX/bin/moeserve (default /usr/local; DESTDIR for packaging) and
 # the demo model and configs under PREFIX/share/moeserve, where `serve` finds the demo. It installs

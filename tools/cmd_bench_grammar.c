@@ -4,7 +4,11 @@
  * Each case replays a valid document for its schema, tokenized by the real tokenizer: per token the
  * mask is computed (timed) and must allow the next token, which is then accepted. The first pass
  * over a fresh grammar also fills its context cache (reported as "cold"); later passes measure the
- * steady state a server sees once a schema has been used ("warm"). Prints median and p99. */
+ * steady state a server sees once a schema has been used ("warm"). Prints median and p99.
+ *
+ * As the server does, each grammar is precomputed right after compilation (ms_grammar_precompute,
+ * timed and reported apart: the server runs it on the HTTP worker at admission, not on the engine
+ * thread); --no-precompute measures the lazy path alone. */
 #include "common/args.h"
 #include "common/model_path.h"
 #include "core/fileutil.h"
@@ -53,6 +57,9 @@ static void report(const char *what, double *t, int n) {
 static const ms_opt bench_grammar_opts[] = {
     {"model", "model-path", MS_OPT_VALUE, "DIR|ORG/NAME", "tokenizer directory (tokenizer.json) or Hugging Face repo id"},
     {"repeat", NULL, MS_OPT_VALUE, "N", "warm passes over each case [5]"},
+    {"cases", NULL, MS_OPT_VALUE, "FILE", "JSON lines {\"schema\": ..., \"doc\": \"...\"} to replay instead of the built-in cases "
+                                          "(MS_CORPUS_DUMP of tests/e2e/test_schema_corpus.mjs writes them)"},
+    {"no-precompute", NULL, MS_OPT_BOOL, NULL, "skip the admission-time precomputation (every context computed on first use)"},
     MS_OPT_END,
 };
 
@@ -70,6 +77,9 @@ int cmd_bench_grammar(int argc, char **argv) {
     int bad = 0;
     const char *model = ms_args_str(&a, "model", NULL);
     int reps = (int)ms_args_int(&a, "repeat", 5, &bad);
+    int precompute = !ms_args_flag(&a, "no-precompute");
+    const char *cf = ms_args_str(&a, "cases", NULL);
+    char *cases_file = cf ? strdup(cf) : NULL;
     if (!bad && !model) fprintf(stderr, "moeserve bench-grammar: flag --model DIR is required\n"), bad = 1;
     if (!bad && (reps < 1 || reps > 10000)) fprintf(stderr, "moeserve bench-grammar: flag --repeat: %d is not in [1, 10000]\n", reps), bad = 1;
     char dir[4096];
@@ -89,20 +99,68 @@ int cmd_bench_grammar(int argc, char **argv) {
     int V = ms_grammar_vocab_size(v);
     printf("vocabulary: %d tokens, trie built in %.0f ms\n", V, (ms_now() - t0) * 1e3);
     uint32_t *mask = malloc((size_t)(V + 31) / 32 * sizeof *mask);
-    size_t ncases = sizeof CASES / sizeof CASES[0], cap = 1 << 16;
-    double *cold = malloc(cap * sizeof *cold), *warm = malloc(cap * sizeof *warm);
-    int n_cold = 0, n_warm = 0, rc = 0;
+    /* the cases: built in, or JSON lines {"schema", "doc"} */
+    size_t ncases = 0, cap = 1 << 23;
+    json_t **schemas = NULL;
+    char **docs = NULL;
+    if (cases_file) {
+        FILE *f = fopen(cases_file, "r");
+        if (!f) { fprintf(stderr, "moeserve bench-grammar: flag --cases: cannot open %s\n", cases_file); return 1; }
+        char *line = NULL;
+        size_t lcap = 0, capc = 0;
+        for (size_t ln = 1; getline(&line, &lcap, f) > 0; ln++) {
+            if (line[0] == '\n') continue;
+            json_error_t je;
+            json_t *o = json_loads(line, 0, &je);
+            const char *doc = json_string_value(json_object_get(o, "doc"));
+            if (!o || !doc) { fprintf(stderr, "moeserve bench-grammar: %s line %zu: want {\"schema\", \"doc\"}\n", cases_file, ln); json_decref(o); fclose(f); free(line); return 1; }
+            if (ncases == capc) {
+                capc = capc ? 2 * capc : 256;
+                schemas = realloc(schemas, capc * sizeof *schemas);
+                docs = realloc(docs, capc * sizeof *docs);
+                if (!schemas || !docs) { fprintf(stderr, "out of memory\n"); return 1; }
+            }
+            schemas[ncases] = json_incref(json_object_get(o, "schema"));
+            docs[ncases++] = strdup(doc);
+            json_decref(o);
+        }
+        free(line);
+        fclose(f);
+    } else {
+        ncases = sizeof CASES / sizeof CASES[0];
+        schemas = calloc(ncases, sizeof *schemas);
+        docs = calloc(ncases, sizeof *docs);
+        for (size_t c = 0; c < ncases; c++) {
+            schemas[c] = CASES[c].schema ? json_loads(CASES[c].schema, 0, NULL) : NULL;
+            docs[c] = strdup(CASES[c].doc);
+        }
+    }
+    int verbose = !cases_file;
+    double *cold = malloc(cap * sizeof *cold), *warm = malloc(cap * sizeof *warm), *pre = calloc(ncases + 1, sizeof *pre);
+    int n_cold = 0, n_warm = 0, rc = 0, n_trunc = 0;
     for (size_t c = 0; c < ncases && !rc; c++) {
-        json_t *schema = CASES[c].schema ? json_loads(CASES[c].schema, 0, NULL) : NULL;
+        json_t *schema = schemas[c];
         ms_grammar *g = NULL;
         t0 = ms_now();
         if (ms_grammar_compile_json_schema(schema, v, &g, &err) != MS_OK) { fprintf(stderr, "case %zu: %s\n", c, err.msg); rc = 1; }
-        json_decref(schema);
         if (rc) break;
         double tc = ms_now() - t0;
+        ms_grammar_precompute_stats ps = {0};
+        if (precompute && ms_grammar_precompute(g, MS_GRAMMAR_PRECOMPUTE_STACKS, MS_GRAMMAR_PRECOMPUTE_SECONDS, &ps) != 0) {
+            fprintf(stderr, "case %zu: out of memory while precomputing\n", c);
+            rc = 1;
+            break;
+        }
+        pre[c] = ps.seconds;
+        n_trunc += ps.truncated;
+        if (precompute && !verbose && ps.truncated)
+            printf("case %zu: precompute stopped by a limit: %d contexts from %d stacks in %.1f ms\n", c, ps.contexts, ps.stacks, ps.seconds * 1e3);
+        if (precompute && verbose)
+            printf("case %zu: precomputed %d contexts from %d stacks in %.1f ms%s\n", c, ps.contexts, ps.stacks, ps.seconds * 1e3,
+                   ps.truncated ? " (stopped by a limit)" : "");
         int32_t *ids = NULL;
         int n = 0;
-        if (ms_tokenizer_encode(tok, CASES[c].doc, strlen(CASES[c].doc), 0, &ids, &n, &err) != MS_OK) { fprintf(stderr, "%s\n", err.msg); rc = 1; break; }
+        if (ms_tokenizer_encode(tok, docs[c], strlen(docs[c]), 0, &ids, &n, &err) != MS_OK) { fprintf(stderr, "%s\n", err.msg); rc = 1; break; }
         double t_first = 0;
         for (int r = 0; r < reps && !rc; r++) {
             ms_grammar_matcher *m = ms_grammar_matcher_new(g);
@@ -121,12 +179,22 @@ int cmd_bench_grammar(int argc, char **argv) {
             if (!rc && !ms_grammar_matcher_can_end(m)) { fprintf(stderr, "case %zu: the document is incomplete for the grammar\n", c); rc = 1; }
             ms_grammar_matcher_free(m);
         }
-        printf("case %zu: %d tokens, compile %.1f ms, first pass (fills the cache) %.1f ms\n", c, n, tc * 1e3, t_first * 1e3);
+        if (verbose) printf("case %zu: %d tokens, compile %.1f ms, first pass (fills the cache) %.1f ms\n", c, n, tc * 1e3, t_first * 1e3);
         free(ids);
         ms_grammar_unref(g);
     }
+    if (precompute && ncases) {
+        qsort(pre, ncases, sizeof *pre, cmp_d);
+        printf("%zu cases: precompute median %.1f ms, max %.1f ms, %d stopped by a limit\n", ncases, pre[ncases / 2] * 1e3,
+               pre[ncases - 1] * 1e3, n_trunc);
+    }
     report("cold", cold, n_cold);
     report("warm", warm, n_warm);
+    for (size_t c = 0; c < ncases; c++) { json_decref(schemas[c]); free(docs[c]); }
+    free(schemas);
+    free(docs);
+    free(pre);
+    free(cases_file);
     free(cold);
     free(warm);
     free(mask);

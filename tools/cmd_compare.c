@@ -11,12 +11,17 @@
  * both sides run split, so `compare --a cpu --b cpu --tp 2` is not a split check but the same
  * command as the unsplit one, as every command that runs a model takes the parallel flags. Differences are
  * max|a-b| / max|b| over all tokens and channels. Exit code 1 when the final logits differ by more
- * than 5e-2 relative or a forward fails. */
+ * than 5e-2 relative or a forward fails.
+ * Side b replays side a's discrete choices (MoE experts, DSA key sets; model/decisions), so a
+ * difference is the kernels' and not a near-tie routed the other way, which on random fixtures moves
+ * logits by tens of percent; --free lets each side choose for itself (and prints how many choices
+ * differ is then left to `logits --record-decisions`). */
 #include "backend/backend.h"
 #include "common/args.h"
 #include "common/model_args.h"
 #include "common/model_path.h"
 #include "core/dtype.h"
+#include "model/config.h"
 #include "model/model.h"
 
 #include <math.h>
@@ -92,10 +97,13 @@ static int parse_spec(const char *flag, const char *text, const char *runner, cm
 /* Opens the model on backend `name` with the parallel flags of par (ranks as threads, one per
  * device), runs the prompt once and fills side (each layer's residual stream, read on rank 0 where
  * it is whole) and logits [T, V]. */
+/* dec: side a records into it (replay 0), side b replays it (replay 1); NULL = free choices. */
 static int run_side(const cmp_spec *sp, int device, const char *model_dir, const char *load_format,
-                    const ms_exec_opts *par, const int32_t *ids, int T, cmp_side *side, float **logits, int *vocab,
-                    ms_err *err) {
+                    const ms_exec_opts *par, const int32_t *ids, int T, ms_decisions *dec, int replay, cmp_side *side,
+                    float **logits, int *vocab, ms_err *err) {
     ms_exec_opts o = *par;
+    if (dec && replay) o.replay_decisions = dec;
+    else if (dec) o.record_decisions = dec;
     o.model_path = model_dir;
     o.device = sp->name;
     o.device_index = device;
@@ -156,6 +164,7 @@ static const ms_opt compare_opts[] = {
     {"ids", NULL, MS_OPT_VALUE, "3,1,4", "token ids to run [1,2,3,4,5,6,7,8]"},
     {"load-format", NULL, MS_OPT_VALUE, "auto|dummy", "[auto]"},
     {"device", NULL, MS_OPT_VALUE, "I", "GPU index [0]"},
+    {"free", NULL, MS_OPT_BOOL, NULL, "each side makes its own discrete choices (default: b replays a's)"},
     MS_OPT_END,
 };
 
@@ -212,15 +221,30 @@ int cmd_compare(int argc, char **argv) {
         ms_args_free(&a);
         return 2;
     }
-    int rc = run_side(&spa, device, model, lf, &par, ids, T, &sa, &la, &va, &err);
-    if (rc) fprintf(stderr, "compare: backend %s: %s\n", na, err.msg);
+    const int free_choices = ms_args_flag(&a, "free");
+    ms_decisions dec = {0}, *decp = NULL;
+    int rc = MS_OK;
+    if (!free_choices) {
+        ms_config cfg;
+        rc = ms_config_load_with_overrides(model, par.overrides, par.n_overrides, &cfg, &err);
+        if (!rc)
+            rc = ms_decisions_alloc(&dec, cfg.num_layers, T, cfg.num_experts_per_tok > 0 ? cfg.num_experts_per_tok : 1,
+                                    cfg.index_topk > 0 ? cfg.index_topk : 1, &err);
+        if (rc) fprintf(stderr, "compare: %s\n", err.msg);
+        else decp = &dec;
+    }
     if (!rc) {
-        rc = run_side(&spb, device, model, lf, &par, ids, T, &sb, &lb, &vb, &err);
+        rc = run_side(&spa, device, model, lf, &par, ids, T, decp, 0, &sa, &la, &va, &err);
+        if (rc) fprintf(stderr, "compare: backend %s: %s\n", na, err.msg);
+    }
+    if (!rc) {
+        rc = run_side(&spb, device, model, lf, &par, ids, T, decp, 1, &sb, &lb, &vb, &err);
         if (rc) fprintf(stderr, "compare: backend %s: %s\n", nb, err.msg);
     }
     int status = rc ? 1 : 0;
     if (!rc) {
-        printf("compare %s vs %s, %d tokens, moe runner %s, tp %d ep %d\n", na, nb, T, runner, par.tp, par.ep);
+        printf("compare %s vs %s, %d tokens, moe runner %s, tp %d ep %d, %s\n", na, nb, T, runner, par.tp, par.ep,
+               free_choices ? "each side chooses experts and DSA keys itself" : "b replays a's experts and DSA keys");
         printf("%-8s %14s\n", "layer", "max rel diff");
         int n = sa.n_layers < sb.n_layers ? sa.n_layers : sb.n_layers;
         for (int l = 0; l <= n; l++) {
@@ -253,6 +277,7 @@ int cmd_compare(int argc, char **argv) {
         for (int l = 0; sides[k]->hid && l <= sides[k]->n_layers; l++) free(sides[k]->hid[l]);
         free(sides[k]->hid);
     }
+    ms_decisions_free(&dec);
     free(la);
     free(lb);
     free(ids);

@@ -125,6 +125,14 @@ typedef struct ms_backend_ops {
                     const ms_tensor *bk, const ms_tensor *bv, const int32_t *pos_d, const ms_rope_cfg *rc,
                     ms_tensor *kcache, ms_tensor *vcache, const int32_t *slot_d, ms_err *err);
 
+    /* Optional fused form of what follows kv_a_proj in an MLA layer: for each token t, the row
+     * kva [T, kvl + dr] becomes [RMSNorm(kva[:kvl]) * w (eps) ; RoPE(kva[kvl:])] (rc covers columns
+     * kvl..kvl+dr, positions pos_d), written back into kva and into latent-cache row slot_d[t] (skipped
+     * when out of range). Equals copy_cols, rmsnorm, set_cols, rope and kv_store up to the order of the
+     * norm's fp32 sum. w bf16 or f32 [kvl]. */
+    int (*mla_kv_prep)(ms_backend *b, ms_tensor *kva, int kvl, const ms_tensor *w, float eps, const int32_t *pos_d,
+                       const ms_rope_cfg *rc, ms_tensor *cache, const int32_t *slot_d, ms_err *err);
+
     /* ---- KV cache and attention ---- */
     /* cache [S, W] row slot_d[t] = x [T, W] row t (converting dtype). */
     int (*kv_store)(ms_backend *b, ms_tensor *cache, const ms_tensor *x, const int32_t *slot_d, ms_err *err);

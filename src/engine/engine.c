@@ -200,6 +200,14 @@ static void sample_range(void *ctx, int64_t g0, int64_t g1, int worker) {
                     e->row_tok[row] = -1; /* the grammar cannot go on: run_step ends the request */
                     break;
                 }
+            } else if (gm) {
+                /* the free prefix (thinking): the reply may not end before the constrained content
+                 * has begun, else a "stop" would come with no content at all */
+                for (int i = 0; i < sp->n_stop_ids; i++)
+                    if (sp->stop_ids[i] >= 0 && sp->stop_ids[i] < e->exec.vocab) lg[sp->stop_ids[i]] = -INFINITY;
+                if (!sp->ignore_eos)
+                    for (int i = 0; i < e->exec.n_eos; i++)
+                        if (e->exec.eos_ids[i] >= 0 && e->exec.eos_ids[i] < e->exec.vocab) lg[e->exec.eos_ids[i]] = -INFINITY;
             }
             int32_t tok = e->row_tok[row] = ms_sampler_sample(sm, sp, lg, r->tokens, r->n_prompt, base + j, REQ_EXT(r)->rng, ev);
             if (gm) ms_grammar_matcher_accept(gm, tok); /* a stop id is refused and ends the request anyway */

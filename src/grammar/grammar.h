@@ -82,6 +82,24 @@ void ms_grammar_cache_free(ms_grammar_cache *c);
 ms_grammar *ms_grammar_cache_get(ms_grammar_cache *c, const char *key);
 void ms_grammar_cache_put(ms_grammar_cache *c, const char *key, ms_grammar *g);
 
+/* Fills g's context cache ahead of decoding (call it where the grammar is compiled, off the engine
+ * thread): walks the parse stacks reachable from the start, nearest first, and computes each one's
+ * context entry, so that the engine's first masks are cache hits. Stops after max_stacks stacks,
+ * max_seconds, or when the cache budget is spent (a grammar with recursion has unboundedly many);
+ * contexts left are computed on first use as before. Only the first call on a grammar works (later
+ * ones return at once), so concurrent requests never repeat it. Masks are the same with or without
+ * it. Returns 0, or -1 when out of memory (the cache stays valid). st may be NULL. */
+typedef struct ms_grammar_precompute_stats {
+    int stacks;     /* parse stacks visited */
+    int contexts;   /* cache entries added */
+    int truncated;  /* stopped by a limit before every reachable stack was visited */
+    double seconds;
+} ms_grammar_precompute_stats;
+int ms_grammar_precompute(ms_grammar *g, int max_stacks, double max_seconds, ms_grammar_precompute_stats *st);
+/* The limits the server uses at admission (a bound on the latency one new schema adds). */
+#define MS_GRAMMAR_PRECOMPUTE_STACKS 100000
+#define MS_GRAMMAR_PRECOMPUTE_SECONDS 2.0
+
 /* ---- matching ---- */
 
 /* A matcher at the start of g (takes a reference on g). NULL when out of memory. */

@@ -47,7 +47,10 @@ typedef struct gcache_entry {
     uint64_t key_hash;
     int32_t key[8];
     int klen;
-    uint32_t *acc;   /* [words] tokens allowed whatever lies below the context */
+    uint32_t *acc;   /* [words] tokens allowed whatever lies below the context (dense form) */
+    int acc_shared;  /* acc belongs to the grammar's table of distinct bitmaps (not freed with the entry) */
+    int32_t *acc_ids; /* the same as a list of ids (sparse form, when acc is NULL) */
+    int n_acc_ids;
     int32_t *unc;    /* tokens to check against the full stack */
     int n_unc;
     int cached;      /* in the grammar's table (else owned by the one fill_mask call) */
@@ -67,6 +70,12 @@ struct ms_grammar {
     pthread_mutex_t mu; /* guards the cache */
     gcache_entry **buckets;
     int n_buckets, n_entries;
+    size_t cache_bytes; /* token sets held by the cache */
+    /* distinct dense bitmaps, shared by the entries whose sets are equal (inside a long string
+     * most positions allow the same tokens): open addressing by hash, guarded by mu */
+    struct gbitmap { uint64_t h; uint32_t *bits; } *bm;
+    int bm_cap, bm_n;
+    int precomputed;    /* atomic: ms_grammar_precompute has claimed this grammar */
 };
 
 /* Compiles GBNF source into g (fields el .. root); g->vocab is left alone. */

@@ -1,12 +1,14 @@
 /* json_schema.c - JSON Schema -> GBNF text (then compiled like any GBNF grammar).
  *
  * Handled: type (one or a list), enum, const, properties, required, additionalProperties (a map
- * when there are no properties), items, prefixItems, minItems/maxItems, anyOf/oneOf (oneOf is not
- * made exclusive), a one-element allOf, $ref into the document (#, #/$defs/..., #/definitions/...;
- * recursion allowed), nullable, minLength/maxLength, pattern, format (date, time, date-time, uuid,
- * email, ipv4), integer bounds (exact), number bounds (generated as integers in the range).
- * Validation keywords that cannot be enforced here (not, if/then/else, uniqueItems, multipleOf,
- * patternProperties, ...) are refused with a message naming the keyword and where it sits.
+ * when there are no properties; never extra keys beside listed properties), items, prefixItems,
+ * minItems/maxItems, anyOf, oneOf (exact: branches proven pairwise exclusive, else refused), a
+ * one-element allOf, $ref into the document (#, #/$defs/..., #/definitions/...; recursion allowed),
+ * nullable, minLength/maxLength, pattern, format (date, time, date-time, uuid, email, ipv4), integer
+ * bounds (exact), number bounds (integers and n.ddd forms, never out of range). Validation keywords
+ * that cannot be enforced here (not, if/then/else, uniqueItems, multipleOf, patternProperties, ...,
+ * or a keyword beside const/enum/anyOf/... that those would ignore) are refused with a message naming
+ * the keyword and where it sits. docs/structured-outputs.md states the semantics for users.
  *
  * Output is compact with fixed separators (", " and ": ") and no free whitespace: a model cannot
  * wander into endless blanks, and every output parses. Numbers have at most 16 integer digits. */
@@ -88,7 +90,14 @@ static int in_list(const char *k, const char *const *l, size_t n) {
 
 /* ---- integer ranges as digit patterns ---- */
 
-/* Appends a GBNF expression for the decimal numbers of exactly the digits of a..b (same length). */
+static int all_digit(const char *s, int n, char d) {
+    for (int i = 0; i < n; i++) if (s[i] != d) return 0;
+    return 1;
+}
+
+/* Appends a GBNF expression for the decimal numbers of exactly the digits of a..b (same length).
+ * A side whose remaining digits are all 0 (low) or all 9 (high) is folded into the middle class, so
+ * only one side recurses at each level: the expression grows linearly with the length. */
 static void range_same_len(gstr *e, const char *a, const char *b, int n) {
     if (n == 0) { gs_adds(e, "\"\""); return; }
     if (a[0] == b[0]) {
@@ -100,14 +109,29 @@ static void range_same_len(gstr *e, const char *a, const char *b, int n) {
     char nines[24], zeros[24];
     memset(nines, '9', (size_t)n);
     memset(zeros, '0', (size_t)n);
+    int lo_full = all_digit(a + 1, n - 1, '0'), hi_full = all_digit(b + 1, n - 1, '9');
+    char m0 = lo_full ? a[0] : (char)(a[0] + 1), m1 = hi_full ? b[0] : (char)(b[0] - 1);
+    int first = 1;
     gs_adds(e, "(");
-    gs_printf(e, "(\"%c\" ", a[0]);
-    range_same_len(e, a + 1, nines, n - 1);
+    if (!lo_full) {
+        gs_printf(e, "(\"%c\" ", a[0]);
+        range_same_len(e, a + 1, nines, n - 1);
+        gs_adds(e, ")");
+        first = 0;
+    }
+    if (m0 <= m1) {
+        if (!first) gs_adds(e, " | ");
+        if (n > 1) gs_printf(e, "([%c-%c] [0-9]{%d})", m0, m1, n - 1);
+        else gs_printf(e, "[%c-%c]", m0, m1);
+        first = 0;
+    }
+    if (!hi_full) {
+        if (!first) gs_adds(e, " | ");
+        gs_printf(e, "(\"%c\" ", b[0]);
+        range_same_len(e, zeros, b + 1, n - 1);
+        gs_adds(e, ")");
+    }
     gs_adds(e, ")");
-    if (b[0] - a[0] > 1) gs_printf(e, " | ([%c-%c] [0-9]{%d})", a[0] + 1, b[0] - 1, n - 1);
-    gs_printf(e, " | (\"%c\" ", b[0]);
-    range_same_len(e, zeros, b + 1, n - 1);
-    gs_adds(e, "))");
 }
 
 #define MAX_INT 9999999999999999LL /* 16 digits */
@@ -157,17 +181,79 @@ static int get_bound(js *j, json_t *s, const char *path, const char *k, double *
     return 1;
 }
 
+/* Fractional forms "n.ddd" for n in [a, b] (a >= 0), in two tiers that keep every literal within 15
+ * significant digits (n < 1e5 with up to 10 decimals, n < 1e10 with up to 5): such a decimal
+ * converts to the nearest double and distinct ones stay distinct and ordered, so a strict
+ * inequality between the text and a bound also holds after a parser reads it. nonzero: the
+ * decimals must not all be 0 (the number is strictly above n). */
+static int frac_forms(gstr *e, const char *sign, long long a, long long b, int nonzero, int any) {
+    static const long long tier_lo[] = {0, 100000}, tier_hi[] = {99999, 9999999999LL};
+    static const int tier_f[] = {10, 5};
+    for (int t = 0; t < 2; t++) {
+        long long x = a > tier_lo[t] ? a : tier_lo[t], y = b < tier_hi[t] ? b : tier_hi[t];
+        if (x > y) continue;
+        if (any++) gs_adds(e, " | ");
+        gs_printf(e, "(%s", sign);
+        range_nonneg(e, x, y);
+        if (nonzero) gs_printf(e, " \".\" [0-9]{0,%d} [1-9])", tier_f[t] - 1);
+        else gs_printf(e, " \".\" [0-9]{1,%d})", tier_f[t]);
+    }
+    return any;
+}
+
+/* Integers, or with is_number also fractions "n.ddd" (no exponent under bounds): the fractional
+ * forms are those whose whole unit interval [n, n+1) (or (-(m+1), -m] below zero) lies inside the
+ * bounds, plus n.ddd with a nonzero decimal just above an exclusive integer bound (and below zero
+ * the mirror). A range that holds none of these is refused. Without bounds: any JSON number (with
+ * exponent) for "number", 1-16 digit integers for "integer". */
 static void gen_integer(js *j, json_t *s, const char *path, gstr *e, int is_number) {
     double lo = -(double)MAX_INT, hi = (double)MAX_INT, v;
+    double flo = -INFINITY, fhi = INFINITY; /* the real bounds, for the fractional forms */
+    int flo_x = 0, fhi_x = 0;                /* exclusive */
     int bounded = 0;
-    if (get_bound(j, s, path, "minimum", &v)) lo = fmax(lo, ceil(v)), bounded = 1;
-    if (get_bound(j, s, path, "exclusiveMinimum", &v)) lo = fmax(lo, floor(v) + 1), bounded = 1;
-    if (get_bound(j, s, path, "maximum", &v)) hi = fmin(hi, floor(v)), bounded = 1;
-    if (get_bound(j, s, path, "exclusiveMaximum", &v)) hi = fmin(hi, ceil(v) - 1), bounded = 1;
+    if (get_bound(j, s, path, "minimum", &v)) lo = fmax(lo, ceil(v)), bounded = 1, flo = fmax(flo, v);
+    if (get_bound(j, s, path, "exclusiveMinimum", &v)) {
+        lo = fmax(lo, floor(v) + 1), bounded = 1;
+        if (v >= flo) flo = v, flo_x = 1;
+    }
+    if (get_bound(j, s, path, "maximum", &v)) hi = fmin(hi, floor(v)), bounded = 1, fhi = fmin(fhi, v);
+    if (get_bound(j, s, path, "exclusiveMaximum", &v)) {
+        hi = fmin(hi, ceil(v) - 1), bounded = 1;
+        if (v <= fhi) fhi = v, fhi_x = 1;
+    }
     if (j->rc) return;
     if (!bounded) { gs_adds(e, is_number ? "jnumber" : "jint"); return; }
-    if (lo > hi) { jfail(j, path, "no integer lies between minimum and maximum"); return; }
-    range_int(e, (long long)lo, (long long)hi);
+    gstr f = {0};
+    int nf = 0;
+    if (is_number) {
+        const double CAP = 1e11;
+        double a = fmax(0, flo_x ? floor(flo) + 1 : ceil(flo)), b = fmin(CAP, floor(fhi) - 1);
+        if (a <= b) nf = frac_forms(&f, "", (long long)a, (long long)b, 0, nf);
+        /* just above an exclusive integer lower bound L >= 0: L.ddd with a nonzero decimal, < L + 1 <= fhi */
+        if (flo_x && flo == floor(flo) && flo >= 0 && flo + 1 <= fhi && flo < CAP)
+            nf = frac_forms(&f, "", (long long)flo, (long long)flo, 1, nf);
+        a = fmax(0, fhi_x ? floor(-fhi) + 1 : ceil(-fhi));
+        b = fmin(CAP, floor(-flo) - 1);
+        if (a <= b) nf = frac_forms(&f, "\"-\" ", (long long)a, (long long)b, 0, nf);
+        /* just below an exclusive integer upper bound -M <= 0: -M.ddd with a nonzero decimal, > -(M + 1) >= flo */
+        if (fhi_x && fhi == floor(fhi) && fhi <= 0 && -fhi - 1 >= flo && -fhi < CAP)
+            nf = frac_forms(&f, "\"-\" ", (long long)-fhi, (long long)-fhi, 1, nf);
+    }
+    int has_int = lo <= hi;
+    if (!has_int && !nf) {
+        free(f.s);
+        jfail(j, path, is_number ? "no number between the bounds ('minimum'/'maximum'/'exclusiveMinimum'/'exclusiveMaximum') "
+                                   "can be generated (supported: integers, and n.ddd whose unit interval lies inside)"
+                                 : "no integer lies between minimum and maximum");
+        return;
+    }
+    gs_adds(e, "(");
+    if (has_int) range_int(e, (long long)lo, (long long)hi);
+    if (has_int && nf) gs_adds(e, " | ");
+    if (nf) gs_adds(e, f.s ? f.s : "\"\"");
+    if (f.oom) e->oom = 1;
+    free(f.s);
+    gs_adds(e, ")");
 }
 
 static void gen_string(js *j, json_t *s, const char *path, gstr *e) {
@@ -364,6 +450,240 @@ static json_t *resolve_ref(js *j, const char *ref, const char *path) {
     return cur;
 }
 
+/* ---- oneOf: exclusivity ----
+ *
+ * The grammar of a oneOf is the union of its branches' grammars. That is exact when no value a
+ * branch's grammar generates is valid under another branch, which excl(a, b) proves for a pair from
+ * facts that need no search: disjoint JSON types (what a generates against what b accepts), disjoint
+ * const/enum values, disjoint numeric intervals, or for objects a property required on one side whose
+ * values are exclusive, or required by b and absent from a's generated keys, or emitted by a and
+ * refused by b (additionalProperties false). Anything unproven is refused. */
+
+enum { T_NULL = 1, T_BOOL = 2, T_OBJ = 4, T_ARR = 8, T_STR = 16, T_INT = 32, T_FRAC = 64, T_ALL = 127 };
+
+static json_t *deref(js *j, json_t *s) {
+    for (int hops = 0; hops < 32 && json_is_object(s); hops++) {
+        json_t *r = json_object_get(s, "$ref");
+        if (!json_is_string(r)) return s;
+        ms_err e2 = {0};
+        ms_err *saved = j->err;
+        int rc = j->rc;
+        j->err = &e2;
+        json_t *t = resolve_ref(j, json_string_value(r), "#");
+        j->err = saved;
+        j->rc = rc;
+        if (!t) return NULL;
+        s = t;
+    }
+    return s;
+}
+
+static int value_type(json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_NULL: return T_NULL;
+    case JSON_TRUE: case JSON_FALSE: return T_BOOL;
+    case JSON_OBJECT: return T_OBJ;
+    case JSON_ARRAY: return T_ARR;
+    case JSON_STRING: return T_STR;
+    case JSON_INTEGER: return T_INT;
+    case JSON_REAL: { double d = json_real_value(v); return d == floor(d) ? T_INT : T_FRAC; }
+    }
+    return T_ALL;
+}
+
+static int type_bits(json_t *ty) {
+    int t = 0;
+    size_t k;
+    json_t *x;
+    if (json_is_string(ty)) {
+        const char *n = json_string_value(ty);
+        return !strcmp(n, "null") ? T_NULL : !strcmp(n, "boolean") ? T_BOOL : !strcmp(n, "object") ? T_OBJ : !strcmp(n, "array") ? T_ARR
+             : !strcmp(n, "string") ? T_STR : !strcmp(n, "integer") ? T_INT : !strcmp(n, "number") ? T_INT | T_FRAC : T_ALL;
+    }
+    json_array_foreach(ty, k, x) t |= type_bits(x);
+    return t;
+}
+
+/* The types a schema's values may have: gen_side = what our grammar generates (a schema without
+ * 'type' but with 'properties' generates objects), else what a validator accepts. */
+static int types_of(js *j, json_t *s, int gen_side, int depth) {
+    s = deref(j, s);
+    if (!s || depth > 16) return T_ALL;
+    if (json_is_boolean(s)) return json_is_true(s) ? T_ALL : 0;
+    if (!json_is_object(s)) return T_ALL;
+    int t = T_ALL;
+    json_t *x, *v;
+    size_t k;
+    if ((x = json_object_get(s, "type"))) t &= type_bits(x);
+    if ((x = json_object_get(s, "const"))) t &= value_type(x);
+    if (json_is_array(x = json_object_get(s, "enum"))) {
+        int u = 0;
+        json_array_foreach(x, k, v) u |= value_type(v);
+        t &= u;
+    }
+    const char *comb[] = {"anyOf", "oneOf"};
+    for (int c = 0; c < 2; c++)
+        if (json_is_array(x = json_object_get(s, comb[c]))) {
+            int u = 0;
+            json_array_foreach(x, k, v) u |= types_of(j, v, gen_side, depth + 1);
+            t &= u;
+        }
+    if (json_is_array(x = json_object_get(s, "allOf")))
+        json_array_foreach(x, k, v) t &= types_of(j, v, gen_side, depth + 1);
+    if (gen_side && !json_object_get(s, "type") && !json_object_get(s, "const") && !json_object_get(s, "enum") &&
+        !json_object_get(s, "anyOf") && !json_object_get(s, "oneOf") && !json_object_get(s, "allOf")) {
+        if (json_object_get(s, "properties") || json_object_get(s, "required") || json_object_get(s, "additionalProperties")) t = T_OBJ;
+        else if (json_object_get(s, "items") || json_object_get(s, "prefixItems")) t = T_ARR;
+    }
+    if (json_is_true(json_object_get(s, "nullable"))) t |= T_NULL;
+    return t;
+}
+
+static int num_equal(json_t *a, json_t *b) {
+    if (json_is_number(a) && json_is_number(b)) return json_number_value(a) == json_number_value(b);
+    return json_equal(a, b);
+}
+
+/* The finite value set of s (const or enum), or NULL. */
+static json_t *values_of(json_t *s, json_t **one) {
+    json_t *c = json_object_get(s, "const");
+    if (c) { *one = c; return (json_t *)1; }
+    json_t *e = json_object_get(s, "enum");
+    if (json_is_array(e)) { *one = NULL; return e; }
+    return NULL;
+}
+
+static size_t vals_n(json_t *set, json_t *one) { return set == (json_t *)1 ? 1 : json_array_size(set); }
+static json_t *vals_at(json_t *set, json_t *one, size_t i) { return set == (json_t *)1 ? one : json_array_get(set, i); }
+
+/* The interval [lo, hi] a numeric schema allows (exclusive ends treated as closed: coarser, still
+ * sound for disjointness when the other side's interval is strictly apart). */
+static void interval_of(json_t *s, double *lo, double *hi, int *lox, int *hix) {
+    *lo = -INFINITY, *hi = INFINITY, *lox = *hix = 0;
+    json_t *x;
+    if (json_is_number(x = json_object_get(s, "minimum"))) *lo = json_number_value(x);
+    if (json_is_number(x = json_object_get(s, "exclusiveMinimum")) && json_number_value(x) >= *lo) *lo = json_number_value(x), *lox = 1;
+    if (json_is_number(x = json_object_get(s, "maximum"))) *hi = json_number_value(x);
+    if (json_is_number(x = json_object_get(s, "exclusiveMaximum")) && json_number_value(x) <= *hi) *hi = json_number_value(x), *hix = 1;
+}
+
+static int in_required(json_t *s, const char *k) {
+    size_t i;
+    json_t *r;
+    json_array_foreach(json_object_get(s, "required"), i, r) if (json_is_string(r) && !strcmp(json_string_value(r), k)) return 1;
+    return 0;
+}
+
+/* 1 when provably no value that a's grammar generates is valid under b. */
+static int excl(js *j, json_t *a, json_t *b, int depth) {
+    a = deref(j, a);
+    b = deref(j, b);
+    if (!a || !b || depth > 16) return 0;
+    if (json_is_false(b)) return 1;
+    if (!json_is_object(a) || !json_is_object(b)) return 0;
+    /* combinators: every branch of a; any valid-under-b value is valid under some branch of b */
+    json_t *x, *v;
+    size_t k;
+    const char *comb[] = {"anyOf", "oneOf"};
+    for (int c = 0; c < 2; c++)
+        if (json_is_array(x = json_object_get(a, comb[c])) && json_array_size(x)) {
+            int all = 1;
+            json_array_foreach(x, k, v) if (!excl(j, v, b, depth + 1)) { all = 0; break; }
+            if (all) return 1;
+            /* a's siblings may still separate it from b: fall through */
+        }
+    for (int c = 0; c < 2; c++)
+        if (json_is_array(x = json_object_get(b, comb[c])) && json_array_size(x)) {
+            int all = 1;
+            json_array_foreach(x, k, v) if (!excl(j, a, v, depth + 1)) { all = 0; break; }
+            if (all) return 1;
+        }
+    int shared = types_of(j, a, 1, 0) & types_of(j, b, 0, 0);
+    if (!shared) return 1;
+    json_t *ao = NULL, *bo = NULL, *av = values_of(a, &ao), *bv = values_of(b, &bo);
+    if (av && bv) {
+        int any = 0;
+        for (size_t i = 0; i < vals_n(av, ao) && !any; i++)
+            for (size_t m = 0; m < vals_n(bv, bo) && !any; m++) any = num_equal(vals_at(av, ao, i), vals_at(bv, bo, m));
+        if (!any) return 1;
+    }
+    if (av && json_is_true(json_object_get(a, "nullable"))) return 0;
+    if (av) return 0; /* a's values against b's other keywords: not attempted */
+    if (!(shared & ~(T_INT | T_FRAC))) {
+        double alo, ahi, blo, bhi;
+        int alx, ahx, blx, bhx;
+        interval_of(a, &alo, &ahi, &alx, &ahx);
+        interval_of(b, &blo, &bhi, &blx, &bhx);
+        if (ahi < blo || (ahi == blo && (ahx || blx)) || bhi < alo || (bhi == alo && (bhx || alx))) return 1;
+    }
+    if (shared == T_OBJ && !json_is_true(json_object_get(a, "nullable"))) {
+        json_t *ap = json_object_get(a, "properties"), *bp = json_object_get(b, "properties");
+        json_t *bad = json_object_get(b, "additionalProperties");
+        /* the keys a's grammar may emit are exactly its properties (none beyond them, see gen_object)
+         * unless it has none (a map) */
+        int a_closed = json_is_object(ap) && json_object_size(ap) > 0;
+        const char *key;
+        json_t *sub;
+        json_object_foreach(bp, key, sub) {
+            json_t *as = json_object_get(ap, key);
+            if (as && (in_required(a, key) || in_required(b, key)) && excl(j, as, sub, depth + 1)) return 1;
+        }
+        json_array_foreach(json_object_get(b, "required"), k, v) {
+            if (json_is_string(v) && a_closed && !json_object_get(ap, json_string_value(v))) return 1;
+        }
+        json_object_foreach(ap, key, sub) {
+            if (!in_required(a, key) || json_object_get(bp, key)) continue;
+            if (json_is_false(bad) || (json_is_object(bad) && excl(j, sub, bad, depth + 1))) return 1;
+        }
+    }
+    return 0;
+}
+
+/* ---- keywords beside const / enum / anyOf / oneOf / allOf / $ref ----
+ *
+ * Those keywords generate their own values and ignore the rest of the schema object, so any other
+ * validation keyword beside them would go unenforced: a sibling is either checked here (const/enum
+ * values are filtered by 'type', numeric bounds and string lengths; the branches of anyOf/oneOf/allOf
+ * must generate only types that 'type' allows) or refused with its name. */
+
+static int utf8_len(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+/* 1 when value v satisfies the type / bounds / length siblings of s. */
+static int value_fits(json_t *s, json_t *v) {
+    json_t *ty = json_object_get(s, "type"), *x;
+    if (ty && !(type_bits(ty) & value_type(v))) return 0;
+    if (json_is_number(v)) {
+        double d = json_number_value(v);
+        if (json_is_number(x = json_object_get(s, "minimum")) && d < json_number_value(x)) return 0;
+        if (json_is_number(x = json_object_get(s, "maximum")) && d > json_number_value(x)) return 0;
+        if (json_is_number(x = json_object_get(s, "exclusiveMinimum")) && d <= json_number_value(x)) return 0;
+        if (json_is_number(x = json_object_get(s, "exclusiveMaximum")) && d >= json_number_value(x)) return 0;
+    }
+    if (json_is_string(v)) {
+        int n = utf8_len(json_string_value(v));
+        if (json_is_integer(x = json_object_get(s, "minLength")) && n < json_integer_value(x)) return 0;
+        if (json_is_integer(x = json_object_get(s, "maxLength")) && n > json_integer_value(x)) return 0;
+    }
+    return 1;
+}
+
+/* Refuses a validation keyword beside `main` that is not in ok[] (NULL-terminated). */
+static int siblings_ok(js *j, json_t *s, const char *path, const char *main, const char *const *ok) {
+    const char *key;
+    json_t *val;
+    json_object_foreach(s, key, val) {
+        if (!strcmp(key, main) || !IN(key, HANDLED)) continue;
+        int allowed = 0;
+        for (int i = 0; ok[i]; i++) allowed |= !strcmp(ok[i], key);
+        if (!allowed) { jfail(j, path, "keyword '%s' beside '%s' is not supported", key, main); return 0; }
+    }
+    return 1;
+}
+
 static void gen(js *j, json_t *s, const char *path, gstr *e) {
     if (j->rc) return;
     if (++j->depth > 64) { jfail(j, path, "schema nested deeper than 64"); return; }
@@ -377,6 +697,8 @@ static void gen(js *j, json_t *s, const char *path, gstr *e) {
     }
     json_t *ref = json_object_get(s, "$ref");
     if (ref) {
+        static const char *const ok[] = {"nullable", NULL}; /* (nullable beside $ref: not generated, still valid) */
+        if (!siblings_ok(j, s, path, "$ref", ok)) return;
         const char *r = json_string_value(ref);
         if (!r) { jfail(j, path, "'$ref' must be a string"); return; }
         int rule = -1;
@@ -405,35 +727,73 @@ static void gen(js *j, json_t *s, const char *path, gstr *e) {
     if (nullable) gs_adds(e, "(jnull | ");
     json_t *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
     json_t *any = json_object_get(s, "anyOf");
-    if (!any) any = json_object_get(s, "oneOf");
+    int one_of = 0;
+    if (any && json_object_get(s, "oneOf")) { jfail(j, path, "'anyOf' together with 'oneOf' is not supported"); return; }
+    if (!any && (any = json_object_get(s, "oneOf"))) one_of = 1;
     json_t *all = json_object_get(s, "allOf");
     json_t *ty = json_object_get(s, "type");
     char p2[400];
+    static const char *const val_ok[] = {"type", "nullable", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                                         "minLength", "maxLength", NULL};
+    static const char *const comb_ok[] = {"type", "nullable", NULL};
     if (cst) {
+        if (!siblings_ok(j, s, path, "const", val_ok)) return;
+        if (en) { jfail(j, path, "'const' together with 'enum' is not supported"); return; }
+        if (!value_fits(s, cst)) { jfail(j, path, "the 'const' value does not satisfy the schema's other keywords"); return; }
         lit_json(j, cst, e);
     } else if (en) {
         if (!json_is_array(en) || !json_array_size(en)) { jfail(j, path, "'enum' must be a non-empty array"); return; }
+        if (!siblings_ok(j, s, path, "enum", val_ok)) return;
         size_t k;
         json_t *v;
+        int n = 0;
         gs_adds(e, "(");
         json_array_foreach(en, k, v) {
-            if (k) gs_adds(e, " | ");
+            if (!value_fits(s, v)) continue; /* an enum value the other keywords refuse is never valid */
+            if (n++) gs_adds(e, " | ");
             lit_json(j, v, e);
         }
         gs_adds(e, ")");
+        if (!n) { jfail(j, path, "no 'enum' value satisfies the schema's other keywords"); return; }
     } else if (any) {
         if (!json_is_array(any) || !json_array_size(any)) { jfail(j, path, "'anyOf'/'oneOf' must be a non-empty array"); return; }
+        if (!siblings_ok(j, s, path, one_of ? "oneOf" : "anyOf", comb_ok)) return;
+        if (ty) {
+            size_t k;
+            json_t *v;
+            json_array_foreach(any, k, v)
+                if (types_of(j, v, 1, 0) & ~type_bits(ty)) {
+                    jfail(j, path, "'type' beside '%s' must allow every type branch %zu generates (give each branch its 'type')",
+                          one_of ? "oneOf" : "anyOf", k);
+                    return;
+                }
+        }
         size_t k;
         json_t *v;
         gs_adds(e, "(");
         json_array_foreach(any, k, v) {
             if (k) gs_adds(e, " | ");
-            snprintf(p2, sizeof p2, "%s/anyOf/%zu", path, k);
+            snprintf(p2, sizeof p2, "%s/%s/%zu", path, one_of ? "oneOf" : "anyOf", k);
             gen(j, v, p2, e);
         }
         gs_adds(e, ")");
+        for (size_t a = 0; one_of && !j->rc && a < json_array_size(any); a++)
+            for (size_t b = 0; b < json_array_size(any); b++)
+                if (a != b && !excl(j, json_array_get(any, a), json_array_get(any, b), 0)) {
+                    jfail(j, path,
+                          "keyword 'oneOf': branches %zu and %zu are not provably exclusive (a value may match both); "
+                          "supported are branches with different types, different const/enum values, disjoint "
+                          "numeric bounds, or a required property that tells them apart; use 'anyOf' when any "
+                          "matching branch will do", a, b);
+                    break;
+                }
     } else if (all) {
         if (!json_is_array(all) || json_array_size(all) != 1) { jfail(j, path, "keyword 'allOf' is supported with one schema only"); return; }
+        if (!siblings_ok(j, s, path, "allOf", comb_ok)) return;
+        if (ty && (types_of(j, json_array_get(all, 0), 1, 0) & ~type_bits(ty))) {
+            jfail(j, path, "'type' beside 'allOf' must allow every type its schema generates");
+            return;
+        }
         snprintf(p2, sizeof p2, "%s/allOf/0", path);
         gen(j, json_array_get(all, 0), p2, e);
     } else if (json_is_string(ty)) {

@@ -16,6 +16,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define CTX_K 6            /* context depth of the token cache */
 #define MAX_EXPAND_DEPTH 4000
@@ -161,6 +162,13 @@ static void step(const ms_grammar *g, narena *a, const nset *in, unsigned b, nse
 
 /* ---- grammar objects ---- */
 
+static void entry_free(gcache_entry *e) {
+    if (!e->acc_shared) free(e->acc);
+    free(e->acc_ids);
+    free(e->unc);
+    free(e);
+}
+
 static int grammar_new(const ms_grammar_vocab *v, ms_grammar **out, ms_err *err) {
     ms_grammar *g = calloc(1, sizeof *g);
     if (!g) return ms_errf(err, MS_ERR_NOMEM, "grammar: out of memory");
@@ -210,11 +218,11 @@ void ms_grammar_unref(ms_grammar *g) {
     for (int i = 0; i < g->n_buckets; i++)
         for (gcache_entry *e = g->buckets[i], *nx; e; e = nx) {
             nx = e->next;
-            free(e->acc);
-            free(e->unc);
-            free(e);
+            entry_free(e);
         }
     free(g->buckets);
+    for (int i = 0; i < g->bm_cap; i++) free(g->bm[i].bits);
+    free(g->bm);
     ms_gbnf_free_rules(g);
     pthread_mutex_destroy(&g->mu);
     free(g);
@@ -258,10 +266,23 @@ typedef struct smemo {
 
 #define MEMO_POOL_MAX ((size_t)1 << 22)
 
-static uint64_t set_hash(const nset *s, unsigned b) {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)b ^ ((uint64_t)s->n << 8);
+/* The hash of a stack set (its byte mixed in by set_hash_b): the walk hashes a node's set once and
+ * mixes in each child's byte. */
+static uint64_t set_hash_base(const nset *s) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ ((uint64_t)s->n << 8);
     for (int i = 0; i < s->n; i++) h = (h ^ (uint32_t)s->v[i]) * 0xff51afd7ed558ccdull;
+    return h;
+}
+
+static inline uint64_t set_hash_b(uint64_t base, unsigned b) {
+    uint64_t h = (base ^ ((uint64_t)b * 0xc4ceb9fe1a85ec53ull)) * 0xff51afd7ed558ccdull;
+    h ^= h >> 29;
     return h | 1;
+}
+
+static inline int ids_equal(const int32_t *a, const int32_t *b, int n) {
+    for (int i = 0; i < n; i++) if (a[i] != b[i]) return 0;
+    return 1;
 }
 
 static int pool_put(ms_grammar_matcher *m, const int32_t *v, int n, int32_t *off) {
@@ -280,17 +301,24 @@ static int pool_put(ms_grammar_matcher *m, const int32_t *v, int n, int32_t *off
     return 0;
 }
 
-/* step() through the memo (tmp arena only: node ids are stable within one cache computation). */
-static void step_memo(ms_grammar_matcher *m, const nset *in, unsigned b, nset *out) {
-    uint64_t h = set_hash(in, b) ^ ((uint64_t)b << 56);
-    if (!h) h = 1;
+/* step() through the memo (tmp arena only: node ids are stable within one cache computation);
+ * base = set_hash_base(in). */
+static void step_memo(ms_grammar_matcher *m, const nset *in, uint64_t base, unsigned b, nset *out) {
+    uint64_t h = set_hash_b(base, b);
     uint32_t mask = (uint32_t)m->memo_cap - 1, i = (uint32_t)h & mask;
     for (; m->memo[i].h; i = (i + 1) & mask) {
         smemo *e = &m->memo[i];
-        if (e->h == h && e->in_n == in->n && !memcmp(m->pool + e->in_off, in->v, (size_t)in->n * sizeof *in->v)) {
+        if (e->h == h && e->out_n >= 0 && e->in_n == in->n && ids_equal(m->pool + e->in_off, in->v, in->n)) {
             out->n = 0;
             out->popped = e->popped;
-            for (int k = 0; k < e->out_n; k++) nset_push(out, m->pool[e->out_off + k]);
+            if (out->cap < e->out_n) {
+                int32_t *v = realloc(out->v, (size_t)e->out_n * sizeof *v);
+                if (!v) { m->oom = 1; return; }
+                out->v = v;
+                out->cap = e->out_n;
+            }
+            if (e->out_n) memcpy(out->v, m->pool + e->out_off, (size_t)e->out_n * sizeof *out->v);
+            out->n = e->out_n;
             return;
         }
     }
@@ -404,7 +432,8 @@ static int nset_equal(const nset *a, const nset *b) {
 /* The bytes b with step(S, b) == S (S loops on them: the inside of a string, digits of a number),
  * memoized per set; NULL when the memo is full. */
 static const uint32_t *loop_class(ms_grammar_matcher *m, const nset *S, nset *scratch) {
-    uint64_t h = set_hash(S, 256) ^ 0xA5A5A5A5ull;
+    uint64_t base = set_hash_base(S), h = set_hash_b(base, 256) ^ 0xA5A5A5A5ull;
+    h |= 1;
     uint32_t mask = (uint32_t)m->memo_cap - 1, i = (uint32_t)h & mask;
     for (; m->memo[i].h; i = (i + 1) & mask) {
         smemo *e = &m->memo[i];
@@ -413,7 +442,7 @@ static const uint32_t *loop_class(ms_grammar_matcher *m, const nset *S, nset *sc
     }
     uint32_t cls[8] = {0};
     for (unsigned b = 0; b < 256; b++) {
-        step_memo(m, S, b, scratch);
+        step_memo(m, S, base, b, scratch);
         if (nset_equal(scratch, S)) cls[b >> 5] |= 1u << (b & 31);
     }
     if (m->memo_n * 2 >= m->memo_cap) return NULL;
@@ -443,13 +472,14 @@ static void cache_dfs_l(ms_grammar_matcher *m, int32_t t, int d, nset *S, int un
     }
     int unc_next = unc || (S->popped && !m->b_complete);
     nset *out = &m->lvl[d + 1];
+    uint64_t base = set_hash_base(S);
     for (int32_t c = tn->first_child; c >= 0; c = v->nodes[c].next_sibling) {
         unsigned byte = v->nodes[c].byte;
         if (loop && gset_has(loop, byte)) { /* same stacks one byte on: S->popped is unchanged too */
             cache_dfs_l(m, c, d + 1, S, unc_next, loop);
             continue;
         }
-        step_memo(m, S, byte, out);
+        step_memo(m, S, base, byte, out);
         if (out->n == 0 && !out->popped) {
             if (unc_next) b_unc_add_range(m, v->nodes[c].lo, v->nodes[c].hi);
             continue;
@@ -457,7 +487,7 @@ static void cache_dfs_l(ms_grammar_matcher *m, int32_t t, int d, nset *S, int un
         if (!loop && nset_equal(out, S) && S->n) {
             loop = loop_class(m, S, out);
             if (loop) { cache_dfs_l(m, c, d + 1, S, unc_next, loop); continue; }
-            step_memo(m, S, byte, out); /* out was the scratch of loop_class */
+            step_memo(m, S, base, byte, out); /* out was the scratch of loop_class */
         }
         cache_dfs_l(m, c, d + 1, out, unc_next, NULL);
         out = &m->lvl[d + 1]; /* (the recursion used deeper levels only) */
@@ -519,22 +549,85 @@ static gcache_entry *context_entry(ms_grammar_matcher *m, int32_t id) {
     nset_push(S, top);
     cache_dfs(m, 0, 0, S, 0);
     m->b_acc = NULL;
-    if (m->oom || m->tmp.overflow) { free(e->acc); free(e); m->tmp.overflow = 0; return NULL; }
+    if (m->oom || m->tmp.overflow) { entry_free(e); m->tmp.overflow = 0; return NULL; }
     e->n_unc = m->b_n_unc;
     if (e->n_unc) {
         e->unc = malloc((size_t)e->n_unc * sizeof *e->unc);
-        if (!e->unc) { free(e->acc); free(e); return NULL; }
+        if (!e->unc) { entry_free(e); return NULL; }
         memcpy(e->unc, m->b_unc, (size_t)e->n_unc * sizeof *e->unc);
     }
+    /* a set of fewer tokens than the bitmap has words is kept as a list (most contexts inside a
+     * number, a key or a literal allow a handful of tokens): 4 bytes a token instead of V / 8 */
+    int n_acc = 0;
+    for (int w = 0; w < m->words; w++) n_acc += __builtin_popcount(e->acc[w]);
+    if (n_acc < m->words) {
+        e->acc_ids = malloc((size_t)(n_acc ? n_acc : 1) * sizeof *e->acc_ids);
+        if (!e->acc_ids) { entry_free(e); return NULL; }
+        for (int w = 0, k = 0; w < m->words; w++)
+            for (uint32_t x = e->acc[w]; x; x &= x - 1) e->acc_ids[k++] = w * 32 + __builtin_ctz(x);
+        e->n_acc_ids = n_acc;
+        free(e->acc);
+        e->acc = NULL;
+    }
+    size_t bytes = sizeof *e + (e->acc ? (size_t)m->words * sizeof(uint32_t) : (size_t)e->n_acc_ids * sizeof(int32_t)) +
+                   (size_t)e->n_unc * sizeof(int32_t);
     e->key_hash = h;
     e->klen = klen + 1;
     memcpy(e->key, key, (size_t)(klen + 1) * sizeof *key);
     pthread_mutex_lock(&g->mu);
     gcache_entry *other = cache_find(g, h, key, klen + 1);
-    size_t max_entries = CACHE_BUDGET_BYTES / ((size_t)m->words * sizeof(uint32_t) + 64);
-    if (other || (size_t)g->n_entries >= (max_entries < 64 ? 64 : max_entries)) {
+    if (!other && e->acc) {
+        /* an equal bitmap already held: share it and count only the entry */
+        size_t wb = (size_t)m->words * sizeof(uint32_t);
+        uint64_t bh = 1469598103934665603ull;
+        for (int w = 0; w < m->words; w++) bh = (bh ^ e->acc[w]) * 1099511628211ull;
+        bh |= 1;
+        int slot = -1;
+        if (g->bm_cap) {
+            uint32_t msk = (uint32_t)g->bm_cap - 1;
+            for (uint32_t i = (uint32_t)bh & msk;; i = (i + 1) & msk) {
+                if (!g->bm[i].h) { slot = (int)i; break; }
+                if (g->bm[i].h == bh && !memcmp(g->bm[i].bits, e->acc, wb)) {
+                    free(e->acc);
+                    e->acc = g->bm[i].bits;
+                    e->acc_shared = 1;
+                    bytes -= wb;
+                    break;
+                }
+            }
+        }
+        if (!e->acc_shared && g->cache_bytes + bytes <= CACHE_BUDGET_BYTES) {
+            if ((g->bm_n + 1) * 2 > g->bm_cap) { /* grow (and rehash) the table */
+                int cap = g->bm_cap ? 2 * g->bm_cap : 64;
+                struct gbitmap *nb = calloc((size_t)cap, sizeof *nb);
+                if (nb) {
+                    for (int i = 0; i < g->bm_cap; i++)
+                        if (g->bm[i].h) {
+                            uint32_t j = (uint32_t)g->bm[i].h & (uint32_t)(cap - 1);
+                            while (nb[j].h) j = (j + 1) & (uint32_t)(cap - 1);
+                            nb[j] = g->bm[i];
+                        }
+                    free(g->bm);
+                    g->bm = nb;
+                    g->bm_cap = cap;
+                    uint32_t j = (uint32_t)bh & (uint32_t)(cap - 1);
+                    while (g->bm[j].h) j = (j + 1) & (uint32_t)(cap - 1);
+                    slot = (int)j;
+                } else {
+                    slot = -1;
+                }
+            }
+            if (slot >= 0) {
+                g->bm[slot].h = bh;
+                g->bm[slot].bits = e->acc;
+                g->bm_n++;
+                e->acc_shared = 1;
+            }
+        }
+    }
+    if (other || g->cache_bytes + bytes > CACHE_BUDGET_BYTES) {
         pthread_mutex_unlock(&g->mu);
-        if (other) { free(e->acc); free(e->unc); free(e); return other; }
+        if (other) { entry_free(e); return other; }
         return e; /* not shared: the caller frees it (see fill_mask) */
     }
     size_t b = h & (uint64_t)(g->n_buckets - 1);
@@ -542,6 +635,7 @@ static gcache_entry *context_entry(ms_grammar_matcher *m, int32_t id) {
     e->next = g->buckets[b];
     g->buckets[b] = e;
     g->n_entries++;
+    g->cache_bytes += bytes;
     pthread_mutex_unlock(&g->mu);
     return e;
 }
@@ -558,8 +652,12 @@ int ms_grammar_matcher_fill_mask(ms_grammar_matcher *m, uint32_t *mask) {
     for (int i = 0; i < m->cur.n; i++) {
         gcache_entry *e = m->ents[i] = context_entry(m, m->cur.v[i]);
         if (!e) continue;
-        const uint32_t *acc = e->acc;
-        for (int w = 0; w < W; w++) mask[w] |= acc[w];
+        if (e->acc) {
+            const uint32_t *acc = e->acc;
+            for (int w = 0; w < W; w++) mask[w] |= acc[w];
+        } else {
+            for (int k = 0; k < e->n_acc_ids; k++) { int32_t id = e->acc_ids[k]; mask[id >> 5] |= 1u << (id & 31); }
+        }
     }
     /* the uncertain tokens, against the real stack they came from */
     nset one = {0};
@@ -580,9 +678,123 @@ int ms_grammar_matcher_fill_mask(ms_grammar_matcher *m, uint32_t *mask) {
     }
     for (int i = 0; i < m->cur.n; i++) {
         gcache_entry *e = m->ents[i];
-        if (e && !e->cached) { free(e->acc); free(e->unc); free(e); }
+        if (e && !e->cached) entry_free(e);
     }
     int n = 0;
     for (int w = 0; w < W; w++) n += __builtin_popcount(mask[w]);
     return n;
+}
+
+/* ---- precomputation ---- */
+
+static double mono_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The stack id with everything below its top PRE_DEPTH positions cut off (id itself when shallower):
+ * the walk's state space becomes finite under recursion, and the top CTX_K positions, all that a
+ * cache key holds, are unchanged. Popping below the cut ends the walk there (an early "end" that at
+ * worst adds a context no real stack has). -1 when out of memory. */
+#define PRE_DEPTH (2 * CTX_K)
+static int32_t truncate_stack(ms_grammar_matcher *m, int32_t id) {
+    int32_t pos[PRE_DEPTH];
+    int d = 0;
+    int32_t n = id;
+    while (n != 0 && d < PRE_DEPTH) { pos[d++] = m->a.pos[n]; n = m->a.par[n]; }
+    if (n == 0) return id;
+    int32_t top = 0;
+    for (int i = d - 1; i >= 0; i--) {
+        top = intern(&m->a, pos[i], top);
+        if (top < 0) return -1;
+    }
+    return top;
+}
+
+int ms_grammar_precompute(ms_grammar *g, int max_stacks, double max_seconds, ms_grammar_precompute_stats *st) {
+    ms_grammar_precompute_stats local = {0};
+    if (!st) st = &local;
+    memset(st, 0, sizeof *st);
+    int expected = 0;
+    if (!atomic_compare_exchange_strong((_Atomic int *)&g->precomputed, &expected, 1)) return 0;
+    double t0 = mono_now();
+    ms_grammar_matcher *m = ms_grammar_matcher_new(g);
+    if (!m) return -1;
+    /* Breadth first over single parse stacks: every byte a stack's top class holds leads to the same
+     * successor set (expand past the class), so the graph has one edge set per stack. Stacks are cut
+     * to their top PRE_DEPTH positions (truncate_stack), so that recursion cannot make the walk
+     * infinite. It still stops at max_stacks, max_seconds or the cache budget, nearest contexts first;
+     * what is left is computed on first use as before. */
+    int32_t *queue = NULL;
+    uint8_t *seen = NULL;
+    size_t qcap = 0, scap = 0, qh = 0, qt = 0;
+    int rc = 0;
+    nset out = {0};
+    for (int i = 0; i < m->cur.n; i++) {
+        int32_t id = m->cur.v[i];
+        if ((size_t)id >= scap) {
+            size_t nc = scap ? scap : 1024;
+            while (nc <= (size_t)id) nc *= 2;
+            uint8_t *ns = realloc(seen, nc);
+            if (!ns) { rc = -1; goto done; }
+            memset(ns + scap, 0, nc - scap);
+            seen = ns, scap = nc;
+        }
+        if (seen[id]) continue;
+        seen[id] = 1;
+        if (qt == qcap) {
+            size_t nc = qcap ? 2 * qcap : 1024;
+            int32_t *nq = realloc(queue, nc * sizeof *nq);
+            if (!nq) { rc = -1; goto done; }
+            queue = nq, qcap = nc;
+        }
+        queue[qt++] = id;
+    }
+    int before = g->n_entries;
+    while (qh < qt && st->stacks < max_stacks) {
+        if ((st->stacks & 15) == 0 && mono_now() - t0 > max_seconds) { st->truncated = 1; break; }
+        int32_t id = queue[qh++];
+        st->stacks++;
+        gcache_entry *e = context_entry(m, id);
+        if (!e) { rc = -1; break; }
+        if (!e->cached) { entry_free(e); st->truncated = 1; break; } /* the cache budget is spent */
+        /* half the budget at most: the rest stays for the contexts real requests meet beyond it */
+        if (g->cache_bytes > CACHE_BUDGET_BYTES / 2) { st->truncated = 1; break; }
+        int32_t pos = m->a.pos[id];
+        m->a.gen++;
+        out.n = 0;
+        out.popped = 0;
+        expand(g, &m->a, pos + 1, m->a.par[id], &out, 0);
+        if (m->a.overflow) { m->a.overflow = 0; continue; }
+        for (int i = 0; i < out.n; i++) {
+            int32_t nid = truncate_stack(m, out.v[i]);
+            if (nid < 0) { rc = -1; goto done; }
+            if ((size_t)nid >= scap) {
+                size_t nc = scap;
+                while (nc <= (size_t)nid) nc *= 2;
+                uint8_t *ns = realloc(seen, nc);
+                if (!ns) { rc = -1; goto done; }
+                memset(ns + scap, 0, nc - scap);
+                seen = ns, scap = nc;
+            }
+            if (seen[nid]) continue;
+            seen[nid] = 1;
+            if (qt == qcap) {
+                int32_t *nq = realloc(queue, 2 * qcap * sizeof *nq);
+                if (!nq) { rc = -1; goto done; }
+                queue = nq, qcap *= 2;
+            }
+            queue[qt++] = nid;
+        }
+    }
+    if (qh < qt) st->truncated = 1;
+    st->contexts = g->n_entries - before;
+done:
+    st->seconds = mono_now() - t0;
+    free(out.v);
+    free(queue);
+    free(seen);
+    ms_grammar_matcher_free(m);
+    return rc;
 }

@@ -186,13 +186,19 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
     ms_tensor kva = fw_view2(&f->kva, T, kvl + dr), kva3 = fw_view3(&f->kva, T, 1, kvl + dr);
     ms_tensor cl = fw_view2(&f->c, T, kvl);
     MS_TRY(op->linear(b, &l->kv_a_proj, &a, &kva, err));
-    MS_TRY(op->copy_cols(b, &kva, 0, kvl, &cl, err));
-    MS_TRY(op->rmsnorm(b, &cl, &l->kv_a_norm, c->rms_norm_eps, &cl, err));
-    MS_TRY(op->set_cols(b, &cl, 0, &kva, err));
     ms_rope_cfg rk = {kvl, dr, c->rope_interleave, c->rope_theta};
-    MS_TRY(op->rope(b, &kva3, f->meta.positions_d, &rk, err));
-    FW_TRY_CHECK(f, &kva, "kv_a", err);
-    MS_TRY(op->kv_store(b, &f->kc[L], &kva, f->meta.slot_mapping_d, err));
+    if (op->mla_kv_prep && dr <= 1024) { /* norm, RoPE and the cache store in one launch */
+        MS_TRY(op->mla_kv_prep(b, &kva, kvl, &l->kv_a_norm, c->rms_norm_eps, f->meta.positions_d, &rk, &f->kc[L],
+                               f->meta.slot_mapping_d, err));
+        FW_TRY_CHECK(f, &kva, "kv_a", err);
+    } else {
+        MS_TRY(op->copy_cols(b, &kva, 0, kvl, &cl, err));
+        MS_TRY(op->rmsnorm(b, &cl, &l->kv_a_norm, c->rms_norm_eps, &cl, err));
+        MS_TRY(op->set_cols(b, &cl, 0, &kva, err));
+        MS_TRY(op->rope(b, &kva3, f->meta.positions_d, &rk, err));
+        FW_TRY_CHECK(f, &kva, "kv_a", err);
+        MS_TRY(op->kv_store(b, &f->kc[L], &kva, f->meta.slot_mapping_d, err));
+    }
     ms_tensor qabs = fw_view3(&f->qabs, T, nh, kvl + dr);
     MS_TRY(op->mla_absorb_q(b, &l->kv_b_proj, &q, nh, dn, dr, dv, &qabs, err));
     FW_TRY_CHECK(f, &qabs, "absorb_q", err);

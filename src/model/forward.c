@@ -223,6 +223,12 @@ static ms_moe_shape moe_shape(const ms_model *m, int T) {
     return s;
 }
 
+/* Steps of at most this many tokens fold the shared expert into the routed call. Measured on the
+ * H200 (GLM-4.5-Air, 46 layers): batch 1 8.76 -> 8.29 ms with the fused router, batch 64 39.1 -> 38.2
+ * ms, but batch 256 86.5 -> 99.4 ms, where the shared expert's 256 rows are one group of the decode
+ * runner instead of one dequantize + cuBLASLt GEMM. */
+#define FOLD_MAX_TOKENS 64
+
 /* 1 if two linears hold the same shape in the same format (the expert tables need that). */
 static int same_kind(const ms_linear *a, const ms_linear *b) {
     return a->fmt == b->fmt && a->n_out == b->n_out && a->n_in == b->n_in && a->w.dtype == b->w.dtype && !a->bias.data &&
@@ -449,7 +455,7 @@ static int mlp(ms_forward *f, int L, int T, ms_err *err) {
     if (f->m->shard.ep_size > 1) /* experts of other groups become -1: their ranks add them */
         MS_TRY(op->remap_ids(f->b, f->ids.data, (int64_t)T * k, f->m->shard.e0, f->m->shard.ne, err));
     ms_moe_shape s = moe_shape(f->m, T);
-    if (f->fold && f->fold[L].n) {
+    if (f->fold && f->fold[L].n && T <= FOLD_MAX_TOKENS) {
         /* the shared expert rides along as expert n with weight 1 (transformers adds it unscaled) */
         const int n = f->fold[L].n - 1;
         MS_TRY(op->moe_append(f->b, f->ids.data, f->rw.data, T, k, n, 1.0f, f->ids2.data, f->rw2.data, err));

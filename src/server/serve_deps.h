@@ -37,8 +37,9 @@ typedef struct ms_real_ops {
     ms_tokenizer *tok;
     ms_template *tmpl;
     ms_engine *eng;
-    /* structured outputs: built on first use under gmu, freed by ms_real_ops_release */
-    pthread_mutex_t gmu;
+    /* structured outputs: built at start (ms_real_ops_prepare_grammar) or on first use under gmu,
+     * freed by ms_real_ops_release; gcmu serializes compilations */
+    pthread_mutex_t gmu, gcmu;
     ms_grammar_vocab *gvocab;
     ms_grammar_cache *gcache;
 } ms_real_ops;
@@ -47,6 +48,9 @@ typedef struct ms_real_ops {
 void ms_real_ops_release(ms_real_ops *ctx);
 
 ms_server_ops ms_server_ops_real(ms_real_ops *ctx);
+/* Builds the structured-output vocabulary index now (serve calls it at start, so the first
+ * structured request does not wait for it). Call after ms_server_ops_real. */
+int ms_real_ops_prepare_grammar(ms_real_ops *ctx, ms_err *err);
 
 /* Everything `serve` runs: tokenizer, chat template, model/executor, engine, and the ops table. */
 typedef struct ms_serve_stack_opts {

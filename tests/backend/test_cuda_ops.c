@@ -308,6 +308,38 @@ static void test_gqa_prep(void) {
     gqa_prep_case(96, 8, 128, 64, 1); /* GLM-4.5-Air heads: 14 blocks of 8 heads per token */
 }
 
+/* The fused MLA latent preparation against the CPU's five ops (copy out, RMSNorm, copy back, RoPE
+ * on the last dr columns, cache store). */
+static void mla_kv_prep_case(int kvl, int dr, int interleaved) {
+    enum { T = 5, S = 12 };
+    const int W = kvl + dr;
+    int64_t sr[2] = {T, W}, sn[2] = {T, kvl}, sc[2] = {S, W}, sw[1] = {kvl};
+    float *x = rand_vec((size_t)T * W, 3.f), *w = rand_vec((size_t)kvl, 1.f), *c0 = rand_vec((size_t)S * W, 1.f);
+    int32_t pos[T] = {0, 5, 77, 1000, 4097}, slot[T] = {3, 11, 0, 7, 5};
+    ms_tensor pg = mk_i32(GPU, T, pos), pc = mk_i32(CPU, T, pos), slg = mk_i32(GPU, T, slot), slc = mk_i32(CPU, T, slot);
+    pair X = act(2, sr, x), C = act(2, sc, c0), Wn = act(1, sw, w), N = act(2, sn, x);
+    ms_rope_cfg rc = {kvl, dr, interleaved, 10000.0};
+    R(GPU->ops->mla_kv_prep(GPU, &X.g, kvl, &Wn.g, 1e-6f, pg.data, &rc, &C.g, slg.data, &E));
+    ms_tensor x3 = ms_tensor_reshape(&X.c, 3, (int64_t[]){T, 1, W});
+    R(CPU->ops->copy_cols(CPU, &X.c, 0, kvl, &N.c, &E));
+    R(CPU->ops->rmsnorm(CPU, &N.c, &Wn.c, 1e-6f, &N.c, &E));
+    R(CPU->ops->set_cols(CPU, &N.c, 0, &X.c, &E));
+    R(CPU->ops->rope(CPU, &x3, pc.data, &rc, &E));
+    R(CPU->ops->kv_store(CPU, &C.c, &X.c, slc.data, &E));
+    CMP(X.g, X.c, 2e-2);
+    CMP(C.g, C.c, 2e-2);
+    pfree(&X); pfree(&C); pfree(&Wn); pfree(&N);
+    fr(GPU, &pg); fr(CPU, &pc); fr(GPU, &slg); fr(CPU, &slc);
+    free(x); free(w); free(c0);
+}
+
+static void test_mla_kv_prep(void) {
+    mla_kv_prep_case(512, 64, 0); /* GLM-5 */
+    mla_kv_prep_case(512, 64, 1); /* interleaved pairs (DeepSeek-style checkpoints) */
+    mla_kv_prep_case(64, 16, 0);  /* the fixtures */
+    mla_kv_prep_case(24, 8, 1);   /* a kv_lora_rank that is no multiple of 16 */
+}
+
 static void test_rope(void) {
     rope_case(3, 64, 0, 64, 0, 10000.0);      /* NeoX full */
     rope_case(2, 128, 0, 64, 0, 1e6);         /* NeoX partial (GLM-4.5) */
@@ -1346,6 +1378,7 @@ int main(void) {
     RUN(test_mla_proj);
     RUN(test_indexer);
     RUN(test_router);
+    RUN(test_mla_kv_prep);
     RUN(test_odd_fixture_shapes);
     RUN(test_checks);
     ms_backend_destroy(GPU);

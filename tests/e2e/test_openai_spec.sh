@@ -16,7 +16,7 @@ rc=0
 MS_TEST_MODEL="$tmp/demo" node tests/e2e/test_spec_greedy.mjs || rc=1
 echo "=== test_spec_greedy.mjs with --tp 2"
 MS_TEST_MODEL="$tmp/demo" MS_SERVE_ARGS="--tp 2" node tests/e2e/test_spec_greedy.mjs || rc=1
-for t in test_openai_chat.mjs test_openai_completions.mjs test_structured_outputs.mjs test_openai_concurrency.mjs \
+for t in test_openai_chat.mjs test_openai_completions.mjs test_structured_outputs.mjs test_schema_corpus.mjs test_openai_concurrency.mjs \
          test_prefix_cache.mjs; do
   echo "=== $t with --speculative-algorithm NEXTN"
   MS_TEST_MODEL="$tmp/demo" MS_SERVE_ARGS="--speculative-algorithm NEXTN --speculative-num-steps 3" node "tests/e2e/$t" || rc=1

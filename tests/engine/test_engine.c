@@ -422,6 +422,56 @@ static void test_grammar_rows(void) {
     ms_grammar_vocab_free(v);
 }
 
+/* In a grammar's free prefix (a reasoning model's thinking) a stop token is never sampled: greedy
+ * decoding whose first token is the stop id goes on past it instead of ending with no content. */
+static void test_grammar_free_prefix_no_stop(void) {
+    static const char *tok[VOCAB] = {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9", ",", "[", "]", "12", ",3", "]]", "[1",
+                                     "x", "y", "z", "ab", "9,", "0]", "77", "a", "b", "c", "d", "e", "f", "g", "h"};
+    size_t lens[VOCAB];
+    for (int i = 0; i < VOCAB; i++) lens[i] = strlen(tok[i]);
+    ms_grammar_vocab *v = NULL;
+    ms_grammar *gr = NULL;
+    ms_err err = {0};
+    CHECK_EQ_INT(ms_grammar_vocab_new(VOCAB, tok, lens, NULL, &v, &err), MS_OK);
+    CHECK_EQ_INT(ms_grammar_compile_regex("[0-9]+", v, &gr, &err), MS_OK);
+    make_prompts(1, 20);
+    int32_t ref[8];
+    fake_greedy_ref(prompts[0], n_prompts[0], 8, VOCAB, 4.0f, ref);
+    for (int with_grammar = 0; with_grammar < 2; with_grammar++) {
+        gated g;
+        ms_executor ex = gated_init(&g, 200, 4, 64);
+        ms_engine_config cfg = small_cfg(4);
+        ms_engine *e;
+        CHECK_EQ_INT(ms_engine_create(&cfg, &ex, &e, &err), MS_OK);
+        coll c;
+        coll_init(&c);
+        ms_sampling sp;
+        ms_sampling_default(&sp);
+        sp.temperature = 0;
+        sp.max_tokens = 6;
+        sp.n_stop_ids = 1;
+        sp.stop_ids[0] = ref[0];
+        if (with_grammar) {
+            sp.grammar = ms_grammar_matcher_new(gr);
+            ms_grammar_matcher_set_free_until(sp.grammar, ref[0] == 0 ? 1 : 0); /* a "</think>" other than the stop id */
+        }
+        CHECK_EQ_INT(ms_engine_submit(e, prompts[0], n_prompts[0], &sp, on_event, &c.s[0], NULL, &err), MS_OK);
+        coll_wait(&c, 1);
+        if (!with_grammar) {
+            CHECK_EQ_INT(c.s[0].finish, MS_FINISH_STOP); /* the control: greedy stops at once */
+        } else {
+            CHECK(c.s[0].finish != MS_FINISH_STOP);
+            for (int k = 0; k < c.s[0].n; k++) CHECK(c.s[0].toks[k] != ref[0]);
+        }
+        check_clean(e);
+        ms_engine_destroy(e);
+        coll_free(&c);
+        gated_free(&g);
+    }
+    ms_grammar_unref(gr);
+    ms_grammar_vocab_free(v);
+}
+
 static void test_bounded_queue_busy(void) {
     gated g;
     ms_executor ex = gated_init(&g, 64, 4, 64);
@@ -768,6 +818,7 @@ int main(void) {
     RUN(test_seed_reproducible_regardless_of_batching);
     RUN(test_stop_ids_and_ignore_eos);
     RUN(test_grammar_rows);
+    RUN(test_grammar_free_prefix_no_stop);
     RUN(test_bounded_queue_busy);
     RUN(test_queue_wait_busy);
     RUN(test_abort);

@@ -140,6 +140,8 @@ static int posix_match(const char *text, const void *arg) {
 
 static ms_grammar_vocab *VOC;
 static int NV;
+static void expect_error(const char *schema, const char *needle);
+#define expect_error_fwd expect_error
 
 static ms_grammar *schema_grammar(const char *schema) {
     json_error_t je;
@@ -167,10 +169,20 @@ static void test_json_schemas(void) {
     static const char *req0[] = {"name", "age", NULL}, *req1[] = {"c", NULL}, *req4[] = {"id", NULL};
     const void *reqs[] = {req0, req1, NULL, NULL, req4, NULL, NULL, NULL};
     for (size_t i = 0; i < sizeof schemas / sizeof schemas[0]; i++) {
-        ms_grammar *g = schema_grammar(schemas[i]);
-        if (!g) continue;
-        walk(g, VOC, NV, 12, 40, is_json, reqs[i], schemas[i]);
-        ms_grammar_unref(g);
+        /* twice: contexts computed on first use, then precomputed as the server does at admission
+         * (the masks must not depend on which) */
+        for (int pre = 0; pre < 2; pre++) {
+            ms_grammar *g = schema_grammar(schemas[i]);
+            if (!g) continue;
+            if (pre) {
+                ms_grammar_precompute_stats st;
+                CHECK(ms_grammar_precompute(g, 5000, 60.0, &st) == 0);
+                CHECK(st.contexts > 0 && st.stacks >= st.contexts);
+                CHECK(ms_grammar_precompute(g, 5000, 60.0, &st) == 0 && st.stacks == 0); /* once per grammar */
+            }
+            walk(g, VOC, NV, 12, 40, is_json, reqs[i], schemas[i]);
+            ms_grammar_unref(g);
+        }
     }
     /* json_object: any object */
     ms_grammar *g = NULL;
@@ -201,6 +213,59 @@ static void test_integer_ranges(void) {
         CHECK_MSG(bad == 0, "%s: %d integers misclassified", sch, bad);
         ms_grammar_unref(g);
     }
+}
+
+static int accepts_text(ms_grammar *g, const char *s) {
+    ms_grammar_matcher *m = ms_grammar_matcher_new(g);
+    int ok = 1;
+    for (const char *p = s; *p && ok; p++) ok = ms_grammar_matcher_accept(m, (unsigned char)*p - 0x20 + 1);
+    ok = ok && ms_grammar_matcher_can_end(m);
+    ms_grammar_matcher_free(m);
+    return ok;
+}
+
+/* type number with bounds: every accepted text (integers and one- and two-decimal fractions over
+ * [-13, 13], plus 15-decimal ones next to each bound) parses to a double inside the bounds, and
+ * fractions strictly inside are offered where the interval has room for them */
+static void test_number_bounds(void) {
+    static const struct { const char *kw; double lo, hi; int lox, hix; } rg[] = {
+        {"\"minimum\":0.5,\"maximum\":3", 0.5, 3, 0, 0},
+        {"\"exclusiveMinimum\":0,\"exclusiveMaximum\":1", 0, 1, 1, 1},
+        {"\"minimum\":-2.5,\"exclusiveMaximum\":-1", -2.5, -1, 0, 1},
+        {"\"exclusiveMinimum\":-3,\"maximum\":0", -3, 0, 1, 0},
+        {"\"minimum\":-10,\"maximum\":10", -10, 10, 0, 0},
+        {"\"exclusiveMinimum\":-1,\"exclusiveMaximum\":0", -1, 0, 1, 1},
+        {"\"minimum\":0,\"maximum\":1", 0, 1, 0, 0},
+        {"\"exclusiveMinimum\":2", 2, INFINITY, 1, 0},
+    };
+    for (size_t r = 0; r < sizeof rg / sizeof rg[0]; r++) {
+        char sch[200];
+        snprintf(sch, sizeof sch, "{\"type\":\"number\",%s}", rg[r].kw);
+        ms_grammar *g = schema_grammar(sch);
+        if (!g) continue;
+        int bad = 0, frac_in = 0;
+        char s[64];
+        for (int x = -1300; x <= 1300; x++) {
+            for (int form = 0; form < 4; form++) {
+                if (form == 0 && x % 100) continue;
+                if (form == 0) snprintf(s, sizeof s, "%d", x / 100);
+                else if (form == 1) { if (x % 10) continue; snprintf(s, sizeof s, "%s%d.%d", x < 0 ? "-" : "", abs(x) / 100, abs(x) / 10 % 10); }
+                else if (form == 2) snprintf(s, sizeof s, "%s%d.%02d", x < 0 ? "-" : "", abs(x) / 100, abs(x) % 100);
+                else { if (x % 100) continue; snprintf(s, sizeof s, "%s%d.000000001", x < 0 ? "-" : "", abs(x) / 100); }
+                double d = strtod(s, NULL);
+                int in = (rg[r].lox ? d > rg[r].lo : d >= rg[r].lo) && (rg[r].hix ? d < rg[r].hi : d <= rg[r].hi);
+                int ok = accepts_text(g, s);
+                if (ok && !in) { if (bad++ < 3) fprintf(stderr, "  %s accepts %s\n", sch, s); }
+                if (ok && form && d != floor(d)) frac_in++;
+            }
+        }
+        /* a near-bound literal with 9 decimals, both signs */
+        CHECK_MSG(bad == 0, "%s: %d out-of-range numbers accepted", sch, bad);
+        CHECK_MSG(frac_in > 0, "%s: no fraction accepted", sch);
+        ms_grammar_unref(g);
+    }
+    /* an interval holding no integer and no whole unit interval is refused, naming the bounds */
+    expect_error_fwd("{\"type\":\"number\",\"minimum\":0.2,\"maximum\":0.8}", "minimum");
 }
 
 static void test_regex(void) {
@@ -284,6 +349,32 @@ static void test_errors(void) {
     CHECK(ms_grammar_compile_regex("(a", VOC, &g, &err) != MS_OK);
 }
 
+/* oneOf: compiled when the branches are provably exclusive (walked against the reference, outputs
+ * parsed), refused naming 'oneOf' when not; sibling keywords beside const/enum/anyOf checked */
+static void test_oneof(void) {
+    static const char *ok[] = {
+        "{\"oneOf\":[{\"type\":\"string\",\"maxLength\":4},{\"type\":\"integer\"},{\"type\":\"null\"}]}",
+        "{\"oneOf\":[{\"const\":\"a\"},{\"enum\":[\"b\",\"c\"]}]}",
+        "{\"oneOf\":[{\"type\":\"integer\",\"maximum\":0},{\"type\":\"integer\",\"minimum\":1}]}",
+        "{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"x\"},\"a\":{\"type\":\"integer\"}},\"required\":[\"k\"]},"
+        "{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"y\"},\"b\":{\"type\":\"string\"}},\"required\":[\"k\",\"b\"]}]}",
+        "{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"],\"additionalProperties\":false},"
+        "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"integer\"}},\"required\":[\"b\"],\"additionalProperties\":false}]}",
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        ms_grammar *g = schema_grammar(ok[i]);
+        if (g) { walk(g, VOC, NV, 8, 30, is_json, NULL, ok[i]); ms_grammar_unref(g); }
+    }
+    expect_error("{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"number\"}]}", "oneOf");
+    expect_error("{\"oneOf\":[{\"type\":\"string\"},{\"type\":\"string\",\"maxLength\":3}]}", "oneOf");
+    expect_error("{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}},"
+                 "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"integer\"}}}]}", "oneOf");
+    expect_error("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"anyOf\":[{\"required\":[\"a\"]}]}", "properties");
+    expect_error("{\"type\":\"string\",\"enum\":[\"x\"],\"pattern\":\"y\"}", "pattern");
+    expect_error("{\"type\":\"string\",\"enum\":[1,2]}", "enum");
+    expect_error("{\"$ref\":\"#/$defs/a\",\"minimum\":3,\"$defs\":{\"a\":{\"type\":\"integer\"}}}", "minimum");
+}
+
 /* The demo model's real byte-level BPE vocabulary (tokens ending inside UTF-8 characters, added
  * tags): masks against the reference and finished outputs parsed by jansson. */
 static void test_real_vocab(void) {
@@ -301,6 +392,14 @@ static void test_real_vocab(void) {
         CHECK_MSG(ms_grammar_compile_json_schema(s, v, &g, &err) == MS_OK, "%s", err.msg);
         static const char *req[] = {"name", "n", NULL};
         if (g) { walk(g, v, V, 8, 40, is_json, req, "demo vocabulary"); ms_grammar_unref(g); }
+        g = NULL;
+        CHECK_MSG(ms_grammar_compile_json_schema(s, v, &g, &err) == MS_OK, "%s", err.msg);
+        if (g) {
+            ms_grammar_precompute_stats st;
+            CHECK(ms_grammar_precompute(g, 20000, 60.0, &st) == 0 && !st.truncated && st.contexts > 0);
+            walk(g, v, V, 8, 40, is_json, req, "demo vocabulary, precomputed");
+            ms_grammar_unref(g);
+        }
         json_decref(s);
         ms_grammar_vocab_free(v);
     }
@@ -311,6 +410,8 @@ int main(void) {
     VOC = make_vocab(&NV);
     RUN(test_json_schemas);
     RUN(test_integer_ranges);
+    RUN(test_number_bounds);
+    RUN(test_oneof);
     RUN(test_regex);
     RUN(test_gbnf);
     RUN(test_free_prefix);

@@ -513,6 +513,62 @@ int cu_op_gqa_prep(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_ten
     return MS_OK;
 }
 
+/* ---- fused MLA latent preparation ---- */
+
+/* One block per token: the first kvl columns of the kv_a row RMS-normalised (fp32, one bf16 rounding,
+ * as k_norm), the last dr rotated as k_rope (fp32 angle p * inv_freq[j]), both written back into the
+ * row and into the token's latent-cache row. Why: five launches (copy out, norm, copy back, RoPE,
+ * store) per MLA layer that together move ~1 KB per token. */
+__global__ void k_mla_kv_prep(bf16 *kva, int kvl, int dr, const void *w, int wt, float eps, const int32_t *pos,
+                              const float *inv, int interleaved, bf16 *cache, int64_t S, const int32_t *slot) {
+    __shared__ float sh[32];
+    const int t = blockIdx.x, W = kvl + dr;
+    bf16 *row = kva + (size_t)t * W;
+    float acc = 0.f;
+    for (int c = threadIdx.x; c < kvl; c += blockDim.x) {
+        const float v = __bfloat162float(row[c]);
+        acc += v * v;
+    }
+    const float inv_rms = 1.f / sqrtf(block_sum(acc, sh) / (float)kvl + eps);
+    const int64_t s = slot[t];
+    bf16 *dst = s >= 0 && s < S ? cache + (size_t)s * W : NULL;
+    const float p = (float)pos[t];
+    const int half = dr / 2;
+    /* the rope pairs read before anyone writes (a thread writes only the columns it read) */
+    for (int j = threadIdx.x; j < half; j += blockDim.x) {
+        const int i0 = kvl + (interleaved ? 2 * j : j), i1 = kvl + (interleaved ? 2 * j + 1 : j + half);
+        const float a = __bfloat162float(row[i0]), c = __bfloat162float(row[i1]);
+        float sn, cs;
+        sincosf(p * inv[j], &sn, &cs);
+        const bf16 o0 = __float2bfloat16_rn(a * cs - c * sn), o1 = __float2bfloat16_rn(c * cs + a * sn);
+        row[i0] = o0;
+        row[i1] = o1;
+        if (dst) dst[i0] = o0, dst[i1] = o1;
+    }
+    for (int c = threadIdx.x; c < kvl; c += blockDim.x) {
+        const bf16 o = __float2bfloat16_rn(__bfloat162float(row[c]) * inv_rms * cu_ld(w, wt, c));
+        row[c] = o;
+        if (dst) dst[c] = o;
+    }
+}
+
+int cu_op_mla_kv_prep(ms_backend *b, ms_tensor *kva, int kvl, const ms_tensor *w, float eps, const int32_t *pos_d,
+                      const ms_rope_cfg *rc, ms_tensor *cache, const int32_t *slot_d, ms_err *err) {
+    const int64_t W = last_dim(kva), T = W ? ms_tensor_numel(kva) / W : 0;
+    const int dr = (int)(W - kvl);
+    if (kva->dtype != MS_BF16 || cache->dtype != MS_BF16 || last_dim(cache) != W || dr < 0 || dr % 2 ||
+        ms_tensor_numel(w) != kvl || !rc || rc->rot_off != kvl || rc->rot_dim != dr)
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "mla_kv_prep: needs bf16 rows of kv_lora_rank + rope dims with RoPE on the last ones");
+    if (T == 0) return MS_OK;
+    const float *inv = NULL;
+    if (dr) MS_TRY(rope_table(b, rc, &inv, err));
+    const int64_t S = ms_tensor_numel(cache) / W;
+    k_mla_kv_prep<<<(unsigned)T, 256, 0, stream_of(b)>>>((bf16 *)kva->data, kvl, dr, w->data, w->dtype, eps, pos_d, inv,
+                                                        rc->interleaved, (bf16 *)cache->data, S, slot_d);
+    CK_LAUNCH();
+    return MS_OK;
+}
+
 /* ---- KV store ---- */
 
 __global__ void k_kv_store(void *cache, int ct, int64_t S, const void *x, int xt, int64_t W, const int32_t *slot) {
