@@ -178,8 +178,14 @@ static void fixture_check(const char *name) {
     CHECK(ms_forward_run(f, mkbatch(&u, &sm), lg, &E) == MS_OK);
     CHECK(ms_forward_get_hidden(f, h, n, &E) == MS_OK);
     double dh = rel_diff(h, href, n, H);
-    printf("  %s: main hidden rows vs transformers: %.2e\n", name, dh);
-    CHECK_MSG(dh < tol, "%s: hidden rows differ by %.3e (tol %.1e)", name, dh, tol);
+    /* On the GPU the main model of the DSA fixture crosses a near-tie at layer 0 (one expert and one
+     * DSA key choice differ from the CPU's in gpu-check's free run of glm_moe_dsa_mtp, while its
+     * replayed-choice run agrees within 7.6e-3), so its own hidden rows, and the MTP logits computed
+     * from them, are not comparable there; the MTP layer itself is checked from the reference's hidden
+     * rows below, and the main model by gpu-check with the CPU's choices replayed. */
+    const int free_ok = !(g_gpu && m->cfg.index_topk > 0);
+    printf("  %s: main hidden rows vs transformers: %.2e%s\n", name, dh, free_ok ? "" : " (not checked on the GPU)");
+    if (free_ok) CHECK_MSG(dh < tol, "%s: hidden rows differ by %.3e (tol %.1e)", name, dh, tol);
     /* end to end: MTP over positions 0..S-2 with tokens 1..S-1 and our own hidden rows */
     bspec sd = {1, {ids + 1}, {0}, {n}, {0}};
     CHECK(ms_forward_mtp_run(f, mkbatch(&u, &sd), MS_MTP_HID_TARGET, hidx, lg, &E) == MS_OK);
@@ -190,7 +196,7 @@ static void fixture_check(const char *name) {
     double d2 = rel_diff(lg, lref, n, V);
     printf("  %s: MTP logits vs transformers: %.2e end to end, %.2e from the reference hidden rows (tol %.1e)\n", name,
            d1, d2, tol);
-    CHECK_MSG(d1 < tol && d2 < tol, "%s: MTP logits differ: %.3e / %.3e (tol %.1e)", name, d1, d2, tol);
+    CHECK_MSG((d1 < tol || !free_ok) && d2 < tol, "%s: MTP logits differ: %.3e / %.3e (tol %.1e)", name, d1, d2, tol);
     ms_forward_free(f);
     ms_model_free(m);
     free(lg), free(h), free(href), free(lref), free(ids);
@@ -412,9 +418,15 @@ static void gpu_vs_cpu(const char *fixture) {
     bbuf u;
     for (int i = 0; i < n; i++) hidx[i] = i;
     bspec sm = {1, {ids}, {0}, {S}, {0}}, sd = {1, {ids + 1}, {0}, {n}, {0}};
+    /* The MTP step of both backends reads the CPU's hidden rows: the main models may part at a routing
+     * or key-selection near-tie (the DSA fixture does at layer 0), which gpu-check covers with the
+     * CPU's choices replayed; this checks the MTP layer's own kernels. */
+    float *hc = malloc(sizeof(float) * (size_t)MAXT * (size_t)mg->cfg.hidden_size);
     CHECK(ms_forward_run(fg, mkbatch(&u, &sm), NULL, &E) == MS_OK);
-    CHECK(ms_forward_mtp_run(fg, mkbatch(&u, &sd), MS_MTP_HID_TARGET, hidx, a, &E) == MS_OK);
     CHECK(ms_forward_run(fc, mkbatch(&u, &sm), NULL, &E) == MS_OK);
+    CHECK(ms_forward_get_hidden(fc, hc, n, &E) == MS_OK);
+    CHECK(ms_forward_set_hidden(fg, hc, n, &E) == MS_OK);
+    CHECK(ms_forward_mtp_run(fg, mkbatch(&u, &sd), MS_MTP_HID_TARGET, hidx, a, &E) == MS_OK);
     CHECK(ms_forward_mtp_run(fc, mkbatch(&u, &sd), MS_MTP_HID_TARGET, hidx, b, &E) == MS_OK);
     double d1 = rel_diff(a, b, n, V), d2 = 0;
     /* decode steps at positions S.. (graph-recorded on the GPU from the second on) then one MTP token */
@@ -422,15 +434,17 @@ static void gpu_vs_cpu(const char *fixture) {
         int32_t t = ids[p % 16], nx = ids[(p + 1) % 16], z = 0;
         bspec s1 = {1, {&t}, {p}, {1}, {0}}, d1s = {1, {&nx}, {p}, {1}, {0}};
         CHECK(ms_forward_run(fg, mkbatch(&u, &s1), NULL, &E) == MS_OK);
-        CHECK(ms_forward_mtp_run(fg, mkbatch(&u, &d1s), MS_MTP_HID_TARGET, &z, a, &E) == MS_OK);
         CHECK(ms_forward_run(fc, mkbatch(&u, &s1), NULL, &E) == MS_OK);
+        CHECK(ms_forward_get_hidden(fc, hc, 1, &E) == MS_OK);
+        CHECK(ms_forward_set_hidden(fg, hc, 1, &E) == MS_OK);
+        CHECK(ms_forward_mtp_run(fg, mkbatch(&u, &d1s), MS_MTP_HID_TARGET, &z, a, &E) == MS_OK);
         CHECK(ms_forward_mtp_run(fc, mkbatch(&u, &d1s), MS_MTP_HID_TARGET, &z, b, &E) == MS_OK);
         double d = rel_diff(a, b, 1, V);
         d2 = d > d2 ? d : d2;
     }
     printf("  %s: GPU vs CPU MTP logits: prefill %.2e, decode %.2e (tol %.0e)\n", fixture, d1, d2, TOL_GPU);
     CHECK_MSG(d1 < TOL_GPU && d2 < TOL_GPU, "%s: GPU MTP logits differ from the CPU's: %.3e / %.3e", fixture, d1, d2);
-    free(a), free(b);
+    free(a), free(b), free(hc);
     ms_forward_free(fg);
     ms_forward_free(fc);
     ms_model_free(mg);
