@@ -260,13 +260,12 @@ static size_t on_buf_write(char *ptr, size_t size, size_t nmemb, void *ud) {
     return size * nmemb;
 }
 
-int ms_bench_fetch_model(const char *base_url, const char *api_key, char **model, ms_err *err) {
-    *model = NULL;
-    char url[2048], auth[1024];
-    snprintf(url, sizeof url, "%s/v1/models", base_url);
+/* GET url (with a bearer key when api_key is set) into b, 10 s at most, http(s) only; *code = the
+ * HTTP status. CURLE_FAILED_INIT when curl cannot start. */
+static CURLcode get_small(const char *url, const char *api_key, buf *b, long *code) {
+    char auth[1024];
     CURL *e = curl_easy_init();
-    if (!e) return ms_errf(err, MS_ERR_RUNTIME, "bench: curl_easy_init failed");
-    buf b = {.max = (size_t)1 << 20};
+    if (!e) return CURLE_FAILED_INIT;
     struct curl_slist *h = NULL;
     if (api_key) {
         snprintf(auth, sizeof auth, "Authorization: Bearer %s", api_key);
@@ -275,15 +274,26 @@ int ms_bench_fetch_model(const char *base_url, const char *api_key, char **model
     curl_easy_setopt(e, CURLOPT_URL, url);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_buf_write);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, b);
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 10000L);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
     CURLcode cc = curl_easy_perform(e);
-    long code = 0;
-    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
+    *code = 0;
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, code);
     curl_easy_cleanup(e);
     curl_slist_free_all(h);
+    return cc;
+}
+
+int ms_bench_fetch_model(const char *base_url, const char *api_key, char **model, ms_err *err) {
+    *model = NULL;
+    char url[2048];
+    snprintf(url, sizeof url, "%s/v1/models", base_url);
+    buf b = {.max = (size_t)1 << 20};
+    long code = 0;
+    CURLcode cc = get_small(url, api_key, &b, &code);
+    if (cc == CURLE_FAILED_INIT) return ms_errf(err, MS_ERR_RUNTIME, "bench: curl_easy_init failed");
     int rc = MS_OK;
     if (cc != CURLE_OK) {
         rc = ms_errf(err, MS_ERR_IO, "GET %s failed: %s (pass --model to skip this)", url, curl_easy_strerror(cc));
@@ -529,28 +539,11 @@ int ms_bench_run(const ms_bench_config *cfg, const ms_bench_prompt *p, int n, co
 }
 
 double ms_bench_fetch_accept_length(const char *base_url, const char *api_key) {
-    char url[2048], auth[1024];
+    char url[2048];
     snprintf(url, sizeof url, "%s/get_server_info", base_url);
-    CURL *e = curl_easy_init();
-    if (!e) return 0;
     buf b = {.max = (size_t)1 << 20};
-    struct curl_slist *h = NULL;
-    if (api_key) {
-        snprintf(auth, sizeof auth, "Authorization: Bearer %s", api_key);
-        h = curl_slist_append(h, auth);
-    }
-    curl_easy_setopt(e, CURLOPT_URL, url);
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_buf_write);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
-    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 10000L);
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-    CURLcode cc = curl_easy_perform(e);
     long code = 0;
-    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
-    curl_easy_cleanup(e);
-    curl_slist_free_all(h);
+    CURLcode cc = get_small(url, api_key, &b, &code);
     double al = 0;
     if (cc == CURLE_OK && code == 200 && !b.overflow) {
         json_t *root = json_loadb(b.p ? b.p : "", b.len, 0, NULL);
