@@ -58,6 +58,26 @@ static const char *BASE =
     "jrawchar ::= [^\"\\\\<\\x00-\\x1F]\n"
     "jrawstring ::= jrawchar*\n";
 
+/* Ends a translation: the caller's root rules in all, then the shared base rules and j's own, into
+ * *out (the caller frees it); frees what j holds either way. oom: a caller buffer overflowed. */
+static int js_finish(js *j, gstr *all, int oom, const char *what, char **out) {
+    if (!j->rc) {
+        gs_adds(all, BASE);
+        if (j->out.s) gs_adds(all, j->out.s);
+        if (all->oom || j->out.oom || oom) j->rc = ms_errf(j->err, MS_ERR_NOMEM, "%s: out of memory", what);
+    }
+    free(j->out.s);
+    for (int i = 0; i < j->n_refs; i++) free(j->ref_keys[i]);
+    free(j->ref_keys);
+    free(j->ref_rule);
+    if (j->rc) {
+        free(all->s);
+        return j->rc;
+    }
+    *out = all->s;
+    return MS_OK;
+}
+
 static int new_rule(js *j) { return j->n_rules++; }
 
 static void gen(js *j, json_t *s, const char *path, gstr *e);
@@ -835,18 +855,10 @@ int ms_grammar_json_schema_to_gbnf(json_t *schema, char **out, ms_err *err) {
         gs_adds(&all, "root ::= ");
         gs_adds(&all, root.s ? root.s : "\"\"");
         gs_adds(&all, "\n");
-        gs_adds(&all, BASE);
-        if (j.out.s) gs_adds(&all, j.out.s);
-        if (all.oom || j.out.oom || root.oom) j.rc = ms_errf(err, MS_ERR_NOMEM, "json schema: out of memory");
     }
+    const int oom = root.oom;
     free(root.s);
-    free(j.out.s);
-    for (int i = 0; i < j.n_refs; i++) free(j.ref_keys[i]);
-    free(j.ref_keys);
-    free(j.ref_rule);
-    if (j.rc) { free(all.s); return j.rc; }
-    *out = all.s;
-    return MS_OK;
+    return js_finish(&j, &all, oom, "json schema", out);
 }
 
 /* ---- forced tool calls (GLM's <tool_call> format) ---- */
@@ -928,20 +940,10 @@ int ms_grammar_tool_call_gbnf(json_t *tools, const char *only, int compact, char
     }
     if (!j.rc && !n_calls) jfail(&j, "tools", only ? "no tool named '%s'" : "no tools", only ? only : "");
     gstr all = {0};
-    if (!j.rc) {
-        gs_printf(&all, "root ::= tcall%s\ntcall ::= %s\n", only ? "" : " (\"\\n\" tcall)*", calls.s);
-        gs_adds(&all, BASE);
-        if (j.out.s) gs_adds(&all, j.out.s);
-        if (all.oom || j.out.oom || calls.oom) j.rc = ms_errf(err, MS_ERR_NOMEM, "tool call grammar: out of memory");
-    }
+    if (!j.rc) gs_printf(&all, "root ::= tcall%s\ntcall ::= %s\n", only ? "" : " (\"\\n\" tcall)*", calls.s);
+    const int oom = calls.oom;
     free(calls.s);
-    free(j.out.s);
-    for (int i = 0; i < j.n_refs; i++) free(j.ref_keys[i]);
-    free(j.ref_keys);
-    free(j.ref_rule);
-    if (j.rc) { free(all.s); return j.rc; }
-    *out = all.s;
-    return MS_OK;
+    return js_finish(&j, &all, oom, "tool call grammar", out);
 }
 
 int ms_grammar_no_substring_gbnf(const char *pat, char **out, ms_err *err) {
