@@ -73,6 +73,21 @@ __device__ __forceinline__ void gm_fp4x8(uint32_t w, uint32_t s2, uint32_t (&o)[
     o[2] = gm_bmul2(((w >> 2) & M) | ((w << 4) & S), s2);
     o[3] = gm_bmul2(((w >> 6) & M) | (w & S), s2);
 }
+/* gm_fp4x8 with fewer integer-pipe instructions (MS_CU_GEMV_FP4=v2, the default; same outputs): the
+ * nibble pair (i, i+4) of a word is isolated by one mask (16 bits apart, as the bf16 halves) and one
+ * multiply by 2^a + 2^(a+6) (IMAD, the FMA pipe) puts the magnitude at bits 8..6 and a copy of the
+ * sign at bit 15 of each half without carries (the two shifted copies do not overlap); one mask keeps
+ * those bits. Nibbles 2, 3, 6, 7 go through the same after one shared right shift by 8. Per word: 8
+ * LOP3 + 1 shift on the ALU pipe and 4 IMAD (the old form: 8 LOP3 + 7 shifts, which ptxas splits
+ * between SHF and IMAD.SHL). */
+__device__ __forceinline__ void gm_fp4x8_v2(uint32_t w, uint32_t s2, uint32_t (&o)[4]) {
+    const uint32_t MS = 0x81C081C0u; /* magnitude at bits 8..6, sign at 15, in each half */
+    const uint32_t w2 = w >> 8;
+    o[0] = gm_bmul2(((w & 0x000F000Fu) * 0x1040u) & MS, s2);
+    o[1] = gm_bmul2(((w & 0x00F000F0u) * 0x104u) & MS, s2);
+    o[2] = gm_bmul2(((w2 & 0x000F000Fu) * 0x1040u) & MS, s2);
+    o[3] = gm_bmul2(((w2 & 0x00F000F0u) * 0x104u) & MS, s2);
+}
 /* 4 e4m3 bytes (k = i for byte i) -> 2 bf16x2 holding the exact values: o[0] = (k 0, k 2),
  * o[1] = (k 1, k 3). */
 __device__ __forceinline__ void gm_fp8x4(uint32_t w, uint32_t (&o)[2]) {
@@ -85,6 +100,20 @@ __device__ __forceinline__ uint32_t gm_fp4_scale(uint32_t byte) {
     const float s = __uint_as_float(((byte & 0x7fu) << 20) | ((byte & 0x80u) << 24)) * 0x1p120f; /* exact e4m3 */
     const uint32_t h = __float_as_uint(s * 0x1p118f) >> 16;
     return h | (h << 16);
+}
+
+/* The two e4m3 scale bytes of a lane's nvfp4 chunk (sc: byte 0 for k 0..15, byte 1 for k 16..31) ->
+ * s0, s1: the bf16x2 patterns (s * 2^118, s * 2^118) of each, as gm_fp4_scale, for both at once and
+ * without the fp32 path: the bytes spread to the two halves, the e4m3 bits placed in a bf16 pattern
+ * give s * 2^-120 exactly (e4m3 subnormals become bf16 subnormals, which fma.bf16x2 takes), two exact
+ * bf16x2 products by 2^119 give s * 2^118 (>= 2^109 or 0, < 2^127), then each half is broadcast. */
+__device__ __forceinline__ void gm_fp4_scale2(uint32_t sc, uint32_t &s0, uint32_t &s1) {
+    const uint32_t P119 = 0x7B007B00u; /* bf16 2^119 twice */
+    const uint32_t t = __byte_perm(sc, 0u, 0x4140); /* byte 0 -> bits 0..7, byte 1 -> bits 16..23 */
+    const uint32_t p = ((t << 4) & 0x07F007F0u) | ((t << 8) & 0x80008000u);
+    const uint32_t v = gm_bmul2(gm_bmul2(p, P119), P119);
+    s0 = __byte_perm(v, v, 0x1010);
+    s1 = __byte_perm(v, v, 0x3232);
 }
 
 /* ---- kernel ---- */
@@ -130,7 +159,7 @@ __device__ __forceinline__ void gm_load(gm_raw &r, const uint8_t *const (&wrow)[
     for (int h = 0; h < 2; h++) {
         r.w[h] = ok ? __ldg((const uint4 *)(wrow[h] + (size_t)j * 64 + ti * 16)) : make_uint4(0, 0, 0, 0);
         r.sc[h] = 0u;
-        if (FMT == 2 && ok) r.sc[h] = __ldg((const unsigned short *)srow[h] + (size_t)j * 4 + ti);
+        if (FMT >= 2 && ok) r.sc[h] = __ldg((const unsigned short *)srow[h] + (size_t)j * 4 + ti);
     }
     if (FMT == 1 && j < nss) r.sc[0] = __float_as_uint(__ldg((const float *)srow[0] + (j >> 1)));
 }
@@ -178,19 +207,31 @@ __device__ __forceinline__ void gm_step(float (&acc)[NT][4], const gm_raw &r, co
         }
     } else {
         /* chunk = 4 words of 8 k; word q gives pairs (k 8q+i, 8q+i+4), i = 0..3; step 2q takes i = 0, 1
-         * and step 2q+1 takes i = 2, 3 */
+         * and step 2q+1 takes i = 2, 3. FMT 3 (MS_CU_GEMV_FP4=v2) decodes the same values with fewer
+         * ALU instructions: both scale bytes of a row at once, the nibbles through gm_fp4x8_v2. */
+        uint32_t s2[2][2]; /* FMT 3: [row g / g+8][16-k group] */
+        if (FMT == 3) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) gm_fp4_scale2(r.sc[h], s2[h][0], s2[h][1]);
+        }
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             uint32_t A[2][4];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const uint32_t wq = q == 0 ? r.w[h].x : q == 1 ? r.w[h].y : q == 2 ? r.w[h].z : r.w[h].w;
-                const uint32_t sb = q < 2 ? (r.sc[h] & 0xffu) : (r.sc[h] >> 8); /* 16-k group q/2 */
-                gm_fp4x8(wq, gm_fp4_scale(sb), A[h]);
+                if (FMT == 3) {
+                    gm_fp4x8_v2(wq, s2[h][q >> 1], A[h]);
+                } else {
+                    const uint32_t sb = q < 2 ? (r.sc[h] & 0xffu) : (r.sc[h] >> 8); /* 16-k group q/2 */
+                    gm_fp4x8(wq, gm_fp4_scale(sb), A[h]);
+                }
             }
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
-                if (nt >= ntiles) break;
+                /* a pass has >= 1 n-tile: FMT 3 tests only the later ones (no branch at NT = 1, so the
+                 * next word's decode can be scheduled across the mma) */
+                if ((FMT != 3 || nt > 0) && nt >= ntiles) break;
                 const int row = min(nt * 8 + gi, nr - 1);
                 const uint4 X = xs[row * rs + gm_swz(ubase + q)]; /* x k 8q..8q+7 */
                 gm_mma(acc[nt], A[0][0], A[1][0], A[0][1], A[1][1], __byte_perm(X.x, X.z, 0x5410),
@@ -349,7 +390,7 @@ __global__ __launch_bounds__(256, 1) void k_gmma(gm_args a) {
         if (active && sk == 0) {
             /* post-scale: nvfp4 256 * scale2 of each stream (2^-8 was folded into A) */
             float post0 = 1.f, post1 = 1.f;
-            if (FMT == 2) {
+            if (FMT >= 2) {
                 post0 = 256.f * W.scale2;
                 if (MODE == 1) post1 = 256.f * (a.W0 ? a.W1[a.group_w ? a.group_w[g] : g].scale2 : a.w1.scale2);
             }
@@ -481,10 +522,12 @@ int cu_gemv_mma(ms_backend *b, const cu_gemv_call *c, ms_err *err) {
     cudaStream_t st = cu_of(b)->stream;
     cudaError_t ce;
 #define GM_L(F, M) ce = gm_launch_nt<F, M>(nt, grid, nw * 32, smem, st, a)
+    /* nvfp4: FMT 3 is the v2 decode of the same format (MS_CU_GEMV_FP4, knobs.c; v1 = FMT 2) */
+    const int v1 = cu_knob(CU_KNOB_GEMV_FP4) == CU_GEMV_FP4_V1;
     if (mode == 0) {
-        switch (f) { case 0: GM_L(0, 0); break; case 1: GM_L(1, 0); break; default: GM_L(2, 0); }
+        switch (f) { case 0: GM_L(0, 0); break; case 1: GM_L(1, 0); break; default: if (v1) GM_L(2, 0); else GM_L(3, 0); }
     } else {
-        switch (f) { case 0: GM_L(0, 1); break; case 1: GM_L(1, 1); break; default: GM_L(2, 1); }
+        switch (f) { case 0: GM_L(0, 1); break; case 1: GM_L(1, 1); break; default: if (v1) GM_L(2, 1); else GM_L(3, 1); }
     }
 #undef GM_L
     CK(ce);

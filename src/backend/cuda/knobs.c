@@ -26,6 +26,8 @@ typedef struct kn_def {
 
 static const char *const gemv_choices[] = {"mma", "gv2", NULL};
 static const char *const gg_choices[] = {"mma", "old", NULL};
+static const char *const fp4_choices[] = {"v2", "v1", NULL};
+static const char *const router_choices[] = {"split", "warp", NULL};
 
 static const kn_def knobs[CU_KNOB_COUNT] = {
     [CU_KNOB_GEMV] = {"MS_CU_GEMV", KN_CHOICE, CU_GEMV_MMA, 0, 0, gemv_choices, 1,
@@ -49,6 +51,12 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
     [CU_KNOB_ROUTER_UNFUSED] = {"MS_CU_ROUTER_UNFUSED", KN_FLAG, 0, 0, 1, NULL, 0,
                                 "router as cuBLASLt GEMV + routing kernel even at decode (default: one fused "
                                 "kernel for up to 8 tokens)"},
+    [CU_KNOB_GEMV_FP4] = {"MS_CU_GEMV_FP4", KN_CHOICE, CU_GEMV_FP4_V2, 0, 0, fp4_choices, 0,
+                          "tensor-core GEMV NVFP4 decode: v2 = fewer ALU instructions (scale bytes in pairs, "
+                          "IMAD nibble spread); v1 = the first form (A/B)"},
+    [CU_KNOB_ROUTER] = {"MS_CU_ROUTER", KN_CHOICE, CU_ROUTER_SPLIT, 0, 0, router_choices, 0,
+                        "fused decode router: split = logits over many blocks (K split, 4 experts a block) "
+                        "then selection by the last block; warp = one warp per expert row (the first form)"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */

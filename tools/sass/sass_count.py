@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""sass_count.py - SASS instruction counts of one kernel of an sm_90 cubin without nvdisasm (this
+machine has no cuobjdump/nvdisasm): each 16-byte instruction's opcode is its low 12 bits, named from
+a table this script's author built by compiling one-instruction PTX probes with nvcc 13.0, and tied
+to source lines through the cubin's -lineinfo line table (binutils readelf). Prints, for the address
+range spanned by instructions from the given source lines (the inner loop), counts per opcode and per
+issue pipe (ncu's names, as far as the opcode's pipe is known). Evidence for bench/NOTES.md only.
+
+usage: sass_count.py CUBIN KERNEL_SUBSTRING FIRST_LINE LAST_LINE [--all | --loop LINE]
+  the range is [lowest, highest] address of instructions whose line is in [FIRST_LINE, LAST_LINE];
+  --loop LINE: instead the loop whose header is source line LINE around those instructions: from after
+  the last forward branch of lines LINE-1..LINE before the first of them to the first backward branch
+  of line LINE after the last of them (a branch's direction is the sign bit of its offset field)"""
+import collections, re, struct, subprocess, sys
+
+NAMES = {  # opcode (low 12 bits) -> (name, pipe)
+    0x202: ('MOV', 'alu'), 0x802: ('MOV', 'alu'), 0xc02: ('MOV', 'alu'),
+    0x207: ('SEL', 'alu'), 0x807: ('SEL', 'alu'), 0xc07: ('SEL', 'alu'),
+    0x209: ('FMNMX', 'alu'), 0x20b: ('FSETP', 'alu'), 0x80b: ('FSETP', 'alu'),
+    0x20c: ('ISETP', 'alu'), 0x80c: ('ISETP', 'alu'), 0xc0c: ('ISETP', 'alu'),
+    0x20f: ('IMNMX', 'alu'), 0x80f: ('IMNMX', 'alu'),
+    0x210: ('IADD3', 'alu'), 0x810: ('IADD3', 'alu'), 0xc10: ('IADD3', 'alu'),
+    0x211: ('LEA', 'alu'), 0x811: ('LEA', 'alu'), 0xc11: ('LEA', 'alu'),
+    0x212: ('LOP3', 'alu'), 0x812: ('LOP3', 'alu'), 0xc12: ('LOP3', 'alu'),
+    0x213: ('IABS', 'alu'),
+    0x216: ('PRMT', 'alu'), 0x816: ('PRMT', 'alu'), 0xc16: ('PRMT', 'alu'),
+    0x219: ('SHF', 'alu'), 0x819: ('SHF', 'alu'), 0xc19: ('SHF', 'alu'),
+    0x81a: ('SGXT', 'alu'),
+    0x220: ('FMUL', 'fma'), 0x820: ('FMUL', 'fma'), 0xc20: ('FMUL', 'fma'),
+    0x221: ('FADD', 'fma'), 0x821: ('FADD', 'fma'), 0xc21: ('FADD', 'fma'),
+    0x223: ('FFMA', 'fma'), 0x423: ('FFMA', 'fma'), 0x823: ('FFMA', 'fma'), 0xc23: ('FFMA', 'fma'),
+    0x224: ('IMAD', 'fma'), 0x424: ('IMAD', 'fma'), 0x824: ('IMAD', 'fma'), 0xc24: ('IMAD', 'fma'),
+    0xe24: ('IMAD', 'fma'),
+    0x225: ('IMAD.WIDE', 'fma'), 0x825: ('IMAD.WIDE', 'fma'), 0xc25: ('IMAD.WIDE', 'fma'),
+    0x227: ('IMAD.HI', 'fma'), 0x827: ('IMAD.HI', 'fma'),
+    0x231: ('HFMA2', 'fp16'), 0x232: ('HMUL2', 'fp16'), 0x235: ('HFMA2.MMA', 'fma'),
+    0x23c: ('HMMA', 'tensor'), 0x23e: ('F2FP', 'alu'), 0x245: ('I2F', 'xu'),
+    0x305: ('F2I', 'xu'), 0x308: ('MUFU', 'xu'), 0x309: ('POPC', 'xu'),
+    0x806: ('VOTE', 'alu'), 0x3c4: ('REDUX', 'adu'), 0xf89: ('SHFL', 'lsu'), 0x589: ('SHFL', 'lsu'),
+    0x981: ('LDG', 'lsu'), 0x984: ('LDS', 'lsu'), 0x986: ('STG', 'lsu'), 0x388: ('STS', 'lsu'),
+    0x988: ('STS', 'lsu'), 0xfae: ('LDGSTS', 'lsu'), 0xb82: ('LDC', 'lsu'), 0xab9: ('ULDC', 'uniform'),
+    0x918: ('NOP', 'none'), 0x919: ('S2R', 'adu'), 0x947: ('BRA', 'cbu'), 0x94d: ('EXIT', 'cbu'),
+    0x941: ('BSYNC', 'cbu'), 0x945: ('BSSY', 'cbu'), 0xb1d: ('BAR', 'adu'),
+    0x836: ('VIADD?', 'fma?'), 0xc36: ('VIADD?', 'fma?'),
+}
+
+def sections(path):
+    d = open(path, 'rb').read()
+    e_shoff, = struct.unpack_from('<Q', d, 0x28)
+    e_shentsize, e_shnum, e_shstrndx = struct.unpack_from('<HHH', d, 0x3a)
+    sh = [struct.unpack_from('<IIQQQQ', d, e_shoff + i * e_shentsize) for i in range(e_shnum)]
+    stro = sh[e_shstrndx][4]
+    out = {}
+    for name, typ, flags, addr, off, size in sh:
+        out[d[stro + name:d.index(b'\0', stro + name)].decode()] = d[off:off + size]
+    return out
+
+def line_table(path):
+    """[(address, line)] of the cubin's single kernel (readelf --debug-dump=decodedline)."""
+    txt = subprocess.run(['readelf', '--debug-dump=decodedline', path], capture_output=True, text=True).stdout
+    rows = []
+    for l in txt.splitlines():
+        m = re.match(r'^\S+\.cu\S*\s+(\d+)\s+(0x[0-9a-f]+|0)\s', l)
+        if m: rows.append((int(m.group(2), 16), int(m.group(1))))
+    return rows
+
+def main():
+    path, kname, l0, l1 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    secs = sections(path)
+    texts = [n for n in secs if n.startswith('.text.') and kname in n]
+    if len(texts) != 1: sys.exit('kernels matching %r: %s' % (kname, texts))
+    code = secs[texts[0]]
+    ops = [struct.unpack_from('<Q', code, i)[0] & 0xfff for i in range(0, len(code), 16)]
+    lt = sorted(line_table(path))
+    line_of = [0] * len(ops)
+    j = 0
+    for i in range(len(ops)):
+        while j + 1 < len(lt) and lt[j + 1][0] <= i * 16: j += 1
+        line_of[i] = lt[j][1] if lt and lt[j][0] <= i * 16 else 0
+    hit = [i for i in range(len(ops)) if l0 <= line_of[i] <= l1]
+    if not hit: sys.exit('no instruction from lines %d..%d' % (l0, l1))
+    lo, hi = (0, len(ops) - 1) if '--all' in sys.argv else (min(hit), max(hit))
+    if '--loop' in sys.argv:
+        L = int(sys.argv[sys.argv.index('--loop') + 1])
+        raw = [struct.unpack_from('<Q', code, i)[0] for i in range(0, len(code), 16)]
+        back = lambda i: ops[i] & 0x1ff == 0x147 and raw[i] >> 63
+        ends = [i for i in range(max(hit), len(ops)) if back(i) and line_of[i] == L]
+        starts = [i for i in range(0, min(hit)) if ops[i] & 0x1ff == 0x147 and not back(i) and line_of[i] in (L - 1, L)]
+        if not ends or not starts: sys.exit('loop of line %d not found' % L)
+        lo, hi = starts[-1] + 1, ends[0]
+    byname, bypipe = collections.Counter(), collections.Counter()
+    for i in range(lo, hi + 1):
+        name, pipe = NAMES.get(ops[i], ('op%03x' % ops[i], '?'))
+        if name == 'NOP': continue
+        byname[name] += 1
+        bypipe[pipe] += 1
+    print('%s: %d instructions in all; range [%d, %d] (%d, NOPs excluded: %d)' %
+          (texts[0], len(ops), lo, hi, hi - lo + 1, sum(byname.values())))
+    print('  by pipe: ' + ' '.join('%s=%d' % kv for kv in sorted(bypipe.items(), key=lambda kv: -kv[1])))
+    print('  by op:   ' + ' '.join('%s=%d' % kv for kv in sorted(byname.items(), key=lambda kv: -kv[1])))
+
+if __name__ == '__main__':
+    main()
