@@ -1086,11 +1086,42 @@ static void test_indexer(void) {
     indexer_batch_case("indexer 20 heads of 48", 20, 48, 32, 3, pn, pc);
 }
 
-static void router_case(int T, int E_, int topk, int ng, int tg, int norm, int with_bias) {
-    const int H = 64;
-    lpair G = mk_linear(MS_WFMT_PLAIN, MS_BF16, E_, H, 0);
+/* A bf16 router gate [E, H] whose rows repeat when tie is set: row e copies row src(e) (tie 1: the
+ * first of its triple, 3 * (e / 3); tie 2: the same place in group 0, e % (E / ng)), so those experts
+ * get bit-identical logits on either backend and only the tie-breaking rule (lowest index, for experts
+ * and for groups) decides between them. The bias repeats the same way (rt_src applied by the caller). */
+static int rt_src(int e, int E_, int ng, int tie) { return tie == 1 ? 3 * (e / 3) : tie == 2 ? e % (E_ / ng) : e; }
+static lpair mk_router_gate(int E_, int H, int ng, int tie) {
+    lpair L;
+    memset(&L, 0, sizeof L);
+    ms_linear W;
+    memset(&W, 0, sizeof W);
+    W.name = "test.router";
+    W.fmt = MS_WFMT_PLAIN;
+    W.n_out = E_;
+    W.n_in = H;
+    W.w = ms_tensor_2d(MS_BF16, E_, H);
+    uint16_t *w = malloc((size_t)E_ * H * 2);
+    for (int e = 0; e < E_; e++)
+        for (int k = 0; k < H; k++)
+            w[(size_t)e * H + k] = rt_src(e, E_, ng, tie) == e ? ms_f32_to_bf16(rnd_f() * 0.2f)
+                                                                : w[(size_t)rt_src(e, E_, ng, tie) * H + k];
+    L.w = w;
+    W.w.data = L.w;
+    L.g = W;
+    L.c = W;
+    R(GPU->ops->place_linear(GPU, &L.g, &E));
+    R(CPU->ops->place_linear(CPU, &L.c, &E));
+    return L;
+}
+
+/* Router of T tokens over E_ experts (hidden H) on the GPU against the CPU reference: the same expert
+ * set per token, and the same weight per expert. tie: see mk_router_gate. */
+static void router_case_h(int T, int E_, int topk, int ng, int tg, int norm, int with_bias, int H, int tie) {
+    lpair G = mk_router_gate(E_, H, ng, tie);
     int64_t xs[2] = {T, H}, bs[1] = {E_};
     float *x = rand_vec((size_t)T * H, 2.f), *bias = rand_vec((size_t)E_, 0.3f);
+    for (int e = 0; e < E_; e++) bias[e] = bias[rt_src(e, E_, ng, tie)];
     pair X = act(2, xs, x);
     wpair B = wten(MS_F32, 1, bs, bias);
     ms_route_cfg rc = {E_, topk, ng, tg, norm, 2.5f};
@@ -1111,7 +1142,8 @@ static void router_case(int T, int E_, int topk, int ng, int tg, int norm, int w
             int found = -1;
             for (int k2 = 0; k2 < topk; k2++)
                 if (idc[t * topk + k2] == idg[t * topk + k]) found = k2;
-            CHECK_MSG(found >= 0, "router token %d: expert %d not chosen by cpu", t, idg[t * topk + k]);
+            CHECK_MSG(found >= 0, "router T=%d E=%d topk=%d groups %d/%d H=%d tie=%d token %d: expert %d not chosen by cpu",
+                      T, E_, topk, tg, ng, H, tie, t, idg[t * topk + k]);
             if (found >= 0) CHECK_CLOSE(wgh[t * topk + k], wch[t * topk + found], 1e-4 * 2.5);
         }
     pfree(&X);
@@ -1119,6 +1151,38 @@ static void router_case(int T, int E_, int topk, int ng, int tg, int norm, int w
     fr(GPU, &ig); fr(CPU, &ic); fr(GPU, &wg); fr(CPU, &wc);
     free(x); free(bias);
     free_linear(&G);
+}
+
+static void router_case(int T, int E_, int topk, int ng, int tg, int norm, int with_bias) {
+    router_case_h(T, E_, topk, ng, tg, norm, with_bias, 64, 0);
+}
+
+/* The decode router's shapes (fused kernels, T <= 8) with both fused forms (MS_CU_ROUTER split and
+ * warp): GLM-4.5-Air (128 experts, top 8, one group, hidden 4096) for T = 1..8, DeepSeek-V3 / GLM-5
+ * style 256 experts in 8 groups keeping 4, 160 experts in 8 groups keeping 3 (top 6), a hidden size
+ * that is no multiple of the split kernel's 512-k slice, and exact ties between experts and groups. */
+static void test_router_decode(void) {
+    const char *forms[2] = {"split", "warp"};
+    char *saved = getenv("MS_CU_ROUTER") ? strdup(getenv("MS_CU_ROUTER")) : NULL;
+    for (int f = 0; f < 2; f++) {
+        setenv("MS_CU_ROUTER", forms[f], 1);
+        for (int T = 1; T <= 8; T++) router_case_h(T, 128, 8, 1, 1, 1, 1, 4096, 0);
+        router_case_h(1, 256, 8, 8, 4, 1, 1, 4096, 0);
+        router_case_h(8, 256, 8, 8, 4, 1, 1, 7168, 0);
+        router_case_h(3, 256, 8, 1, 1, 0, 0, 1000, 0);
+        router_case_h(5, 160, 6, 8, 3, 1, 1, 5120, 0);
+        router_case_h(2, 160, 6, 1, 1, 1, 1, 520, 0);
+        router_case_h(8, 128, 8, 1, 1, 1, 0, 2048, 0);
+        /* ties: triples of identical experts (the 8th pick splits a triple), identical groups */
+        router_case_h(2, 128, 8, 1, 1, 1, 1, 4096, 1);
+        router_case_h(8, 160, 8, 1, 1, 1, 1, 1000, 1);
+        router_case_h(2, 256, 8, 8, 4, 1, 1, 4096, 2);
+        router_case_h(7, 160, 6, 8, 3, 1, 1, 520, 2);
+        router_case_h(1, 128, 8, 8, 4, 1, 0, 4096, 2);
+    }
+    if (saved) setenv("MS_CU_ROUTER", saved, 1);
+    else unsetenv("MS_CU_ROUTER");
+    free(saved);
 }
 
 static void test_router(void) {
@@ -1378,6 +1442,7 @@ int main(void) {
     RUN(test_mla_proj);
     RUN(test_indexer);
     RUN(test_router);
+    RUN(test_router_decode);
     RUN(test_mla_kv_prep);
     RUN(test_odd_fixture_shapes);
     RUN(test_checks);

@@ -853,6 +853,191 @@ __global__ __launch_bounds__(RF_WARPS * 32) void k_router_fused(const bf16 *x, c
     if (threadIdx.x == 0) g_rf_done = 0;
 }
 
+/* ---- router GEMV split over K, then routing (decode; MS_CU_ROUTER=split, the default) ---- */
+
+#define RS_WARPS 8        /* experts per block, one warp each */
+#define RS_D 2            /* 16-byte weight chunks per lane: a block's K slice is 32 * RS_D * 8 = 512 k */
+#define RS_KS (32 * RS_D * 8)
+#define RS_PART_MAX 32768 /* fp32 partial logits (K slices x T x E) the scratch below holds */
+static_assert(RS_WARPS == RF_WARPS, "cu_router_fused sizes the routing scratch for RF_WARPS warps");
+
+/* Order-preserving key of a routing score for the integer warp reductions: larger score, larger key;
+ * +0 and -0 alike (the CPU compares with >, so they tie); NaN 1, below every number; 0 is kept for
+ * "not a candidate" (taken, or past E). */
+__device__ __forceinline__ uint32_t rs_key(float f) {
+    if (f != f) return 1u;
+    const uint32_t u = f == 0.f ? 0u : __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* route_token for E <= 32 * RS_EPL experts, n_group <= 32 and topk <= 32, with the scores already in
+ * shared memory (s [E] sigmoid scores, c [E] the same plus the correction bias) and the choice made in
+ * registers by warp reductions (redux.sync) instead of shuffle trees. Same result as route_token and the
+ * CPU reference: group score = sum of the two largest biased scores of the group, topk_group groups by
+ * score (ties: lower group), experts of the other groups at 0 (not -inf), top-k experts by biased
+ * score (ties: lower expert), weights from the unbiased scores in choice order. */
+#define RS_EPL 8
+__device__ void route_token_regs(const float *s, const float *c, int E, int topk, int n_group, int topk_group, int norm,
+                                 float scale, int32_t *ids, float *wout) {
+    const int lane = threadIdx.x & 31;
+    uint32_t key[RS_EPL]; /* expert lane + 32 i */
+#pragma unroll
+    for (int i = 0; i < RS_EPL; i++) key[i] = lane + 32 * i < E ? rs_key(c[lane + 32 * i]) : 0u;
+    if (n_group > 1) {
+        /* a team of ts lanes per group (ts = 32 / the power of two >= n_group) finds its two largest
+         * biased scores (a multiset: a repeated maximum counts twice, as in the CPU's scan) */
+        const int gsz = E / n_group;
+        int ts = 32;
+        while (ts * n_group > 32) ts >>= 1;
+        const int g = lane / ts, r = lane - g * ts;
+        float m1 = -INFINITY, m2 = -INFINITY;
+        if (g < n_group)
+            for (int j = r; j < gsz; j += ts) {
+                const float v = c[g * gsz + j];
+                if (v > m1) { m2 = m1; m1 = v; } else if (v > m2) m2 = v;
+            }
+        for (int o = 1; o < ts; o <<= 1) {
+            const float b1 = __shfl_xor_sync(0xffffffffu, m1, o), b2 = __shfl_xor_sync(0xffffffffu, m2, o);
+            const float hi = fmaxf(m1, b1), lo = fmaxf(fminf(m1, b1), fmaxf(m2, b2));
+            m1 = hi;
+            m2 = lo;
+        }
+        uint32_t gk = g < n_group && r == 0 ? rs_key(gsz > 1 ? m1 + m2 : m1) : 0u;
+        uint32_t kept = 0u; /* bit g: group g kept */
+        for (int k = 0; k < topk_group; k++) {
+            const uint32_t m = __reduce_max_sync(0xffffffffu, gk);
+            const uint32_t w = __reduce_min_sync(0xffffffffu, gk == m && r == 0 && g < n_group ? (uint32_t)g : 0xffffffffu);
+            kept |= 1u << w;
+            if (g == (int)w && r == 0) gk = 0u;
+        }
+#pragma unroll
+        for (int i = 0; i < RS_EPL; i++) {
+            const int e = lane + 32 * i;
+            if (e < E && !((kept >> (e / gsz)) & 1u)) key[i] = rs_key(0.f);
+        }
+    }
+    float sum = 0.f, myw = 0.f;
+    int myid = 0;
+    for (int k = 0; k < topk; k++) {
+        uint32_t bk = 0u, bi = 0xffffffffu; /* the lane's best: first (lowest expert) of its largest key */
+#pragma unroll
+        for (int i = 0; i < RS_EPL; i++)
+            if (key[i] > bk) { bk = key[i]; bi = lane + 32 * i; }
+        const uint32_t m = __reduce_max_sync(0xffffffffu, bk);
+        const uint32_t win = __reduce_min_sync(0xffffffffu, bk == m ? bi : 0xffffffffu);
+#pragma unroll
+        for (int i = 0; i < RS_EPL; i++)
+            if (lane + 32 * i == (int)win) key[i] = 0u;
+        const float wv = s[win];
+        sum += wv;
+        if (lane == k) { myid = (int)win; myw = wv; }
+    }
+    if (lane < topk) {
+        ids[lane] = myid;
+        wout[lane] = norm ? (myw / (sum + 1e-20f)) * scale : myw * scale;
+    }
+}
+
+/* Partial logits [slice][T][E] of the current k_router_split launch and the count of its blocks that
+ * stored theirs; the last block sums, routes and puts the count back to 0. Launches on one device are
+ * ordered on the backend's stream (as for g_rf_done), so they never overlap in these. */
+__device__ float g_rs_part[RS_PART_MAX];
+__device__ unsigned int g_rs_done;
+
+/* Block (bx, by): experts 8bx..8bx+7 (one warp each) over K slice by (512 k). The block stages the
+ * slice of the T x rows in shared memory while every lane has its RS_D weight chunks in flight (one
+ * memory round trip for the whole 1-6 MB matrix when the grid covers the GPU), each warp reduces its
+ * expert's T dot products and stores them as partials; the last block to finish sums the slices in
+ * slice order (so the logits do not depend on which block finishes last) into lg [T][E], puts the
+ * token's scores in shared memory and routes the T tokens, one warp each, with route_token_regs (or
+ * route_token, as k_route, past its limits). Why: the one-warp-per-expert form (k_router_fused)
+ * runs E/8 blocks that each walk all of K with the x loads in the dependent chain: ~17 us for 1 MB. */
+__global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, const bf16 *W, int T, int K, float *lg,
+                                                                const void *bias, int bt, int E, int topk, int n_group,
+                                                                int topk_group, int norm, float scale, int32_t *ids,
+                                                                float *wout) {
+    extern __shared__ uint4 rssm[]; /* x slice [T][RS_KS / 8] units; later the routing scratch */
+    __shared__ bool last;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e = blockIdx.x * RS_WARPS + warp, k0 = blockIdx.y * RS_KS, nks = gridDim.y;
+    const int nc = min(RS_KS, K - k0) / 8; /* 16-byte units of this slice (K % 8 == 0) */
+    uint4 wv[RS_D];
+#pragma unroll
+    for (int u = 0; u < RS_D; u++) {
+        const int c = u * 32 + lane;
+        wv[u] = e < E && c < nc ? __ldg((const uint4 *)(W + (size_t)e * K + k0) + c) : make_uint4(0, 0, 0, 0);
+    }
+    for (int i = threadIdx.x; i < T * nc; i += blockDim.x) {
+        const int t = i / nc, c = i - t * nc;
+        rssm[t * (RS_KS / 8) + c] = __ldg((const uint4 *)(x + (size_t)t * K + k0) + c);
+    }
+    __syncthreads();
+    if (e < E) {
+        float acc[RF_MAXT];
+#pragma unroll
+        for (int t = 0; t < RF_MAXT; t++) acc[t] = 0.f;
+#pragma unroll
+        for (int u = 0; u < RS_D; u++) {
+            const int c = u * 32 + lane;
+            if (c >= nc) break;
+            const __nv_bfloat162 *w2 = (const __nv_bfloat162 *)&wv[u];
+            float2 wf[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) wf[i] = __bfloat1622float2(w2[i]);
+#pragma unroll
+            for (int t = 0; t < RF_MAXT; t++) {
+                if (t >= T) break;
+                const uint4 xv = rssm[t * (RS_KS / 8) + c];
+                const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xv;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float2 bb = __bfloat1622float2(x2[i]);
+                    acc[t] = fmaf(wf[i].x, bb.x, fmaf(wf[i].y, bb.y, acc[t]));
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < RF_MAXT; t++) {
+            if (t >= T) break;
+            const float v = warp_sum(acc[t]);
+            if (lane == 0) g_rs_part[((size_t)blockIdx.y * T + t) * E + e] = v;
+        }
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&g_rs_done, 1u) == gridDim.x * gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    /* the register router when its limits hold (uniform over the block), with the scores of token t in
+     * shared memory: s at t * 2E, s + bias at t * 2E + E */
+    const bool regs = E <= 32 * RS_EPL && n_group <= 32 && topk <= 32;
+    float *sc = (float *)rssm;
+    for (int i = threadIdx.x; i < T * E; i += blockDim.x) {
+        float v = 0.f;
+        for (int ks = 0; ks < nks; ks++) v += __ldcg(g_rs_part + (size_t)ks * T * E + i);
+        lg[i] = v;
+        if (regs) {
+            const int t = i / E, ee = i - t * E;
+            const float sv = 1.f / (1.f + expf(-v));
+            sc[(size_t)t * 2 * E + ee] = sv;
+            sc[(size_t)t * 2 * E + E + ee] = sv + (bias ? cu_ld(bias, bt, ee) : 0.f);
+        }
+    }
+    __syncthreads(); /* lg and the scores complete (route_token reads lg through L2, as written by this block) */
+    if (regs) {
+        if (warp < T)
+            route_token_regs(sc + (size_t)warp * 2 * E, sc + (size_t)warp * 2 * E + E, E, topk, n_group, topk_group,
+                             norm, scale, ids + (size_t)warp * topk, wout + (size_t)warp * topk);
+    } else {
+        float *sm = (float *)rssm + (size_t)warp * (2 * E + 2 * n_group);
+        for (int t = warp; t < T; t += RS_WARPS)
+            route_token(lg + (size_t)t * E, bias, bt, E, topk, n_group, topk_group, norm, scale,
+                        ids + (size_t)t * topk, wout + (size_t)t * topk, sm);
+    }
+    if (threadIdx.x == 0) g_rs_done = 0;
+}
+
 /* Contract in cuda_internal.cuh. */
 int cu_router_fused(ms_backend *b, const ms_tensor *x, const ms_linear *gate, const void *bias, int bias_t,
                     const ms_route_cfg *rc, int T, float *lg, int32_t *ids, float *w, int *launched, ms_err *err) {
@@ -864,6 +1049,18 @@ int cu_router_fused(ms_backend *b, const ms_tensor *x, const ms_linear *gate, co
     const int E = rc->n_experts;
     const size_t sm = sizeof(float) * RF_WARPS * (2 * (size_t)E + 2 * (size_t)rc->n_group);
     if (sm > 48 * 1024) return MS_OK;
+    const int64_t nks = (K + RS_KS - 1) / RS_KS;
+    if (cu_knob(CU_KNOB_ROUTER) == CU_ROUTER_SPLIT && nks * T * E <= RS_PART_MAX && nks <= 65535) {
+        /* shared memory: the x slice, then the routing scratch of 8 warps (sm, <= 48 KB as checked) */
+        const size_t xsm = (size_t)T * RS_KS * sizeof(bf16), ssm = xsm > sm ? xsm : sm;
+        dim3 grid((E + RS_WARPS - 1) / RS_WARPS, (unsigned)nks);
+        k_router_split<<<grid, RS_WARPS * 32, ssm, stream_of(b)>>>(
+            (const bf16 *)x->data, (const bf16 *)gate->w.data, T, (int)K, lg, bias, bias_t, E, rc->topk, rc->n_group,
+            rc->topk_group, rc->norm_topk_prob, rc->routed_scaling_factor, ids, w);
+        CK_LAUNCH();
+        *launched = 1;
+        return MS_OK;
+    }
     k_router_fused<<<(E + RF_WARPS - 1) / RF_WARPS, RF_WARPS * 32, sm, stream_of(b)>>>(
         (const bf16 *)x->data, (const bf16 *)gate->w.data, T, (int)K, lg, bias, bias_t, E, rc->topk, rc->n_group,
         rc->topk_group, rc->norm_topk_prob, rc->routed_scaling_factor, ids, w);

@@ -139,6 +139,7 @@ struct gm_raw {
 __device__ __forceinline__ int gm_swz(int u) { return u ^ ((u >> 3) & 3); }
 
 template <int FMT> struct gm_fmt {
+    /* FMT 2, 3, 4 are nvfp4: decode v1, v2, v2 with launch bounds for 3 blocks of 256 threads per SM */
     static constexpr int UPS = FMT == 0 ? 4 : FMT == 1 ? 8 : 16; /* x units (8 k) per super-step */
     static constexpr int SS = UPS * 8;                            /* k per super-step */
     static constexpr int CE = SS / 4;                             /* k per lane chunk */
@@ -209,8 +210,8 @@ __device__ __forceinline__ void gm_step(float (&acc)[NT][4], const gm_raw &r, co
         /* chunk = 4 words of 8 k; word q gives pairs (k 8q+i, 8q+i+4), i = 0..3; step 2q takes i = 0, 1
          * and step 2q+1 takes i = 2, 3. FMT 3 (MS_CU_GEMV_FP4=v2) decodes the same values with fewer
          * ALU instructions: both scale bytes of a row at once, the nibbles through gm_fp4x8_v2. */
-        uint32_t s2[2][2]; /* FMT 3: [row g / g+8][16-k group] */
-        if (FMT == 3) {
+        uint32_t s2[2][2]; /* FMT >= 3: [row g / g+8][16-k group] */
+        if (FMT >= 3) {
 #pragma unroll
             for (int h = 0; h < 2; h++) gm_fp4_scale2(r.sc[h], s2[h][0], s2[h][1]);
         }
@@ -220,7 +221,7 @@ __device__ __forceinline__ void gm_step(float (&acc)[NT][4], const gm_raw &r, co
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const uint32_t wq = q == 0 ? r.w[h].x : q == 1 ? r.w[h].y : q == 2 ? r.w[h].z : r.w[h].w;
-                if (FMT == 3) {
+                if (FMT >= 3) {
                     gm_fp4x8_v2(wq, s2[h][q >> 1], A[h]);
                 } else {
                     const uint32_t sb = q < 2 ? (r.sc[h] & 0xffu) : (r.sc[h] >> 8); /* 16-k group q/2 */
@@ -231,9 +232,13 @@ __device__ __forceinline__ void gm_step(float (&acc)[NT][4], const gm_raw &r, co
             for (int nt = 0; nt < NT; nt++) {
                 /* a pass has >= 1 n-tile: FMT 3 tests only the later ones (no branch at NT = 1, so the
                  * next word's decode can be scheduled across the mma) */
-                if ((FMT != 3 || nt > 0) && nt >= ntiles) break;
+                if ((FMT < 3 || nt > 0) && nt >= ntiles) break;
                 const int row = min(nt * 8 + gi, nr - 1);
-                const uint4 X = xs[row * rs + gm_swz(ubase + q)]; /* x k 8q..8q+7 */
+                /* x k 8q..8q+7. FMT >= 3 spells gm_swz(ubase + q) so that the lane's part is loop
+                 * invariant: with c = 4 ti + q < 16, gm_swz(16 jl + c) = 16 jl + (c ^ (c >> 3) ^ 2 (jl & 1)) */
+                const int c = 4 * ti + q;
+                const uint4 X = FMT >= 3 ? xs[row * rs + jl * 16 + ((c ^ (c >> 3)) ^ ((jl & 1) << 1))]
+                                         : xs[row * rs + gm_swz(ubase + q)];
                 gm_mma(acc[nt], A[0][0], A[1][0], A[0][1], A[1][1], __byte_perm(X.x, X.z, 0x5410),
                        __byte_perm(X.x, X.z, 0x7632));
                 gm_mma(acc[nt], A[0][2], A[1][2], A[0][3], A[1][3], __byte_perm(X.y, X.w, 0x5410),
@@ -260,8 +265,11 @@ __device__ __forceinline__ void gm_stage(const gm_args &a, uint4 *buf, int rs, i
     gm_cp_commit();
 }
 
+/* MS_CU_GEMV_FP4=v2o (FMT 4) asks ptxas for <= 85 registers (3 blocks of 256 threads, 24 warps per
+ * SM, instead of 2 blocks at ~120 registers): more loads in flight per SM for some spills outside the
+ * loop. */
 template <int FMT, int MODE, int NT>
-__global__ __launch_bounds__(256, 1) void k_gmma(gm_args a) {
+__global__ __launch_bounds__(256, FMT == 4 ? 3 : 1) void k_gmma(gm_args a) {
     extern __shared__ uint4 gm_smem[];
     typedef gm_fmt<FMT> F;
     constexpr int S = MODE == 1 ? 2 : 1;
@@ -522,12 +530,26 @@ int cu_gemv_mma(ms_backend *b, const cu_gemv_call *c, ms_err *err) {
     cudaStream_t st = cu_of(b)->stream;
     cudaError_t ce;
 #define GM_L(F, M) ce = gm_launch_nt<F, M>(nt, grid, nw * 32, smem, st, a)
-    /* nvfp4: FMT 3 is the v2 decode of the same format (MS_CU_GEMV_FP4, knobs.c; v1 = FMT 2) */
-    const int v1 = cu_knob(CU_KNOB_GEMV_FP4) == CU_GEMV_FP4_V1;
+    /* nvfp4 (MS_CU_GEMV_FP4, knobs.c): v1 = FMT 2, v2 = FMT 3, v2o = FMT 4 */
+    const int fp4 = cu_knob(CU_KNOB_GEMV_FP4);
     if (mode == 0) {
-        switch (f) { case 0: GM_L(0, 0); break; case 1: GM_L(1, 0); break; default: if (v1) GM_L(2, 0); else GM_L(3, 0); }
+        switch (f) {
+        case 0: GM_L(0, 0); break;
+        case 1: GM_L(1, 0); break;
+        default:
+            if (fp4 == CU_GEMV_FP4_V1) GM_L(2, 0);
+            else if (fp4 == CU_GEMV_FP4_V2O) GM_L(4, 0);
+            else GM_L(3, 0);
+        }
     } else {
-        switch (f) { case 0: GM_L(0, 1); break; case 1: GM_L(1, 1); break; default: if (v1) GM_L(2, 1); else GM_L(3, 1); }
+        switch (f) {
+        case 0: GM_L(0, 1); break;
+        case 1: GM_L(1, 1); break;
+        default:
+            if (fp4 == CU_GEMV_FP4_V1) GM_L(2, 1);
+            else if (fp4 == CU_GEMV_FP4_V2O) GM_L(4, 1);
+            else GM_L(3, 1);
+        }
     }
 #undef GM_L
     CK(ce);
