@@ -3,6 +3,7 @@
  * group-limited top-k + normalize + scale). Statistics and products run in fp32; each output is
  * rounded once to its dtype. */
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/route_regs.cuh"
 
 #include <math.h>
 #include <stdlib.h>
@@ -860,83 +861,6 @@ __global__ __launch_bounds__(RF_WARPS * 32) void k_router_fused(const bf16 *x, c
 #define RS_KS (32 * RS_D * 8)
 #define RS_PART_MAX 32768 /* fp32 partial logits (K slices x T x E) the scratch below holds */
 static_assert(RS_WARPS == RF_WARPS, "cu_router_fused sizes the routing scratch for RF_WARPS warps");
-
-/* Order-preserving key of a routing score for the integer warp reductions: larger score, larger key;
- * +0 and -0 alike (the CPU compares with >, so they tie); NaN 1, below every number; 0 is kept for
- * "not a candidate" (taken, or past E). */
-__device__ __forceinline__ uint32_t rs_key(float f) {
-    if (f != f) return 1u;
-    const uint32_t u = f == 0.f ? 0u : __float_as_uint(f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-/* route_token for E <= 32 * RS_EPL experts, n_group <= 32 and topk <= 32, with the scores already in
- * shared memory (s [E] sigmoid scores, c [E] the same plus the correction bias) and the choice made in
- * registers by warp reductions (redux.sync) instead of shuffle trees. Same result as route_token and the
- * CPU reference: group score = sum of the two largest biased scores of the group, topk_group groups by
- * score (ties: lower group), experts of the other groups at 0 (not -inf), top-k experts by biased
- * score (ties: lower expert), weights from the unbiased scores in choice order. */
-#define RS_EPL 8
-__device__ void route_token_regs(const float *s, const float *c, int E, int topk, int n_group, int topk_group, int norm,
-                                 float scale, int32_t *ids, float *wout) {
-    const int lane = threadIdx.x & 31;
-    uint32_t key[RS_EPL]; /* expert lane + 32 i */
-#pragma unroll
-    for (int i = 0; i < RS_EPL; i++) key[i] = lane + 32 * i < E ? rs_key(c[lane + 32 * i]) : 0u;
-    if (n_group > 1) {
-        /* a team of ts lanes per group (ts = 32 / the power of two >= n_group) finds its two largest
-         * biased scores (a multiset: a repeated maximum counts twice, as in the CPU's scan) */
-        const int gsz = E / n_group;
-        int ts = 32;
-        while (ts * n_group > 32) ts >>= 1;
-        const int g = lane / ts, r = lane - g * ts;
-        float m1 = -INFINITY, m2 = -INFINITY;
-        if (g < n_group)
-            for (int j = r; j < gsz; j += ts) {
-                const float v = c[g * gsz + j];
-                if (v > m1) { m2 = m1; m1 = v; } else if (v > m2) m2 = v;
-            }
-        for (int o = 1; o < ts; o <<= 1) {
-            const float b1 = __shfl_xor_sync(0xffffffffu, m1, o), b2 = __shfl_xor_sync(0xffffffffu, m2, o);
-            const float hi = fmaxf(m1, b1), lo = fmaxf(fminf(m1, b1), fmaxf(m2, b2));
-            m1 = hi;
-            m2 = lo;
-        }
-        uint32_t gk = g < n_group && r == 0 ? rs_key(gsz > 1 ? m1 + m2 : m1) : 0u;
-        uint32_t kept = 0u; /* bit g: group g kept */
-        for (int k = 0; k < topk_group; k++) {
-            const uint32_t m = __reduce_max_sync(0xffffffffu, gk);
-            const uint32_t w = __reduce_min_sync(0xffffffffu, gk == m && r == 0 && g < n_group ? (uint32_t)g : 0xffffffffu);
-            kept |= 1u << w;
-            if (g == (int)w && r == 0) gk = 0u;
-        }
-#pragma unroll
-        for (int i = 0; i < RS_EPL; i++) {
-            const int e = lane + 32 * i;
-            if (e < E && !((kept >> (e / gsz)) & 1u)) key[i] = rs_key(0.f);
-        }
-    }
-    float sum = 0.f, myw = 0.f;
-    int myid = 0;
-    for (int k = 0; k < topk; k++) {
-        uint32_t bk = 0u, bi = 0xffffffffu; /* the lane's best: first (lowest expert) of its largest key */
-#pragma unroll
-        for (int i = 0; i < RS_EPL; i++)
-            if (key[i] > bk) { bk = key[i]; bi = lane + 32 * i; }
-        const uint32_t m = __reduce_max_sync(0xffffffffu, bk);
-        const uint32_t win = __reduce_min_sync(0xffffffffu, bk == m ? bi : 0xffffffffu);
-#pragma unroll
-        for (int i = 0; i < RS_EPL; i++)
-            if (lane + 32 * i == (int)win) key[i] = 0u;
-        const float wv = s[win];
-        sum += wv;
-        if (lane == k) { myid = (int)win; myw = wv; }
-    }
-    if (lane < topk) {
-        ids[lane] = myid;
-        wout[lane] = norm ? (myw / (sum + 1e-20f)) * scale : myw * scale;
-    }
-}
 
 /* Partial logits [slice][T][E] of the current k_router_split launch and the count of its blocks that
  * stored theirs; the last block sums, routes and puts the count back to 0. Launches on one device are
