@@ -8,9 +8,8 @@ issue pipe (ncu's names, as far as the opcode's pipe is known). Evidence for ben
 
 usage: sass_count.py CUBIN KERNEL_SUBSTRING FIRST_LINE LAST_LINE [--all | --loop LINE]
   the range is [lowest, highest] address of instructions whose line is in [FIRST_LINE, LAST_LINE];
-  --loop LINE: instead the loop whose header is source line LINE around those instructions: from after
-  the last forward branch of lines LINE-1..LINE before the first of them to the first backward branch
-  of line LINE after the last of them (a branch's direction is the sign bit of its offset field)"""
+  --loop LINE: instead the loop closed by the first backward branch of source line LINE (the loop
+  header) after the first of those instructions: from the branch's target to the branch"""
 import collections, re, struct, subprocess, sys
 
 NAMES = {  # opcode (low 12 bits) -> (name, pipe)
@@ -55,6 +54,15 @@ def sections(path):
         out[d[stro + name:d.index(b'\0', stro + name)].decode()] = d[off:off + size]
     return out
 
+def bra_target(lo64, i):
+    """Instruction index a BRA at index i jumps to. Offset in 4-byte units: bits 16..23 of the low
+    word, the rest from bit 34 up (sign-extended); fitted on nvcc 13.0 sm_90a loops of known length
+    (a loop 1 instruction longer moves bits 16..23 by -4; the closing 'BRA self' decodes to -16 bytes)."""
+    hi = lo64 >> 34
+    if hi & (1 << 29): hi -= 1 << 30
+    units = hi * 256 + ((lo64 >> 16) & 0xff)
+    return i + 1 + units // 4
+
 def line_table(path):
     """[(address, line)] of the cubin's single kernel (readelf --debug-dump=decodedline)."""
     txt = subprocess.run(['readelf', '--debug-dump=decodedline', path], capture_output=True, text=True).stdout
@@ -83,11 +91,9 @@ def main():
     if '--loop' in sys.argv:
         L = int(sys.argv[sys.argv.index('--loop') + 1])
         raw = [struct.unpack_from('<Q', code, i)[0] for i in range(0, len(code), 16)]
-        back = lambda i: ops[i] & 0x1ff == 0x147 and raw[i] >> 63
-        ends = [i for i in range(max(hit), len(ops)) if back(i) and line_of[i] == L]
-        starts = [i for i in range(0, min(hit)) if ops[i] & 0x1ff == 0x147 and not back(i) and line_of[i] in (L - 1, L)]
-        if not ends or not starts: sys.exit('loop of line %d not found' % L)
-        lo, hi = starts[-1] + 1, ends[0]
+        ends = [i for i in range(min(hit), len(ops)) if ops[i] & 0x1ff == 0x147 and raw[i] >> 63 and line_of[i] == L]
+        if not ends: sys.exit('no backward branch of line %d after line %d' % (L, l0))
+        lo, hi = bra_target(raw[ends[0]], ends[0]), ends[0]
     byname, bypipe = collections.Counter(), collections.Counter()
     for i in range(lo, hi + 1):
         name, pipe = NAMES.get(ops[i], ('op%03x' % ops[i], '?'))

@@ -59,8 +59,14 @@ __device__ __forceinline__ void gm_cp16(void *smem, const void *gmem, int src_by
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
 }
+__device__ __forceinline__ void gm_cp8(void *smem, const void *gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem) : "memory");
+}
 __device__ __forceinline__ void gm_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void gm_cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+/* all but the newest N of the thread's cp.async groups have landed */
+template <int N> __device__ __forceinline__ void gm_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 /* ---- exact decoders (see the file comment) ---- */
 
@@ -124,6 +130,7 @@ struct gm_args : cu_gemv_kargs { /* w1: the up weight of the single form (w0 whe
     int ksplit, rw;
     int ntok;   /* tokens per pass (<= NT * 8) */
     int xbytes; /* shared memory for x staging (the reduction reuses the same memory) */
+    int ring;   /* FMT 5: byte offset of the warps' weight rings in shared memory */
 };
 
 /* One super-step's raw loads for rows g and g+8. sc: nvfp4 the two scale bytes of the lane's chunk
@@ -139,7 +146,8 @@ struct gm_raw {
 __device__ __forceinline__ int gm_swz(int u) { return u ^ ((u >> 3) & 3); }
 
 template <int FMT> struct gm_fmt {
-    /* FMT 2, 3, 4 are nvfp4: decode v1, v2, v2 with launch bounds for 3 blocks of 256 threads per SM */
+    /* FMT 2..5 are nvfp4: decode v1, v2, v2 with launch bounds for 3 blocks of 256 threads per SM, v2
+     * with the weights streamed through shared memory (v3, GM_D super-steps in flight per warp) */
     static constexpr int UPS = FMT == 0 ? 4 : FMT == 1 ? 8 : 16; /* x units (8 k) per super-step */
     static constexpr int SS = UPS * 8;                            /* k per super-step */
     static constexpr int CE = SS / 4;                             /* k per lane chunk */
@@ -163,6 +171,32 @@ __device__ __forceinline__ void gm_load(gm_raw &r, const uint8_t *const (&wrow)[
         if (FMT >= 2 && ok) r.sc[h] = __ldg((const unsigned short *)srow[h] + (size_t)j * 4 + ti);
     }
     if (FMT == 1 && j < nss) r.sc[0] = __float_as_uint(__ldg((const float *)srow[0] + (j >> 1)));
+}
+
+/* FMT 5 (MS_CU_GEMV_FP4=v3): each warp streams its super-steps through a ring of GM_D stages in shared
+ * memory with cp.async, GM_D - 1 super-steps ahead of its math, where the register double buffer of
+ * the other forms holds two: ~2x the bytes in flight per warp for fewer registers. A stage: the 32
+ * lanes' 16-byte chunks of row g ([h][lane], 512 bytes per h, read back by the same lane) and the 8
+ * scale bytes of each of the 16 rows ([h][g], copied by lane (g, 0), read by the row's 4 lanes after a
+ * __syncwarp). The host picks FMT 5 only when K % 128 == 0 (8-byte aligned scale rows) and x fits in
+ * one slice. */
+#define GM_D 4
+#define GM_STG (1024 + 128)
+__device__ __forceinline__ void gm_ring_put(uint8_t *st, const uint8_t *const (&wrow)[2], const void *const (&srow)[2],
+                                            int j, int gi, int ti, int lane) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) gm_cp16(st + h * 512 + lane * 16, wrow[h] + (size_t)j * 64 + ti * 16, 16);
+    if (ti == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) gm_cp8(st + 1024 + h * 64 + gi * 8, (const uint8_t *)srow[h] + (size_t)j * 8);
+    }
+}
+__device__ __forceinline__ void gm_ring_get(gm_raw &r, const uint8_t *st, int gi, int ti, int lane) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        r.w[h] = *(const uint4 *)(st + h * 512 + lane * 16);
+        r.sc[h] = *(const unsigned short *)(st + 1024 + h * 64 + gi * 8 + ti * 2);
+    }
 }
 
 /* Accumulates super-step jl of the staged slice (xs, row stride rs units) into acc. */
@@ -265,11 +299,11 @@ __device__ __forceinline__ void gm_stage(const gm_args &a, uint4 *buf, int rs, i
     gm_cp_commit();
 }
 
-/* MS_CU_GEMV_FP4=v2o (FMT 4) asks ptxas for <= 85 registers (3 blocks of 256 threads, 24 warps per
- * SM, instead of 2 blocks at ~120 registers): more loads in flight per SM for some spills outside the
- * loop. */
+/* MS_CU_GEMV_FP4=v2o and v3 (FMT 4, 5) ask ptxas for <= 85 registers (3 blocks of 256 threads, 24 warps
+ * per SM, instead of 2 blocks at ~120 registers): more loads in flight per SM for a few spills outside
+ * the loop (FMT 5 needs ~106 registers unbounded, 80 bounded, with the same loop). */
 template <int FMT, int MODE, int NT>
-__global__ __launch_bounds__(256, FMT == 4 ? 3 : 1) void k_gmma(gm_args a) {
+__global__ __launch_bounds__(256, FMT >= 4 ? 3 : 1) void k_gmma(gm_args a) {
     extern __shared__ uint4 gm_smem[];
     typedef gm_fmt<FMT> F;
     constexpr int S = MODE == 1 ? 2 : 1;
@@ -332,11 +366,19 @@ __global__ __launch_bounds__(256, FMT == 4 ? 3 : 1) void k_gmma(gm_args a) {
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[nt][i] = 0.f;
         gm_raw ra, rb; /* super-steps j and j + ksplit; loads run two super-steps ahead of the math */
-        if (active) {
+        uint8_t *ring = (uint8_t *)gm_smem + a.ring + (size_t)warp * GM_D * GM_STG; /* FMT 5 */
+        if (active && FMT != 5) {
             gm_load<FMT>(ra, wrow, srow, ks, nss, K, ti);
             gm_load<FMT>(rb, wrow, srow, ks + ksplit, nss, K, ti);
         }
         if (r0 > 0) __syncthreads(); /* the previous pass is done with shared memory */
+        if (FMT == 5 && active) { /* stages 0 .. GM_D - 2; the slice's wait below lands them */
+#pragma unroll
+            for (int p = 0; p < GM_D - 1; p++) {
+                if (ks + p * ksplit < nss) gm_ring_put(ring + p * GM_STG, wrow, srow, ks + p * ksplit, gi, ti, lane);
+                gm_cp_commit();
+            }
+        }
         gm_stage<FMT>(a, gm_smem, rs, 0, min(sps, nss), off + r0, nr);
         for (int sl = 0; sl < nslices; sl++) {
             gm_cp_wait_all();
@@ -347,7 +389,19 @@ __global__ __launch_bounds__(256, FMT == 4 ? 3 : 1) void k_gmma(gm_args a) {
             }
             const uint4 *xs = gm_smem + (sl & 1) * half;
             const int s0 = sl * sps, s1 = min(s0 + sps, nss);
-            if (active) {
+            if (active && FMT == 5) { /* one slice (host): s0 = 0, s1 = nss */
+                int i = 0; /* the warp's super-step count; stage i % GM_D */
+                for (int j = ks; j < s1; j += ksplit, i++) {
+                    gm_cp_wait<GM_D - 2>(); /* this lane's copies of super-step i landed */
+                    __syncwarp();           /* ... and every lane's (scales); all lanes are past i - 1 */
+                    gm_raw cur;
+                    gm_ring_get(cur, ring + (i % GM_D) * GM_STG, gi, ti, lane);
+                    const int jn = j + (GM_D - 1) * ksplit; /* into stage (i - 1) % GM_D, read at i - 1 */
+                    if (jn < nss) gm_ring_put(ring + ((i + GM_D - 1) % GM_D) * GM_STG, wrow, srow, jn, gi, ti, lane);
+                    gm_cp_commit();
+                    gm_step<FMT, NT>(acc, cur, xs, rs, j, gi, ti, nr, ntiles);
+                }
+            } else if (active) {
                 for (int j = s0 + ks; j < s1; j += 2 * ksplit) {
                     {
                         const gm_raw cur = ra;
@@ -362,6 +416,7 @@ __global__ __launch_bounds__(256, FMT == 4 ? 3 : 1) void k_gmma(gm_args a) {
                 }
             }
         }
+        if (FMT == 5) gm_cp_wait_all(); /* no ring copy outlives the pass */
         /* the S * ksplit partials of an m-tile meet in warp (stream 0, ks 0), summed in a fixed order */
         float up[NT][4];
 #pragma unroll
@@ -519,7 +574,20 @@ int cu_gemv_mma(ms_backend *b, const cu_gemv_call *c, ms_err *err) {
     a.rw = nw / nsk;
     a.xbytes = full <= cap ? (int)full : cap;
     const size_t red = nsk > 1 ? (size_t)(nsk - 1) * a.rw * nt * 4 * 32 * sizeof(float) : 0;
-    const size_t smem = (size_t)a.xbytes > red ? (size_t)a.xbytes : red;
+    size_t smem = (size_t)a.xbytes > red ? (size_t)a.xbytes : red;
+    /* nvfp4 v3 (FMT 5) when x fits in one slice, scale rows are 8-byte aligned (K % 128 == 0; device
+     * tables are taken to follow their expert 0) and the rings fit next to the staging */
+    int fp4 = cu_knob(CU_KNOB_GEMV_FP4);
+    if (f == 2 && fp4 == CU_GEMV_FP4_V3) {
+        const size_t ring = (smem + 15) & ~(size_t)15, need = ring + (size_t)nw * GM_D * GM_STG;
+        if (full <= cap && a.K % 128 == 0 && need <= (size_t)optin &&
+            (!single || ((uintptr_t)c->w0.scale & 7) == 0)) {
+            a.ring = (int)ring;
+            smem = need;
+        } else {
+            fp4 = CU_GEMV_FP4_V2;
+        }
+    }
     if (smem > (size_t)optin)
         return ms_errf(err, MS_ERR_UNSUPPORTED, "gemv_mma: %zu bytes of shared memory exceed the device's %d", smem,
                        optin);
@@ -530,8 +598,7 @@ int cu_gemv_mma(ms_backend *b, const cu_gemv_call *c, ms_err *err) {
     cudaStream_t st = cu_of(b)->stream;
     cudaError_t ce;
 #define GM_L(F, M) ce = gm_launch_nt<F, M>(nt, grid, nw * 32, smem, st, a)
-    /* nvfp4 (MS_CU_GEMV_FP4, knobs.c): v1 = FMT 2, v2 = FMT 3, v2o = FMT 4 */
-    const int fp4 = cu_knob(CU_KNOB_GEMV_FP4);
+    /* nvfp4 (MS_CU_GEMV_FP4, knobs.c): v1 = FMT 2, v2 = FMT 3, v2o = FMT 4, v3 = FMT 5 */
     if (mode == 0) {
         switch (f) {
         case 0: GM_L(0, 0); break;
@@ -539,6 +606,7 @@ int cu_gemv_mma(ms_backend *b, const cu_gemv_call *c, ms_err *err) {
         default:
             if (fp4 == CU_GEMV_FP4_V1) GM_L(2, 0);
             else if (fp4 == CU_GEMV_FP4_V2O) GM_L(4, 0);
+            else if (fp4 == CU_GEMV_FP4_V3) GM_L(5, 0);
             else GM_L(3, 0);
         }
     } else {
@@ -548,6 +616,7 @@ int cu_gemv_mma(ms_backend *b, const cu_gemv_call *c, ms_err *err) {
         default:
             if (fp4 == CU_GEMV_FP4_V1) GM_L(2, 1);
             else if (fp4 == CU_GEMV_FP4_V2O) GM_L(4, 1);
+            else if (fp4 == CU_GEMV_FP4_V3) GM_L(5, 1);
             else GM_L(3, 1);
         }
     }

@@ -26,7 +26,7 @@ typedef struct kn_def {
 
 static const char *const gemv_choices[] = {"mma", "gv2", NULL};
 static const char *const gg_choices[] = {"mma", "old", NULL};
-static const char *const fp4_choices[] = {"v2", "v1", "v2o", NULL};
+static const char *const fp4_choices[] = {"v2", "v1", "v2o", "v3", NULL};
 static const char *const router_choices[] = {"split", "warp", NULL};
 
 static const kn_def knobs[CU_KNOB_COUNT] = {
@@ -53,7 +53,8 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                 "kernel for up to 8 tokens)"},
     [CU_KNOB_GEMV_FP4] = {"MS_CU_GEMV_FP4", KN_CHOICE, CU_GEMV_FP4_V2, 0, 0, fp4_choices, 0,
                           "tensor-core GEMV NVFP4 decode: v2 = fewer ALU instructions (scale bytes in pairs, "
-                          "IMAD nibble spread); v1 = the first form; v2o = v2 at <= 85 registers (24 warps/SM)"},
+                          "IMAD nibble spread); v1 = the first form; v2o = v2 at <= 85 registers (24 warps/SM); "
+                          "v3 = v2 with weights streamed through shared memory, 3 super-steps ahead"},
     [CU_KNOB_ROUTER] = {"MS_CU_ROUTER", KN_CHOICE, CU_ROUTER_SPLIT, 0, 0, router_choices, 0,
                         "fused decode router: split = logits over many blocks (K split, 4 experts a block) "
                         "then selection by the last block; warp = one warp per expert row (the first form)"},

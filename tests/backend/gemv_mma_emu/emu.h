@@ -4,7 +4,8 @@
  * tables ("Matrix Fragments for mma.m16n8k16 with floating point type": a_i row g for i in
  * {0,1,4,5} else g+8, column 2t+(i&1) (+8 for i >= 4); b_i k 2t+(i&1) (+8 for i >= 2), column g;
  * c_i row g (i < 2) else g+8, column 2t+(i&1)) and accumulated in float64, fma.rn.bf16x2 aborts
- * unless its product is an exact normal bf16, cp.async copies happen at the wait. */
+ * unless its product is an exact normal bf16, cp.async copies happen at the wait that covers their
+ * group (cp.async.wait_group N lands all committed groups but the newest N). */
 #ifndef MS_TESTS_GEMV_MMA_EMU_H
 #define MS_TESTS_GEMV_MMA_EMU_H
 #include <cstdint>
@@ -128,17 +129,38 @@ static inline uint32_t gm_bmul2(uint32_t a, uint32_t b) {
     }
     return r;
 }
+/* cp.async: each copy is queued with its group (the thread's commit count when issued) and lands at a
+ * wait that covers its group, so a read before the right wait sees the old bytes */
+static thread_local std::vector<int> *cpgid;
+static thread_local int cp_open; /* the thread's commit count: the group new copies join */
 static inline void gm_cp16(void *smem, const void *gmem, int src_bytes) {
     cpq->push_back({smem, {gmem, src_bytes}});
+    cpgid->push_back(cp_open);
 }
-static inline void gm_cp_commit() {}
-static inline void gm_cp_wait_all() {
-    for (auto &e : *cpq) {
-        if (e.second.second == 16) memcpy(e.first, e.second.first, 16);
-        else memset(e.first, 0, 16);
+static inline void gm_cp8(void *smem, const void *gmem) {
+    cpq->push_back({smem, {gmem, 8}});
+    cpgid->push_back(cp_open);
+}
+static inline void gm_cp_commit() { cp_open++; }
+/* cp.async.wait_group N: every committed group but the newest N lands */
+static inline void emu_cp_land(int keep) {
+    size_t o = 0;
+    for (size_t i = 0; i < cpq->size(); i++) {
+        auto &e = (*cpq)[i];
+        if ((*cpgid)[i] < cp_open - keep) {
+            if (e.second.second == 16 || e.second.second == 8) memcpy(e.first, e.second.first, e.second.second);
+            else memset(e.first, 0, 16);
+        } else {
+            (*cpq)[o] = e;
+            (*cpgid)[o++] = (*cpgid)[i];
+        }
     }
-    cpq->clear();
+    cpq->resize(o);
+    cpgid->resize(o);
 }
+static inline void gm_cp_wait_all() { emu_cp_land(0); }
+template <int N> static inline void gm_cp_wait() { emu_cp_land(N); }
+static inline void __syncwarp() { EB->wbar[threadIdx.x >> 5]->arrive_and_wait(); }
 template <class A>
 static void emu_launch(void (*k)(A), dim3 grid, int threads, size_t smem, const A &a) {
     for (unsigned by = 0; by < grid.y; by++)
@@ -156,6 +178,7 @@ static void emu_launch(void (*k)(A), dim3 grid, int threads, size_t smem, const 
                 th.emplace_back([&, t]() {
                     EB = &B; threadIdx = dim3(t); blockIdx = dim3(bx, by); blockDim = dim3(threads);
                     std::vector<std::pair<void *, std::pair<const void *, int>>> q; cpq = &q;
+                    std::vector<int> qg; cpgid = &qg; cp_open = 0;
                     k(a);
                     if (!q.empty()) { fprintf(stderr, "cp.async never waited\n"); abort(); }
                 });

@@ -291,6 +291,14 @@ int main(void) {
     moe(2, 2, 1024, 64, {1, 2}, 2);
     moe(1, 2, 1024, 64, {1, 0}, 1);
     moe(0, 2, 512, 48, {3, 1}, 3);
+    /* nvfp4 with K % 128 == 0, which MS_CU_GEMV_FP4=v3 streams through shared memory (the other
+     * nvfp4 cases above take its v2 fallback): several warps' rings, K split, passes, sliced x */
+    single(2, 1, 130, 384, 0);
+    single(2, 9, 40, 4096, 1);
+    single(2, 33, 24, 1024, 0);
+    single(2, 16, 20, 2176, 1);
+    moe(2, 6, 256, 128, {3, 0, 1, 40, 5, 0}, 64);
+    moe(2, 4, 1024, 128, {1, 0, 2, 1}, 1);
     printf("## test_gemv_mma_emu: %d passed, %d failed\n", n_pass, n_fail);
     return n_fail != 0;
 }
