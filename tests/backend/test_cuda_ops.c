@@ -1102,9 +1102,10 @@ static lpair mk_router_gate(int E_, int H, int ng, int tie) {
     W.n_in = H;
     W.w = ms_tensor_2d(MS_BF16, E_, H);
     uint16_t *w = malloc((size_t)E_ * H * 2);
+    const float amp = 0.2f * sqrtf(64.f / (float)H); /* logits of the same spread at any H: no saturated sigmoids */
     for (int e = 0; e < E_; e++)
         for (int k = 0; k < H; k++)
-            w[(size_t)e * H + k] = rt_src(e, E_, ng, tie) == e ? ms_f32_to_bf16(rnd_f() * 0.2f)
+            w[(size_t)e * H + k] = rt_src(e, E_, ng, tie) == e ? ms_f32_to_bf16(rnd_f() * amp)
                                                                 : w[(size_t)rt_src(e, E_, ng, tie) * H + k];
     L.w = w;
     W.w.data = L.w;
@@ -1122,6 +1123,9 @@ static void router_case_h(int T, int E_, int topk, int ng, int tg, int norm, int
     int64_t xs[2] = {T, H}, bs[1] = {E_};
     float *x = rand_vec((size_t)T * H, 2.f), *bias = rand_vec((size_t)E_, 0.3f);
     for (int e = 0; e < E_; e++) bias[e] = bias[rt_src(e, E_, ng, tie)];
+    /* x in bf16 on both sides (the GPU router reads bf16 rows): the logits then differ only by the
+     * fp32 summation order, far below the gaps between experts' scores */
+    for (size_t i = 0; i < (size_t)T * H; i++) x[i] = ms_bf16_to_f32(ms_f32_to_bf16(x[i]));
     pair X = act(2, xs, x);
     wpair B = wten(MS_F32, 1, bs, bias);
     ms_route_cfg rc = {E_, topk, ng, tg, norm, 2.5f};
