@@ -273,10 +273,15 @@ __device__ __forceinline__ void gm_step(float (&acc)[NT][4], const gm_raw &r, co
                 const int c = 4 * ti + q;
                 const uint4 X = FMT >= 3 ? xs[row * rs + jl * 16 + ((c ^ (c >> 3)) ^ ((jl & 1) << 1))]
                                          : xs[row * rs + gm_swz(ubase + q)];
-                gm_mma(acc[nt], A[0][0], A[1][0], A[0][1], A[1][1], __byte_perm(X.x, X.z, 0x5410),
-                       __byte_perm(X.x, X.z, 0x7632));
-                gm_mma(acc[nt], A[0][2], A[1][2], A[0][3], A[1][3], __byte_perm(X.y, X.w, 0x5410),
-                       __byte_perm(X.y, X.w, 0x7632));
+                if (FMT >= 3) { /* staged as (k 0,4), (1,5), (2,6), (3,7) already (gm_xpair) */
+                    gm_mma(acc[nt], A[0][0], A[1][0], A[0][1], A[1][1], X.x, X.y);
+                    gm_mma(acc[nt], A[0][2], A[1][2], A[0][3], A[1][3], X.z, X.w);
+                } else {
+                    gm_mma(acc[nt], A[0][0], A[1][0], A[0][1], A[1][1], __byte_perm(X.x, X.z, 0x5410),
+                           __byte_perm(X.x, X.z, 0x7632));
+                    gm_mma(acc[nt], A[0][2], A[1][2], A[0][3], A[1][3], __byte_perm(X.y, X.w, 0x5410),
+                           __byte_perm(X.y, X.w, 0x7632));
+                }
             }
         }
     }
@@ -302,6 +307,23 @@ __device__ __forceinline__ void gm_stage(const gm_args &a, uint4 *buf, int rs, i
 /* MS_CU_GEMV_FP4=v2o and v3 (FMT 4, 5) ask ptxas for <= 85 registers (3 blocks of 256 threads, 24 warps
  * per SM, instead of 2 blocks at ~120 registers): more loads in flight per SM for a few spills outside
  * the loop (FMT 5 needs ~106 registers unbounded, 80 bounded, with the same loop). */
+/* nvfp4 v2 family (FMT >= 3): re-pairs the x units this thread staged for a slice (gm_stage's loop,
+ * after its cp.async landed and before the barrier that publishes the slice) from k (0,1), (2,3),
+ * (4,5), (6,7) to (0,4), (1,5), (2,6), (3,7), the pairs of gm_fp4x8's words: four PRMTs per unit
+ * once per block instead of four per unit and n-tile in every warp that reads it. */
+template <int FMT>
+__device__ __forceinline__ void gm_xpair(uint4 *buf, int rs, int nsl, int nr) {
+    typedef gm_fmt<FMT> F;
+    const int upt = nsl * F::UPS;
+    for (int i = threadIdx.x; i < nr * upt; i += blockDim.x) {
+        const int j = i / upt, u = i - j * upt;
+        uint4 *p = buf + j * rs + gm_swz(u);
+        const uint4 v = *p;
+        *p = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
+                        __byte_perm(v.y, v.w, 0x7632));
+    }
+}
+
 template <int FMT, int MODE, int NT>
 __global__ __launch_bounds__(256, FMT >= 4 ? 3 : 1) void k_gmma(gm_args a) {
     extern __shared__ uint4 gm_smem[];
@@ -382,6 +404,7 @@ __global__ __launch_bounds__(256, FMT >= 4 ? 3 : 1) void k_gmma(gm_args a) {
         gm_stage<FMT>(a, gm_smem, rs, 0, min(sps, nss), off + r0, nr);
         for (int sl = 0; sl < nslices; sl++) {
             gm_cp_wait_all();
+            if (FMT >= 3) gm_xpair<FMT>(gm_smem + (sl & 1) * half, rs, min(sps, nss - sl * sps), nr);
             __syncthreads(); /* slice sl visible; every warp is past slice sl-1, whose buffer is refilled next */
             if (sl + 1 < nslices) {
                 const int t0 = (sl + 1) * sps;
