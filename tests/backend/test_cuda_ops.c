@@ -1372,9 +1372,9 @@ static void test_checks(void) {
  * and grouped-GEMM tests rely on it), a bad choice falls back to the default, and the doctor printout
  * has a header and one line per knob. Restores the variables it touches. */
 static void test_knobs(void) {
-    static const char *vars[3] = {"MS_CU_GG", "MS_ATTN_NO_MMA", "MS_ATTN_NO_SPLIT"};
-    char *saved[3];
-    for (int i = 0; i < 3; i++) {
+    static const char *vars[5] = {"MS_CU_GG", "MS_ATTN_NO_MMA", "MS_ATTN_NO_SPLIT", "MS_CU_GEMV_FP4", "MS_CU_ROUTER"};
+    char *saved[5];
+    for (int i = 0; i < 5; i++) {
         const char *v = getenv(vars[i]);
         saved[i] = v ? strdup(v) : NULL;
     }
@@ -1390,6 +1390,18 @@ static void test_knobs(void) {
     CHECK_EQ_INT(cu_knob(CU_KNOB_ATTN_NO_MMA), 0);
     unsetenv("MS_ATTN_NO_SPLIT");
     CHECK_EQ_INT(cu_knob(CU_KNOB_ATTN_NO_SPLIT), 0);
+    /* the batch-1 decode forms (read at every call, so one process can A/B them) */
+    const char *fp4[4] = {"v2", "v1", "v2o", "v3"};
+    for (int i = 0; i < 4; i++) {
+        setenv("MS_CU_GEMV_FP4", fp4[i], 1);
+        CHECK_EQ_INT(cu_knob(CU_KNOB_GEMV_FP4), i);
+    }
+    unsetenv("MS_CU_GEMV_FP4");
+    CHECK_EQ_INT(cu_knob(CU_KNOB_GEMV_FP4), CU_GEMV_FP4_V2);
+    setenv("MS_CU_ROUTER", "warp", 1);
+    CHECK_EQ_INT(cu_knob(CU_KNOB_ROUTER), CU_ROUTER_WARP);
+    unsetenv("MS_CU_ROUTER");
+    CHECK_EQ_INT(cu_knob(CU_KNOB_ROUTER), CU_ROUTER_SPLIT);
     const char *bt = getenv("MS_CU_BF16_GEMV_MAX_T"); /* read once: set in main before this runs */
     if (bt) CHECK_EQ_INT(cu_knob(CU_KNOB_BF16_GEMV_MAX_T), atoi(bt));
     FILE *f = tmpfile();
@@ -1407,7 +1419,7 @@ static void test_knobs(void) {
         CHECK_EQ_INT(n, CU_KNOB_COUNT + 1);
         CHECK_EQ_INT(seen, 1);
     }
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 5; i++) {
         if (saved[i]) setenv(vars[i], saved[i], 1);
         else unsetenv(vars[i]);
         free(saved[i]);
