@@ -885,6 +885,8 @@ __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, c
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int e = blockIdx.x * RS_WARPS + warp, k0 = blockIdx.y * RS_KS, nks = gridDim.y;
     const int nc = min(RS_KS, K - k0) / 8; /* 16-byte units of this slice (K % 8 == 0) */
+    if (bias && blockIdx.y == 0 && lane == 0 && e < E) /* into L2 for the last block's routing */
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)bias + (size_t)e * (bt == MS_F32 ? 4 : 2)));
     uint4 wv[RS_D];
 #pragma unroll
     for (int u = 0; u < RS_D; u++) {
@@ -938,14 +940,15 @@ __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, c
     const bool regs = E <= 32 * RS_EPL && n_group <= 32 && topk <= 32;
     float *sc = (float *)rssm;
     for (int i = threadIdx.x; i < T * E; i += blockDim.x) {
+        const int t = i / E, ee = i - t * E;
+        const float bv = regs && bias ? cu_ld(bias, bt, ee) : 0.f; /* loaded with the partials, before lg's store */
         float v = 0.f;
         for (int ks = 0; ks < nks; ks++) v += __ldcg(g_rs_part + (size_t)ks * T * E + i);
         lg[i] = v;
         if (regs) {
-            const int t = i / E, ee = i - t * E;
             const float sv = 1.f / (1.f + expf(-v));
             sc[(size_t)t * 2 * E + ee] = sv;
-            sc[(size_t)t * 2 * E + E + ee] = sv + (bias ? cu_ld(bias, bt, ee) : 0.f);
+            sc[(size_t)t * 2 * E + E + ee] = sv + bv;
         }
     }
     __syncthreads(); /* lg and the scores complete (route_token reads lg through L2, as written by this block) */
