@@ -633,6 +633,8 @@ int cmd_bench_model(int argc, char **argv) {
     double pf_tok_s = prefill / best, pf_flops = prefill_flops(m, &w, (int)prefill) / best;
     double total_bytes = (double)m->stats.bytes_total;
     int nth = gpu ? 0 : ms_pool_size(ms_cpu_pool());
+    ms_graph_counts gc = {{0}, {0}};
+    if (fw) ms_forward_graph_counts(fw, &gc);
     if (json) {
         printf("{\"device\":\"%s\",\"threads\":%d,\"model_type\":\"%s\",\"layers\":%d,\"weights\":\"%s\",\"weight_bytes\":%.0f,"
                "\"load_s\":%.3f,\"mem_bw_gbs\":%.3f,\"gemm_tflops\":%.3f,\"decode\":[",
@@ -651,8 +653,13 @@ int cmd_bench_model(int argc, char **argv) {
                    res[i].gbs, res[i].pct, res[i].flops_step, res[i].tflops, res[i].pct_gemm, res[i].routed_avg,
                    res[i].verify_ms, res[i].draft_ms);
         }
-        printf("],\"prefill\":{\"tokens\":%lld,\"tok_s\":%.3f,\"gflops\":%.3f,\"pct_of_gemm\":%.2f}}\n", prefill, pf_tok_s,
+        printf("],\"prefill\":{\"tokens\":%lld,\"tok_s\":%.3f,\"gflops\":%.3f,\"pct_of_gemm\":%.2f},", prefill, pf_tok_s,
                pf_flops / 1e9, ce.gemm_tflops > 0 ? 100.0 * pf_flops / (ce.gemm_tflops * 1e12) : 0.0);
+        /* steps of the whole run that launched a recorded graph, by kind (decode / verify / draft) */
+        printf("\"graph_launches\":{");
+        for (int k = 0; k < MS_GRAPH_KINDS; k++)
+            printf("%s\"%s\":%llu", k ? "," : "", ms_graph_kind_name(k), (unsigned long long)gc.launches[k]);
+        printf("}}\n");
     } else {
         printf("device:     %s%s%d threads\n", be->name, gpu ? "" : ", ", nth);
         printf("model:      %s, %d layers, weights %s, %.1f MiB (loaded in %.2f s)\n", m->cfg.model_type, m->cfg.num_layers,
@@ -687,6 +694,9 @@ int cmd_bench_model(int argc, char **argv) {
         printf("prefill     %lld tokens: %.1f tok/s, %.2f GFLOP/s", prefill, pf_tok_s, pf_flops / 1e9);
         if (ce.gemm_tflops > 0) printf(" (%.1f%% of GEMM ceiling)", 100.0 * pf_flops / (ce.gemm_tflops * 1e12));
         printf("\n");
+        printf("graphs:     steps run as recorded graphs: %llu decode, %llu verify, %llu draft\n",
+               (unsigned long long)gc.launches[MS_GRAPH_DECODE], (unsigned long long)gc.launches[MS_GRAPH_VERIFY],
+               (unsigned long long)gc.launches[MS_GRAPH_DRAFT]);
     }
     rc = 0;
 done:
