@@ -223,7 +223,8 @@ int ms_forward_run(ms_forward *f, const ms_batch *batch, float *logits_host, ms_
  * MTP draft steps (one token per sequence, hidden rows of the last MTP step), so the first requests do
  * not pay for it (their longer contexts, and the MTP steps reading the main step's rows, are recorded
  * when first seen). Padding-only steps: they write K/V into the pad page alone. No-op when graphs are
- * off; *n_recorded = graphs made. */
+ * off; *n_recorded = graphs made. Call it before the first step: the padding-only steps overwrite the
+ * kept hidden rows (MTP) that a following draft step would read. */
 int ms_forward_record_graphs(ms_forward *f, int *n_recorded, ms_err *err);
 /* Graph use, by step kind: pure decode steps of the main model, speculative verification steps (q >= 2
  * tokens per sequence), MTP draft steps. */
