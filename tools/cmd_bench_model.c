@@ -248,7 +248,8 @@ typedef struct {
 /* Speculative decoding's two step kinds at this batch and context, on the sequences' own pages:
  * the target verifying N+1 tokens per sequence (logits on all of them) and one MTP draft step (one
  * token per sequence, hidden rows of the verification). Each is the mean of several timed runs after
- * warm-up; positions ctx .. ctx+N are rewritten every run (only the time matters here). */
+ * warm-up (where graphs are on, both run as CUDA graphs from the third run on); positions ctx .. ctx+N
+ * are rewritten every run (only the time matters here). */
 static int run_spec(const ms_executor *ex, int B, int ctx, const int32_t *bt, int pps, const int32_t *ids, decode_res *r,
                     ms_err *err) {
     const int N = g_spec, ps = ex->page_size, V = ex->vocab, T = B * (N + 1);
@@ -459,7 +460,13 @@ static int run_decode(const ms_executor *ex, ms_forward *fw, const ms_model *m, 
         ms_forward_set_profile(fw, 0);
     }
     if (!rc && steps == 0) rc = ms_errf(err, MS_ERR_RUNTIME, "bench-model: no decode step was timed");
-    if (!rc && g_spec) rc = run_spec(ex, B, ctx, bt, pps, ids, r, err);
+    if (!rc && g_spec) {
+        /* the routing record off, as for the timed decode steps: verification steps can then run as
+         * CUDA graphs (the first run of a shape is eager, the second records it; both are warm-up) */
+        if (fw) ms_forward_set_record_routing(fw, 0);
+        rc = run_spec(ex, B, ctx, bt, pps, ids, r, err);
+        if (fw) ms_forward_set_record_routing(fw, 1);
+    }
     if (!rc) {
         const int p_mid = ctx + 2 + steps / 2 + 1; /* context of the middle timed step */
         r->steps = steps;
