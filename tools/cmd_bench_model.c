@@ -8,7 +8,8 @@
  * the achieved bandwidth against the machine's measured read (CPU) or copy (GPU) bandwidth.
  * Prefill is compute-bound: it reports FLOP/s against the measured GEMM rate where one exists.
  * The GPU ceilings come from the backend (ms_backend_gpu_ceilings); everything else is
- * device-independent. --profile adds a per-section breakdown of a few extra decode steps. */
+ * device-independent. --profile adds a per-section breakdown of a few extra decode steps. The report
+ * ends with how many steps of each kind (decode / verify / draft) ran as recorded CUDA graphs. */
 #include "common/args.h"
 #include "common/model_args.h"
 #include "engine/sampler.h"
