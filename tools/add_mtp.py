@@ -11,8 +11,10 @@ tensors, e.g. the one with a DSA indexer), filled with seeded O(1)-scaled bf16 v
 num_nextn_predict_layers = 1 in config.json. Random MTP weights make a poor draft (low acceptance):
 the tests that need acceptance use the engine's draft hooks instead.
 
-Usage: python3 tools/add_mtp.py SRC_DIR DST_DIR [--seed N] [--no-head]
+Usage: python3 tools/add_mtp.py SRC_DIR DST_DIR [--seed N] [--no-head] [--replace]
   --no-head  leave out shared_head.head (the engine then uses the main lm_head)
+  --replace  a checkpoint that already has an MTP layer (the demo model) gets a random one instead
+             (the engine tests that need drafts mostly rejected, i.e. rollback on every step)
 """
 import json
 import math
@@ -61,6 +63,7 @@ def main(argv):
         seed = int(argv[argv.index("--seed") + 1])
         args.remove(str(seed))
     no_head = "--no-head" in argv
+    replace = "--replace" in argv
     if len(args) != 2:
         sys.stderr.write(__doc__)
         return 2
@@ -83,8 +86,21 @@ def main(argv):
         if m:
             per_layer.setdefault(int(m.group(1)), []).append(m.group(2))
     if any(k >= L for k in per_layer):
-        sys.stderr.write(f"{src}: the checkpoint already has tensors of layer {L} or later\n")
-        return 1
+        if not replace:
+            sys.stderr.write(f"{src}: the checkpoint already has tensors of layer {L} or later (--replace)\n")
+            return 1
+        # drop them: the kept tensors are packed again from offset 0
+        kept, parts, off = {}, [], 0
+        for name, t in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+            m = re.match(r"model\.layers\.(\d+)\.", name)
+            if m and int(m.group(1)) >= L:
+                continue
+            a, b = t["data_offsets"]
+            kept[name] = dict(t, data_offsets=[off, off + b - a])
+            parts.append(data[a:b])
+            off += b - a
+        header, data = kept, b"".join(parts)
+        per_layer = {k: v for k, v in per_layer.items() if k < L}
     moe = [k for k, v in per_layer.items() if "mlp.gate.weight" in v] or list(per_layer)
     tmpl = max(moe, key=lambda k: (len(per_layer[k]), k))
 

@@ -1,10 +1,12 @@
 // test_spec_greedy.mjs - `moeserve serve --speculative-algorithm NEXTN` end to end through the openai
-// SDK: two servers on the same checkpoint with an MTP layer (MS_TEST_MODEL; test_openai_spec.sh makes
-// one from the demo model with tools/add_mtp.py), one speculating, one not. Greedy completions must be
+// SDK: two servers on the same checkpoint with an MTP layer (MS_TEST_MODEL: the demo model and its
+// trained MTP layer, or a copy with a random one from tools/add_mtp.py --replace, as test_openai_spec.sh
+// runs both), one speculating, one not. Greedy completions must be
 // identical, streamed and not, many prompts at once (continuous batching: sequences accept different
 // lengths in one step), with stop strings and max_tokens; the speculating server reports its draft
 // counters in /metrics and the mean accept length in /get_server_info; its KV pool ends empty.
 // Run alone (no MS_TEST_MODEL), it gives a temporary copy of the demo model a random MTP layer itself.
+// MS_MIN_ACCEPT: the mean accept length the speculating server must reach (the trained layer's check).
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
@@ -15,7 +17,7 @@ import { ROOT, assert, eq, findModel, metrics, run, startServer, test, waitKvEmp
 let tmpDir = null;
 if (!process.env.MS_TEST_MODEL && !process.env.MS_E2E_URL) {
   tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), "ms-spec-"));
-  execFileSync("python3", [path.join(ROOT, "tools/add_mtp.py"), findModel(), path.join(tmpDir, "demo")], { stdio: "ignore" });
+  execFileSync("python3", [path.join(ROOT, "tools/add_mtp.py"), findModel(), path.join(tmpDir, "demo"), "--replace"], { stdio: "ignore" });
   process.env.MS_TEST_MODEL = path.join(tmpDir, "demo");
 }
 
@@ -80,6 +82,39 @@ test("seeded sampling identical with and without speculation", async ({ a, b }) 
     const y = await b.client.completions.create({ model: b.model, ...req });
     eq(y.choices[0].text, x.choices[0].text, `sampled ${JSON.stringify(p)}`);
   }
+});
+
+// The trained layer (MS_MIN_ACCEPT set): 200 chat questions of the demo's domain (arithmetic of each
+// kind, thinking on and off, questions outside its skill), 16 at a time: greedy replies identical with
+// and without speculation, and the mean accept length over these requests (from the counters' deltas)
+// at least MS_MIN_ACCEPT.
+const MIN_ACCEPT = +(process.env.MS_MIN_ACCEPT || 0);
+if (MIN_ACCEPT > 0) test("trained MTP layer: 200 chat questions identical, accept length", async ({ a, b }) => {
+  const qs = [];
+  for (let i = 0; i < 200; i++) {
+    const x = (i * 37 + 11) % 1000, y = (i * 53 + 7) % 1000, u = 10 + (i * 7) % 90, v = 10 + (i * 13) % 90;
+    const q = [`What is ${x} + ${y}?`, `What is ${x} - ${y}?`, `What is ${u} * ${v}?`, `What is ${u} times ${i % 9 + 1}?`,
+               `What is ${x * 997} * ${y + 100}?`, "Tell me about the moon.", `Compute ${y} - ${x}.`, "Hello!"][i % 8];
+    qs.push({ q, think: i % 3 !== 0 });
+  }
+  const before = await metrics(b.server.url);
+  const ask = (c, q) => c.client.chat.completions.create({ model: c.model, temperature: 0, max_tokens: 300,
+    messages: [{ role: "user", content: q.q }], ...(q.think ? {} : { chat_template_kwargs: { enable_thinking: false } }) });
+  const run = async (c) => { const out = new Array(qs.length); let next = 0;
+    await Promise.all(Array.from({ length: 16 }, async () => { while (next < qs.length) { const i = next++; out[i] = await ask(c, qs[i]); } }));
+    return out; };
+  const [ra, rb] = await Promise.all([run(a), run(b)]);
+  for (let i = 0; i < qs.length; i++) {
+    const x = ra[i].choices[0], y = rb[i].choices[0];
+    eq([y.message.content, y.message.reasoning_content ?? null, y.finish_reason],
+       [x.message.content, x.message.reasoning_content ?? null, x.finish_reason], `question ${i} ${JSON.stringify(qs[i])}`);
+  }
+  const after = await metrics(b.server.url);
+  const dv = after["moeserve:spec_verifications_total"] - before["moeserve:spec_verifications_total"];
+  const da = after["moeserve:spec_accepted_tokens_total"] - before["moeserve:spec_accepted_tokens_total"];
+  const al = 1 + da / Math.max(1, dv);
+  console.log(`     trained MTP layer: accept length ${al.toFixed(2)} over ${dv} verifications of the 200 questions`);
+  assert(dv > 0 && al >= MIN_ACCEPT, `accept length ${al} below MS_MIN_ACCEPT ${MIN_ACCEPT}`);
 });
 
 test("draft counters in /metrics, accept length in /get_server_info, KV pool empty", async ({ a, b }) => {
