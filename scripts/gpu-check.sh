@@ -15,11 +15,12 @@ row() { rows+=("$(printf '%-46s %-6s %s' "$1" "$2" "${3:-}")"); [ "$2" = FAIL ] 
 
 # 1. test programs: with the default GEMV (tensor-core gemv_mma), then the CUDA-op and MoE tests again
 # with the CUDA-core kernels and cuBLASLt for bf16 (MS_CU_GEMV=gv2, MS_CU_BF16_GEMV_MAX_T=0) so both
-# paths stay checked; the forward cache test runs on the GPU with decode steps as CUDA graphs
+# paths stay checked; the forward cache test runs on the GPU with decode steps as CUDA graphs, the MTP
+# and speculative-engine tests with verification and draft steps as CUDA graphs against op by op
 for variant in default gv2; do
-  for t in backend/test_cuda_ops moe/test_moe_cuda "model/test_forward_cache cuda" "model/test_mtp cuda" dist/test_comm_nccl; do
+  for t in backend/test_cuda_ops moe/test_moe_cuda "model/test_forward_cache cuda" "model/test_mtp cuda" "engine/test_spec_model cuda" dist/test_comm_nccl; do
     bin=${t% *}
-    [ $variant = gv2 ] && { [ "$bin" = model/test_forward_cache ] || [ "$bin" = model/test_mtp ] || [ "$bin" = dist/test_comm_nccl ]; } && continue
+    [ $variant = gv2 ] && { [ "$bin" = model/test_forward_cache ] || [ "$bin" = model/test_mtp ] || [ "$bin" = engine/test_spec_model ] || [ "$bin" = dist/test_comm_nccl ]; } && continue
     name=$t; [ $variant = gv2 ] && name="$t (gv2)"
     log="$OUT/$(basename $bin)$([ $variant = gv2 ] && echo _gv2).log"
     if [ ! -x "$BUILD/tests/$bin" ]; then row "$name" FAIL "not built"; continue; fi

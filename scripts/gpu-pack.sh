@@ -10,7 +10,7 @@ scripts/bundle-libs.sh "$BUILD" >/dev/null
 rm -rf .gpu/build && mkdir -p .gpu/build/tests
 cp "$BUILD/moeserve" .gpu/build/
 cp -r "$BUILD/lib" .gpu/build/
-for t in backend/test_cuda_ops moe/test_moe_cuda model/test_forward_cache model/test_mtp dist/test_comm_nccl ${EXTRA_TESTS:-}; do
+for t in backend/test_cuda_ops moe/test_moe_cuda model/test_forward_cache model/test_mtp engine/test_spec_model dist/test_comm_nccl ${EXTRA_TESTS:-}; do
   mkdir -p ".gpu/build/tests/$(dirname "$t")"
   cp "$BUILD/tests/$t" ".gpu/build/tests/$t"
 done

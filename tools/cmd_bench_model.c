@@ -8,7 +8,8 @@
  * the achieved bandwidth against the machine's measured read (CPU) or copy (GPU) bandwidth.
  * Prefill is compute-bound: it reports FLOP/s against the measured GEMM rate where one exists.
  * The GPU ceilings come from the backend (ms_backend_gpu_ceilings); everything else is
- * device-independent. --profile adds a per-section breakdown of a few extra decode steps. */
+ * device-independent. --profile adds a per-section breakdown of a few extra decode steps. The report
+ * ends with how many steps of each kind (decode / verify / draft) ran as recorded CUDA graphs. */
 #include "common/args.h"
 #include "common/model_args.h"
 #include "engine/sampler.h"
@@ -248,7 +249,8 @@ typedef struct {
 /* Speculative decoding's two step kinds at this batch and context, on the sequences' own pages:
  * the target verifying N+1 tokens per sequence (logits on all of them) and one MTP draft step (one
  * token per sequence, hidden rows of the verification). Each is the mean of several timed runs after
- * warm-up; positions ctx .. ctx+N are rewritten every run (only the time matters here). */
+ * warm-up (where graphs are on, both run as CUDA graphs from the third run on); positions ctx .. ctx+N
+ * are rewritten every run (only the time matters here). */
 static int run_spec(const ms_executor *ex, int B, int ctx, const int32_t *bt, int pps, const int32_t *ids, decode_res *r,
                     ms_err *err) {
     const int N = g_spec, ps = ex->page_size, V = ex->vocab, T = B * (N + 1);
@@ -459,7 +461,13 @@ static int run_decode(const ms_executor *ex, ms_forward *fw, const ms_model *m, 
         ms_forward_set_profile(fw, 0);
     }
     if (!rc && steps == 0) rc = ms_errf(err, MS_ERR_RUNTIME, "bench-model: no decode step was timed");
-    if (!rc && g_spec) rc = run_spec(ex, B, ctx, bt, pps, ids, r, err);
+    if (!rc && g_spec) {
+        /* the routing record off, as for the timed decode steps: verification steps can then run as
+         * CUDA graphs (the first run of a shape is eager, the second records it; both are warm-up) */
+        if (fw) ms_forward_set_record_routing(fw, 0);
+        rc = run_spec(ex, B, ctx, bt, pps, ids, r, err);
+        if (fw) ms_forward_set_record_routing(fw, 1);
+    }
     if (!rc) {
         const int p_mid = ctx + 2 + steps / 2 + 1; /* context of the middle timed step */
         r->steps = steps;
@@ -633,6 +641,8 @@ int cmd_bench_model(int argc, char **argv) {
     double pf_tok_s = prefill / best, pf_flops = prefill_flops(m, &w, (int)prefill) / best;
     double total_bytes = (double)m->stats.bytes_total;
     int nth = gpu ? 0 : ms_pool_size(ms_cpu_pool());
+    ms_graph_counts gc = {{0}, {0}};
+    if (fw) ms_forward_graph_counts(fw, &gc);
     if (json) {
         printf("{\"device\":\"%s\",\"threads\":%d,\"model_type\":\"%s\",\"layers\":%d,\"weights\":\"%s\",\"weight_bytes\":%.0f,"
                "\"load_s\":%.3f,\"mem_bw_gbs\":%.3f,\"gemm_tflops\":%.3f,\"decode\":[",
@@ -651,8 +661,13 @@ int cmd_bench_model(int argc, char **argv) {
                    res[i].gbs, res[i].pct, res[i].flops_step, res[i].tflops, res[i].pct_gemm, res[i].routed_avg,
                    res[i].verify_ms, res[i].draft_ms);
         }
-        printf("],\"prefill\":{\"tokens\":%lld,\"tok_s\":%.3f,\"gflops\":%.3f,\"pct_of_gemm\":%.2f}}\n", prefill, pf_tok_s,
+        printf("],\"prefill\":{\"tokens\":%lld,\"tok_s\":%.3f,\"gflops\":%.3f,\"pct_of_gemm\":%.2f},", prefill, pf_tok_s,
                pf_flops / 1e9, ce.gemm_tflops > 0 ? 100.0 * pf_flops / (ce.gemm_tflops * 1e12) : 0.0);
+        /* steps of the whole run that launched a recorded graph, by kind (decode / verify / draft) */
+        printf("\"graph_launches\":{");
+        for (int k = 0; k < MS_GRAPH_KINDS; k++)
+            printf("%s\"%s\":%llu", k ? "," : "", ms_graph_kind_name(k), (unsigned long long)gc.launches[k]);
+        printf("}}\n");
     } else {
         printf("device:     %s%s%d threads\n", be->name, gpu ? "" : ", ", nth);
         printf("model:      %s, %d layers, weights %s, %.1f MiB (loaded in %.2f s)\n", m->cfg.model_type, m->cfg.num_layers,
@@ -687,6 +702,9 @@ int cmd_bench_model(int argc, char **argv) {
         printf("prefill     %lld tokens: %.1f tok/s, %.2f GFLOP/s", prefill, pf_tok_s, pf_flops / 1e9);
         if (ce.gemm_tflops > 0) printf(" (%.1f%% of GEMM ceiling)", 100.0 * pf_flops / (ce.gemm_tflops * 1e12));
         printf("\n");
+        printf("graphs:     steps run as recorded graphs: %llu decode, %llu verify, %llu draft\n",
+               (unsigned long long)gc.launches[MS_GRAPH_DECODE], (unsigned long long)gc.launches[MS_GRAPH_VERIFY],
+               (unsigned long long)gc.launches[MS_GRAPH_DRAFT]);
     }
     rc = 0;
 done:

@@ -310,7 +310,9 @@ static int fill_block_table(ms_engine *e, ms_request **req, const int32_t *ctx, 
  * kept (token = the next token, hidden row = the main step's row: this also fills the MTP layer's
  * own cache, prefill chunks included), whose last row gives each decoding request's first draft;
  * then chained one-token steps (hidden = the draft layer's own output row) give the others. Drafts
- * are greedy (the draft distribution is one-hot). A failing draft step costs only the drafts. */
+ * are greedy (the draft distribution is one-hot). A failing draft step costs only the drafts. The
+ * chained steps (one token per sequence, logits on each) run as the forward's recorded draft graphs;
+ * the first (several tokens per sequence, logits on the last) runs op by op. */
 static void draft_phase(ms_engine *e, const ms_batch *b) {
     ms_sched *s = &e->sched;
     const int N = e->cfg.speculative_num_steps, V = e->exec.vocab, ps = s->cfg.page_size;

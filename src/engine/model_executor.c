@@ -192,17 +192,21 @@ static int rank_forward(rank_st *r, ms_err *err) {
 }
 
 static int rank_graphs(rank_st *r, ms_err *err) {
-    /* decode graphs now, so start-up (not the first requests) pays for recording them */
+    /* decode graphs now (with speculation also the verification and MTP draft graphs), so start-up
+     * (not the first requests) pays for recording them */
     double t0 = ms_now();
     int n = 0;
     ms_err gerr = {0};
     /* an optimisation: on failure the steps run op by op (or record on first use) */
     if (ms_forward_record_graphs(r->f, &n, &gerr) == MS_OK) {
-        if (r->rank == 0) MS_LOGI("executor: recorded %d decode graphs in %.2f s", n, ms_now() - t0);
+        ms_graph_counts gc;
+        ms_forward_graph_counts(r->f, &gc);
+        if (r->rank == 0)
+            MS_LOGI("executor: recorded %d graphs (%d decode, %d verify, %d draft) in %.2f s", n, gc.recorded[MS_GRAPH_DECODE],
+                    gc.recorded[MS_GRAPH_VERIFY], gc.recorded[MS_GRAPH_DRAFT], ms_now() - t0);
         return MS_OK;
     }
-    MS_LOGW("executor: rank %d: recording decode graphs at start-up failed (%s); continuing without them", r->rank,
-            gerr.msg);
+    MS_LOGW("executor: rank %d: recording graphs at start-up failed (%s); continuing without them", r->rank, gerr.msg);
     /* under tensor parallelism a failed recording may have left the ranks' collectives out of step */
     if (r->x->tp > 1) return ms_errf(err, MS_ERR_RUNTIME, "rank %d: %s", r->rank, gerr.msg);
     return MS_OK;
@@ -532,6 +536,8 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
         fo->record = o->record_decisions;
         fo->replay = o->replay_decisions;
         fo->mtp = o->speculative_num_steps > 0;
+        /* verification steps of N + 1 tokens per sequence as graphs too (the forward takes 2..16) */
+        fo->graph_verify_tokens = o->speculative_num_steps > 0 ? o->speculative_num_steps + 1 : 0;
         rc = run_job(x, JOB_FORWARD, err);
     }
     if (!rc) {

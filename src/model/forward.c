@@ -688,103 +688,249 @@ static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, i
     return MS_OK;
 }
 
+/* ------------------------------------------------------------------ MTP (NEXTN) layer body */
+
+/* The MTP step once its arrays (f->meta, f->tok_d, f->lidx_d) and hidden-row indices (f->hidx) are on
+ * the device: e = enorm(embed(token)), h = hnorm(hidden row of the hid_src rows), eh_proj([e; h]), the
+ * decoder layer at index num_layers, then shared_head's norm and head on the bt->n_logits rows (the
+ * normed rows stay in f->mtp_out for a chained step). graph = 0: each chunk of logits is downloaded
+ * into logits_host (when not NULL) as the step goes; graph = 1: the rows go to f->glogits and nothing
+ * waits for the host (recordable graph step). */
+static int mtp_body(ms_forward *f, const ms_batch *bt, int hid_src, float *logits_host, int graph, ms_err *err) {
+    const ms_config *c = &f->m->cfg;
+    const ms_backend_ops *op = f->b->ops;
+    const ms_mtp *mt = &f->m->mtp;
+    const int T = bt->n_tokens, H = c->hidden_size, V = c->vocab_size, Lm = c->num_layers;
+    const ms_tensor *src = hid_src == MS_MTP_HID_DRAFT ? &f->mtp_out : &f->hid;
+    f->batch = bt;
+    f->layer = Lm;
+    f->topk_valid = 0;
+    ms_tensor x = fw_view2(&f->x, T, H), a = fw_view2(&f->a, T, H), delta = fw_view2(&f->delta, T, H);
+    ms_tensor cat = fw_view2(&f->mcat, T, 2 * (int64_t)H);
+    const ms_shard *sh = &f->m->shard;
+    /* e = enorm(embed(token)) -> cat[:, :H] */
+    if (f->split) {
+        MS_TRY(op->embed_part(f->b, &f->m->embed, f->tok_d, T, sh->v0, &x, err));
+        MS_TRY(tp_sum(f, &x, err));
+    } else {
+        MS_TRY(op->embed(f->b, &f->m->embed, f->tok_d, T, &x, err));
+    }
+    MS_TRY(op->rmsnorm(f->b, &x, &mt->enorm, c->rms_norm_eps, &a, err));
+    MS_TRY(op->set_cols(f->b, &a, 0, &cat, err));
+    /* h = hnorm(hidden row) -> cat[:, H:] */
+    MS_TRY(op->gather_rows(f->b, src, (const int32_t *)f->hidx.data, T, &a, err));
+    MS_TRY(op->rmsnorm(f->b, &a, &mt->hnorm, c->rms_norm_eps, &a, err));
+    MS_TRY(op->set_cols(f->b, &a, H, &cat, err));
+    MS_TRY(op->linear(f->b, &mt->eh_proj, &cat, &x, err));
+    FW_TRY_CHECK(f, &x, "mtp eh_proj", err);
+    /* the decoder layer (index Lm: its weights, KV cache and indexer), float32 residual stream */
+    const ms_layer *l = &f->m->layers[Lm];
+    MS_TRY(op->rmsnorm(f->b, &x, &l->attn_norm, c->rms_norm_eps, &a, err));
+    MS_TRY(c->arch->attention(f, Lm, T, err));
+    MS_TRY(tp_sum(f, &delta, err));
+    MS_TRY(op->add_rmsnorm(f->b, &x, &delta, &l->ffn_norm, c->rms_norm_eps, &a, err));
+    MS_TRY(mlp(f, Lm, T, err));
+    MS_TRY(tp_sum(f, &delta, err));
+    MS_TRY(op->add(f->b, &x, &delta, err));
+    FW_TRY_CHECK(f, &x, "mtp residual", err);
+    /* logits = head(shared_head.norm(h')) of the logit rows; the normed rows stay in mtp_out */
+    for (int r0 = 0; r0 < bt->n_logits; r0 += f->lchunk) {
+        int n = bt->n_logits - r0 < f->lchunk ? bt->n_logits - r0 : f->lchunk;
+        const int64_t nv = sh->nv;
+        ms_tensor rows = fw_view2(&f->lrows, n, H), lg = fw_view2(&f->logits, n, nv);
+        ms_tensor nrm = ms_tensor_2d(f->mtp_out.dtype, n, H);
+        nrm.data = (char *)f->mtp_out.data + (size_t)r0 * (size_t)H * ms_dtype_size(f->mtp_out.dtype);
+        /* where the chunk's rows [n, V] end up: the graph's logits buffer, or the eager staging buffer */
+        float *dst = graph ? (float *)f->glogits.data + (int64_t)r0 * V : lg.data;
+        if (graph && !f->split) lg.data = dst;
+        MS_TRY(op->gather_rows(f->b, &x, f->lidx_d + r0, n, &rows, err));
+        MS_TRY(op->rmsnorm(f->b, &rows, &mt->head_norm, c->rms_norm_eps, &nrm, err));
+        MS_TRY(op->linear(f->b, &mt->head, &nrm, &lg, err));
+        if (f->split) {
+            ms_comm *cm = f->o.comm;
+            MS_TRY(cm->ops->all_gather(cm, lg.data, f->lgather.data, (size_t)n * (size_t)nv, MS_F32, err));
+            MS_ASSERT(f->logits.data && ms_tensor_numel(&f->logits) >= (int64_t)n * V);
+            ms_tensor full = ms_tensor_2d(MS_F32, n, V);
+            full.data = dst; /* the local rows were consumed by the gather */
+            for (int r = 0; r < sh->tp_size; r++) {
+                ms_tensor part = ms_tensor_2d(MS_F32, n, nv);
+                part.data = (float *)f->lgather.data + (int64_t)r * n * nv;
+                MS_TRY(op->set_cols(f->b, &part, (int)(r * nv), &full, err));
+            }
+        }
+        if (f->o.check_numerics == 1) {
+            int64_t bad = -1;
+            MS_TRY(op->find_nonfinite(f->b, &lg, &bad, err));
+            if (bad >= 0)
+                return ms_errf(err, MS_ERR_NUMERICS, "MTP op head token position %d produced NaN/Inf",
+                               bt->positions[bt->logit_idx[r0 + bad]]);
+        }
+        if (!graph && logits_host)
+            MS_TRY(op->download(f->b, logits_host + (int64_t)r0 * V, dst, sizeof(float) * (size_t)n * (size_t)V, err));
+    }
+    return MS_OK;
+}
+
 /* ------------------------------------------------------------------ graph steps */
 
 static const int fw_buckets[] = {1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256};
 
-/* 1 when bt can run as a recorded graph: a pure decode step (one token per sequence, logits for every
- * token in order) of at most gmax tokens, with nothing on that needs the host inside the step. */
-static int graph_fits(const ms_forward *f, const ms_batch *bt) {
-    if (!f->graphs_on || f->prof_on || (f->routed && !f->routing_paused)) return 0;
-    if (bt->n_tokens != bt->n_seqs || bt->n_logits != bt->n_tokens || bt->n_tokens > f->gmax) return 0;
-    for (int i = 0; i < bt->n_logits; i++)
-        if (bt->logit_idx[i] != i) return 0;
-    return 1;
+const char *ms_graph_kind_name(int kind) {
+    static const char *const names[MS_GRAPH_KINDS] = {"decode", "verify", "draft"};
+    return kind >= 0 && kind < MS_GRAPH_KINDS ? names[kind] : "?";
 }
 
-/* The table entry for shape (B, mbc), made if new (NULL in *out when it cannot be made). */
-static int graph_entry(ms_forward *f, int B, int mbc, fw_graph **out, ms_err *err) {
-    *out = NULL;
+/* The counter (ms_graph_kind) of graph g's steps. */
+static int graph_counter(const fw_graph *g) {
+    if (g->kind != FW_G_MAIN) return MS_GRAPH_DRAFT;
+    return g->q > 1 ? MS_GRAPH_VERIFY : MS_GRAPH_DECODE;
+}
+
+void ms_forward_graph_counts(const ms_forward *f, ms_graph_counts *out) {
+    memset(out, 0, sizeof *out);
+    memcpy(out->launches, f->glaunch, sizeof out->launches);
+    const uint64_t ep = f->graphs_on ? f->b->ops->mem_epoch(f->b) : 0;
     for (int i = 0; i < f->n_graphs; i++)
-        if (f->graphs[i].B == B && f->graphs[i].mbc == mbc) {
-            *out = &f->graphs[i];
+        if (f->graphs[i].exec && f->graphs[i].epoch == ep) out->recorded[graph_counter(&f->graphs[i])]++;
+}
+
+/* The padded sequence count of a graph step of S sequences of q tokens each: the smallest bucket >= S,
+ * or gmax / q when that bucket's tokens would exceed gmax (the glogits rows); 0 when S sequences of q
+ * tokens do not fit at all. */
+static int graph_bucket(const ms_forward *f, int S, int q) {
+    const int cap = f->gmax / q;
+    for (size_t i = 0; i < sizeof fw_buckets / sizeof fw_buckets[0]; i++)
+        if (fw_buckets[i] >= S) return fw_buckets[i] <= cap ? fw_buckets[i] : S <= cap ? cap : 0;
+    return S <= cap ? cap : 0;
+}
+
+/* Tokens per sequence q when bt can run as a recorded graph, else 0: every sequence has q tokens,
+ * every token wants logits in order, the padded shape fits, and nothing is on that needs the host
+ * inside the step. Main steps (mtp = 0): q = 1 (pure decode), or 2..FW_GRAPH_MAX_Q with
+ * opts.graph_verify_tokens set (verification). MTP steps (mtp = 1): q = 1 only. */
+static int graph_q(const ms_forward *f, const ms_batch *bt, int mtp) {
+    if (!f->graphs_on || f->prof_on || (!mtp && f->routed && !f->routing_paused)) return 0;
+    const int S = bt->n_seqs, T = bt->n_tokens;
+    if (S < 1 || T % S || bt->n_logits != T) return 0;
+    const int q = T / S;
+    if (q > 1 && (mtp || q > FW_GRAPH_MAX_Q || f->o.graph_verify_tokens < 2)) return 0;
+    if (!graph_bucket(f, S, q)) return 0;
+    for (int s = 0; s <= S; s++)
+        if (bt->seq_start[s] != s * q) return 0;
+    for (int i = 0; i < bt->n_logits; i++)
+        if (bt->logit_idx[i] != i) return 0;
+    return q;
+}
+
+/* The table entry for key (kind, B, q, mbc), made if new (NULL in *out when it cannot be made). */
+static int graph_entry(ms_forward *f, int kind, int B, int q, int mbc, fw_graph **out, ms_err *err) {
+    *out = NULL;
+    for (int i = 0; i < f->n_graphs; i++) {
+        fw_graph *g = &f->graphs[i];
+        if (g->kind == kind && g->B == B && g->q == q && g->mbc == mbc) {
+            *out = g;
             return MS_OK;
         }
+    }
     if (f->n_graphs == FW_MAX_GRAPHS) graphs_reset(f); /* many context classes seen: start over */
     if (!f->glogits.data) MS_TRY(alloc2(f, &f->glogits, MS_F32, f->gmax, f->m->cfg.vocab_size, err));
     fw_graph *g = &f->graphs[f->n_graphs];
     memset(g, 0, sizeof *g);
-    const int64_t n = 5 * (int64_t)B + 1 + (int64_t)B * mbc;
+    const int T = B * q;
+    const int64_t n = 5 * (int64_t)T + 2 * (int64_t)B + 1 + (int64_t)B * mbc;
     g->hbuf = malloc(sizeof(int32_t) * (size_t)n);
-    if (!g->hbuf) return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory for a graph batch of %d tokens", B);
+    if (!g->hbuf) return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory for a graph batch of %d tokens", T);
+    g->kind = kind;
     g->B = B;
+    g->q = q;
     g->mbc = mbc;
+    /* hbuf: tokens, positions, slots, logit rows, hidden rows [T] each; seq_start [B + 1]; ctx [B];
+     * block table [B, mbc] */
     int32_t *p = g->hbuf;
     ms_batch *h = &g->hb;
-    h->n_tokens = h->n_seqs = h->n_logits = B;
-    h->token_ids = p, p += B;
-    h->positions = p, p += B;
+    h->n_tokens = h->n_logits = T;
+    h->n_seqs = B;
+    h->token_ids = p, p += T;
+    h->positions = p, p += T;
+    h->slot_mapping = p, p += T;
+    for (int t = 0; t < T; t++) p[t] = t;
+    h->logit_idx = p, p += T;
+    g->hidx = p, p += T;
+    for (int i = 0; i <= B; i++) p[i] = i * q;
     h->seq_start = p, p += B + 1;
     h->ctx_len = p, p += B;
-    h->slot_mapping = p, p += B;
     h->block_table = p;
-    h->logit_idx = h->seq_start; /* 0..B-1, as every token is a sequence */
     h->max_blocks = mbc;
     h->page_size = f->o.page_size;
-    for (int i = 0; i <= B; i++) g->hbuf[2 * B + i] = i;
     f->n_graphs++;
     *out = g;
     return MS_OK;
 }
 
-/* Runs the pure decode step bt through the recorded graph of its padded shape (recording it on the
- * second step of that shape). *done = 0 when this step cannot use a graph (the caller runs it eagerly). */
-static int run_graph(ms_forward *f, const ms_batch *bt, float *logits_host, int *done, ms_err *err) {
+/* The step of graph g (its padded batch, arrays uploaded) run op by op, or recorded. */
+static int graph_body(ms_forward *f, fw_graph *g, ms_err *err) {
+    if (g->kind == FW_G_MAIN) return forward_body(f, &g->hb, NULL, 1, err);
+    return mtp_body(f, &g->hb, g->kind == FW_G_MTP_DRAFT ? MS_MTP_HID_DRAFT : MS_MTP_HID_TARGET, NULL, 1, err);
+}
+
+/* Runs step bt (graph_q(bt) = q; kind FW_G_*; hid_idx [n_tokens] for MTP kinds) through the recorded
+ * graph of its padded shape (recording it on the second step of that shape). *done = 0 when this step
+ * cannot use a graph (the caller runs it eagerly). */
+static int run_graph(ms_forward *f, const ms_batch *bt, int kind, int q, const int32_t *hid_idx, float *logits_host,
+                     int *done, ms_err *err) {
     const ms_backend_ops *op = f->b->ops;
-    const int T = bt->n_tokens, ps = f->o.page_size, V = f->m->cfg.vocab_size;
+    const int S = bt->n_seqs, ps = f->o.page_size, V = f->m->cfg.vocab_size;
     *done = 0;
-    int B = f->gmax;
-    for (size_t i = 0; i < sizeof fw_buckets / sizeof fw_buckets[0]; i++)
-        if (fw_buckets[i] >= T) {
-            B = fw_buckets[i] < f->gmax ? fw_buckets[i] : f->gmax;
-            break;
-        }
+    const int B = graph_bucket(f, S, q);
+    if (!B) return MS_OK;
     int need = 1;
-    for (int s = 0; s < T; s++) {
+    for (int s = 0; s < S; s++) {
         int nb = (bt->ctx_len[s] + ps - 1) / ps;
         need = nb > need ? nb : need;
     }
     /* block-table classes are powers of two from 32 pages: few shapes to record, and attention sized
-     * for at most twice the longest context */
+     * for at most twice the longest context (32 pages also hold a padding sequence's q <= 16 tokens) */
     int mbc = 32;
     while (mbc < need) mbc *= 2;
     fw_graph *g;
-    MS_TRY(graph_entry(f, B, mbc, &g, err));
+    MS_TRY(graph_entry(f, kind, B, q, mbc, &g, err));
     if (!g) return MS_OK;
     /* the padded batch (arrays laid out in hbuf by graph_entry): real sequences first, then padding
-     * in the pad page */
+     * sequences of q tokens at positions 0..q-1 in the pad page (q > page_size: tokens share its slots,
+     * which only padding reads) */
     ms_batch *h = &g->hb;
-    int32_t *tok = g->hbuf, *pos = tok + B, *ctx = pos + 2 * B + 1, *slot = ctx + B, *btab = slot + B;
+    const int T = B * q;
+    int32_t *tok = g->hbuf, *pos = tok + T, *slot = pos + T, *ctx = g->hbuf + 5 * (int64_t)T + B + 1, *btab = ctx + B;
     const int32_t pad = f->o.n_pages;
     for (int s = 0; s < B; s++) {
         int32_t *row = btab + (int64_t)s * mbc;
         int nb = 0;
-        if (s < T) {
-            tok[s] = bt->token_ids[s];
-            pos[s] = bt->positions[s];
+        for (int j = 0; j < q; j++) {
+            const int t = s * q + j;
+            if (s < S) {
+                tok[t] = bt->token_ids[t];
+                pos[t] = bt->positions[t];
+                slot[t] = bt->slot_mapping[t];
+                if (hid_idx) g->hidx[t] = hid_idx[t];
+            } else {
+                tok[t] = 0;
+                pos[t] = j;
+                slot[t] = pad * ps + j % ps;
+                g->hidx[t] = 0;
+            }
+        }
+        if (s < S) {
             ctx[s] = bt->ctx_len[s];
-            slot[s] = bt->slot_mapping[s];
             nb = (bt->ctx_len[s] + ps - 1) / ps;
             memcpy(row, bt->block_table + (int64_t)s * bt->max_blocks, sizeof(int32_t) * (size_t)nb);
         } else {
-            tok[s] = 0;
-            pos[s] = 0;
-            ctx[s] = 1;
-            slot[s] = pad * ps;
+            ctx[s] = q;
         }
         for (int j = nb; j < mbc; j++) row[j] = pad;
     }
     FW_PROF(f, "batch_upload", pack_upload(f, &g->db, h, mbc * ps, err), err);
+    if (kind != FW_G_MAIN) /* the graph reads the hidden-row indices from this fixed buffer */
+        MS_TRY(op->upload(f->b, f->hidx.data, g->hidx, sizeof(int32_t) * (size_t)h->n_tokens, err));
     const uint64_t ep = op->mem_epoch(f->b);
     if (g->exec && g->epoch != ep) {
         op->graph_free(f->b, g->exec);
@@ -793,32 +939,36 @@ static int run_graph(ms_forward *f, const ms_batch *bt, float *logits_host, int 
     }
     if (g->exec) {
         MS_TRY(op->graph_launch(f->b, g->exec, err));
+        f->glaunch[graph_counter(g)]++;
     } else if (g->failed || g->runs < 1) {
         /* first run of this shape eagerly: lazily made buffers reach their size before recording */
-        MS_TRY(forward_body(f, h, NULL, 1, err));
+        MS_TRY(graph_body(f, g, err));
         g->runs++;
     } else {
         ms_err cerr = {0}, eerr = {0};
         void *x = NULL;
         MS_TRY(op->graph_begin(f->b, err));
-        int rc = forward_body(f, h, NULL, 1, &cerr);
+        int rc = graph_body(f, g, &cerr);
         int rc2 = op->graph_end(f->b, &x, &eerr);
         if (rc || rc2 || op->mem_epoch(f->b) != ep) {
             if (x) op->graph_free(f->b, x);
             g->failed = 1;
             if (!f->graph_warned++)
-                MS_LOGW("forward: a decode step of %d tokens could not be recorded as a graph (%s); such steps run "
-                        "op by op", B, rc ? cerr.msg : rc2 ? eerr.msg : "a backend buffer moved while recording");
-            MS_TRY(forward_body(f, h, NULL, 1, err));
+                MS_LOGW("forward: a %s step of %d sequences x %d tokens could not be recorded as a graph (%s); such "
+                        "steps run op by op", ms_graph_kind_name(graph_counter(g)), B, q,
+                        rc ? cerr.msg : rc2 ? eerr.msg : "a backend buffer moved while recording");
+            MS_TRY(graph_body(f, g, err));
         } else {
             g->exec = x;
             g->epoch = ep;
             MS_TRY(op->graph_launch(f->b, x, err));
+            f->glaunch[graph_counter(g)]++;
         }
     }
     if (logits_host)
         FW_PROF(f, "logits_download",
-                op->download(f->b, logits_host, f->glogits.data, sizeof(float) * (size_t)T * (size_t)V, err), err);
+                op->download(f->b, logits_host, f->glogits.data, sizeof(float) * (size_t)bt->n_tokens * (size_t)V, err),
+                err);
     *done = 1;
     return op->sync(f->b, err);
 }
@@ -826,29 +976,63 @@ static int run_graph(ms_forward *f, const ms_batch *bt, float *logits_host, int 
 int ms_forward_record_graphs(ms_forward *f, int *n_recorded, ms_err *err) {
     *n_recorded = 0;
     if (!f->graphs_on) return MS_OK;
-    const int B = f->gmax, ps = f->o.page_size;
-    int32_t *a = malloc(sizeof(int32_t) * (size_t)(6 * B + 1));
+    const int G = f->gmax, ps = f->o.page_size, H = f->m->cfg.hidden_size;
+    /* the step kinds recorded now: (graph kind, tokens per sequence) */
+    int kinds[3][2], nk = 0;
+    kinds[nk][0] = FW_G_MAIN, kinds[nk++][1] = 1;
+    const int vq = f->o.graph_verify_tokens;
+    if (vq >= 2 && vq <= FW_GRAPH_MAX_Q && vq <= G) kinds[nk][0] = FW_G_MAIN, kinds[nk++][1] = vq;
+    if (f->mtp_on) kinds[nk][0] = FW_G_MTP_DRAFT, kinds[nk++][1] = 1;
+    int32_t *a = malloc(sizeof(int32_t) * (size_t)(7 * G + 1));
     if (!a) return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory recording graphs");
-    int32_t *tok = a, *pos = a + B, *start = a + 2 * B, *ctx = a + 3 * B + 1, *slot = a + 4 * B + 1,
-            *page = a + 5 * B + 1;
-    for (int i = 0; i < B; i++)
-        tok[i] = 0, pos[i] = 0, start[i] = i, ctx[i] = 1, slot[i] = f->o.n_pages * ps, page[i] = f->o.n_pages;
-    start[B] = B;
+    int32_t *tok = a, *pos = a + G, *slot = a + 2 * G, *lidx = a + 3 * G, *hidx = a + 4 * G, *ctx = a + 5 * G,
+            *start = a + 6 * G;
+    /* the launches of these padding-only steps are not steps of the caller's: counters stay as they were */
+    uint64_t saved[MS_GRAPH_KINDS];
+    memcpy(saved, f->glaunch, sizeof saved);
     int rc = MS_OK;
-    /* pass 0 runs every bucket once eagerly, so every scratch buffer reaches its largest size; pass 1
-     * records them all in the memory epoch that then stays (recording bucket by bucket would let a
-     * larger bucket's first run outdate the graphs recorded before it) */
+    if (f->mtp_on) {
+        /* the padding tokens of MTP steps read hidden row 0: finite before any step has written it */
+        const size_t rb = (size_t)H * ms_dtype_size(f->b->act_dtype);
+        void *z = calloc(1, rb);
+        if (!z) rc = ms_errf(err, MS_ERR_NOMEM, "forward: out of memory recording graphs");
+        if (!rc) rc = f->b->ops->upload(f->b, f->hid.data, z, rb, err);
+        if (!rc) rc = f->b->ops->upload(f->b, f->mtp_out.data, z, rb, err);
+        free(z);
+    }
+    int32_t *pages = malloc(sizeof(int32_t) * (size_t)G * (FW_GRAPH_MAX_Q + 1));
+    if (!pages && !rc) rc = ms_errf(err, MS_ERR_NOMEM, "forward: out of memory recording graphs");
+    /* pass 0 runs every shape once eagerly, so every scratch buffer reaches its largest size; pass 1
+     * records them all in the memory epoch that then stays (recording shape by shape would let a larger
+     * shape's first run outdate the graphs recorded before it) */
     for (int r = 0; r < 2 && !rc; r++)
-        for (size_t i = 0; i < sizeof fw_buckets / sizeof fw_buckets[0] && !rc; i++) {
-            const int n = fw_buckets[i] < B ? fw_buckets[i] : B;
-            /* n padding-only sequences (the pad page; validate() would refuse it from a caller) */
-            ms_batch bt = {n, n, tok, pos, start, ctx, slot, page, 1, ps, n, start};
-            int done = 0;
-            rc = run_graph(f, &bt, NULL, &done, err);
-            if (fw_buckets[i] >= B) break;
+        for (int k = 0; k < nk && !rc; k++) {
+            const int kind = kinds[k][0], q = kinds[k][1], cap = G / q, mb = (q + ps - 1) / ps;
+            for (size_t i = 0; i < sizeof fw_buckets / sizeof fw_buckets[0] && !rc; i++) {
+                const int n = fw_buckets[i] < cap ? fw_buckets[i] : cap, T = n * q;
+                /* n padding-only sequences of q tokens (the pad page; validate() would refuse it from
+                 * a caller) */
+                for (int s = 0; s < n; s++) {
+                    start[s] = s * q;
+                    ctx[s] = q;
+                    for (int j = 0; j < mb; j++) pages[s * mb + j] = f->o.n_pages;
+                    for (int j = 0; j < q; j++) {
+                        const int t = s * q + j;
+                        tok[t] = 0, pos[t] = j, slot[t] = f->o.n_pages * ps + j % ps, lidx[t] = t, hidx[t] = 0;
+                    }
+                }
+                start[n] = T;
+                ms_batch bt = {T, n, tok, pos, start, ctx, slot, pages, mb, ps, T, lidx};
+                int done = 0;
+                rc = run_graph(f, &bt, kind, q, kind == FW_G_MAIN ? NULL : hidx, NULL, &done, err);
+                if (fw_buckets[i] >= cap) break;
+            }
         }
-    const uint64_t ep = f->b->ops->mem_epoch(f->b);
-    for (int g = 0; !rc && g < f->n_graphs; g++) *n_recorded += f->graphs[g].exec != NULL && f->graphs[g].epoch == ep;
+    memcpy(f->glaunch, saved, sizeof saved);
+    ms_graph_counts gc;
+    ms_forward_graph_counts(f, &gc);
+    for (int k = 0; !rc && k < MS_GRAPH_KINDS; k++) *n_recorded += gc.recorded[k];
+    free(pages);
     free(a);
     return rc;
 }
@@ -897,9 +1081,10 @@ static int step_verdict(ms_forward *f, const ms_batch *bt, ms_err *err) {
 
 int ms_forward_run(ms_forward *f, const ms_batch *bt, float *logits_host, ms_err *err) {
     MS_TRY(validate(f, bt, err));
-    if (graph_fits(f, bt)) {
+    const int q = graph_q(f, bt, 0);
+    if (q) {
         int done = 0;
-        MS_TRY(run_graph(f, bt, logits_host, &done, err));
+        MS_TRY(run_graph(f, bt, FW_G_MAIN, q, NULL, logits_host, &done, err));
         if (done) return step_verdict(f, bt, err);
     }
     int max_ctx = 0;
@@ -947,82 +1132,20 @@ int ms_forward_mtp_run(ms_forward *f, const ms_batch *bt, int hid_src, const int
     if (f->o.record || f->o.replay)
         return ms_errf(err, MS_ERR_UNSUPPORTED, "forward: MTP steps cannot record or replay decisions");
     MS_TRY(validate(f, bt, err));
-    const ms_config *c = &f->m->cfg;
-    const ms_backend_ops *op = f->b->ops;
-    const ms_mtp *mt = &f->m->mtp;
-    const int T = bt->n_tokens, H = c->hidden_size, V = c->vocab_size, Lm = c->num_layers;
-    const ms_tensor *src = hid_src == MS_MTP_HID_DRAFT ? &f->mtp_out : &f->hid;
+    const int T = bt->n_tokens;
     for (int t = 0; t < T; t++)
         if (hid_idx[t] < 0 || hid_idx[t] >= f->max_tokens)
             return ms_errf(err, MS_ERR_INVALID, "forward: MTP token %d takes hidden row %d (0..%d)", t, hid_idx[t], f->max_tokens - 1);
+    if (graph_q(f, bt, 1)) {
+        int done = 0;
+        MS_TRY(run_graph(f, bt, hid_src == MS_MTP_HID_DRAFT ? FW_G_MTP_DRAFT : FW_G_MTP_TARGET, 1, hid_idx, logits_host,
+                         &done, err));
+        if (done) return MS_OK;
+    }
     int max_ctx = 0;
     for (int s = 0; s < bt->n_seqs; s++) max_ctx = bt->ctx_len[s] > max_ctx ? bt->ctx_len[s] : max_ctx;
     MS_TRY(pack_upload(f, &f->db, bt, max_ctx, err));
-    MS_TRY(op->upload(f->b, f->hidx.data, hid_idx, sizeof(int32_t) * (size_t)T, err));
-    f->batch = bt;
-    f->layer = Lm;
-    f->topk_valid = 0;
-    ms_tensor x = fw_view2(&f->x, T, H), a = fw_view2(&f->a, T, H), delta = fw_view2(&f->delta, T, H);
-    ms_tensor cat = fw_view2(&f->mcat, T, 2 * (int64_t)H);
-    const ms_shard *sh = &f->m->shard;
-    /* e = enorm(embed(token)) -> cat[:, :H] */
-    if (f->split) {
-        MS_TRY(op->embed_part(f->b, &f->m->embed, f->tok_d, T, sh->v0, &x, err));
-        MS_TRY(tp_sum(f, &x, err));
-    } else {
-        MS_TRY(op->embed(f->b, &f->m->embed, f->tok_d, T, &x, err));
-    }
-    MS_TRY(op->rmsnorm(f->b, &x, &mt->enorm, c->rms_norm_eps, &a, err));
-    MS_TRY(op->set_cols(f->b, &a, 0, &cat, err));
-    /* h = hnorm(hidden row) -> cat[:, H:] */
-    MS_TRY(op->gather_rows(f->b, src, (const int32_t *)f->hidx.data, T, &a, err));
-    MS_TRY(op->rmsnorm(f->b, &a, &mt->hnorm, c->rms_norm_eps, &a, err));
-    MS_TRY(op->set_cols(f->b, &a, H, &cat, err));
-    MS_TRY(op->linear(f->b, &mt->eh_proj, &cat, &x, err));
-    FW_TRY_CHECK(f, &x, "mtp eh_proj", err);
-    /* the decoder layer (index Lm: its weights, KV cache and indexer), float32 residual stream */
-    const ms_layer *l = &f->m->layers[Lm];
-    MS_TRY(op->rmsnorm(f->b, &x, &l->attn_norm, c->rms_norm_eps, &a, err));
-    MS_TRY(c->arch->attention(f, Lm, T, err));
-    MS_TRY(tp_sum(f, &delta, err));
-    MS_TRY(op->add_rmsnorm(f->b, &x, &delta, &l->ffn_norm, c->rms_norm_eps, &a, err));
-    MS_TRY(mlp(f, Lm, T, err));
-    MS_TRY(tp_sum(f, &delta, err));
-    MS_TRY(op->add(f->b, &x, &delta, err));
-    FW_TRY_CHECK(f, &x, "mtp residual", err);
-    /* logits = head(shared_head.norm(h')) of the logit rows; the normed rows stay in mtp_out */
-    for (int r0 = 0; r0 < bt->n_logits; r0 += f->lchunk) {
-        int n = bt->n_logits - r0 < f->lchunk ? bt->n_logits - r0 : f->lchunk;
-        const int64_t nv = sh->nv;
-        ms_tensor rows = fw_view2(&f->lrows, n, H), lg = fw_view2(&f->logits, n, nv);
-        ms_tensor nrm = ms_tensor_2d(f->mtp_out.dtype, n, H);
-        nrm.data = (char *)f->mtp_out.data + (size_t)r0 * (size_t)H * ms_dtype_size(f->mtp_out.dtype);
-        MS_TRY(op->gather_rows(f->b, &x, f->lidx_d + r0, n, &rows, err));
-        MS_TRY(op->rmsnorm(f->b, &rows, &mt->head_norm, c->rms_norm_eps, &nrm, err));
-        MS_TRY(op->linear(f->b, &mt->head, &nrm, &lg, err));
-        float *dst = lg.data;
-        if (f->split) {
-            ms_comm *cm = f->o.comm;
-            MS_TRY(cm->ops->all_gather(cm, lg.data, f->lgather.data, (size_t)n * (size_t)nv, MS_F32, err));
-            MS_ASSERT(f->logits.data && ms_tensor_numel(&f->logits) >= (int64_t)n * V);
-            ms_tensor full = ms_tensor_2d(MS_F32, n, V);
-            full.data = f->logits.data; /* the local rows were consumed by the gather */
-            for (int r = 0; r < sh->tp_size; r++) {
-                ms_tensor part = ms_tensor_2d(MS_F32, n, nv);
-                part.data = (float *)f->lgather.data + (int64_t)r * n * nv;
-                MS_TRY(op->set_cols(f->b, &part, (int)(r * nv), &full, err));
-            }
-            dst = full.data;
-        }
-        if (f->o.check_numerics == 1) {
-            int64_t bad = -1;
-            MS_TRY(op->find_nonfinite(f->b, &lg, &bad, err));
-            if (bad >= 0)
-                return ms_errf(err, MS_ERR_NUMERICS, "MTP op head token position %d produced NaN/Inf",
-                               bt->positions[bt->logit_idx[r0 + bad]]);
-        }
-        if (logits_host)
-            MS_TRY(op->download(f->b, logits_host + (int64_t)r0 * V, dst, sizeof(float) * (size_t)n * (size_t)V, err));
-    }
-    return op->sync(f->b, err);
+    MS_TRY(f->b->ops->upload(f->b, f->hidx.data, hid_idx, sizeof(int32_t) * (size_t)T, err));
+    MS_TRY(mtp_body(f, bt, hid_src, logits_host, 0, err));
+    return f->b->ops->sync(f->b, err);
 }

@@ -13,13 +13,24 @@ typedef struct fw_dbatch {
     int32_t *tok, *pos, *start, *ctx, *slot, *seq, *lidx, *bt;
 } fw_dbatch;
 
-/* A decode step recorded as a backend graph (CUDA graph), for batches of up to B one-token sequences
- * whose block tables fit mbc pages. The graph replays fixed kernels on fixed buffers, so the batch is
- * padded to exactly this shape: padding sequences have token 0 at position 0 with a context of 1 and
- * write their K/V into the pad page (the cache's extra last page, never handed to the engine). */
-#define FW_MAX_GRAPHS 48
+/* A step recorded as a backend graph (CUDA graph). Three kinds (fw_graph.kind): FW_G_MAIN, the main
+ * model over B sequences of q tokens each with logits for every token (q = 1: a pure decode step;
+ * 2 <= q <= FW_GRAPH_MAX_Q: a speculative verification), and FW_G_MTP_TARGET / FW_G_MTP_DRAFT, one MTP
+ * (NEXTN) step of one token per sequence whose hidden rows come from f->hid (the last main step) or
+ * f->mtp_out (the last MTP step: draft_phase's chained steps). The key is (kind, B, q, mbc): the
+ * sequence count B (a bucket), the tokens per sequence q and the block-table class mbc (attention is
+ * sized for mbc * page_size keys: meta.max_ctx). Every host-side decision inside a step (attention
+ * launch grids and key splits, the DSA dense/sparse choice and decode/prefill implementation, the
+ * indexer's score layout, the MoE runner and shared-expert folding, logit chunks) is a function of
+ * T = B * q, B, the uniform q and mbc, so one recording serves every step of its key. The graph replays
+ * fixed kernels on fixed buffers, so the batch is padded to exactly this shape: padding sequences have
+ * q tokens of id 0 at positions 0..q-1 with a context of q, hidden row 0 for MTP kinds, and write
+ * their K/V into the pad page (the cache's extra last page, never handed to the engine). */
+#define FW_MAX_GRAPHS 144
+#define FW_GRAPH_MAX_Q 16
+enum { FW_G_MAIN = 0, FW_G_MTP_TARGET = 1, FW_G_MTP_DRAFT = 2 };
 typedef struct fw_graph {
-    int B, mbc;
+    int kind, B, q, mbc;
     int runs;       /* eager runs of this shape so far: the first runs eagerly, the second records */
     int failed;     /* recording failed: this shape always runs eagerly */
     void *exec;     /* backend graph, or NULL */
@@ -27,6 +38,7 @@ typedef struct fw_graph {
     fw_dbatch db;   /* device arrays the graph reads (fixed addresses) */
     ms_batch hb;    /* the padded host batch; arrays in hbuf */
     int32_t *hbuf;
+    int32_t *hidx;  /* MTP kinds: the padded hidden-row indices (in hbuf), uploaded to f->hidx */
 } fw_graph;
 
 struct ms_forward {
@@ -66,10 +78,12 @@ struct ms_forward {
     const int32_t *tok_d, *lidx_d;
     int32_t *h_pack; /* host staging of the packed arrays */
     int64_t h_pack_cap;
-    /* recorded decode steps (CUDA graphs); graphs_on = allowed by the options and the backend */
+    /* recorded steps (CUDA graphs); graphs_on = allowed by the options and the backend; gmax = most
+     * tokens (B * q) of a graph step; glaunch = graph launches per ms_graph_kind (model.h) */
     int graphs_on, gmax, graph_warned, n_graphs;
     fw_graph graphs[FW_MAX_GRAPHS];
     ms_tensor glogits; /* F32 [gmax, V]: logits of graph steps */
+    uint64_t glaunch[MS_GRAPH_KINDS];
     int *routed;    /* [num_layers] distinct experts of the last step (record_routing) */
     int routing_paused; /* record_routing switched off for timed steps (no per-layer download) */
     int32_t *h_ids; /* [max_tokens * topk] host copy of router ids (record_routing) */

@@ -190,9 +190,16 @@ typedef struct ms_forward_opts {
      * count; costs a small device->host copy per layer). */
     int record_routing;
     /* Run pure decode steps (one token per sequence, up to 256) as recorded backend graphs where the
-     * backend has them (CUDA): one launch instead of ~25 per layer. Off with check_numerics, on_layer,
-     * record/replay or while record_routing or profiling is on. */
+     * backend has them (CUDA): one launch instead of ~25 per layer; with graph_verify_tokens also
+     * speculative verification steps, with mtp also MTP draft steps of one token per sequence. Off
+     * with check_numerics 1, on_layer, record/replay or while record_routing or profiling is on. */
     int graphs;
+    /* With graphs: also record speculative verification steps, where every sequence has the same
+     * number q of tokens (2..16) and every token wants logits (no prefill chunk in the step), as graphs
+     * keyed by q as well; ms_forward_record_graphs records those of q = graph_verify_tokens (the
+     * engine's speculative_num_steps + 1) at start-up. 0: such steps run op by op. (With opts.mtp and
+     * graphs, MTP steps of one token per sequence with logits for each always run as graphs.) */
+    int graph_verify_tokens;
     /* Tensor parallelism: the communicator of the model's tp_size ranks (this rank's handle; buffers in
      * this backend's memory). Required when the model is split; given with one rank, the split code
      * paths (vocab-parallel embedding, collectives, gathered logits) run as one-rank collectives, which
@@ -210,11 +217,26 @@ void ms_forward_free(ms_forward *f);
  * logits_host [n_logits, vocab] (float32). With check_numerics, a NaN/Inf fails with
  * MS_ERR_NUMERICS naming the layer, op and token position. */
 int ms_forward_run(ms_forward *f, const ms_batch *batch, float *logits_host, ms_err *err);
-/* Records the decode graphs of every batch bucket (up to min(256, max_tokens) sequences) for the
- * shortest context class now, so the first requests do not pay for it (their longer contexts are
- * recorded when first seen). Padding-only steps: they write K/V into the pad page alone. No-op when
- * graphs are off; *n_recorded = graphs made. */
+/* Records, for the shortest context class, the graphs of every batch bucket of: pure decode steps
+ * (up to min(256, max_tokens) sequences), verification steps of opts.graph_verify_tokens tokens per
+ * sequence (when 2..16; buckets up to min(256, max_tokens) / q sequences) and, with opts.mtp, chained
+ * MTP draft steps (one token per sequence, hidden rows of the last MTP step), so the first requests do
+ * not pay for it (their longer contexts, and the MTP steps reading the main step's rows, are recorded
+ * when first seen). Padding-only steps: they write K/V into the pad page alone. No-op when graphs are
+ * off; *n_recorded = graphs made. Call it before the first step: the padding-only steps overwrite the
+ * kept hidden rows (MTP) that a following draft step would read. */
 int ms_forward_record_graphs(ms_forward *f, int *n_recorded, ms_err *err);
+/* Graph use, by step kind: pure decode steps of the main model, speculative verification steps (q >= 2
+ * tokens per sequence), MTP draft steps. */
+typedef enum ms_graph_kind { MS_GRAPH_DECODE = 0, MS_GRAPH_VERIFY = 1, MS_GRAPH_DRAFT = 2, MS_GRAPH_KINDS = 3 } ms_graph_kind;
+typedef struct ms_graph_counts {
+    uint64_t launches[MS_GRAPH_KINDS]; /* steps run by launching a recorded graph, since creation */
+    int recorded[MS_GRAPH_KINDS];      /* graphs held now that are valid in the backend's memory epoch */
+} ms_graph_counts;
+/* f's graph counters (all 0 on backends without graphs or with graphs off). */
+void ms_forward_graph_counts(const ms_forward *f, ms_graph_counts *out);
+/* Name of a graph kind for reports: "decode", "verify", "draft". */
+const char *ms_graph_kind_name(int kind);
 /* With record_routing: distinct experts routed to by the last step, per layer (0 for dense
  * layers); array of cfg.num_layers owned by f. NULL otherwise. */
 const int *ms_forward_routed_experts(const ms_forward *f);
@@ -248,7 +270,10 @@ enum { MS_MTP_HID_TARGET = 0, MS_MTP_HID_DRAFT = 1 };
  * source (hid_src: MS_MTP_HID_TARGET rows of the last ms_forward_run, or MS_MTP_HID_DRAFT rows =
  * logit rows of the last MTP step). Writes the draft logits of bt->logit_idx rows into logits_host
  * [n_logits, vocab] (float32; NULL: none downloaded) and keeps their normed hidden rows for a chained
- * step. Runs eagerly (no graphs); every rank of a split runs it with the same batch. */
+ * step. With graphs on, a step of one token per sequence with logits for every token in order (the
+ * engine's chained draft steps) runs as a recorded graph keyed by hid_src (hid_idx is uploaded to a
+ * fixed device buffer the graph reads); other steps (the first draft step of a round: several tokens
+ * per sequence, logits on some) run op by op. Every rank of a split runs it with the same batch. */
 int ms_forward_mtp_run(ms_forward *f, const ms_batch *bt, int hid_src, const int32_t *hid_idx, float *logits_host,
                        ms_err *err);
 /* Test hook: overwrites rows [0, n) of the kept target hidden rows with h [n, H] (float32, host) as

@@ -36,6 +36,9 @@ for (const name of ['glm4_moe', 'glm_moe_dsa_nvfp4']) {
     const b1 = j.decode.filter((d) => d.batch === 1).sort((a, b) => a.ctx - b.ctx);
     check(b1[1].bytes_per_step > b1[0].bytes_per_step, 'longer context must read more KV bytes');
     check(j.prefill.tokens === 32 && j.prefill.tok_s > 0 && j.prefill.gflops > 0, `prefill ${JSON.stringify(j.prefill)}`);
+    // the CPU backend records no graphs: every kind's launch counter is there and 0
+    const g = j.graph_launches || {};
+    check(g.decode === 0 && g.verify === 0 && g.draft === 0, `graph_launches ${JSON.stringify(j.graph_launches)}`);
   });
 }
 test('bench-model: bad flag value is one error line', (check) => {

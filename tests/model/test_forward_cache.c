@@ -8,7 +8,8 @@
  *
  * `test_forward_cache cuda` runs the same checks on the GPU (bf16 activations, so the tolerance is
  * TOL_GPU; skipped with a message when there is none) with decode steps recorded as CUDA graphs,
- * plus graph steps against the same steps run op by op. */
+ * plus graph steps (decode, and speculative verification of 4 tokens per sequence) against the same
+ * steps run op by op. */
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "model/arch.h"
@@ -524,9 +525,55 @@ static void check_graph_decode(ms_model *m, const char *name) {
     free(out[1]);
 }
 
+/* Speculative verification shapes: three sequences (padded to 4) prefill 5 tokens each, then five
+ * steps of 4 tokens per sequence with logits on all (a verification; each step after the first starts
+ * one position later, rewriting the K/V of the last one's rejected drafts). With graph_verify_tokens
+ * the 4-token steps run as one recorded graph (the first eagerly, the second records it) and equal
+ * the same steps run op by op within the decode check's bound; on the CPU both run op by op. */
+static void check_graph_verify(ms_model *m, const char *name) {
+    enum { NS = 3, P0 = 5, Q = 4, STEPS = 5 };
+    int32_t ids[NS][SEQ];
+    for (int s = 0; s < NS; s++)
+        for (int i = 0; i < SEQ; i++) ids[s][i] = (int32_t)(3 + rnd() % (V - 3));
+    const int32_t *pages[NS] = {PAGES_A, PAGES_B, PAGES_C};
+    float *out[2];
+    ms_graph_counts gc[2];
+    for (int g = 0; g < 2; g++) {
+        out[g] = malloc(sizeof(float) * STEPS * NS * Q * V);
+        ms_forward_opts o = {.max_tokens = 32, .n_pages = NPAGES, .page_size = PS, .moe_runner = "auto", .graphs = g,
+                             .graph_verify_tokens = g ? Q : 0};
+        ms_forward *f = NULL;
+        CHECK(ms_forward_create(m, B, &o, &f, &E) == MS_OK);
+        if (!f) return;
+        float pre[NS * P0 * V];
+        seq_part p[NS];
+        for (int s = 0; s < NS; s++) p[s] = (seq_part){ids[s], pages[s], 0, P0};
+        CHECK(step(f, p, NS, pre) == MS_OK);
+        for (int t = 0; t < STEPS; t++) {
+            for (int s = 0; s < NS; s++) p[s] = (seq_part){ids[s], pages[s], P0 + t, Q};
+            CHECK(step(f, p, NS, out[g] + (size_t)t * NS * Q * V) == MS_OK);
+        }
+        ms_forward_graph_counts(f, &gc[g]);
+        ms_forward_free(f);
+    }
+    CHECK_MSG(all_close(out[1], out[0], STEPS * NS * Q, g_gpu ? 1e-2 : 0, "graph vs op-by-op verification"), "%s", name);
+    printf("  %s: verification steps as graphs: %llu launched\n", name, (unsigned long long)gc[1].launches[MS_GRAPH_VERIFY]);
+    for (int k = 0; k < MS_GRAPH_KINDS; k++) CHECK_EQ_INT((int)gc[0].launches[k], 0);
+    CHECK_EQ_INT((int)gc[1].launches[MS_GRAPH_VERIFY], g_gpu ? STEPS - 1 : 0);
+    CHECK_EQ_INT((int)gc[1].launches[MS_GRAPH_DECODE], 0);
+    free(out[0]);
+    free(out[1]);
+}
+
 static void test_graph_decode(void) {
     check_graph_decode(placed(build_glm4(MS_WFMT_NVFP4, MS_WFMT_PLAIN, 1)), "glm4_moe nvfp4 experts");
     check_graph_decode(placed(build_dsa(4, 1)), "glm_moe_dsa topk 4");
+    afree_all();
+}
+
+static void test_graph_verify(void) {
+    check_graph_verify(placed(build_glm4(MS_WFMT_NVFP4, MS_WFMT_PLAIN, 1)), "glm4_moe nvfp4 experts");
+    check_graph_verify(placed(build_dsa(4, 1)), "glm_moe_dsa topk 4");
     afree_all();
 }
 
@@ -561,6 +608,7 @@ int main(int argc, char **argv) {
     RUN(test_dsa_sparse_differs);
     RUN(test_odd_dims);
     RUN(test_graph_decode);
+    RUN(test_graph_verify);
     RUN(test_check_numerics);
     RUN(test_bad_batch);
     ms_backend_destroy(B);

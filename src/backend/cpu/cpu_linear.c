@@ -203,8 +203,55 @@ size_t ms_cpu_linear_scratch_floats(const ms_linear *W, int64_t nr, int T) {
     return (size_t)nr * (size_t)W->n_in;
 }
 
-/* Fused path: each row is dequantized CHUNK columns at a time into an L1 buffer and dotted with up
- * to 16 tokens per pass. */
+#if defined(MS_CPU_AVX2)
+/* Fused path (AVX2): each row is dequantized CHUNK columns at a time into an L1 buffer and dotted
+ * with up to 16 tokens per pass. Every token keeps four 8-wide accumulators, k-step j (8 columns)
+ * going to accumulator j % 4, summed in one fixed order at the end: four independent FMA chains per
+ * token instead of one latency-bound chain, and a token's result does not depend on how many tokens
+ * share the pass (a verify step of several tokens reproduces the one-token decode step's logits bit
+ * for bit, which speculative decoding's greedy equality relies on). Tokens go two at a time through
+ * the chunk, so each weight vector loaded from L1 serves both. */
+static inline void dot2_avx2(const float *wp, int64_t len8, const float *x0, const float *x1, __m256 *a0,
+                             __m256 *a1) {
+    __m256 p0 = a0[0], p1 = a0[1], p2 = a0[2], p3 = a0[3];
+    __m256 q0 = x1 ? a1[0] : p0, q1 = x1 ? a1[1] : p1, q2 = x1 ? a1[2] : p2, q3 = x1 ? a1[3] : p3;
+    int64_t k = 0;
+    if (x1) {
+        for (; k + 32 <= len8; k += 32) {
+            __m256 w0 = _mm256_load_ps(wp + k), w1 = _mm256_load_ps(wp + k + 8), w2 = _mm256_load_ps(wp + k + 16),
+                   w3 = _mm256_load_ps(wp + k + 24);
+            p0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + k), p0);
+            p1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x0 + k + 8), p1);
+            p2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x0 + k + 16), p2);
+            p3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x0 + k + 24), p3);
+            q0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + k), q0);
+            q1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x1 + k + 8), q1);
+            q2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x1 + k + 16), q2);
+            q3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x1 + k + 24), q3);
+        }
+    } else {
+        for (; k + 32 <= len8; k += 32) {
+            p0 = _mm256_fmadd_ps(_mm256_load_ps(wp + k), _mm256_loadu_ps(x0 + k), p0);
+            p1 = _mm256_fmadd_ps(_mm256_load_ps(wp + k + 8), _mm256_loadu_ps(x0 + k + 8), p1);
+            p2 = _mm256_fmadd_ps(_mm256_load_ps(wp + k + 16), _mm256_loadu_ps(x0 + k + 16), p2);
+            p3 = _mm256_fmadd_ps(_mm256_load_ps(wp + k + 24), _mm256_loadu_ps(x0 + k + 24), p3);
+        }
+    }
+    /* the last < 32 columns of a multiple of 8: k-step j -> accumulator j % 4 as above (k is a
+     * multiple of 32 here, so j % 4 restarts at 0) */
+    for (int j = 0; k < len8; k += 8, j++) {
+        __m256 w = _mm256_load_ps(wp + k);
+        __m256 *pa = j == 0 ? &p0 : j == 1 ? &p1 : &p2;
+        *pa = _mm256_fmadd_ps(w, _mm256_loadu_ps(x0 + k), *pa);
+        if (x1) {
+            __m256 *qa = j == 0 ? &q0 : j == 1 ? &q1 : &q2;
+            *qa = _mm256_fmadd_ps(w, _mm256_loadu_ps(x1 + k), *qa);
+        }
+    }
+    a0[0] = p0, a0[1] = p1, a0[2] = p2, a0[3] = p3;
+    if (x1) a1[0] = q0, a1[1] = q1, a1[2] = q2, a1[3] = q3;
+}
+
 static void rows_fused(const ms_linear *W, int64_t n0, int64_t n1, const float *x, int64_t ldx, int T, float *y,
                        int64_t ldy) {
     const int64_t K = W->n_in;
@@ -214,18 +261,57 @@ static void rows_fused(const ms_linear *W, int64_t n0, int64_t n1, const float *
     for (int64_t n = n0; n < n1; n++) {
         for (int t0 = 0; t0 < T; t0 += MS_CPU_FUSED_MAX_T) {
             int nt = T - t0 < MS_CPU_FUSED_MAX_T ? T - t0 : MS_CPU_FUSED_MAX_T;
-#if defined(MS_CPU_AVX2)
-            __m256 acc[MS_CPU_FUSED_MAX_T];
-#elif defined(MS_CPU_NEON)
+            __m256 acc[MS_CPU_FUSED_MAX_T][4];
+            float tail[MS_CPU_FUSED_MAX_T];
+            for (int t = 0; t < nt; t++) {
+                for (int j = 0; j < 4; j++) acc[t][j] = _mm256_setzero_ps();
+                tail[t] = 0;
+            }
+            for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
+                int64_t len = K - k0 < CHUNK ? K - k0 : CHUNK;
+                /* the weights always come from the aligned L1 buffer (a copy for f32 rows) */
+                if (direct) memcpy(buf, (const float *)W->w.data + n * K + k0, (size_t)len * 4);
+                else ms_cpu_dequant(W, n, k0, len, buf);
+                int64_t len8 = len & ~(int64_t)7;
+                for (int t = 0; t < nt; t += 2) {
+                    const float *x0 = x + (int64_t)(t0 + t) * ldx + k0;
+                    const float *x1 = t + 1 < nt ? x0 + ldx : NULL;
+                    dot2_avx2(buf, len8, x0, x1, acc[t], x1 ? acc[t + 1] : NULL);
+                }
+                for (int t = 0; t < nt; t++) {
+                    const float *xp = x + (int64_t)(t0 + t) * ldx + k0;
+                    for (int64_t k = len8; k < len; k++) tail[t] += buf[k] * xp[k];
+                }
+            }
+            for (int t = 0; t < nt; t++) {
+                float v = hsum256(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]), _mm256_add_ps(acc[t][2], acc[t][3]))) +
+                          tail[t];
+                if (bias) v += vec_at(bias, n);
+                y[(int64_t)(t0 + t) * ldy + (n - n0)] = v;
+            }
+        }
+    }
+}
+#else
+/* Fused path: each row is dequantized CHUNK columns at a time into an L1 buffer and dotted with up
+ * to 16 tokens per pass (one accumulator set per token, the same summation order whatever T). */
+static void rows_fused(const ms_linear *W, int64_t n0, int64_t n1, const float *x, int64_t ldx, int T, float *y,
+                       int64_t ldy) {
+    const int64_t K = W->n_in;
+    const int direct = W->fmt == MS_WFMT_PLAIN && W->w.dtype == MS_F32;
+    const ms_tensor *bias = W->bias.data ? &W->bias : NULL;
+    float buf[CHUNK] __attribute__((aligned(32)));
+    for (int64_t n = n0; n < n1; n++) {
+        for (int t0 = 0; t0 < T; t0 += MS_CPU_FUSED_MAX_T) {
+            int nt = T - t0 < MS_CPU_FUSED_MAX_T ? T - t0 : MS_CPU_FUSED_MAX_T;
+#if defined(MS_CPU_NEON)
             float32x4_t acc[MS_CPU_FUSED_MAX_T][2];
 #else
             float acc[MS_CPU_FUSED_MAX_T][8];
 #endif
             float tail[MS_CPU_FUSED_MAX_T];
             for (int t = 0; t < nt; t++) {
-#if defined(MS_CPU_AVX2)
-                acc[t] = _mm256_setzero_ps();
-#elif defined(MS_CPU_NEON)
+#if defined(MS_CPU_NEON)
                 acc[t][0] = acc[t][1] = vdupq_n_f32(0);
 #else
                 for (int l = 0; l < 8; l++) acc[t][l] = 0;
@@ -240,11 +326,7 @@ static void rows_fused(const ms_linear *W, int64_t n0, int64_t n1, const float *
                 int64_t len8 = len & ~(int64_t)7;
                 for (int t = 0; t < nt; t++) {
                     const float *xp = x + (int64_t)(t0 + t) * ldx + k0;
-#if defined(MS_CPU_AVX2)
-                    __m256 a = acc[t];
-                    for (int64_t k = 0; k < len8; k += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(wp + k), _mm256_loadu_ps(xp + k), a);
-                    acc[t] = a;
-#elif defined(MS_CPU_NEON)
+#if defined(MS_CPU_NEON)
                     float32x4_t a0 = acc[t][0], a1 = acc[t][1];
                     for (int64_t k = 0; k < len8; k += 8) {
                         a0 = vfmaq_f32(a0, vld1q_f32(wp + k), vld1q_f32(xp + k));
@@ -262,9 +344,7 @@ static void rows_fused(const ms_linear *W, int64_t n0, int64_t n1, const float *
                 }
             }
             for (int t = 0; t < nt; t++) {
-#if defined(MS_CPU_AVX2)
-                float v = hsum256(acc[t]) + tail[t];
-#elif defined(MS_CPU_NEON)
+#if defined(MS_CPU_NEON)
                 float v = vaddvq_f32(vaddq_f32(acc[t][0], acc[t][1])) + tail[t];
 #else
                 const float *a = acc[t];
@@ -276,6 +356,7 @@ static void rows_fused(const ms_linear *W, int64_t n0, int64_t n1, const float *
         }
     }
 }
+#endif
 
 static void rows_gemm(const ms_linear *W, int64_t n0, int64_t n1, const float *x, int64_t ldx, int T, float *y,
                       int64_t ldy, float *scratch) {
