@@ -861,6 +861,7 @@ __global__ __launch_bounds__(RF_WARPS * 32) void k_router_fused(const bf16 *x, c
 #define RS_KS (32 * RS_D * 8)
 #define RS_PART_MAX 32768 /* fp32 partial logits (K slices x T x E) the scratch below holds */
 static_assert(RS_WARPS == RF_WARPS, "cu_router_fused sizes the routing scratch for RF_WARPS warps");
+static_assert(RF_MAXT * RS_KS / 8 <= 2 * RS_WARPS * 32, "k_router_split stages x with 2 units per thread");
 
 /* Partial logits [slice][T][E] of the current k_router_split launch and the count of its blocks that
  * stored theirs; the last block sums, routes and puts the count back to 0. Launches on one device are
@@ -893,9 +894,17 @@ __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, c
         const int c = u * 32 + lane;
         wv[u] = e < E && c < nc ? __ldg((const uint4 *)(W + (size_t)e * K + k0) + c) : make_uint4(0, 0, 0, 0);
     }
-    for (int i = threadIdx.x; i < T * nc; i += blockDim.x) {
-        const int t = i / nc, c = i - t * nc;
-        rssm[t * (RS_KS / 8) + c] = __ldg((const uint4 *)(x + (size_t)t * K + k0) + c);
+    /* the x slice: T * nc <= RF_MAXT * RS_KS / 8 = 2 units per thread, both loads in flight at once */
+    uint4 xv[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int i = threadIdx.x + h * RS_WARPS * 32, t = i / nc, c = i - t * nc;
+        if (i < T * nc) xv[h] = __ldg((const uint4 *)(x + (size_t)t * K + k0) + c);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int i = threadIdx.x + h * RS_WARPS * 32, t = i / nc, c = i - t * nc;
+        if (i < T * nc) rssm[t * (RS_KS / 8) + c] = xv[h];
     }
     __syncthreads();
     if (e < E) {
