@@ -1,15 +1,26 @@
 #!/usr/bin/env bash
-# The decode router's register expert choice (src/backend/cuda/route_regs.cuh, used by k_router_split in
-# elementwise.cu) checked without a GPU: compiled for the host with a warp as 32 threads
-# (tests/backend/route_emu/main.cpp) under the address and undefined-behaviour sanitizers and compared
-# with the CPU backend's routing rules, ids and weights bit for bit. The GPU kernel itself is covered
+# The decode router checked without a GPU: its register expert choice (src/backend/cuda/route_regs.cuh)
+# and the whole k_router_split kernel (cut out of src/backend/cuda/elementwise.cu) compiled for the host
+# with every CUDA thread a host thread (tests/backend/route_emu/main.cpp, split.cpp) under the address
+# and undefined-behaviour sanitizers, compared with the CPU backend's routing rules (ids and weights bit
+# for bit) and a float64 reference for the logits. The GPU kernel itself is covered
 # by test_cuda_ops (test_router_decode) on the GPU machine.
 set -u
 cd "$(dirname "$0")/../.."
 OUTDIR=${MS_BUILD:-build}/route_emu
 mkdir -p "$OUTDIR"
+# k_router_split's section of elementwise.cu, its CUDA-only lines swapped for split.cpp's shims
+awk '/^\/\* ---- router GEMV split over K/{f=1} f&&/^\/\* Contract in cuda_internal.cuh. \*\//{exit} f' \
+    src/backend/cuda/elementwise.cu |
+  sed -e '/into L2 for the last block/d' -e '/prefetch.global.L2/d' \
+      -e 's|extern __shared__ uint4 rssm\[\];|uint4 *rssm = EMU_SMEM;|' -e 's|__shared__ bool last;|static bool last;|' \
+      >"$OUTDIR/rs_emu.cpp" || { echo "FAIL cutting k_router_split"; echo "## test_route_emu: 0 passed, 1 failed"; exit 1; }
+for gone in 'asm' '__shared__'; do
+  grep -q -- "$gone" "$OUTDIR/rs_emu.cpp" && { echo "FAIL elementwise.cu changed shape: '$gone' left in k_router_split's section (update this script)"; echo "## test_route_emu: 0 passed, 1 failed"; exit 1; }
+done
+grep -q 'void k_router_split' "$OUTDIR/rs_emu.cpp" || { echo "FAIL k_router_split not found in elementwise.cu"; echo "## test_route_emu: 0 passed, 1 failed"; exit 1; }
 CXX=${CXX:-g++}
-flags="-std=c++20 -O1 -g -Isrc -pthread"
+flags="-std=c++20 -O1 -g -Isrc -I$OUTDIR -Itests/backend/route_emu -pthread"
 san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 if ! $CXX $flags $san -o "$OUTDIR/route_emu" tests/backend/route_emu/main.cpp 2>"$OUTDIR/build.log"; then
   $CXX $flags -o "$OUTDIR/route_emu" tests/backend/route_emu/main.cpp 2>>"$OUTDIR/build.log" ||

@@ -4,7 +4,8 @@
  * transcribed below: it is the reference the GPU router is held to): sigmoid scores, the correction bias
  * for the choice only, group score = two largest biased scores, topk_group groups, dropped groups at 0,
  * top-k with the lowest index winning ties, weights normalised and scaled. Shapes of the decode models
- * (128 / 160 / 256 experts, 1 or 8 groups) with random scores and with many exact ties. */
+ * (128 / 160 / 256 experts, 1 or 8 groups) with random scores and with many exact ties; then the whole
+ * k_router_split kernel (split.cpp). */
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -19,27 +20,28 @@
 #define __forceinline__ inline
 struct emu_idx { unsigned x; };
 static thread_local emu_idx threadIdx;
-static std::barrier<> *BAR;
-static uint32_t XU[32];
-static float XF[32];
+/* warp collectives: each warp (threadIdx.x / 32, up to 8) exchanges through its own slots and barrier */
+static std::barrier<> *BAR[8];
+static uint32_t XU[8][32];
+static float XF[8][32];
 static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static uint32_t reduce(uint32_t v, bool mx) {
-    const int l = threadIdx.x & 31;
-    XU[l] = v;
-    BAR->arrive_and_wait();
-    uint32_t r = XU[0];
-    for (int i = 1; i < 32; i++) r = mx ? (XU[i] > r ? XU[i] : r) : (XU[i] < r ? XU[i] : r);
-    BAR->arrive_and_wait();
+    const int l = threadIdx.x & 31, w = threadIdx.x >> 5;
+    XU[w][l] = v;
+    BAR[w]->arrive_and_wait();
+    uint32_t r = XU[w][0];
+    for (int i = 1; i < 32; i++) r = mx ? (XU[w][i] > r ? XU[w][i] : r) : (XU[w][i] < r ? XU[w][i] : r);
+    BAR[w]->arrive_and_wait();
     return r;
 }
 static inline uint32_t __reduce_max_sync(uint32_t, uint32_t v) { return reduce(v, true); }
 static inline uint32_t __reduce_min_sync(uint32_t, uint32_t v) { return reduce(v, false); }
 static inline float __shfl_xor_sync(uint32_t, float v, int o) {
-    const int l = threadIdx.x & 31;
-    XF[l] = v;
-    BAR->arrive_and_wait();
-    const float r = XF[l ^ o];
-    BAR->arrive_and_wait();
+    const int l = threadIdx.x & 31, w = threadIdx.x >> 5;
+    XF[w][l] = v;
+    BAR[w]->arrive_and_wait();
+    const float r = XF[w][l ^ o];
+    BAR[w]->arrive_and_wait();
     return r;
 }
 #include "backend/cuda/route_regs.cuh"
@@ -110,7 +112,7 @@ static void route_case(int E, int k, int ng, int tg, int norm, int tie, std::mt1
     int idg[32], idc[32];
     float wg[32], wc[32];
     std::barrier<> bar(32);
-    BAR = &bar;
+    BAR[0] = &bar;
     std::vector<std::thread> th;
     for (int lane = 0; lane < 32; lane++)
         th.emplace_back([&, lane] {
@@ -130,6 +132,8 @@ static void route_case(int E, int k, int ng, int tg, int norm, int tie, std::mt1
     }
 }
 
+#include "split.cpp"
+
 int main() {
     std::mt19937 R(7);
     const int shapes[][4] = {{128, 8, 1, 1}, {256, 8, 8, 4}, {160, 6, 8, 3}, {256, 8, 1, 1}, {160, 8, 1, 1},
@@ -137,6 +141,19 @@ int main() {
     for (auto &sh : shapes)
         for (int tie = 0; tie < 4; tie++)
             for (int rep = 0; rep < 25; rep++) route_case(sh[0], sh[1], sh[2], sh[3], rep & 1, tie, R);
+    /* the whole decode router kernel: T, E, K (partial 512-k slices), top-k, groups, norm, bias, tie */
+    std::barrier<> wb0(32), wb1(32), wb2(32), wb3(32), wb4(32), wb5(32), wb6(32), wb7(32);
+    std::barrier<> *wbs[8] = {&wb0, &wb1, &wb2, &wb3, &wb4, &wb5, &wb6, &wb7};
+    for (int w = 0; w < 8; w++) BAR[w] = wbs[w];
+    const int sc[][9] = {{1, 128, 4096, 8, 1, 1, 1, 1, 0}, {8, 128, 1024, 8, 1, 1, 1, 1, 0}, {3, 256, 1536, 8, 8, 4, 1, 1, 0},
+                         {5, 160, 1000, 6, 8, 3, 1, 1, 0}, {2, 64, 520, 4, 1, 1, 0, 0, 0},   {8, 256, 64, 8, 8, 4, 1, 1, 0},
+                         {2, 128, 1024, 8, 1, 1, 1, 1, 1}, {4, 256, 512, 8, 8, 4, 1, 1, 2}, {7, 160, 776, 6, 8, 3, 1, 0, 2},
+                         {1, 20, 72, 4, 1, 1, 1, 1, 0}};
+    for (auto &c : sc) {
+        const int bad = split_case(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], R);
+        if (bad) n_fail++;
+        else n_pass++;
+    }
     printf("## test_route_emu: %d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

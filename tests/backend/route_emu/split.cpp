@@ -1,0 +1,118 @@
+/* split.cpp - k_router_split (src/backend/cuda/elementwise.cu, the decode router: logits over E/8 x
+ * K/512 blocks, the last block sums the slices and routes) run on the host: test_route_emu.sh cuts the
+ * kernel's section out of elementwise.cu into rs_emu.cpp (dropping the L2 prefetch and turning its
+ * shared memory into this file's), every thread of a block is a host thread (__syncthreads a block
+ * barrier, warp collectives per warp), blocks run one after another so the last one to finish is the
+ * last launched. Checked: the logits against a float64 reference (relative 1e-5), and the ids and
+ * weights, bit for bit, against the CPU's routing rules (main.cpp's cpu_route) applied to the kernel's
+ * own logits; shapes with partial slices, 1..8 tokens, groups, no bias, exact ties. */
+#include <atomic>
+#include <memory>
+
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
+struct bf16 { uint16_t v; };
+struct __nv_bfloat162 { bf16 x, y; };
+struct float2 { float x, y; };
+static inline float bfv(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline float2 __bfloat1622float2(__nv_bfloat162 v) { return float2{bfv(v.x.v), bfv(v.y.v)}; }
+struct dim3 { unsigned x, y, z; };
+static thread_local dim3 blockIdx, blockDim, gridDim;
+template <class T> static inline T __ldg(const T *p) { return *p; }
+template <class T> static inline T __ldcg(const T *p) { return *p; }
+static inline void __threadfence() {}
+static std::barrier<> *BLOCK_BAR;
+static inline void __syncthreads() { BLOCK_BAR->arrive_and_wait(); }
+static inline unsigned atomicAdd(unsigned *p, unsigned v) {
+    return std::atomic_ref<unsigned>(*p).fetch_add(v);
+}
+static inline float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+enum { RS_EMU_F32 = 0, RS_EMU_BF16 = 1 };
+#define MS_F32 RS_EMU_F32
+static inline float cu_ld(const void *p, int dt, size_t i) {
+    return dt == MS_F32 ? ((const float *)p)[i] : bfv(((const uint16_t *)p)[i]);
+}
+static void route_token(const float *, const void *, int, int, int, int, int, int, float, int32_t *, float *, float *) {
+    fprintf(stderr, "route_token (past the register router's limits) is not emulated\n");
+    abort();
+}
+#define RF_WARPS 8
+#define RF_MAXT 8
+#define __global__
+#define __launch_bounds__(...)
+static thread_local uint4 *EMU_SMEM;
+using std::min;
+#include "rs_emu.cpp"
+
+/* One launch as cu_router_fused makes it; returns the failures found. */
+static int split_case(int T, int E, int K, int topk, int ng, int tg, int norm, int with_bias, int tie, std::mt19937 &R) {
+    std::uniform_real_distribution<float> U(-1.f, 1.f);
+    const int gsz = E / ng;
+    std::vector<uint16_t> W((size_t)E * K), X((size_t)T * K);
+    std::vector<float> bias(E);
+    const float amp = 2.f / sqrtf((float)K);
+    for (int e = 0; e < E; e++) {
+        const int src = tie == 1 ? 3 * (e / 3) : tie == 2 ? e % gsz : e;
+        for (int k = 0; k < K; k++) {
+            float f = U(R) * amp;
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            W[(size_t)e * K + k] = src == e ? (uint16_t)(u >> 16) : W[(size_t)src * K + k];
+        }
+        bias[e] = src == e ? U(R) * 0.3f : bias[src];
+    }
+    for (auto &v : X) { float f = U(R) * 2.f; uint32_t u; memcpy(&u, &f, 4); v = (uint16_t)(u >> 16); }
+    const int nks = (K + RS_KS - 1) / RS_KS;
+    const size_t xsm = (size_t)T * RS_KS * 2, sm = sizeof(float) * RF_WARPS * (2 * (size_t)E + 2 * ng);
+    const size_t ssm = xsm > sm ? xsm : sm;
+    std::vector<float> lg((size_t)T * E, -1.f), wout((size_t)T * topk, -1.f);
+    std::vector<int32_t> ids((size_t)T * topk, -1);
+    std::vector<uint4> smem((ssm + 15) / 16);
+    for (unsigned by = 0; by < (unsigned)nks; by++)
+        for (unsigned bx = 0; bx < (unsigned)((E + RS_WARPS - 1) / RS_WARPS); bx++) {
+            memset(smem.data(), 0xff, smem.size() * 16);
+            std::barrier<> bar(RS_WARPS * 32);
+            BLOCK_BAR = &bar;
+            std::vector<std::thread> th;
+            for (int i = 0; i < RS_WARPS * 32; i++)
+                th.emplace_back([&, i] {
+                    threadIdx.x = i;
+                    blockIdx = dim3{bx, by, 0};
+                    blockDim = dim3{RS_WARPS * 32, 1, 1};
+                    gridDim = dim3{(unsigned)((E + RS_WARPS - 1) / RS_WARPS), (unsigned)nks, 1};
+                    EMU_SMEM = smem.data();
+                    k_router_split((const bf16 *)X.data(), (const bf16 *)W.data(), T, K, lg.data(),
+                                   with_bias ? (const void *)bias.data() : nullptr, MS_F32, E, topk, ng, tg, norm, 2.5f,
+                                   ids.data(), wout.data());
+                });
+            for (auto &t : th) t.join();
+        }
+    int bad = 0;
+    if (g_rs_done != 0) { printf("FAIL the block count was not reset (%u)\n", g_rs_done); bad++; g_rs_done = 0; }
+    double md = 0, mr = 0;
+    for (int t = 0; t < T; t++)
+        for (int e = 0; e < E; e++) {
+            double r = 0;
+            for (int k = 0; k < K; k++) r += (double)bfv(W[(size_t)e * K + k]) * bfv(X[(size_t)t * K + k]);
+            md = std::max(md, fabs(r - lg[(size_t)t * E + e]));
+            mr = std::max(mr, fabs(r));
+        }
+    if (!(md <= 1e-5 * mr)) { printf("FAIL logits T=%d E=%d K=%d: max err %g of %g\n", T, E, K, md, mr); bad++; }
+    std::vector<float> zb(E, 0.f);
+    for (int t = 0; t < T; t++) {
+        int idc[32];
+        float wc[32];
+        cpu_route(lg.data() + (size_t)t * E, with_bias ? bias.data() : zb.data(), E, topk, ng, tg, norm, 2.5f, idc, wc);
+        for (int j = 0; j < topk; j++)
+            if (idc[j] != ids[(size_t)t * topk + j] || wc[j] != wout[(size_t)t * topk + j]) {
+                printf("FAIL route T=%d E=%d K=%d groups %d/%d tie=%d token %d pick %d: %d/%d (%g/%g)\n", T, E, K, tg, ng,
+                       tie, t, j, ids[(size_t)t * topk + j], idc[j], wout[(size_t)t * topk + j], wc[j]);
+                bad++;
+                break;
+            }
+    }
+    return bad;
+}
