@@ -1391,13 +1391,13 @@ static void test_knobs(void) {
     unsetenv("MS_ATTN_NO_SPLIT");
     CHECK_EQ_INT(cu_knob(CU_KNOB_ATTN_NO_SPLIT), 0);
     /* the batch-1 decode forms (read at every call, so one process can A/B them) */
-    const char *fp4[4] = {"v2", "v1", "v2o", "v3"};
-    for (int i = 0; i < 4; i++) {
+    const char *fp4[5] = {"v2", "v1", "v2o", "v3", "auto"};
+    for (int i = 0; i < 5; i++) {
         setenv("MS_CU_GEMV_FP4", fp4[i], 1);
         CHECK_EQ_INT(cu_knob(CU_KNOB_GEMV_FP4), i);
     }
     unsetenv("MS_CU_GEMV_FP4");
-    CHECK_EQ_INT(cu_knob(CU_KNOB_GEMV_FP4), CU_GEMV_FP4_V2);
+    CHECK_EQ_INT(cu_knob(CU_KNOB_GEMV_FP4), CU_GEMV_FP4_AUTO);
     setenv("MS_CU_ROUTER", "warp", 1);
     CHECK_EQ_INT(cu_knob(CU_KNOB_ROUTER), CU_ROUTER_WARP);
     unsetenv("MS_CU_ROUTER");

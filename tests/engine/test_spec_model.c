@@ -167,9 +167,12 @@ static void gpu_check(const char *fixture, const char *dst) {
            (unsigned long long)gon.launches[MS_GRAPH_DECODE], (unsigned long long)gon.launches[MS_GRAPH_VERIFY],
            (unsigned long long)gon.launches[MS_GRAPH_DRAFT],
            (unsigned long long)(goff.launches[0] + goff.launches[1] + goff.launches[2]), same, NR, toks_same, toks);
-    /* max_batch_tokens 64: decode buckets 1..64, verification of 4 tokens 1..16 sequences, draft 1..64 */
-    CHECK_MSG(gon.recorded[MS_GRAPH_VERIFY] == 6 && gon.recorded[MS_GRAPH_DRAFT] == 10,
-              "graphs recorded: %d verify, %d draft (want 6, 10)", gon.recorded[MS_GRAPH_VERIFY], gon.recorded[MS_GRAPH_DRAFT]);
+    /* max_batch_tokens 64: at start-up decode buckets 1..64, verification of 4 tokens 1..16 sequences,
+     * chained draft steps 1..64 (10); draft steps that read the main step's rows (a round's first
+     * draft step when it has one token per sequence) are recorded on their second use, so more may
+     * exist by the end (13 on the H200) */
+    CHECK_MSG(gon.recorded[MS_GRAPH_VERIFY] == 6 && gon.recorded[MS_GRAPH_DRAFT] >= 10,
+              "graphs recorded: %d verify, %d draft (want 6, >= 10)", gon.recorded[MS_GRAPH_VERIFY], gon.recorded[MS_GRAPH_DRAFT]);
     CHECK_MSG(gon.launches[MS_GRAPH_VERIFY] > 0 && gon.launches[MS_GRAPH_DRAFT] > 0,
               "verify / draft graph launches: %llu / %llu", (unsigned long long)gon.launches[MS_GRAPH_VERIFY],
               (unsigned long long)gon.launches[MS_GRAPH_DRAFT]);

@@ -26,7 +26,7 @@ typedef struct kn_def {
 
 static const char *const gemv_choices[] = {"mma", "gv2", NULL};
 static const char *const gg_choices[] = {"mma", "old", NULL};
-static const char *const fp4_choices[] = {"v2", "v1", "v2o", "v3", NULL};
+static const char *const fp4_choices[] = {"v2", "v1", "v2o", "v3", "auto", NULL};
 static const char *const router_choices[] = {"split", "warp", NULL};
 
 static const kn_def knobs[CU_KNOB_COUNT] = {
@@ -51,8 +51,10 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
     [CU_KNOB_ROUTER_UNFUSED] = {"MS_CU_ROUTER_UNFUSED", KN_FLAG, 0, 0, 1, NULL, 0,
                                 "router as cuBLASLt GEMV + routing kernel even at decode (default: one fused "
                                 "kernel for up to 8 tokens)"},
-    [CU_KNOB_GEMV_FP4] = {"MS_CU_GEMV_FP4", KN_CHOICE, CU_GEMV_FP4_V2, 0, 0, fp4_choices, 0,
-                          "tensor-core GEMV NVFP4 decode: v2 = fewer ALU instructions (scale bytes in pairs, "
+    [CU_KNOB_GEMV_FP4] = {"MS_CU_GEMV_FP4", KN_CHOICE, CU_GEMV_FP4_AUTO, 0, 0, fp4_choices, 0,
+                          "tensor-core GEMV NVFP4 decode: auto = v3 for calls of at most 16 groups (batch-1 "
+                          "MoE, single linears: latency-bound), v2 above (H200: b1 7.31 vs 7.43 ms, b64 36.7 vs "
+                          "35.8 ms on Air); v2 = fewer ALU instructions (scale bytes in pairs, "
                           "IMAD nibble spread); v1 = the first form; v2o = v2 at <= 85 registers (24 warps/SM); "
                           "v3 = v2 with weights streamed through shared memory, 3 super-steps ahead"},
     [CU_KNOB_ROUTER] = {"MS_CU_ROUTER", KN_CHOICE, CU_ROUTER_SPLIT, 0, 0, router_choices, 0,
