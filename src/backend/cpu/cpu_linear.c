@@ -203,18 +203,27 @@ size_t ms_cpu_linear_scratch_floats(const ms_linear *W, int64_t nr, int T) {
     return (size_t)nr * (size_t)W->n_in;
 }
 
+/* Fused path: each row is dequantized CHUNK columns at a time into an aligned L1 buffer and dotted
+ * with up to 16 tokens per pass. A token's summation order is fixed whatever the token count: its
+ * result does not depend on how many tokens share the pass (a verify step of several tokens
+ * reproduces the one-token decode step's logits bit for bit, which speculative decoding's greedy
+ * equality relies on). facc is a token's accumulator state; facc_dot2 adds one chunk's products for
+ * one or two tokens (x1 may be NULL). AVX2 keeps four 8-wide accumulators per token, k-step j (8
+ * columns) going to accumulator j % 4, and runs two tokens per weight vector loaded: four independent
+ * FMA chains per token instead of one latency-bound chain. */
 #if defined(MS_CPU_AVX2)
-/* Fused path (AVX2): each row is dequantized CHUNK columns at a time into an L1 buffer and dotted
- * with up to 16 tokens per pass. Every token keeps four 8-wide accumulators, k-step j (8 columns)
- * going to accumulator j % 4, summed in one fixed order at the end: four independent FMA chains per
- * token instead of one latency-bound chain, and a token's result does not depend on how many tokens
- * share the pass (a verify step of several tokens reproduces the one-token decode step's logits bit
- * for bit, which speculative decoding's greedy equality relies on). Tokens go two at a time through
- * the chunk, so each weight vector loaded from L1 serves both. */
-static inline void dot2_avx2(const float *wp, int64_t len8, const float *x0, const float *x1, __m256 *a0,
-                             __m256 *a1) {
-    __m256 p0 = a0[0], p1 = a0[1], p2 = a0[2], p3 = a0[3];
-    __m256 q0 = x1 ? a1[0] : p0, q1 = x1 ? a1[1] : p1, q2 = x1 ? a1[2] : p2, q3 = x1 ? a1[3] : p3;
+typedef struct {
+    __m256 a[4];
+} facc;
+static inline void facc_zero(facc *f) {
+    for (int j = 0; j < 4; j++) f->a[j] = _mm256_setzero_ps();
+}
+static inline float facc_sum(const facc *f) {
+    return hsum256(_mm256_add_ps(_mm256_add_ps(f->a[0], f->a[1]), _mm256_add_ps(f->a[2], f->a[3])));
+}
+static inline void facc_dot2(const float *wp, int64_t len8, const float *x0, const float *x1, facc *f0, facc *f1) {
+    __m256 p0 = f0->a[0], p1 = f0->a[1], p2 = f0->a[2], p3 = f0->a[3];
+    __m256 q0 = x1 ? f1->a[0] : p0, q1 = x1 ? f1->a[1] : p1, q2 = x1 ? f1->a[2] : p2, q3 = x1 ? f1->a[3] : p3;
     int64_t k = 0;
     if (x1) {
         for (; k + 32 <= len8; k += 32) {
@@ -248,9 +257,50 @@ static inline void dot2_avx2(const float *wp, int64_t len8, const float *x0, con
             *qa = _mm256_fmadd_ps(w, _mm256_loadu_ps(x1 + k), *qa);
         }
     }
-    a0[0] = p0, a0[1] = p1, a0[2] = p2, a0[3] = p3;
-    if (x1) a1[0] = q0, a1[1] = q1, a1[2] = q2, a1[3] = q3;
+    f0->a[0] = p0, f0->a[1] = p1, f0->a[2] = p2, f0->a[3] = p3;
+    if (x1) f1->a[0] = q0, f1->a[1] = q1, f1->a[2] = q2, f1->a[3] = q3;
 }
+#elif defined(MS_CPU_NEON)
+typedef struct {
+    float32x4_t a0, a1;
+} facc;
+static inline void facc_zero(facc *f) { f->a0 = f->a1 = vdupq_n_f32(0); }
+static inline float facc_sum(const facc *f) { return vaddvq_f32(vaddq_f32(f->a0, f->a1)); }
+static inline void facc_dot1(const float *wp, int64_t len8, const float *xp, facc *f) {
+    float32x4_t a0 = f->a0, a1 = f->a1;
+    for (int64_t k = 0; k < len8; k += 8) {
+        a0 = vfmaq_f32(a0, vld1q_f32(wp + k), vld1q_f32(xp + k));
+        a1 = vfmaq_f32(a1, vld1q_f32(wp + k + 4), vld1q_f32(xp + k + 4));
+    }
+    f->a0 = a0, f->a1 = a1;
+}
+static inline void facc_dot2(const float *wp, int64_t len8, const float *x0, const float *x1, facc *f0, facc *f1) {
+    facc_dot1(wp, len8, x0, f0);
+    if (x1) facc_dot1(wp, len8, x1, f1);
+}
+#else
+typedef struct {
+    float a[8];
+} facc;
+static inline void facc_zero(facc *f) {
+    for (int l = 0; l < 8; l++) f->a[l] = 0;
+}
+static inline float facc_sum(const facc *f) {
+    const float *a = f->a;
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+static inline void facc_dot1(const float *wp, int64_t len8, const float *xp, facc *f) {
+    float a[8];
+    for (int l = 0; l < 8; l++) a[l] = f->a[l];
+    for (int64_t k = 0; k < len8; k += 8)
+        for (int l = 0; l < 8; l++) a[l] += wp[k + l] * xp[k + l];
+    for (int l = 0; l < 8; l++) f->a[l] = a[l];
+}
+static inline void facc_dot2(const float *wp, int64_t len8, const float *x0, const float *x1, facc *f0, facc *f1) {
+    facc_dot1(wp, len8, x0, f0);
+    if (x1) facc_dot1(wp, len8, x1, f1);
+}
+#endif
 
 static void rows_fused(const ms_linear *W, int64_t n0, int64_t n1, const float *x, int64_t ldx, int T, float *y,
                        int64_t ldy) {
@@ -261,22 +311,19 @@ static void rows_fused(const ms_linear *W, int64_t n0, int64_t n1, const float *
     for (int64_t n = n0; n < n1; n++) {
         for (int t0 = 0; t0 < T; t0 += MS_CPU_FUSED_MAX_T) {
             int nt = T - t0 < MS_CPU_FUSED_MAX_T ? T - t0 : MS_CPU_FUSED_MAX_T;
-            __m256 acc[MS_CPU_FUSED_MAX_T][4];
+            facc acc[MS_CPU_FUSED_MAX_T];
             float tail[MS_CPU_FUSED_MAX_T];
-            for (int t = 0; t < nt; t++) {
-                for (int j = 0; j < 4; j++) acc[t][j] = _mm256_setzero_ps();
-                tail[t] = 0;
-            }
+            for (int t = 0; t < nt; t++) facc_zero(&acc[t]), tail[t] = 0;
             for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
                 int64_t len = K - k0 < CHUNK ? K - k0 : CHUNK;
                 /* the weights always come from the aligned L1 buffer (a copy for f32 rows) */
                 if (direct) memcpy(buf, (const float *)W->w.data + n * K + k0, (size_t)len * 4);
                 else ms_cpu_dequant(W, n, k0, len, buf);
-                int64_t len8 = len & ~(int64_t)7;
+                const int64_t len8 = len & ~(int64_t)7;
                 for (int t = 0; t < nt; t += 2) {
                     const float *x0 = x + (int64_t)(t0 + t) * ldx + k0;
                     const float *x1 = t + 1 < nt ? x0 + ldx : NULL;
-                    dot2_avx2(buf, len8, x0, x1, acc[t], x1 ? acc[t + 1] : NULL);
+                    facc_dot2(buf, len8, x0, x1, &acc[t], x1 ? &acc[t + 1] : NULL);
                 }
                 for (int t = 0; t < nt; t++) {
                     const float *xp = x + (int64_t)(t0 + t) * ldx + k0;
@@ -284,79 +331,13 @@ static void rows_fused(const ms_linear *W, int64_t n0, int64_t n1, const float *
                 }
             }
             for (int t = 0; t < nt; t++) {
-                float v = hsum256(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]), _mm256_add_ps(acc[t][2], acc[t][3]))) +
-                          tail[t];
+                float v = facc_sum(&acc[t]) + tail[t];
                 if (bias) v += vec_at(bias, n);
                 y[(int64_t)(t0 + t) * ldy + (n - n0)] = v;
             }
         }
     }
 }
-#else
-/* Fused path: each row is dequantized CHUNK columns at a time into an L1 buffer and dotted with up
- * to 16 tokens per pass (one accumulator set per token, the same summation order whatever T). */
-static void rows_fused(const ms_linear *W, int64_t n0, int64_t n1, const float *x, int64_t ldx, int T, float *y,
-                       int64_t ldy) {
-    const int64_t K = W->n_in;
-    const int direct = W->fmt == MS_WFMT_PLAIN && W->w.dtype == MS_F32;
-    const ms_tensor *bias = W->bias.data ? &W->bias : NULL;
-    float buf[CHUNK] __attribute__((aligned(32)));
-    for (int64_t n = n0; n < n1; n++) {
-        for (int t0 = 0; t0 < T; t0 += MS_CPU_FUSED_MAX_T) {
-            int nt = T - t0 < MS_CPU_FUSED_MAX_T ? T - t0 : MS_CPU_FUSED_MAX_T;
-#if defined(MS_CPU_NEON)
-            float32x4_t acc[MS_CPU_FUSED_MAX_T][2];
-#else
-            float acc[MS_CPU_FUSED_MAX_T][8];
-#endif
-            float tail[MS_CPU_FUSED_MAX_T];
-            for (int t = 0; t < nt; t++) {
-#if defined(MS_CPU_NEON)
-                acc[t][0] = acc[t][1] = vdupq_n_f32(0);
-#else
-                for (int l = 0; l < 8; l++) acc[t][l] = 0;
-#endif
-                tail[t] = 0;
-            }
-            for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
-                int64_t len = K - k0 < CHUNK ? K - k0 : CHUNK;
-                const float *wp;
-                if (direct) wp = (const float *)W->w.data + n * K + k0;
-                else { ms_cpu_dequant(W, n, k0, len, buf); wp = buf; }
-                int64_t len8 = len & ~(int64_t)7;
-                for (int t = 0; t < nt; t++) {
-                    const float *xp = x + (int64_t)(t0 + t) * ldx + k0;
-#if defined(MS_CPU_NEON)
-                    float32x4_t a0 = acc[t][0], a1 = acc[t][1];
-                    for (int64_t k = 0; k < len8; k += 8) {
-                        a0 = vfmaq_f32(a0, vld1q_f32(wp + k), vld1q_f32(xp + k));
-                        a1 = vfmaq_f32(a1, vld1q_f32(wp + k + 4), vld1q_f32(xp + k + 4));
-                    }
-                    acc[t][0] = a0, acc[t][1] = a1;
-#else
-                    float a[8];
-                    for (int l = 0; l < 8; l++) a[l] = acc[t][l];
-                    for (int64_t k = 0; k < len8; k += 8)
-                        for (int l = 0; l < 8; l++) a[l] += wp[k + l] * xp[k + l];
-                    for (int l = 0; l < 8; l++) acc[t][l] = a[l];
-#endif
-                    for (int64_t k = len8; k < len; k++) tail[t] += wp[k] * xp[k];
-                }
-            }
-            for (int t = 0; t < nt; t++) {
-#if defined(MS_CPU_NEON)
-                float v = vaddvq_f32(vaddq_f32(acc[t][0], acc[t][1])) + tail[t];
-#else
-                const float *a = acc[t];
-                float v = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])) + tail[t];
-#endif
-                if (bias) v += vec_at(bias, n);
-                y[(int64_t)(t0 + t) * ldy + (n - n0)] = v;
-            }
-        }
-    }
-}
-#endif
 
 static void rows_gemm(const ms_linear *W, int64_t n0, int64_t n1, const float *x, int64_t ldx, int T, float *y,
                       int64_t ldy, float *scratch) {
