@@ -13,6 +13,7 @@
 #include <time.h>
 
 enum { VOCAB = 32, MAXR = 48, MAXLEN = 256 };
+_Static_assert((int)VOCAB == (int)FAKE_GRAMMAR_VOCAB, "the grammar tests run over fake_grammar's vocabulary");
 
 /* ---- executor wrapper with a gate (to hold the engine inside a forward) ---- */
 
@@ -368,16 +369,10 @@ static void test_stop_ids_and_ignore_eos(void) {
 /* Rows with a grammar sample only what it allows and end with GRAMMAR_END once it is complete;
  * rows without one in the same batches stay exactly the unconstrained greedy output. */
 static void test_grammar_rows(void) {
-    /* token i: a digit for i < 10, then "," "[" "]" and two-character pieces */
-    static const char *tok[VOCAB] = {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9", ",", "[", "]", "12", ",3", "]]", "[1",
-                                     "x", "y", "z", "ab", "9,", "0]", "77", "a", "b", "c", "d", "e", "f", "g", "h"};
-    size_t lens[VOCAB];
-    for (int i = 0; i < VOCAB; i++) lens[i] = strlen(tok[i]);
     ms_grammar_vocab *v = NULL;
     ms_grammar *gr = NULL;
     ms_err err = {0};
-    CHECK_EQ_INT(ms_grammar_vocab_new(VOCAB, tok, lens, NULL, &v, &err), MS_OK);
-    CHECK_EQ_INT(ms_grammar_compile_regex("\\[[0-9]{1,2}(,[0-9]{1,2}){0,3}\\]", v, &gr, &err), MS_OK);
+    CHECK_EQ_INT(fake_grammar("\\[[0-9]{1,2}(,[0-9]{1,2}){0,3}\\]", &v, &gr, &err), MS_OK);
     gated g;
     ms_executor ex = gated_init(&g, 200, 4, 64);
     ms_engine_config cfg = small_cfg(4);
@@ -425,15 +420,10 @@ static void test_grammar_rows(void) {
 /* In a grammar's free prefix (a reasoning model's thinking) a stop token is never sampled: greedy
  * decoding whose first token is the stop id goes on past it instead of ending with no content. */
 static void test_grammar_free_prefix_no_stop(void) {
-    static const char *tok[VOCAB] = {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9", ",", "[", "]", "12", ",3", "]]", "[1",
-                                     "x", "y", "z", "ab", "9,", "0]", "77", "a", "b", "c", "d", "e", "f", "g", "h"};
-    size_t lens[VOCAB];
-    for (int i = 0; i < VOCAB; i++) lens[i] = strlen(tok[i]);
     ms_grammar_vocab *v = NULL;
     ms_grammar *gr = NULL;
     ms_err err = {0};
-    CHECK_EQ_INT(ms_grammar_vocab_new(VOCAB, tok, lens, NULL, &v, &err), MS_OK);
-    CHECK_EQ_INT(ms_grammar_compile_regex("[0-9]+", v, &gr, &err), MS_OK);
+    CHECK_EQ_INT(fake_grammar("[0-9]+", &v, &gr, &err), MS_OK);
     make_prompts(1, 20);
     int32_t ref[8];
     fake_greedy_ref(prompts[0], n_prompts[0], 8, VOCAB, 4.0f, ref);

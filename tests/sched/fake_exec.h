@@ -153,4 +153,19 @@ static inline void fake_greedy_ref(const int32_t *prompt, int n_prompt, int max_
     free(lg);
 }
 
+/* The 32-token vocabulary the grammar tests of the engine share (a digit for ids 0..9, then "," "["
+ * "]" and multi-character pieces) and regex compiled over it: *v and *gr owned by the caller
+ * (ms_grammar_vocab_free frees both). Returns the grammar layer's status. */
+enum { FAKE_GRAMMAR_VOCAB = 32 };
+static inline int fake_grammar(const char *regex, ms_grammar_vocab **v, ms_grammar **gr, ms_err *err) {
+    static const char *tok[FAKE_GRAMMAR_VOCAB] = {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9", ",", "[", "]",
+                                                 "12", ",3", "]]", "[1", "x", "y", "z", "ab", "9,", "0]", "77",
+                                                 "a", "b", "c", "d", "e", "f", "g", "h"};
+    size_t lens[FAKE_GRAMMAR_VOCAB];
+    for (int i = 0; i < FAKE_GRAMMAR_VOCAB; i++) lens[i] = strlen(tok[i]);
+    *v = NULL, *gr = NULL;
+    int rc = ms_grammar_vocab_new(FAKE_GRAMMAR_VOCAB, tok, lens, NULL, v, err);
+    return rc ? rc : ms_grammar_compile_regex(regex, *v, gr, err);
+}
+
 #endif
