@@ -591,6 +591,63 @@ static int step_check(ms_forward *f, const ms_tensor *t, int code, ms_err *err) 
     return MS_OK;
 }
 
+/* The logit rows of a step: for each chunk of bt->n_logits rows, gather those rows of x, normalise
+ * them with norm (into keep + r0 rows when keep is not NULL: the MTP step keeps its normed rows for a
+ * chained step; else into the f->lnorm scratch), apply head and, under tensor parallelism, gather
+ * every rank's vocabulary columns as rows [n, V]. graph = 0: each chunk goes to logits_host (when not
+ * NULL) as the step goes; graph = 1: the rows go to f->glogits and nothing waits for the host. layer:
+ * the code the --check-numerics step mode marks (-1: none, the MTP step keeps no step flag); what: the
+ * op --check-numerics names. */
+static int head_rows(ms_forward *f, const ms_batch *bt, const ms_tensor *x, const ms_tensor *norm, const ms_linear *head,
+                     ms_tensor *keep, int layer, const char *what, float *logits_host, int graph, ms_err *err) {
+    const ms_config *c = &f->m->cfg;
+    const ms_backend_ops *op = f->b->ops;
+    const ms_shard *sh = &f->m->shard;
+    const int H = c->hidden_size, V = c->vocab_size;
+    for (int r0 = 0; r0 < bt->n_logits; r0 += f->lchunk) {
+        int n = bt->n_logits - r0 < f->lchunk ? bt->n_logits - r0 : f->lchunk;
+        const int64_t nv = sh->nv; /* this rank's vocabulary rows (all of them on one rank) */
+        ms_tensor rows = fw_view2(&f->lrows, n, H), nrm = fw_view2(&f->lnorm, n, H), lg = fw_view2(&f->logits, n, nv);
+        if (keep) {
+            nrm = ms_tensor_2d(keep->dtype, n, H);
+            nrm.data = (char *)keep->data + (size_t)r0 * (size_t)H * ms_dtype_size(keep->dtype);
+        }
+        /* where the chunk's rows [n, V] end up: the graph's logits buffer, or the eager staging buffer */
+        float *dst = graph ? (float *)f->glogits.data + (int64_t)r0 * V : lg.data;
+        if (graph && !f->split) lg.data = dst;
+        MS_TRY(op->gather_rows(f->b, x, f->lidx_d + r0, n, &rows, err));
+        MS_TRY(op->rmsnorm(f->b, &rows, norm, c->rms_norm_eps, &nrm, err));
+        FW_PROF(f, "lm_head", op->linear(f->b, head, &nrm, &lg, err), err);
+        if (f->split) {
+            /* every rank's columns, gathered rank-major [tp][n][V/tp], then laid out as rows [n, V] on
+             * the device (the local rows were consumed by the gather before dst is written) */
+            ms_comm *cm = f->o.comm;
+            FW_PROF(f, "collectives", cm->ops->all_gather(cm, lg.data, f->lgather.data, (size_t)n * (size_t)nv, MS_F32, err),
+                    err);
+            ms_tensor full = ms_tensor_2d(MS_F32, n, V);
+            full.data = dst;
+            for (int r = 0; r < sh->tp_size; r++) {
+                ms_tensor part = ms_tensor_2d(MS_F32, n, nv);
+                part.data = (float *)f->lgather.data + (int64_t)r * n * nv;
+                MS_TRY(op->set_cols(f->b, &part, (int)(r * nv), &full, err));
+            }
+        }
+        if (f->o.check_numerics == 2 && layer >= 0) MS_TRY(step_check(f, &lg, layer, err));
+        if (f->o.check_numerics == 1) {
+            /* logit rows r0.. map to tokens logit_idx[r0..] */
+            int64_t bad = -1;
+            MS_TRY(op->find_nonfinite(f->b, &lg, &bad, err)); /* this rank's columns: each rank checks its own */
+            if (bad >= 0)
+                return ms_errf(err, MS_ERR_NUMERICS, "%s token position %d produced NaN/Inf", what,
+                               bt->positions[bt->logit_idx[r0 + bad]]);
+        }
+        if (!graph && logits_host)
+            FW_PROF(f, "logits_download",
+                    op->download(f->b, logits_host + (int64_t)r0 * V, dst, sizeof(float) * (size_t)n * (size_t)V, err), err);
+    }
+    return MS_OK;
+}
+
 /* The step once its arrays are on the device: embedding, layers, final norm and lm_head for the
  * bt->n_logits rows. graph = 0: each chunk of logits is downloaded into logits_host (when not NULL:
  * under tensor parallelism only rank 0 asks for them) as the step goes; graph = 1: the rows go to
@@ -599,7 +656,7 @@ static int step_check(ms_forward *f, const ms_tensor *t, int code, ms_err *err) 
 static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, int graph, ms_err *err) {
     const ms_config *c = &f->m->cfg;
     const ms_backend_ops *op = f->b->ops;
-    const int T = bt->n_tokens, H = c->hidden_size, V = c->vocab_size;
+    const int T = bt->n_tokens, H = c->hidden_size;
     f->batch = bt;
     f->layer = 0;
     ms_tensor x = fw_view2(&f->x, T, H), a = fw_view2(&f->a, T, H), delta = fw_view2(&f->delta, T, H);
@@ -648,44 +705,8 @@ static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, i
         MS_TRY(op->sync(f->b, err));
         f->o.on_layer(f->o.on_layer_ctx, c->num_layers, &a);
     }
-    for (int r0 = 0; r0 < bt->n_logits; r0 += f->lchunk) {
-        int n = bt->n_logits - r0 < f->lchunk ? bt->n_logits - r0 : f->lchunk;
-        const int64_t nv = sh->nv; /* this rank's vocabulary rows (all of them on one rank) */
-        ms_tensor rows = fw_view2(&f->lrows, n, H), nrm = fw_view2(&f->lnorm, n, H), lg = fw_view2(&f->logits, n, nv);
-        /* where the chunk's rows [n, V] end up: the graph's logits buffer, or the eager staging buffer */
-        float *dst = graph ? (float *)f->glogits.data + (int64_t)r0 * V : lg.data;
-        if (graph && !f->split) lg.data = dst;
-        MS_TRY(op->gather_rows(f->b, &x, f->lidx_d + r0, n, &rows, err));
-        MS_TRY(op->rmsnorm(f->b, &rows, &f->m->final_norm, c->rms_norm_eps, &nrm, err));
-        FW_PROF(f, "lm_head", op->linear(f->b, &f->m->lm_head, &nrm, &lg, err), err);
-        if (f->split) {
-            /* every rank's columns, gathered rank-major [tp][n][V/tp], then laid out as rows [n, V] on
-             * the device (the local rows were consumed by the gather before dst is written) */
-            ms_comm *cm = f->o.comm;
-            FW_PROF(f, "collectives", cm->ops->all_gather(cm, lg.data, f->lgather.data, (size_t)n * (size_t)nv, MS_F32, err),
-                    err);
-            ms_tensor full = ms_tensor_2d(MS_F32, n, V);
-            full.data = dst;
-            for (int r = 0; r < sh->tp_size; r++) {
-                ms_tensor part = ms_tensor_2d(MS_F32, n, nv);
-                part.data = (float *)f->lgather.data + (int64_t)r * n * nv;
-                MS_TRY(op->set_cols(f->b, &part, (int)(r * nv), &full, err));
-            }
-        }
-        if (f->o.check_numerics == 2) MS_TRY(step_check(f, &lg, c->num_layers, err));
-        if (f->o.check_numerics == 1) {
-            /* logit rows r0.. map to tokens logit_idx[r0..] */
-            int64_t bad = -1;
-            MS_TRY(op->find_nonfinite(f->b, &lg, &bad, err)); /* this rank's columns: each rank checks its own */
-            if (bad >= 0)
-                return ms_errf(err, MS_ERR_NUMERICS, "final op lm_head token position %d produced NaN/Inf",
-                               bt->positions[bt->logit_idx[r0 + bad]]);
-        }
-        if (!graph && logits_host)
-            FW_PROF(f, "logits_download",
-                    op->download(f->b, logits_host + (int64_t)r0 * V, dst, sizeof(float) * (size_t)n * (size_t)V, err), err);
-    }
-    return MS_OK;
+    return head_rows(f, bt, &x, &f->m->final_norm, &f->m->lm_head, NULL, c->num_layers, "final op lm_head", logits_host,
+                     graph, err);
 }
 
 /* ------------------------------------------------------------------ MTP (NEXTN) layer body */
@@ -700,7 +721,7 @@ static int mtp_body(ms_forward *f, const ms_batch *bt, int hid_src, float *logit
     const ms_config *c = &f->m->cfg;
     const ms_backend_ops *op = f->b->ops;
     const ms_mtp *mt = &f->m->mtp;
-    const int T = bt->n_tokens, H = c->hidden_size, V = c->vocab_size, Lm = c->num_layers;
+    const int T = bt->n_tokens, H = c->hidden_size, Lm = c->num_layers;
     const ms_tensor *src = hid_src == MS_MTP_HID_DRAFT ? &f->mtp_out : &f->hid;
     f->batch = bt;
     f->layer = Lm;
@@ -734,41 +755,7 @@ static int mtp_body(ms_forward *f, const ms_batch *bt, int hid_src, float *logit
     MS_TRY(op->add(f->b, &x, &delta, err));
     FW_TRY_CHECK(f, &x, "mtp residual", err);
     /* logits = head(shared_head.norm(h')) of the logit rows; the normed rows stay in mtp_out */
-    for (int r0 = 0; r0 < bt->n_logits; r0 += f->lchunk) {
-        int n = bt->n_logits - r0 < f->lchunk ? bt->n_logits - r0 : f->lchunk;
-        const int64_t nv = sh->nv;
-        ms_tensor rows = fw_view2(&f->lrows, n, H), lg = fw_view2(&f->logits, n, nv);
-        ms_tensor nrm = ms_tensor_2d(f->mtp_out.dtype, n, H);
-        nrm.data = (char *)f->mtp_out.data + (size_t)r0 * (size_t)H * ms_dtype_size(f->mtp_out.dtype);
-        /* where the chunk's rows [n, V] end up: the graph's logits buffer, or the eager staging buffer */
-        float *dst = graph ? (float *)f->glogits.data + (int64_t)r0 * V : lg.data;
-        if (graph && !f->split) lg.data = dst;
-        MS_TRY(op->gather_rows(f->b, &x, f->lidx_d + r0, n, &rows, err));
-        MS_TRY(op->rmsnorm(f->b, &rows, &mt->head_norm, c->rms_norm_eps, &nrm, err));
-        MS_TRY(op->linear(f->b, &mt->head, &nrm, &lg, err));
-        if (f->split) {
-            ms_comm *cm = f->o.comm;
-            MS_TRY(cm->ops->all_gather(cm, lg.data, f->lgather.data, (size_t)n * (size_t)nv, MS_F32, err));
-            MS_ASSERT(f->logits.data && ms_tensor_numel(&f->logits) >= (int64_t)n * V);
-            ms_tensor full = ms_tensor_2d(MS_F32, n, V);
-            full.data = dst; /* the local rows were consumed by the gather */
-            for (int r = 0; r < sh->tp_size; r++) {
-                ms_tensor part = ms_tensor_2d(MS_F32, n, nv);
-                part.data = (float *)f->lgather.data + (int64_t)r * n * nv;
-                MS_TRY(op->set_cols(f->b, &part, (int)(r * nv), &full, err));
-            }
-        }
-        if (f->o.check_numerics == 1) {
-            int64_t bad = -1;
-            MS_TRY(op->find_nonfinite(f->b, &lg, &bad, err));
-            if (bad >= 0)
-                return ms_errf(err, MS_ERR_NUMERICS, "MTP op head token position %d produced NaN/Inf",
-                               bt->positions[bt->logit_idx[r0 + bad]]);
-        }
-        if (!graph && logits_host)
-            MS_TRY(op->download(f->b, logits_host + (int64_t)r0 * V, dst, sizeof(float) * (size_t)n * (size_t)V, err));
-    }
-    return MS_OK;
+    return head_rows(f, bt, &x, &mt->head_norm, &mt->head, &f->mtp_out, -1, "MTP op head", logits_host, graph, err);
 }
 
 /* ------------------------------------------------------------------ graph steps */
