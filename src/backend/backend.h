@@ -65,6 +65,14 @@ typedef struct ms_backend_ops {
     /* Releases what place_* made (CPU: nothing). */
     void (*unplace_tensor)(ms_backend *b, ms_tensor *t);
     void (*unplace_linear)(ms_backend *b, ms_linear *W);
+    /* Optional: stacks n placed linears of one input width, format and dtype into out, whose output
+     * rows are the parts' rows in order (x·outᵀ = the parts' outputs side by side), biases likewise
+     * (zeros for a part without one; out has a bias if any part has). The parts become views into
+     * out's memory (their own is released; they stay usable and unplace_linear of a part frees
+     * nothing), so memory does not grow. Why: at decode one launch streaming all the rows reaches the
+     * bandwidth the three separate small GEMVs miss. MS_ERR_UNSUPPORTED (nothing changed) when the
+     * parts cannot be stacked; out owns the memory (unplace_linear frees it). */
+    int (*stack_linears)(ms_backend *b, ms_linear *const *parts, int n, const char *name, ms_linear *out, ms_err *err);
 
     /* ---- elementwise / norms ---- */
     /* out[t,:] = table[ids_d[t],:] converted to out's dtype. table [V,H] (any float dtype). */
@@ -120,10 +128,12 @@ typedef struct ms_backend_ops {
      * q [T,nh,d] += bq then rotated in place; k [T,nkv,d] + bk rotated and stored into kcache rows
      * slot_d[t]; v + bv stored into vcache (k and v themselves unchanged). Biases F32 or NULL; rc
      * NULL = no rotary dims, else rc->rot_dim <= 1024. Equals add-bias, rope and kv_store up to one bf16
-     * rounding fewer. */
+     * rounding fewer. With qkv non-NULL (the output [T, (nh + 2 nkv) d] of a stack_linears'd q|k|v
+     * projection), q, k and v are read from its rows instead (k and v are then only shapes: their data
+     * is not read) and q is written to q. */
     int (*gqa_prep)(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_tensor *v, const ms_tensor *bq,
                     const ms_tensor *bk, const ms_tensor *bv, const int32_t *pos_d, const ms_rope_cfg *rc,
-                    ms_tensor *kcache, ms_tensor *vcache, const int32_t *slot_d, ms_err *err);
+                    ms_tensor *kcache, ms_tensor *vcache, const int32_t *slot_d, const ms_tensor *qkv, ms_err *err);
 
     /* Optional fused form of what follows kv_a_proj in an MLA layer: for each token t, the row
      * kva [T, kvl + dr] becomes [RMSNorm(kva[:kvl]) * w (eps) ; RoPE(kva[kvl:])] (rc covers columns

@@ -22,6 +22,8 @@ struct ms_cfg_reader;
 struct ms_load_ctx;
 struct ms_layer;
 struct ms_forward;
+struct ms_model;
+struct ms_backend;
 
 typedef struct ms_arch {
     const char *name;      /* config.json model_type */
@@ -59,6 +61,10 @@ typedef struct ms_arch {
      * (glm_moe_dsa: its indexer is a full one, computing its own top-k). The decoder skeleton's facts
      * (layer_is_moe) are set by the loader. */
     void (*mtp_layer)(struct ms_config *cfg, int L);
+    /* Optional: once every weight of m is placed on b, builds the fused forms this architecture's
+     * forward prefers where b can make them (glm4_moe: q|k|v stacked into one linear). A fusion b
+     * cannot make is skipped; only a failing backend call is an error. */
+    int (*fuse_placed)(struct ms_model *m, struct ms_backend *b, ms_err *err);
 } ms_arch;
 
 /* The architecture whose model_type is name, or NULL. */

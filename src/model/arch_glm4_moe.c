@@ -5,6 +5,7 @@
  * Tensor parallelism splits the heads: q/k/v projections by output rows (whole heads, so q/k norm
  * and RoPE need nothing from other ranks), o_proj by input columns; each rank caches only its KV
  * heads, and the partial o_proj outputs are summed by the forward's all-reduce. */
+#include "core/log.h"
 #include "model/arch.h"
 #include "model/config_internal.h"
 #include "model/forward_internal.h"
@@ -66,12 +67,24 @@ static int alloc(ms_forward *f, ms_err *err) {
     MS_TRY(ms_backend_alloc(f->b, &f->attn, ad, 2, s, err));
     MS_TRY(ms_backend_alloc(f->b, &f->k, ad, 2, skv, err));
     MS_TRY(ms_backend_alloc(f->b, &f->v, ad, 2, skv, err));
+    /* stacked q|k|v output for steps of up to 256 tokens (decode, verify): one GEMV streams all three
+     * weights; longer steps are GEMM-bound and keep the three calls (no [T, W] buffer at prefill size) */
+    const ms_layer *l0 = &f->m->layers[0];
+    if (l0->a_stack.w.data) {
+        f->qkv_rows = T < 256 ? T : 256;
+        MS_TRY(ms_backend_alloc(f->b, &f->qkv, ad, 2, (int64_t[]){f->qkv_rows, (int64_t)(nh + 2 * nkv) * d}, err));
+    }
     int64_t sc[3] = {f->n_slots, nkv, d};
     for (int L = 0; L < fw_cache_layers(f); L++) {
         MS_TRY(ms_backend_alloc(f->b, &f->kc[L], ad, 3, sc, err));
         MS_TRY(ms_backend_alloc(f->b, &f->vc[L], ad, 3, sc, err));
     }
     return MS_OK;
+}
+
+/* Whether the forward takes the fused bias + RoPE + cache-store path (gqa_prep) for layer l. */
+static int prep_fusable(const ms_config *c, const ms_layer *l) {
+    return !(c->use_qk_norm && l->q_norm.data && l->k_norm.data) && c->rotary_dim <= 1024;
 }
 
 static int attend(ms_forward *f, int L, int T, ms_err *err);
@@ -88,19 +101,27 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
               v = fw_view2(&f->v, T, (int64_t)nkv * d);
     ms_tensor q3 = fw_view3(&f->q, T, nh, d), k3 = fw_view3(&f->k, T, nkv, d);
     ms_rope_cfg rc = {0, c->rotary_dim, 0, c->rope_theta};
-    if (op->gqa_prep && !(c->use_qk_norm && l->q_norm.data && l->k_norm.data) && c->rotary_dim <= 1024) {
+    if (op->gqa_prep && prep_fusable(c, l)) {
         /* one kernel for the biases, RoPE and both cache stores after bias-free projections
          * (7 launches -> 1 per layer: these move almost no bytes and cost a launch each) */
         ms_linear qp = l->q_proj, kp = l->k_proj, vp = l->v_proj;
         qp.bias.data = kp.bias.data = vp.bias.data = NULL;
-        MS_TRY(op->linear(b, &qp, &a, &q, err));
-        MS_TRY(op->linear(b, &kp, &a, &k, err));
-        MS_TRY(op->linear(b, &vp, &a, &v, err));
-        ms_tensor v3 = fw_view3(&f->v, T, nkv, d);
+        ms_tensor v3 = fw_view3(&f->v, T, nkv, d), qkv = {0};
+        const int stacked = l->a_stack.w.data && f->qkv.data && T <= f->qkv_rows;
+        if (stacked) { /* the views' biases are slices of the stacked bias */
+            ms_linear sp = l->a_stack;
+            sp.bias.data = NULL;
+            qkv = fw_view2(&f->qkv, T, (int64_t)(nh + 2 * nkv) * d);
+            MS_TRY(op->linear(b, &sp, &a, &qkv, err));
+        } else {
+            MS_TRY(op->linear(b, &qp, &a, &q, err));
+            MS_TRY(op->linear(b, &kp, &a, &k, err));
+            MS_TRY(op->linear(b, &vp, &a, &v, err));
+        }
         MS_TRY(op->gqa_prep(b, &q3, &k3, &v3, l->q_proj.bias.data ? &l->q_proj.bias : NULL,
                             l->k_proj.bias.data ? &l->k_proj.bias : NULL, l->v_proj.bias.data ? &l->v_proj.bias : NULL,
                             f->meta.positions_d, c->rotary_dim > 0 ? &rc : NULL, &f->kc[L], &f->vc[L],
-                            f->meta.slot_mapping_d, err));
+                            f->meta.slot_mapping_d, stacked ? &qkv : NULL, err));
         FW_TRY_CHECK(f, &q, "q_proj + bias + rope", err);
         return attend(f, L, T, err);
     }
@@ -168,6 +189,33 @@ static void describe(const ms_config *c, FILE *out) {
             c->attention_bias ? ", qkv bias" : "");
 }
 
+/* q|k|v of every layer that takes the gqa_prep path stacked into one linear (ms_layer.a_stack), when
+ * the backend can stack them; all layers or none, so the forward's qkv buffer serves every layer. */
+static int fuse_placed(ms_model *m, ms_backend *b, ms_err *err) {
+    if (!b->ops->stack_linears || !b->ops->gqa_prep) return MS_OK;
+    const int nl = m->cfg.num_layers + (m->mtp.loaded ? 1 : 0);
+    for (int L = 0; L < nl; L++) {
+        const ms_layer *l = &m->layers[L];
+        if (!l->q_proj.w.data || !l->k_proj.w.data || !l->v_proj.w.data || !prep_fusable(&m->cfg, l)) return MS_OK;
+    }
+    for (int L = 0; L < nl; L++) {
+        ms_layer *l = &m->layers[L];
+        char nm[96];
+        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.a_stack (stacked)", L);
+        const char *name = ms_model_strdup(m, nm);
+        if (!name) return ms_errf(err, MS_ERR_NOMEM, "out of memory");
+        ms_linear *parts[3] = {&l->q_proj, &l->k_proj, &l->v_proj};
+        ms_err e2 = {0};
+        int rc = b->ops->stack_linears(b, parts, 3, name, &l->a_stack, &e2);
+        if (rc == MS_ERR_UNSUPPORTED && L == 0) {
+            MS_LOGI("q/k/v projections stay separate: %s", e2.msg);
+            return MS_OK;
+        }
+        if (rc) return ms_errf(err, rc, "%s", e2.msg);
+    }
+    return MS_OK;
+}
+
 /* GQA keeps no state between layers: the MTP layer is an ordinary one. */
 static void mtp_layer(ms_config *cfg, int L) {
     (void)cfg;
@@ -188,4 +236,5 @@ const ms_arch ms_arch_glm4_moe = {
     .attn_params = attn_params,
     .describe = describe,
     .mtp_layer = mtp_layer,
+    .fuse_placed = fuse_placed,
 };

@@ -9,6 +9,7 @@
  * by input columns. The latent projections, their norms and the indexer are replicated: every rank
  * computes the same latent and the same key selection from the same (all-reduced) input, caches the
  * whole latent, and attends with its own heads. */
+#include "core/log.h"
 #include "model/arch.h"
 #include "model/config_internal.h"
 #include "model/forward_internal.h"
@@ -130,6 +131,10 @@ static int alloc(ms_forward *f, ms_err *err) {
     MS_TRY(ms_backend_alloc(f->b, &f->iw, MS_F32, 2, (int64_t[]){T, nih}, err));
     MS_TRY(ms_backend_alloc(f->b, &f->topk, MS_I32, 2, (int64_t[]){T, c->index_topk}, err));
 #undef A2
+    if (f->m->layers[0].a_stack.w.data) { /* one-token steps: [q_a | indexer wk | kv_a] of one row */
+        f->qkv_rows = 1;
+        MS_TRY(ms_backend_alloc(f->b, &f->qkv, ad, 2, (int64_t[]){1, (int64_t)ql + di + kvl + dr}, err));
+    }
     for (int L = 0; L < fw_cache_layers(f); L++) {
         MS_TRY(ms_backend_alloc(f->b, &f->kc[L], ad, 2, (int64_t[]){f->n_slots, kvl + dr}, err));
         if (c->indexer_full[L]) MS_TRY(ms_backend_alloc(f->b, &f->vc[L], ad, 2, (int64_t[]){f->n_slots, di}, err));
@@ -137,8 +142,9 @@ static int alloc(ms_forward *f, ms_err *err) {
     return MS_OK;
 }
 
-/* Indexer of a full layer: caches this step's keys; when selection is sparse, writes f->topk. */
-static int indexer(ms_forward *f, int L, int T, const ms_tensor *cq, int dense, ms_err *err) {
+/* Indexer of a full layer: caches this step's keys; when selection is sparse, writes f->topk. kI_in:
+ * this step's keys already projected (the layer's a_stack), or NULL to project them here. */
+static int indexer(ms_forward *f, int L, int T, const ms_tensor *cq, const ms_tensor *kI_in, int dense, ms_err *err) {
     const ms_config *c = &f->m->cfg;
     const ms_layer *l = &f->m->layers[L];
     const ms_backend_ops *op = f->b->ops;
@@ -146,8 +152,9 @@ static int indexer(ms_forward *f, int L, int T, const ms_tensor *cq, int dense, 
     const int nih = c->index_n_heads, di = c->index_head_dim, dr = c->qk_rope_head_dim;
     ms_rope_cfg rc = {0, dr, c->indexer_rope_interleave, c->rope_theta};
     ms_tensor a = fw_view2(&f->a, T, c->hidden_size);
-    ms_tensor kI = fw_view2(&f->kI, T, di), kI3 = fw_view3(&f->kI, T, 1, di);
-    MS_TRY(op->linear(b, &l->idx_wk, &a, &kI, err));
+    ms_tensor kI = kI_in ? *kI_in : fw_view2(&f->kI, T, di), kI3 = kI;
+    kI3.ndim = 3, kI3.shape[0] = T, kI3.shape[1] = 1, kI3.shape[2] = di;
+    if (!kI_in) MS_TRY(op->linear(b, &l->idx_wk, &a, &kI, err));
     MS_TRY(op->layernorm(b, &kI, &l->idx_k_norm_w, l->idx_k_norm_b.data ? &l->idx_k_norm_b : NULL, 1e-6f, &kI, err));
     MS_TRY(op->rope(b, &kI3, f->meta.positions_d, &rc, err));
     FW_TRY_CHECK(f, &kI, "indexer_k", err);
@@ -172,9 +179,19 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
     const int H = c->hidden_size, nh = c->num_heads / f->m->shard.tp_size, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
               dv = c->v_head_dim, kvl = c->kv_lora_rank, ql = c->q_lora_rank;
     ms_tensor a = fw_view2(&f->a, T, H);
+    /* a one-token step reads its three input projections in one launch (a_stack): cq, the indexer key
+     * and the latent are then consecutive pieces of one row */
+    const int stacked = l->a_stack.w.data && f->qkv.data && T <= f->qkv_rows;
+    const int64_t di = l->has_indexer ? c->index_head_dim : 0;
+    ms_tensor row = {0}, kI_st = {0};
+    if (stacked) {
+        row = fw_view2(&f->qkv, T, l->a_stack.n_out);
+        MS_TRY(op->linear(b, &l->a_stack, &a, &row, err));
+        kI_st = fw_piece(&row, ql, di);
+    }
     /* queries: cq = RMSNorm(a q_a^T); q = cq q_b^T, RoPE on each head's last dr dims */
-    ms_tensor cq = fw_view2(&f->qa, T, ql);
-    MS_TRY(op->linear(b, &l->q_a_proj, &a, &cq, err));
+    ms_tensor cq = stacked ? fw_piece(&row, 0, ql) : fw_view2(&f->qa, T, ql);
+    if (!stacked) MS_TRY(op->linear(b, &l->q_a_proj, &a, &cq, err));
     MS_TRY(op->rmsnorm(b, &cq, &l->q_a_norm, c->rms_norm_eps, &cq, err));
     FW_TRY_CHECK(f, &cq, "q_a", err);
     ms_tensor q = fw_view2(&f->qb, T, (int64_t)nh * (dn + dr)), q3 = fw_view3(&f->qb, T, nh, dn + dr);
@@ -183,9 +200,10 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
     MS_TRY(op->rope(b, &q3, f->meta.positions_d, &rc, err));
     FW_TRY_CHECK(f, &q, "q_b", err);
     /* latent: [RMSNorm(c) ; RoPE(k_rope)] stored per token */
-    ms_tensor kva = fw_view2(&f->kva, T, kvl + dr), kva3 = fw_view3(&f->kva, T, 1, kvl + dr);
+    ms_tensor kva = stacked ? fw_piece(&row, ql + di, kvl + dr) : fw_view2(&f->kva, T, kvl + dr), kva3 = kva;
+    kva3.ndim = 3, kva3.shape[0] = T, kva3.shape[1] = 1, kva3.shape[2] = kvl + dr;
     ms_tensor cl = fw_view2(&f->c, T, kvl);
-    MS_TRY(op->linear(b, &l->kv_a_proj, &a, &kva, err));
+    if (!stacked) MS_TRY(op->linear(b, &l->kv_a_proj, &a, &kva, err));
     ms_rope_cfg rk = {kvl, dr, c->rope_interleave, c->rope_theta};
     if (op->mla_kv_prep && dr <= 1024) { /* norm, RoPE and the cache store in one launch */
         MS_TRY(op->mla_kv_prep(b, &kva, kvl, &l->kv_a_norm, c->rms_norm_eps, f->meta.positions_d, &rk, &f->kc[L],
@@ -205,7 +223,7 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
     /* key selection */
     const int dense = f->meta.max_ctx <= c->index_topk;
     if (c->indexer_full[L]) {
-        FW_PROF(f, "indexer (in attention)", indexer(f, L, T, &cq, dense, err), err);
+        FW_PROF(f, "indexer (in attention)", indexer(f, L, T, &cq, stacked ? &kI_st : NULL, dense, err), err);
         f->topk_valid = !dense;
         if (!dense) MS_TRY(fw_decide_index(f, L, T, err));
     }
@@ -267,6 +285,36 @@ static void describe(const ms_config *c, FILE *out) {
             c->index_topk, n_full, c->num_layers - n_full);
 }
 
+/* q_a | indexer wk (full layers) | kv_a of every layer stacked into one linear (ms_layer.a_stack) when
+ * the backend can: a one-token step then reads the ~34 MB of GLM-5's input projections in one launch
+ * instead of three small GEMVs. kv_a goes last so that FP8 parts keep whole 128-row scale blocks. All
+ * layers or none (the first refusal leaves every layer as it was). */
+static int fuse_placed(ms_model *m, ms_backend *b, ms_err *err) {
+    if (!b->ops->stack_linears) return MS_OK;
+    const int nl = m->cfg.num_layers + (m->mtp.loaded ? 1 : 0);
+    for (int L = 0; L < nl; L++) {
+        const ms_layer *l = &m->layers[L];
+        if (!l->q_a_proj.w.data || !l->kv_a_proj.w.data || (l->has_indexer && !l->idx_wk.w.data)) return MS_OK;
+    }
+    for (int L = 0; L < nl; L++) {
+        ms_layer *l = &m->layers[L];
+        char nm[96];
+        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.q_a|wk|kv_a (stacked)", L);
+        const char *name = ms_model_strdup(m, nm);
+        if (!name) return ms_errf(err, MS_ERR_NOMEM, "out of memory");
+        ms_linear *parts[3] = {&l->q_a_proj, &l->idx_wk, &l->kv_a_proj};
+        if (!l->has_indexer) parts[1] = &l->kv_a_proj;
+        ms_err e2 = {0};
+        int rc = b->ops->stack_linears(b, parts, l->has_indexer ? 3 : 2, name, &l->a_stack, &e2);
+        if (rc == MS_ERR_UNSUPPORTED && L == 0) {
+            MS_LOGI("MLA input projections stay separate: %s", e2.msg);
+            return MS_OK;
+        }
+        if (rc) return ms_errf(err, rc, "%s", e2.msg);
+    }
+    return MS_OK;
+}
+
 /* The MTP layer runs in a step of its own, where no earlier layer made a selection to share: its
  * indexer computes its own top-k (the MTP layer of DeepSeek-V3.2-style checkpoints has indexer
  * weights). */
@@ -288,4 +336,5 @@ const ms_arch ms_arch_glm_moe_dsa = {
     .attn_params = attn_params,
     .describe = describe,
     .mtp_layer = mtp_layer,
+    .fuse_placed = fuse_placed,
 };

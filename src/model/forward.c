@@ -27,6 +27,13 @@ ms_tensor fw_view2(const ms_tensor *buf, int64_t rows, int64_t cols) {
     return t;
 }
 
+ms_tensor fw_piece(const ms_tensor *row, int64_t c0, int64_t n) {
+    MS_ASSERT(row->ndim == 2 && row->shape[0] == 1 && c0 >= 0 && n >= 0 && c0 + n <= row->shape[1]);
+    ms_tensor t = ms_tensor_2d(row->dtype, 1, n);
+    t.data = (char *)row->data + (size_t)c0 * ms_dtype_size(row->dtype);
+    return t;
+}
+
 ms_tensor fw_view3(const ms_tensor *buf, int64_t a, int64_t b, int64_t c) {
     MS_ASSERT(a * b * c <= ms_tensor_numel(buf));
     int64_t s[3] = {a, b, c};
@@ -190,7 +197,7 @@ void ms_forward_free(ms_forward *f) {
         for (int L = 0; L < fw_cache_layers(f); L++) free_t(f, &f->kc[L]), free_t(f, &f->vc[L]);
     free(f->kc);
     free(f->vc);
-    ms_tensor *all[] = {&f->x, &f->a, &f->delta, &f->g, &f->u, &f->moe_out, &f->sh_out, &f->q, &f->k, &f->v,
+    ms_tensor *all[] = {&f->x, &f->a, &f->delta, &f->g, &f->u, &f->moe_out, &f->sh_out, &f->q, &f->k, &f->v, &f->qkv,
                         &f->attn, &f->qa, &f->qb, &f->qabs, &f->kva, &f->c, &f->olat, &f->vout, &f->qI, &f->kI,
                         &f->iw, &f->topk, &f->ids, &f->rw, &f->rlog, &f->lrows, &f->lnorm, &f->logits, &f->moe_ws,
                         &f->db.buf, &f->glogits, &f->lgather, &f->nf_flag, &f->hid, &f->mtp_out, &f->mcat, &f->hidx};

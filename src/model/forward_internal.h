@@ -59,6 +59,8 @@ struct ms_forward {
      * which are F32 (the residual stream and what is added to it) */
     ms_tensor x, a, delta, g, u, moe_out, sh_out;
     ms_tensor q, k, v, attn;                   /* glm4_moe */
+    ms_tensor qkv;                             /* output of the layers' a_stack [qkv_rows, W], or NULL data */
+    int qkv_rows;                              /* steps of at most this many tokens use a_stack */
     ms_tensor qa, qb, qabs, kva, c, olat, vout; /* glm_moe_dsa */
     ms_tensor qI, kI, iw, topk;                 /* DSA indexer (topk: I32 [T, index_topk]) */
     ms_tensor ids, rw;                          /* router out: I32/F32 [T, topk] */
@@ -117,6 +119,9 @@ int fw_attention(ms_forward *f, ms_attn_call *c, ms_err *err);
 /* View of the first rows*cols elements of buffer buf as a [rows, cols] tensor (asserts capacity). */
 ms_tensor fw_view2(const ms_tensor *buf, int64_t rows, int64_t cols);
 ms_tensor fw_view3(const ms_tensor *buf, int64_t a, int64_t b, int64_t c);
+/* Columns [c0, c0 + n) of the one-row tensor row ([1, W]) as a [1, n] tensor: a stacked projection's
+ * output split into its parts without a copy (only one row is contiguous per part). */
+ms_tensor fw_piece(const ms_tensor *row, int64_t c0, int64_t n);
 /* With check_numerics: fails with MS_ERR_NUMERICS naming layer, op and token position when t (rows =
  * tokens of this step, or logit rows when logit_rows) holds NaN/Inf. */
 int fw_check(ms_forward *f, const ms_tensor *t, const char *op, int logit_rows, ms_err *err);

@@ -777,6 +777,7 @@ int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_
     free(c.used);
     ms_quant_decl_free(&c.q);
     if (!rc && c.dev) rc = c.dev->ops->sync(c.dev, err); /* fill kernels finished (and succeeded) */
+    if (!rc && c.dev && m->cfg.arch->fuse_placed) rc = m->cfg.arch->fuse_placed(m, c.dev, err);
     if (rc) {
         ms_model_free(m);
         return rc;
@@ -809,7 +810,7 @@ static int visit_all(ms_model *m, visit *v) {
         ms_layer *l = &m->layers[L];
         VT(l->attn_norm); VT(l->ffn_norm); VT(l->q_norm); VT(l->k_norm); VT(l->q_a_norm); VT(l->kv_a_norm);
         VT(l->idx_k_norm_w); VT(l->idx_k_norm_b); VT(l->router_bias);
-        VL(l->q_proj); VL(l->k_proj); VL(l->v_proj); VL(l->o_proj);
+        VL(l->q_proj); VL(l->k_proj); VL(l->v_proj); VL(l->a_stack); VL(l->o_proj);
         VL(l->q_a_proj); VL(l->q_b_proj); VL(l->kv_a_proj); VL(l->kv_b_proj);
         VL(l->idx_wq_b); VL(l->idx_wk); VL(l->idx_wproj);
         VL(l->gate_proj); VL(l->up_proj); VL(l->down_proj); VL(l->router);
@@ -835,6 +836,7 @@ int ms_model_place(ms_model *m, ms_backend *b, ms_err *err) {
     int rc = visit_all(m, &v);
     if (m->tied_lm_head) m->lm_head.w = m->embed; /* shares the embedding's (now placed) memory */
     if (m->mtp.head_shared) m->mtp.head = m->lm_head;
+    if (!rc && m->cfg.arch->fuse_placed) rc = m->cfg.arch->fuse_placed(m, b, err);
     return rc;
 }
 

@@ -20,6 +20,9 @@ typedef struct ms_layer {
     ms_tensor attn_norm, ffn_norm;
     /* glm4_moe GQA */
     ms_linear q_proj, k_proj, v_proj, o_proj; /* o_proj is shared with MLA */
+    ms_linear a_stack; /* the projections of the attention input stacked on the backend after placement
+                        * (stack_linears; glm4_moe q|k|v, glm_moe_dsa q_a|indexer wk|kv_a), or w.data
+                        * NULL; the parts are then views into it */
     ms_tensor q_norm, k_norm;                 /* per-head RMSNorm weights [d] or data NULL */
     /* glm_moe_dsa MLA */
     ms_linear q_a_proj, q_b_proj, kv_a_proj, kv_b_proj;

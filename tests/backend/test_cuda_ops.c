@@ -260,7 +260,7 @@ static void rope_case(int nh, int d, int rot_off, int rot_dim, int inter, double
 
 /* The fused bias + RoPE + cache-store op against the CPU's add, rope and kv_store on the same
  * values: q in place, the k/v cache rows of the slots written, the other rows untouched. */
-static void gqa_prep_case(int nh, int nkv, int d, int rot_dim, int with_bias) {
+static void gqa_prep_case(int nh, int nkv, int d, int rot_dim, int with_bias, int stacked) {
     enum { T = 5, S = 12 };
     int64_t sq[3] = {T, nh, d}, skv[3] = {T, nkv, d}, sc[3] = {S, nkv, d};
     float *q = rand_vec((size_t)T * nh * d, 2.f), *k = rand_vec((size_t)T * nkv * d, 2.f),
@@ -277,14 +277,23 @@ static void gqa_prep_case(int nh, int nkv, int d, int rot_dim, int with_bias) {
     }
     int32_t pos[T] = {0, 3, 17, 250, 4099}, slot[T] = {7, 0, 9, 11, 4};
     ms_tensor pg = mk_i32(GPU, T, pos), pc = mk_i32(CPU, T, pos), slg = mk_i32(GPU, T, slot), slc = mk_i32(CPU, T, slot);
-    ms_tensor Qg = mk(GPU, 0, 3, sq, q), Kg = mk(GPU, 0, 3, skv, k), Vg = mk(GPU, 0, 3, skv, v);
-    int64_t nq = (int64_t)nh * d, nk = (int64_t)nkv * d;
+    int64_t nq = (int64_t)nh * d, nk = (int64_t)nkv * d, sw[2] = {T, nq + 2 * nk};
+    /* stacked: q, k and v come from the rows of one [T, nq + 2 nk] projection output; the separate
+     * buffers then hold other values (reading them would fail the comparison) and q is output only */
+    float *qkv = malloc(sizeof(float) * (size_t)T * (size_t)sw[1]), *junk = rand_vec((size_t)T * nh * d, 3.f);
+    for (int t = 0; t < T; t++) {
+        memcpy(qkv + t * sw[1], q + (size_t)t * nq, sizeof(float) * (size_t)nq);
+        memcpy(qkv + t * sw[1] + nq, k + (size_t)t * nk, sizeof(float) * (size_t)nk);
+        memcpy(qkv + t * sw[1] + nq + nk, v + (size_t)t * nk, sizeof(float) * (size_t)nk);
+    }
+    ms_tensor Qg = mk(GPU, 0, 3, sq, stacked ? junk : q), Kg = mk(GPU, 0, 3, skv, stacked ? junk : k),
+              Vg = mk(GPU, 0, 3, skv, stacked ? junk : v), QKVg = mk(GPU, 0, 2, sw, qkv);
     ms_tensor Bq = mk(GPU, MS_F32, 1, &nq, bq), Bk = mk(GPU, MS_F32, 1, &nk, bk), Bv = mk(GPU, MS_F32, 1, &nk, bv);
     pair KC = act(3, sc, c0), VC = act(3, sc, c0);
     ms_tensor Qc = mk(CPU, 0, 3, sq, qb), Kc = mk(CPU, 0, 3, skv, kb), Vc = mk(CPU, 0, 3, skv, vb);
     ms_rope_cfg rc = {0, rot_dim, 0, 1e6};
     R(GPU->ops->gqa_prep(GPU, &Qg, &Kg, &Vg, with_bias ? &Bq : NULL, with_bias ? &Bk : NULL, with_bias ? &Bv : NULL,
-                         pg.data, rot_dim ? &rc : NULL, &KC.g, &VC.g, slg.data, &E));
+                         pg.data, rot_dim ? &rc : NULL, &KC.g, &VC.g, slg.data, stacked ? &QKVg : NULL, &E));
     if (rot_dim) {
         R(CPU->ops->rope(CPU, &Qc, pc.data, &rc, &E));
         R(CPU->ops->rope(CPU, &Kc, pc.data, &rc, &E));
@@ -294,7 +303,8 @@ static void gqa_prep_case(int nh, int nkv, int d, int rot_dim, int with_bias) {
     CMP(Qg, Qc, 2e-2);
     CMP(KC.g, KC.c, 2e-2);
     CMP(VC.g, VC.c, 2e-2);
-    fr(GPU, &Qg); fr(GPU, &Kg); fr(GPU, &Vg); fr(GPU, &Bq); fr(GPU, &Bk); fr(GPU, &Bv);
+    fr(GPU, &Qg); fr(GPU, &Kg); fr(GPU, &Vg); fr(GPU, &QKVg); fr(GPU, &Bq); fr(GPU, &Bk); fr(GPU, &Bv);
+    free(qkv); free(junk);
     fr(CPU, &Qc); fr(CPU, &Kc); fr(CPU, &Vc);
     pfree(&KC); pfree(&VC);
     fr(GPU, &pg); fr(CPU, &pc); fr(GPU, &slg); fr(CPU, &slc);
@@ -302,10 +312,12 @@ static void gqa_prep_case(int nh, int nkv, int d, int rot_dim, int with_bias) {
 }
 
 static void test_gqa_prep(void) {
-    gqa_prep_case(12, 2, 128, 64, 1); /* GLM-4.5 style: partial NeoX rotary, q/k/v bias */
-    gqa_prep_case(4, 4, 64, 64, 0);   /* full rotary, no bias */
-    gqa_prep_case(6, 3, 32, 0, 1);    /* no rotary dims */
-    gqa_prep_case(96, 8, 128, 64, 1); /* GLM-4.5-Air heads: 14 blocks of 8 heads per token */
+    for (int st = 0; st < 2; st++) { /* separate q/k/v buffers, then one stacked projection output */
+        gqa_prep_case(12, 2, 128, 64, 1, st); /* GLM-4.5 style: partial NeoX rotary, q/k/v bias */
+        gqa_prep_case(4, 4, 64, 64, 0, st);   /* full rotary, no bias */
+        gqa_prep_case(6, 3, 32, 0, 1, st);    /* no rotary dims */
+        gqa_prep_case(96, 8, 128, 64, 1, st); /* GLM-4.5-Air heads: 14 blocks of 8 heads per token */
+    }
 }
 
 /* The fused MLA latent preparation against the CPU's five ops (copy out, RMSNorm, copy back, RoPE
@@ -447,6 +459,68 @@ static void test_linear(void) {
         linear_case(MS_WFMT_NVFP4, 0, Ts[i], 130, 256, 0, MS_BF16);               /* vector path */
         linear_case(MS_WFMT_NVFP4, 0, Ts[i], 66, 48, 1, MS_F32);                  /* scalar path */
     }
+}
+
+/* stack_linears: the stacked linear's output columns equal the CPU outputs of the parts (biases
+ * where a part has one), the parts keep working as views, and what cannot be stacked (NVFP4, an FP8
+ * part whose rows split a 128-row scale block) is refused with the parts untouched. */
+static void stack_case(ms_wfmt fmt, const int64_t *Ns, const int *bias, int64_t K, int expect_ok) {
+    enum { NP = 3 };
+    lpair P[NP];
+    int64_t Nt = 0;
+    for (int i = 0; i < NP; i++) P[i] = mk_linear(fmt, MS_BF16, Ns[i], K, bias[i]), Nt += Ns[i];
+    ms_linear *parts[NP] = {&P[0].g, &P[1].g, &P[2].g}, S;
+    const int64_t Ts[3] = {1, 5, 300};
+    int rc = GPU->ops->stack_linears(GPU, parts, NP, "stacked", &S, &E);
+    CHECK_MSG(rc == (expect_ok ? MS_OK : MS_ERR_UNSUPPORTED), "stack_linears %s rc %d (%s)", ms_wfmt_name(fmt, MS_BF16), rc, E.msg);
+    for (int ti = 0; ti < 3; ti++) {
+        const int64_t T = Ts[ti], xs[2] = {T, K}, ys[2] = {T, Nt};
+        float *x = rand_vec((size_t)(T * K), 1.f);
+        pair X = act(2, xs, x);
+        float *ys_all = NULL;
+        if (rc == MS_OK) {
+            ms_tensor Yg = mk(GPU, 0, 2, ys, NULL);
+            R(GPU->ops->linear(GPU, &S, &X.g, &Yg, &E));
+            ys_all = get(GPU, &Yg);
+            fr(GPU, &Yg);
+        }
+        int64_t c0 = 0;
+        for (int i = 0; i < NP; i++) {
+            const int64_t yp[2] = {T, Ns[i]};
+            pair Y = {mk(GPU, 0, 2, yp, NULL), mk(CPU, 0, 2, yp, NULL)};
+            R(GPU->ops->linear(GPU, &P[i].g, &X.g, &Y.g, &E)); /* a view after stacking */
+            R(CPU->ops->linear(CPU, &P[i].c, &X.c, &Y.c, &E));
+            float *a = get(GPU, &Y.g), *r = get(CPU, &Y.c);
+            double e = rel_err(a, r, (size_t)(T * Ns[i]));
+            CHECK_MSG(e <= 2e-2, "stack %s part %d T=%lld: rel err %.3g", ms_wfmt_name(fmt, MS_BF16), i, (long long)T, e);
+            if (ys_all) {
+                float *cols = malloc(sizeof(float) * (size_t)(T * Ns[i]));
+                for (int64_t t = 0; t < T; t++) memcpy(cols + t * Ns[i], ys_all + t * Nt + c0, sizeof(float) * (size_t)Ns[i]);
+                e = rel_err(cols, r, (size_t)(T * Ns[i]));
+                CHECK_MSG(e <= 2e-2, "stacked %s columns of part %d T=%lld: rel err %.3g", ms_wfmt_name(fmt, MS_BF16), i,
+                          (long long)T, e);
+                free(cols);
+            }
+            free(a), free(r);
+            pfree(&Y);
+            c0 += Ns[i];
+        }
+        free(ys_all);
+        pfree(&X);
+        free(x);
+    }
+    for (int i = 0; i < NP; i++) free_linear(&P[i]);
+    if (rc == MS_OK) GPU->ops->unplace_linear(GPU, &S);
+}
+
+static void test_stack_linears(void) {
+    const int64_t n1[3] = {256, 128, 64}, n2[3] = {256, 128, 128}, n3[3] = {200, 128, 128};
+    const int b1[3] = {1, 0, 1}, b0[3] = {0, 0, 0}, b2[3] = {1, 1, 1};
+    stack_case(MS_WFMT_PLAIN, n1, b1, 96, 1);  /* q|k|v with biases on two parts */
+    stack_case(MS_WFMT_PLAIN, n1, b0, 3112, 1);
+    stack_case(MS_WFMT_FP8, n2, b2, 256, 1);   /* 128-row scale blocks stack whole */
+    stack_case(MS_WFMT_FP8, n3, b0, 256, 0);   /* 200 rows: a scale block would straddle two parts */
+    stack_case(MS_WFMT_NVFP4, n2, b0, 256, 0); /* a global scale per part */
 }
 
 /* Shapes for the tensor-core GEMV (gemv_mma.cu): T = 1..16, N not a multiple of 16 and K not a
@@ -1451,6 +1525,7 @@ int main(void) {
     RUN(test_linear_mma);
     RUN(test_linear_swiglu);
     RUN(test_gqa_prep);
+    RUN(test_stack_linears);
     RUN(test_attn_gqa);
     RUN(test_attn_gqa_batches);
     RUN(test_mla_attn);

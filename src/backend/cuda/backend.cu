@@ -327,15 +327,117 @@ static void cu_unplace_linear(ms_backend *b, ms_linear *W) {
     cudaSetDevice(b->device);
     cu_linear_prep *p = (cu_linear_prep *)W->prepared;
     if (!p) return;
-    cudaFree((void *)p->d.w);
-    if (p->d.scale) cudaFree((void *)p->d.scale);
-    if (p->bias_f32) cudaFree(p->bias_f32);
+    if (!p->view) {
+        cudaFree((void *)p->d.w);
+        if (p->d.scale) cudaFree((void *)p->d.scale);
+        if (p->bias_f32) cudaFree(p->bias_f32);
+    }
     if (p->deq) cudaFree(p->deq);
     free(p);
     W->prepared = NULL;
     W->w.data = NULL;
     W->scale.data = NULL;
     W->bias.data = NULL;
+}
+
+/* Contract in backend.h. Plain (bf16/f32) and FP8 parts stack by rows as they are (an FP8 part's
+ * 128-row scale blocks must not straddle two parts, so every part but the last has a multiple of 128
+ * rows); NVFP4 parts carry a per-tensor scale2 each and are refused. */
+static int cu_stack_linears(ms_backend *b, ms_linear *const *parts, int n, const char *name, ms_linear *out, ms_err *err) {
+    CU_ENTER(b);
+    memset(out, 0, sizeof *out);
+    if (n < 1) return ms_errf(err, MS_ERR_UNSUPPORTED, "%s: nothing to stack", name);
+    const ms_linear *p0 = parts[0];
+    int64_t N = 0, wbytes = 0, sbytes = 0;
+    int any_bias = 0;
+    for (int i = 0; i < n; i++) {
+        const ms_linear *W = parts[i];
+        const cu_linear_prep *p = (const cu_linear_prep *)W->prepared;
+        if (!p || p->view || W->fmt != p0->fmt || W->w.dtype != p0->w.dtype || W->n_in != p0->n_in ||
+            (W->fmt != MS_WFMT_PLAIN && W->fmt != MS_WFMT_FP8) || (W->fmt == MS_WFMT_FP8 && i < n - 1 && W->n_out % 128))
+            return ms_errf(err, MS_ERR_UNSUPPORTED, "%s: %s cannot be stacked with %s", name, W->name ? W->name : "?",
+                           p0->name ? p0->name : "?");
+        N += W->n_out;
+        wbytes += (int64_t)ms_tensor_nbytes(&W->w);
+        if (W->fmt == MS_WFMT_FP8) sbytes += (int64_t)ms_tensor_nbytes(&W->scale);
+        any_bias |= p->bias_f32 != NULL;
+    }
+    if (N > INT32_MAX) return ms_errf(err, MS_ERR_UNSUPPORTED, "%s: %lld stacked rows", name, (long long)N);
+    char *wd = NULL, *sd = NULL;
+    float *bd = NULL;
+    cudaError_t e = cudaMalloc((void **)&wd, (size_t)wbytes);
+    if (e == cudaSuccess && sbytes) e = cudaMalloc((void **)&sd, (size_t)sbytes);
+    if (e == cudaSuccess && any_bias) e = cudaMalloc((void **)&bd, (size_t)N * sizeof(float));
+    if (e == cudaSuccess && any_bias) e = cudaMemset(bd, 0, (size_t)N * sizeof(float));
+    int64_t wo = 0, so = 0, row = 0;
+    for (int i = 0; i < n && e == cudaSuccess; i++) {
+        const ms_linear *W = parts[i];
+        const cu_linear_prep *p = (const cu_linear_prep *)W->prepared;
+        const size_t wb = ms_tensor_nbytes(&W->w), sb = sd ? ms_tensor_nbytes(&W->scale) : 0;
+        e = cudaMemcpy(wd + wo, p->d.w, wb, cudaMemcpyDeviceToDevice);
+        if (e == cudaSuccess && sb) e = cudaMemcpy(sd + so, p->d.scale, sb, cudaMemcpyDeviceToDevice);
+        if (e == cudaSuccess && p->bias_f32)
+            e = cudaMemcpy(bd + row, p->bias_f32, (size_t)W->n_out * sizeof(float), cudaMemcpyDeviceToDevice);
+        wo += (int64_t)wb, so += (int64_t)sb, row += W->n_out;
+    }
+    cu_linear_prep *sp = e == cudaSuccess ? (cu_linear_prep *)calloc(1, sizeof *sp) : NULL;
+    cu_linear_prep *views[8] = {0};
+    int nviews = 0;
+    if (sp && n <= 8)
+        for (; nviews < n; nviews++)
+            if (!(views[nviews] = (cu_linear_prep *)calloc(1, sizeof *sp))) break;
+    if (e != cudaSuccess || !sp || nviews < n) {
+        cudaFree(wd), cudaFree(sd), cudaFree(bd), free(sp);
+        for (int i = 0; i < nviews; i++) free(views[i]);
+        if (e != cudaSuccess)
+            return ms_errf(err, MS_ERR_RUNTIME, "%s: stacking %d linears (%lld bytes) failed: %s", name, n, (long long)wbytes,
+                           cudaGetErrorString(e));
+        return ms_errf(err, MS_ERR_NOMEM, "%s: out of host memory (or more than 8 parts)", name);
+    }
+    /* the stacked linear */
+    out->name = name;
+    out->fmt = p0->fmt;
+    out->n_out = N;
+    out->n_in = p0->n_in;
+    out->w = ms_tensor_2d(p0->w.dtype, N, p0->w.shape[1]);
+    out->w.data = wd;
+    if (sd) {
+        out->scale = ms_tensor_2d(p0->scale.dtype, (N + 127) / 128, p0->scale.shape[1]);
+        out->scale.data = sd;
+    }
+    if (bd) {
+        out->bias = ms_tensor_make(MS_F32, 1, &N);
+        out->bias.data = bd;
+    }
+    const cu_linear_prep *pp0 = (const cu_linear_prep *)p0->prepared;
+    sp->d = pp0->d;
+    sp->d.w = wd;
+    sp->d.scale = sd;
+    sp->d.n = (int)N;
+    sp->bias_f32 = bd;
+    out->prepared = sp;
+    /* the parts: views into it, their own memory released */
+    wo = so = row = 0;
+    for (int i = 0; i < n; i++) {
+        ms_linear *W = parts[i];
+        cu_linear_prep *p = (cu_linear_prep *)W->prepared, *v = views[i];
+        const size_t wb = ms_tensor_nbytes(&W->w), sb = sd ? ms_tensor_nbytes(&W->scale) : 0;
+        *v = *p;
+        v->view = 1;
+        v->d.w = wd + wo;
+        v->d.scale = sd ? sd + so : NULL;
+        v->bias_f32 = p->bias_f32 ? bd + row : NULL;
+        cudaFree((void *)p->d.w);
+        if (p->d.scale) cudaFree((void *)p->d.scale);
+        if (p->bias_f32) cudaFree(p->bias_f32);
+        free(p);
+        W->prepared = v;
+        W->w.data = (void *)v->d.w;
+        W->scale.data = (void *)v->d.scale;
+        W->bias.data = v->bias_f32;
+        wo += (int64_t)wb, so += (int64_t)sb, row += W->n_out;
+    }
+    return MS_OK;
 }
 
 int cu_wdesc_of(const ms_linear *W, cu_wdesc *d, ms_err *err) {
@@ -656,6 +758,7 @@ static void cu_ops_init(void) {
     cu_ops.place_linear = cu_place_linear;
     cu_ops.unplace_tensor = cu_unplace_tensor;
     cu_ops.unplace_linear = cu_unplace_linear;
+    cu_ops.stack_linears = cu_stack_linears;
     cu_ops.embed = cu_op_embed;
     cu_ops.embed_part = cu_op_embed_part;
     cu_ops.remap_ids = cu_op_remap_ids;

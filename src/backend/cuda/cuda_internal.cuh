@@ -93,6 +93,7 @@ typedef struct cu_linear_prep {
     cu_wdesc d;
     bf16 *deq;        /* lazily made bf16 copy [N,K] (kv_b for absorbed MLA), NULL until needed */
     float *bias_f32;  /* bias as F32 or NULL */
+    int view;         /* d.w / d.scale / bias_f32 point into another linear's memory (stack_linears) */
 } cu_linear_prep;
 
 /* ---- host helpers (backend.cu) ---- */
@@ -231,7 +232,7 @@ int cu_op_mla_kv_prep(ms_backend *b, ms_tensor *kva, int kvl, const ms_tensor *w
                       const ms_rope_cfg *rc, ms_tensor *cache, const int32_t *slot_d, ms_err *err);
 int cu_op_gqa_prep(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_tensor *v, const ms_tensor *bq,
                    const ms_tensor *bk, const ms_tensor *bv, const int32_t *pos_d, const ms_rope_cfg *rc,
-                   ms_tensor *kcache, ms_tensor *vcache, const int32_t *slot_d, ms_err *err);
+                   ms_tensor *kcache, ms_tensor *vcache, const int32_t *slot_d, const ms_tensor *qkv, ms_err *err);
 int cu_op_find_nonfinite(ms_backend *b, const ms_tensor *x, int64_t *bad_row, ms_err *err);
 int cu_op_nonfinite_flag(ms_backend *b, const ms_tensor *x, int32_t code, int32_t *flag_d, ms_err *err);
 int cu_op_argmax(ms_backend *b, const ms_tensor *logits, int32_t *out_d, ms_err *err);

@@ -442,7 +442,14 @@ int cu_op_rope(ms_backend *b, ms_tensor *x, const int32_t *pos_d, const ms_rope_
  * each step. Several blocks per token: at decode one token's ~100 heads in one block left the GPU
  * idle for longer than the seven kernels it replaces. */
 #define GP_HPB 8
-__global__ void k_gqa_prep(bf16 *q, const bf16 *k, const bf16 *v, const float *bq, const float *bk, const float *bv,
+/* Row t of q / k / v is read at qi / ki / vi + t * ldq / ldk / ldv (each tensor's own width for
+ * separate buffers, the stacked width for one q|k|v projection output); q is written to qo [T][nh][d]. */
+struct gp_io {
+    bf16 *qo;
+    const bf16 *qi, *ki, *vi;
+    int64_t ldq, ldk, ldv;
+};
+__global__ void k_gqa_prep(gp_io io, const float *bq, const float *bk, const float *bv,
                            int nh, int nkv, int d, const int32_t *pos, const float *inv, int rot_off, int rot_dim,
                            int interleaved, bf16 *kc, bf16 *vc, int64_t S, const int32_t *slot) {
     extern __shared__ float gp_cs[]; /* [half] cos, then [half] sin */
@@ -460,9 +467,9 @@ __global__ void k_gqa_prep(bf16 *q, const bf16 *k, const bf16 *v, const float *b
         const int hh = h0 + u / per, j = u % per;
         const bool isk = hh >= nh;
         const int h = isk ? hh - nh : hh;
-        const bf16 *row = isk ? k + ((size_t)t * nkv + h) * d : q + ((size_t)t * nh + h) * d;
+        const bf16 *row = isk ? io.ki + (size_t)t * io.ldk + (size_t)h * d : io.qi + (size_t)t * io.ldq + (size_t)h * d;
         const float *bias = isk ? (bk ? bk + (size_t)h * d : NULL) : (bq ? bq + (size_t)h * d : NULL);
-        bf16 *dst = isk ? (st ? kc + ((size_t)s * nkv + h) * d : NULL) : q + ((size_t)t * nh + h) * d;
+        bf16 *dst = isk ? (st ? kc + ((size_t)s * nkv + h) * d : NULL) : io.qo + ((size_t)t * nh + h) * d;
         if (!dst) continue;
         if (j < half) {
             const int i0 = rot_off + (interleaved ? 2 * j : j), i1 = rot_off + (interleaved ? 2 * j + 1 : j + half);
@@ -480,7 +487,7 @@ __global__ void k_gqa_prep(bf16 *q, const bf16 *k, const bf16 *v, const float *b
     const int v0 = max(h0, nh + nkv) - (nh + nkv), v1 = h0 + nheads - (nh + nkv);
     if (st && v1 > v0)
         for (int c = v0 * d + threadIdx.x; c < v1 * d; c += blockDim.x)
-            vc[(size_t)s * nkv * d + c] = __float2bfloat16_rn(__bfloat162float(v[(size_t)t * nkv * d + c]) + (bv ? bv[c] : 0.f));
+            vc[(size_t)s * nkv * d + c] = __float2bfloat16_rn(__bfloat162float(io.vi[(size_t)t * io.ldv + c]) + (bv ? bv[c] : 0.f));
 }
 
 static const float *f32_or_null(const ms_tensor *t, int64_t n) {
@@ -491,21 +498,36 @@ static const float *f32_or_null(const ms_tensor *t, int64_t n) {
 
 int cu_op_gqa_prep(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_tensor *v, const ms_tensor *bq,
                    const ms_tensor *bk, const ms_tensor *bv, const int32_t *pos_d, const ms_rope_cfg *rc,
-                   ms_tensor *kcache, ms_tensor *vcache, const int32_t *slot_d, ms_err *err) {
+                   ms_tensor *kcache, ms_tensor *vcache, const int32_t *slot_d, const ms_tensor *qkv, ms_err *err) {
     MS_ASSERT(q->ndim == 3 && k->ndim == 3 && v->ndim == 3 && kcache->ndim == 3 && vcache->ndim == 3);
     const int T = (int)q->shape[0], nh = (int)q->shape[1], d = (int)q->shape[2], nkv = (int)k->shape[1];
     MS_ASSERT(k->shape[0] == T && v->shape[0] == T && k->shape[2] == d && v->shape[1] == nkv && v->shape[2] == d);
     MS_ASSERT(kcache->shape[1] == nkv && kcache->shape[2] == d && vcache->shape[0] == kcache->shape[0]);
     if (q->dtype != MS_BF16 || k->dtype != MS_BF16 || v->dtype != MS_BF16 || kcache->dtype != MS_BF16 ||
-        vcache->dtype != MS_BF16)
+        vcache->dtype != MS_BF16 || (qkv && qkv->dtype != MS_BF16))
         return ms_errf(err, MS_ERR_UNSUPPORTED, "gqa_prep: the CUDA backend needs bf16 q/k/v and caches");
     const int rot_dim = rc ? rc->rot_dim : 0, rot_off = rc ? rc->rot_off : 0;
     MS_ASSERT(rot_dim % 2 == 0 && rot_off >= 0 && rot_off + rot_dim <= d);
+    gp_io io;
+    io.qo = (bf16 *)q->data;
+    if (qkv) {
+        io.ldq = io.ldk = io.ldv = (int64_t)(nh + 2 * nkv) * d;
+        MS_ASSERT(qkv->ndim == 2 && qkv->shape[0] == T && qkv->shape[1] == io.ldq);
+        io.qi = (const bf16 *)qkv->data;
+        io.ki = io.qi + (size_t)nh * d;
+        io.vi = io.ki + (size_t)nkv * d;
+    } else {
+        io.ldq = (int64_t)nh * d;
+        io.ldk = io.ldv = (int64_t)nkv * d;
+        io.qi = (const bf16 *)q->data;
+        io.ki = (const bf16 *)k->data;
+        io.vi = (const bf16 *)v->data;
+    }
     if (T == 0) return MS_OK;
     const float *inv = NULL;
     if (rot_dim) MS_TRY(rope_table(b, rc, &inv, err));
     dim3 grid((unsigned)T, (unsigned)((nh + 2 * nkv + GP_HPB - 1) / GP_HPB));
-    k_gqa_prep<<<grid, 256, sizeof(float) * (size_t)rot_dim, stream_of(b)>>>((bf16 *)q->data, (const bf16 *)k->data, (const bf16 *)v->data,
+    k_gqa_prep<<<grid, 256, sizeof(float) * (size_t)rot_dim, stream_of(b)>>>(io,
                                             f32_or_null(bq, (int64_t)nh * d), f32_or_null(bk, (int64_t)nkv * d),
                                             f32_or_null(bv, (int64_t)nkv * d), nh, nkv, d, pos_d, inv, rot_off, rot_dim,
                                             rc ? rc->interleaved : 0, (bf16 *)kcache->data, (bf16 *)vcache->data,
