@@ -163,7 +163,8 @@ __global__ void k_moe_gather(const bf16 *x, int H, const int32_t *sorted_tok, co
     }
 }
 
-/* Small calls (decode): count, scan and scatter in one single-block launch with the counters in shared
+/* Small calls (decode): count, scan and scatter in one single-block launch (256 threads: the scan
+ * assumes 8 warps) with the counters in shared
  * memory; the outputs are those of the three kernels above (cursor ends at the counts, as there). */
 #define MOE_SMALL_E 4096
 #define MOE_SMALL_P 4096
@@ -181,20 +182,49 @@ __global__ __launch_bounds__(256) void k_moe_route_small(const int32_t *ids, int
         if (e >= 0 && e < E) atomicAdd(&s_cnt[e], 1);
     }
     __syncthreads();
-    if (tid == 0) {
-        int off = 0, toff = 0, na = 0;
-        for (int e = 0; e < E; e++) {
-            int c = s_cnt[e];
-            offsets[e] = off;
-            tile_off[e] = toff;
-            s_cur[e] = off;
-            off += c;
-            toff += (c + CU_GG_BM - 1) / CU_GG_BM;
-            if (c > 0) active[na++] = e;
+    /* exclusive scans of (pairs, 64-row tiles, active flag) over the experts, 256 at a time: shuffle
+     * scans per warp, warp totals through shared memory (one thread walking E = 256 experts with two
+     * global stores each took ~4 us of a 7.5 us batch-1 launch) */
+    __shared__ int s_w[8][3];
+    const int lane = tid & 31, warp = tid >> 5;
+    int carry[3] = {0, 0, 0};
+    for (int base = 0; base < E; base += 256) {
+        const int e = base + tid, c = e < E ? s_cnt[e] : 0;
+        const int v[3] = {c, (c + CU_GG_BM - 1) / CU_GG_BM, c > 0};
+        int inc[3] = {v[0], v[1], v[2]};
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1)
+#pragma unroll
+            for (int k = 0; k < 3; k++) {
+                const int n = __shfl_up_sync(0xffffffffu, inc[k], o);
+                if (lane >= o) inc[k] += n;
+            }
+        if (lane == 31)
+            for (int k = 0; k < 3; k++) s_w[warp][k] = inc[k];
+        __syncthreads();
+        int ex[3], tot[3];
+        for (int k = 0; k < 3; k++) {
+            int before = 0, all = 0;
+            for (int w2 = 0; w2 < 8; w2++) {
+                before += w2 < warp ? s_w[w2][k] : 0;
+                all += s_w[w2][k];
+            }
+            ex[k] = carry[k] + before + inc[k] - v[k];
+            tot[k] = all;
         }
-        offsets[E] = off;
-        tile_off[E] = toff;
-        *n_active = na;
+        if (e < E) {
+            offsets[e] = ex[0];
+            tile_off[e] = ex[1];
+            s_cur[e] = ex[0];
+            if (v[2]) active[ex[2]] = e;
+        }
+        for (int k = 0; k < 3; k++) carry[k] += tot[k];
+        __syncthreads(); /* s_w is rewritten by the next 256 experts */
+    }
+    if (tid == 0) {
+        offsets[E] = carry[0];
+        tile_off[E] = carry[1];
+        *n_active = carry[2];
     }
     __syncthreads();
     for (int e = tid; e < E; e += blockDim.x) counts[e] = cursor[e] = s_cnt[e];
