@@ -213,6 +213,7 @@ static int fuse_placed(ms_model *m, ms_backend *b, ms_err *err) {
         }
         if (rc) return ms_errf(err, rc, "%s", e2.msg);
     }
+    MS_LOGI("q|k|v of %d layers stacked into one linear each (%lld rows)", nl, (long long)m->layers[0].a_stack.n_out);
     return MS_OK;
 }
 
