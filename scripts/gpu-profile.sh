@@ -10,6 +10,8 @@
 #   MODEL (default configs/glm-4.5-air.json), CTX (256), PREFILL (256): the profiled shape
 #   TAG (default b): file prefix under $OUT, so several models can share one $OUT
 #   FLOOR (default 1): 0 skips the launch-floor run
+#   GRAPH (default 0): 1 profiles the decode steps as the CUDA graphs they run as (kernel nodes; attention
+#     then shows the split-K it was recorded with, sized for the context class, not the eager one)
 . "$(dirname "$0")/gpu-env.sh"
 LAYERS=${LAYERS:-4}
 BATCHES=${BATCHES:-1,64}
@@ -18,6 +20,9 @@ CTX=${CTX:-256}
 PREFILL=${PREFILL:-256}
 TAG=${TAG:-b}
 FLOOR=${FLOOR:-1}
+GRAPH=${GRAPH:-0}
+EAGER=--disable-cuda-graph
+[ "$GRAPH" = 1 ] && EAGER=
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 
 if [ "$FLOOR" = 1 ]; then
@@ -36,7 +41,7 @@ for b in "${BL[@]}"; do
   csv="$OUT/ncu-$TAG$b.csv"
   timeout 400 "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --log-file "$csv" \
     "$BIN" bench-model --device cuda --model "$MODEL" --load-format dummy --dummy-quant nvfp4 \
-    --override num_hidden_layers=$LAYERS --batches "$b" --ctx "$CTX" --prefill "$PREFILL" --disable-cuda-graph >"$OUT/ncu-$TAG$b.log" 2>&1
+    --override num_hidden_layers=$LAYERS --batches "$b" --ctx "$CTX" --prefill "$PREFILL" $EAGER >"$OUT/ncu-$TAG$b.log" 2>&1
   echo "=== ncu $MODEL batch $b ctx $CTX prefill $PREFILL, $LAYERS layers (rc=$?): kernels by total time; 'per step' divides by the decode steps" | tee -a "$OUT/profile-summary.txt"
   python3 - "$csv" "$OUT/ncu-$TAG$b.log" <<'PY' | tee -a "$OUT/profile-summary.txt"
 import csv, re, sys, collections
