@@ -489,6 +489,57 @@ int cu_weight_bf16(ms_backend *b, const ms_linear *W, int keep, const bf16 **out
 
 static cudaDataType_t cu_dt(int t) { return t == MS_F32 ? CUDA_R_32F : t == MS_F16 ? CUDA_R_16F : CUDA_R_16BF; }
 
+/* cuBLASLt's first heuristic choice for a one-row (decode) GEMM streamed the GLM-4.5-Air q/o
+ * projections at ~3.5 TB/s where a copy reaches 4.27, and its split-K choices add a reduce launch.
+ * So the first call of a shape times up to LT_TUNE_MAX of its candidates on the real operands and
+ * keeps the fastest (MS_CU_LT_TUNE=0: the first choice, as before). Only when C is a pure output
+ * (beta 0: running it several times gives the same C) and the stream is not being captured into a
+ * graph (the forward runs every shape eagerly before recording). */
+#define LT_TUNE_MAX 8
+#define LT_TUNE_REPS 3
+static int lt_tunable(cu_impl *c, float beta) {
+    if (beta != 0.f || !cu_knob(CU_KNOB_LT_TUNE)) return 0;
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(c->stream, &st) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return st == cudaStreamCaptureStatusNone;
+}
+
+static int lt_time_algos(cu_impl *c, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                         cublasLtMatrixLayout_t lc, const void *B, const void *A, void *C,
+                         const cublasLtMatmulHeuristicResult_t *res, int nres, int *best, ms_err *err) {
+    const float alpha = 1.f, beta = 0.f;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    CK(cudaEventCreate(&e0));
+    if (cudaEventCreate(&e1) != cudaSuccess) {
+        cudaEventDestroy(e0);
+        return ms_errf(err, MS_ERR_RUNTIME, "cudaEventCreate failed (cuBLASLt algorithm timing)");
+    }
+    float best_ms = 0.f;
+    *best = 0;
+    for (int i = 0; i < nres; i++) {
+        int ok = res[i].state == CUBLAS_STATUS_SUCCESS;
+        for (int r = 0; ok && r <= LT_TUNE_REPS; r++) {
+            if (r == 1) ok = cudaEventRecord(e0, c->stream) == cudaSuccess;
+            ok = ok && cublasLtMatmul(c->lt, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &res[i].algo, c->lt_ws,
+                                      c->lt_ws_bytes, c->stream) == CUBLAS_STATUS_SUCCESS;
+        }
+        float ms = 0.f;
+        ok = ok && cudaEventRecord(e1, c->stream) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
+             cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess;
+        if (!ok) {
+            cudaGetLastError(); /* a candidate that cannot run is skipped, not an error */
+            continue;
+        }
+        if (i == 0 || ms < best_ms) best_ms = ms, *best = i;
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return MS_OK;
+}
+
 int cu_gemm(ms_backend *b, int M, int N, int K, const void *A, int64_t lda, int ab_type, const void *B, int64_t ldb,
             int b_trans, void *C, int64_t ldc, int c_type, float beta, ms_err *err) {
     cu_impl *c = cu_of(b);
@@ -505,7 +556,7 @@ int cu_gemm(ms_backend *b, int M, int N, int K, const void *A, int64_t lda, int 
     int ta = b_trans ? 1 : 0;
     int at = ab_type, ct = c_type;
     cu_gemm_cache_ent *hit = NULL;
-    for (int i = 0; i < 64; i++) {
+    for (int i = 0; i < CU_GCACHE; i++) {
         cu_gemm_cache_ent *g = &c->gcache[i];
         if (g->used && g->m == N && g->n == M && g->k == K && g->ta == ta && g->atype == at && g->ctype == ct &&
             g->lda == ldb && g->ldb == lda && g->ldc == ldc) {
@@ -536,20 +587,23 @@ int cu_gemm(ms_backend *b, int M, int N, int K, const void *A, int64_t lda, int 
     LTK(cublasLtMatrixLayoutCreate(&lc, cu_dt(ct), N, M, ldc));
     if (!hit) {
         cublasLtMatmulPreference_t pref = NULL;
-        cublasLtMatmulHeuristicResult_t res;
+        cublasLtMatmulHeuristicResult_t res[LT_TUNE_MAX];
         int nres = 0;
         LTK(cublasLtMatmulPreferenceCreate(&pref));
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c->lt_ws_bytes,
                                              sizeof c->lt_ws_bytes);
-        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, 1, &res, &nres);
+        const int want = lt_tunable(c, beta) ? LT_TUNE_MAX : 1;
+        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, want, res, &nres);
         cublasLtMatmulPreferenceDestroy(pref);
         if (hs == CUBLAS_STATUS_SUCCESS && nres > 0) {
+            int best = 0;
+            if (nres > 1) MS_TRY(lt_time_algos(c, op, la, lb, lc, B, A, C, res, nres, &best, err));
             hit = &c->gcache[c->gcache_next];
-            c->gcache_next = (c->gcache_next + 1) % 64;
+            c->gcache_next = (c->gcache_next + 1) % CU_GCACHE;
             hit->used = 1;
             hit->m = N; hit->n = M; hit->k = K; hit->ta = ta; hit->atype = at; hit->ctype = ct;
             hit->lda = ldb; hit->ldb = lda; hit->ldc = ldc;
-            hit->algo = res.algo;
+            hit->algo = res[best].algo;
         }
     }
     if (hit) {

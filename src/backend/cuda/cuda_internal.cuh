@@ -48,6 +48,7 @@ typedef __nv_bfloat16 bf16;
 #define MS_CU_N_SCRATCH 5
 enum { SCR_DEQ = 0, SCR_TMP = 1, SCR_TMP2 = 2, SCR_HOST = 3, SCR_ATTN = 4 /* split-K attention partials */ };
 
+#define CU_GCACHE 256 /* cuBLASLt algorithms remembered per (shape, types, leading dims) */
 typedef struct cu_gemm_cache_ent {
     int used;
     int m, n, k, ta, tb, atype, ctype;
@@ -76,7 +77,7 @@ typedef struct cu_impl {
     size_t lt_ws_bytes;
     void *scratch[MS_CU_N_SCRATCH];
     size_t scratch_bytes[MS_CU_N_SCRATCH];
-    cu_gemm_cache_ent gcache[64];
+    cu_gemm_cache_ent gcache[CU_GCACHE];
     int gcache_next;
     cu_rope_ent rope[8];
     int n_rope;

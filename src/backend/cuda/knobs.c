@@ -60,6 +60,9 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
     [CU_KNOB_ROUTER] = {"MS_CU_ROUTER", KN_CHOICE, CU_ROUTER_SPLIT, 0, 0, router_choices, 0,
                         "fused decode router: split = logits over many blocks (K split, 4 experts a block) "
                         "then selection by the last block; warp = one warp per expert row (the first form)"},
+    [CU_KNOB_LT_TUNE] = {"MS_CU_LT_TUNE", KN_INT, 1, 0, 1, NULL, 1,
+                         "1: the first call of a cuBLASLt GEMM shape times up to 8 of its candidate "
+                         "algorithms and keeps the fastest; 0: cuBLASLt's first choice"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */
