@@ -164,8 +164,11 @@ __global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
                 }
             }
             /* S = part(dh 0) + part(dh 1). Lane l of the partner warp holds the same (head, key) elements
-             * of the C fragment as lane l here. The slot is reused next tile only after this iteration's
-             * closing __syncthreads, which the partner reaches after its read. */
+             * of the C fragment as lane l here. Each warp adds own + partner's: IEEE 754 addition is
+             * commutative (both orders round the same exact sum), so both warps get the bits of
+             * part(dh 0) + part(dh 1) without selecting operands by dh (a fused or reassociated form would
+             * break this: none exists for one add). The slot is reused next tile only after this
+             * iteration's closing __syncthreads, which the partner reaches after its read. */
             float4 *mine = xs + (warp * (MM_BN / 8)) * 32 + lane;
             const float4 *other = xs + ((warp ^ 4) * (MM_BN / 8)) * 32 + lane;
 #pragma unroll
@@ -174,12 +177,10 @@ __global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
 #pragma unroll
             for (int nt = 0; nt < MM_BN / 8; nt++) {
                 const float4 p = other[nt * 32];
-                const float po[4] = {p.x, p.y, p.z, p.w};
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float p0 = dh ? po[e] : sc[nt][e], p1 = dh ? sc[nt][e] : po[e];
-                    sc[nt][e] = p0 + p1;
-                }
+                sc[nt][0] += p.x;
+                sc[nt][1] += p.y;
+                sc[nt][2] += p.z;
+                sc[nt][3] += p.w;
             }
             /* mask missing keys, online softmax (log2 domain), O += P·V over this warp's value columns */
 #pragma unroll
