@@ -931,6 +931,11 @@ static void test_attn_impls(void) {
         mla_batch_case("dsa width 96 (mma refuses)", 8, 96, 32, 64, 5, nn, cx);
         int pn[2] = {200, 130}, pc[2] = {700, 130};
         mla_batch_case("dsa prefill top-128", 64, 512, 64, 128, 2, pn, pc);
+        /* the mma kernel splits Q·Kᵀ's k-steps between a head tile's two warps: without split-K (330
+         * tokens fill the grid) at latent width 80 (5 k-steps, split 3 + 2) with a partial second head
+         * group (warps of idle head tiles), and at width 160 with 20 heads (a head tile of 4 real heads) */
+        mla_batch_case("mla prefill 80 heads (odd k-steps)", 80, 64, 16, 0, 2, pn, pc);
+        mla_batch_case("dsa prefill 20 heads top-128", 20, 128, 32, 128, 2, pn, pc);
     }
     /* a forced implementation that cannot run is refused with the flag, the GPU and the alternatives */
     ms_attn_shape odd = {MS_ATTN_GQA, 32, 4, 96, 96, 0, 16, 256, MS_BF16, 0};

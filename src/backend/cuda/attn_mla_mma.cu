@@ -9,16 +9,21 @@
  *
  * Work split. A block (8 warps) takes one query token, up to 64 of its heads (blockIdx.y picks the
  * group) and, with n_split > 1, one range of its key tiles (blockIdx.z). Warp w owns heads 16*(w&3)..
- * +15 of the group and output columns (w>>2)*DV/2 .. +DV/2: the two warps of a head tile compute the
- * same scores (Q·Kᵀ is 576 wide, P·V 512) and each keeps half of O in registers (128 floats a thread
- * for DV = 512 instead of 256). The token's keys are either 0..position (dense MLA, and DSA tokens
+ * +15 of the group and output columns (w>>2)*DV/2 .. +DV/2, so each keeps half of O in registers (128
+ * floats a thread for DV = 512 instead of 256). The two warps of a head tile need the same scores; they
+ * split Q·Kᵀ's reduction (576 wide for GLM-5): warp half dh sums the k-steps of its half of the dims
+ * (18 of 36; with an odd count the first half takes one more), writes its partial S to a shared slot,
+ * meets its partner at a 64-thread named barrier (id 1 + head tile) and adds the partner's partial,
+ * always as part(dh 0) + part(dh 1), so both warps hold bit-identical S and take the same softmax
+ * maxima. Per 32-key tile that is 8 x 72 + 8 x 64 = 1088 MMAs; computing S in both warps, as the first
+ * version did, was 1664. The token's keys are either 0..position (dense MLA, and DSA tokens
  * whose position is below index_topk, where the top-k list must hold every causal key) or the
  * token's top-k list (-1 entries unused). Keys come in tiles of 32 latent rows gathered from the paged
  * cache (slot = block_table[s][pos / page] * page + pos % page) by 16-byte cp.async, double-buffered;
  * a missing key is zero-filled and masked, so it never brings NaN into P·V. Q (64 x DK) sits in shared
  * memory for the whole walk and its A fragments are reloaded by ldmatrix per k-step.
  *
- * Math per warp and tile: S = Q·Kᵀ (16 x 32, fp32, mma.m16n8k16 bf16); online softmax in the log2
+ * Math per warp and tile: S = Q·Kᵀ (16 x 32, fp32, mma.m16n8k16 bf16, two partial sums as above); online softmax in the log2
  * domain as attn_mma.cu (a row that has seen no key keeps m = -inf and uses 0 as its base); P rounded
  * to bf16 and O += P·V over the first DV columns of the same shared rows (ldmatrix .trans). Output O/l
  * in bf16, or with n_split > 1 the partials (O, m in natural log, l) that cu_attn_combine merges.
@@ -35,6 +40,9 @@
 #define MM_HB 64 /* heads per block */
 #define MM_BN 32 /* keys per tile */
 #define MM_MIN_TILES 4 /* key tiles per split-K range at least */
+/* Partial-S exchange slot per warp: [MM_BN / 8 n-tiles][32 lanes] float4 (a lane's C fragment of one
+ * n-tile), so a warp's store or load of one n-tile is 512 contiguous bytes: no bank conflicts. */
+#define MM_XS_BYTES (MM_WARPS * (MM_BN / 8) * 32 * 16)
 
 struct mm_args {
     const bf16 *q, *lat;
@@ -52,23 +60,33 @@ struct mm_args {
 static int mm_lds(int dk) { return (dk / 8) % 2 == 0 ? dk + 8 : dk + 16; }
 
 static size_t mm_smem(int dk) {
-    return (size_t)(MM_HB + 2 * MM_BN) * (size_t)mm_lds(dk) * sizeof(bf16) + 2 * MM_BN * sizeof(int);
+    return (size_t)(MM_HB + 2 * MM_BN) * (size_t)mm_lds(dk) * sizeof(bf16) + 2 * MM_BN * sizeof(int) + MM_XS_BYTES;
 }
+
+/* Barrier of the 64 threads of one head tile's two warps (ids 1..4; 0 is __syncthreads). Orders their
+ * shared-memory accesses like __syncthreads does for the block. */
+__device__ __forceinline__ void mm_pair_sync(int id) { asm volatile("bar.sync %0, 64;\n" ::"r"(id) : "memory"); }
 
 template <int DK, int DV>
 __global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
     constexpr int DVW = DV / 2; /* output columns per warp */
     constexpr int NT = DVW / 8; /* 8-wide n-tiles of O per warp */
     constexpr int LDS = (DK / 8) % 2 == 0 ? DK + 8 : DK + 16, CPR = DK / 8;
+    constexpr int KS = DK / 16, KS0 = (KS + 1) / 2; /* Q·Kᵀ k-steps: warp half 0 takes [0, KS0), 1 the rest */
     static_assert(DV % 32 == 0 && DK % 16 == 0 && DK >= DV, "latent widths");
+    static_assert(MM_WARPS == 8, "a head tile is warps w and w ^ 4");
     extern __shared__ __align__(16) unsigned char mm_sm[];
     bf16 *Qs = (bf16 *)mm_sm;                 /* [MM_HB][LDS] */
     bf16 *Ks = Qs + MM_HB * LDS;              /* [2][MM_BN][LDS] */
     int *kpos = (int *)(Ks + 2 * MM_BN * LDS); /* [2][MM_BN]: key position, -1 = masked */
+    float4 *xs = (float4 *)(kpos + 2 * MM_BN); /* [MM_WARPS][MM_BN / 8][32]: partial S (16-byte aligned:
+                                                   LDS is a multiple of 8 elements) */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
     const int hw = warp & 3, dh = warp >> 2;
     const int t = blockIdx.x, h0 = blockIdx.y * MM_HB;
-    const bool active = h0 + hw * 16 < a.nh; /* warp-uniform: this warp has a real head */
+    /* warp-uniform, and the same for both warps of a head tile (it does not depend on dh): a pair is
+     * active or idle together, so neither waits at mm_pair_sync for a partner that never comes */
+    const bool active = h0 + hw * 16 < a.nh;
     const int pos = a.positions[t], s = a.token_seq[t];
     const bool dense = !a.topk || pos + 1 <= a.topk_n;
     const int nkeys = dense ? pos + 1 : a.topk_n;
@@ -126,21 +144,44 @@ __global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
             float sc[MM_BN / 8][4];
 #pragma unroll
             for (int i = 0; i < MM_BN / 8; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
-            /* S = Q·Kᵀ. A (heads x dims) by ldmatrix: lane address row lane & 15, dims + 8 * (lane >> 4);
-             * B as attn_mma.cu: key (lane & 7) + 8 * (lane >> 4), dims + 8 * ((lane >> 3) & 1) */
-            const bf16 *qrow = Qs + (hw * 16 + (lane & 15)) * LDS + ((lane >> 4) << 3);
-            const bf16 *krow = kb + ((lane & 7) + ((lane >> 4) << 3)) * LDS + (((lane >> 3) & 1) << 3);
+            /* This warp's partial S = Q·Kᵀ over its k-steps (dims 16 * dh * KS0 on). A (heads x dims) by
+             * ldmatrix: lane address row lane & 15, dims + 8 * (lane >> 4); B as attn_mma.cu: key
+             * (lane & 7) + 8 * (lane >> 4), dims + 8 * ((lane >> 3) & 1). Four independent accumulators. */
+            const int nks = dh ? KS - KS0 : KS0;
+            const bf16 *qrow = Qs + (hw * 16 + (lane & 15)) * LDS + ((lane >> 4) << 3) + dh * KS0 * 16;
+            const bf16 *krow = kb + ((lane & 7) + ((lane >> 4) << 3)) * LDS + (((lane >> 3) & 1) << 3) + dh * KS0 * 16;
 #pragma unroll 6
-            for (int kk = 0; kk < DK / 16; kk++) {
-                uint32_t qa[4];
-                cu_ldsm4(qa, cu_saddr(qrow + kk * 16));
+            for (int kk = 0; kk < KS0; kk++) {
+                if (KS % 2 == 0 || kk < nks) { /* an odd KS leaves half 1 one step short */
+                    uint32_t qa[4];
+                    cu_ldsm4(qa, cu_saddr(qrow + kk * 16));
 #pragma unroll
-                for (int np = 0; np < MM_BN / 16; np++) {
-                    uint32_t bk[4];
-                    cu_ldsm4(bk, cu_saddr(krow + np * 16 * LDS + kk * 16));
-                    cu_mma_bf16(sc[2 * np], qa, bk[0], bk[1]);
-                    cu_mma_bf16(sc[2 * np + 1], qa, bk[2], bk[3]);
+                    for (int np = 0; np < MM_BN / 16; np++) {
+                        uint32_t bk[4];
+                        cu_ldsm4(bk, cu_saddr(krow + np * 16 * LDS + kk * 16));
+                        cu_mma_bf16(sc[2 * np], qa, bk[0], bk[1]);
+                        cu_mma_bf16(sc[2 * np + 1], qa, bk[2], bk[3]);
+                    }
                 }
+            }
+            /* S = part(dh 0) + part(dh 1). Lane l of the partner warp holds the same (head, key) elements
+             * of the C fragment as lane l here. Each warp adds own + partner's: IEEE 754 addition is
+             * commutative (both orders round the same exact sum), so both warps get the bits of
+             * part(dh 0) + part(dh 1) without selecting operands by dh (a fused or reassociated form would
+             * break this: none exists for one add). The slot is reused next tile only after this
+             * iteration's closing __syncthreads, which the partner reaches after its read. */
+            float4 *mine = xs + (warp * (MM_BN / 8)) * 32 + lane;
+            const float4 *other = xs + ((warp ^ 4) * (MM_BN / 8)) * 32 + lane;
+#pragma unroll
+            for (int nt = 0; nt < MM_BN / 8; nt++) mine[nt * 32] = make_float4(sc[nt][0], sc[nt][1], sc[nt][2], sc[nt][3]);
+            mm_pair_sync(1 + hw);
+#pragma unroll
+            for (int nt = 0; nt < MM_BN / 8; nt++) {
+                const float4 p = other[nt * 32];
+                sc[nt][0] += p.x;
+                sc[nt][1] += p.y;
+                sc[nt][2] += p.z;
+                sc[nt][3] += p.w;
             }
             /* mask missing keys, online softmax (log2 domain), O += P·V over this warp's value columns */
 #pragma unroll
