@@ -5,13 +5,22 @@
 # 46-layer decode on a model so small that every kernel is trivial, so its step time is the cost of
 # issuing the step's launches and copies. Run on the GPU machine from the repo root with a prebuilt
 # BUILD dir; logs under $OUT; tables printed last.
-#   LAYERS (default 4)  layers of the GLM-4.5-Air-shaped model profiled with ncu
+#   LAYERS (default 4)  layers of the model profiled with ncu
 #   BATCHES (default 1,64)
+#   MODEL (default configs/glm-4.5-air.json), CTX (256), PREFILL (256): the profiled shape
+#   TAG (default b): file prefix under $OUT, so several models can share one $OUT
+#   FLOOR (default 1): 0 skips the launch-floor run
 . "$(dirname "$0")/gpu-env.sh"
 LAYERS=${LAYERS:-4}
 BATCHES=${BATCHES:-1,64}
+MODEL=${MODEL:-configs/glm-4.5-air.json}
+CTX=${CTX:-256}
+PREFILL=${PREFILL:-256}
+TAG=${TAG:-b}
+FLOOR=${FLOOR:-1}
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 
+if [ "$FLOOR" = 1 ]; then
 echo "=== launch floor: 46 layers, tiny shapes (hidden 256, 8 heads, 64-wide experts, vocab 2048)" | tee "$OUT/profile-summary.txt"
 timeout 120 "$BIN" bench-model --device cuda --model configs/glm-4.5-air.json --load-format dummy --dummy-quant nvfp4 \
   --override num_hidden_layers=46 --override hidden_size=256 --override intermediate_size=256 \
@@ -19,16 +28,17 @@ timeout 120 "$BIN" bench-model --device cuda --model configs/glm-4.5-air.json --
   --override num_key_value_heads=2 --override head_dim=32 --batches "$BATCHES" --ctx 256 --prefill 64 \
   >"$OUT/launch-floor.log" 2>&1
 grep -E '^decode|^prefill' "$OUT/launch-floor.log" | tee -a "$OUT/profile-summary.txt"
+fi
 
 if [ -z "$NCU" ]; then echo "ncu not found" | tee -a "$OUT/profile-summary.txt"; exit 1; fi
 IFS=, read -ra BL <<<"$BATCHES"
 for b in "${BL[@]}"; do
-  csv="$OUT/ncu-b$b.csv"
+  csv="$OUT/ncu-$TAG$b.csv"
   timeout 400 "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --log-file "$csv" \
-    "$BIN" bench-model --device cuda --model configs/glm-4.5-air.json --load-format dummy --dummy-quant nvfp4 \
-    --override num_hidden_layers=$LAYERS --batches "$b" --ctx 256 --prefill 256 --disable-cuda-graph >"$OUT/ncu-b$b.log" 2>&1
-  echo "=== ncu batch $b, $LAYERS layers (rc=$?): kernels by total time; 'per step' divides by the decode steps" | tee -a "$OUT/profile-summary.txt"
-  python3 - "$csv" "$OUT/ncu-b$b.log" <<'PY' | tee -a "$OUT/profile-summary.txt"
+    "$BIN" bench-model --device cuda --model "$MODEL" --load-format dummy --dummy-quant nvfp4 \
+    --override num_hidden_layers=$LAYERS --batches "$b" --ctx "$CTX" --prefill "$PREFILL" --disable-cuda-graph >"$OUT/ncu-$TAG$b.log" 2>&1
+  echo "=== ncu $MODEL batch $b ctx $CTX prefill $PREFILL, $LAYERS layers (rc=$?): kernels by total time; 'per step' divides by the decode steps" | tee -a "$OUT/profile-summary.txt"
+  python3 - "$csv" "$OUT/ncu-$TAG$b.log" <<'PY' | tee -a "$OUT/profile-summary.txt"
 import csv, re, sys, collections
 rows = []
 with open(sys.argv[1]) as f:
@@ -51,7 +61,7 @@ for n, g, b, us in rows:
 tot = sum(t for c, t in agg.values())
 print("kernels profiled: %d, total %.1f ms; bench-model (unprofiled) step: %s ms" % (len(rows), tot / 1000, m.group(2) if m else "?"))
 print("%-60s %-16s %-10s %6s %10s %9s" % ("kernel", "grid", "block", "count", "mean us", "total ms"))
-for (n, g, b), (c, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:40]:
+for (n, g, b), (c, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:70]:
     print("%-60s %-16s %-10s %6d %10.2f %9.2f" % (n, g, b, c, t / c, t / 1000))
 PY
 done
