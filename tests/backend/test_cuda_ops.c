@@ -1448,12 +1448,14 @@ static void test_checks(void) {
 
 #ifdef MS_HAVE_CUDA
 /* The environment-knob table, GPU or not: knobs read at every call follow setenv/unsetenv (the attention
- * and grouped-GEMM tests rely on it), a bad choice falls back to the default, and the doctor printout
- * has a header and one line per knob. Restores the variables it touches. */
+ * and grouped-GEMM tests rely on it), a read-once knob (MS_CU_PDL) keeps its value until cu_knob_forget,
+ * a bad choice or an out-of-range integer falls back to the default, and the doctor printout has a
+ * header and one line per knob. Restores the variables it touches. */
 static void test_knobs(void) {
-    static const char *vars[5] = {"MS_CU_GG", "MS_ATTN_NO_MMA", "MS_ATTN_NO_SPLIT", "MS_CU_GEMV_FP4", "MS_CU_ROUTER"};
-    char *saved[5];
-    for (int i = 0; i < 5; i++) {
+    static const char *vars[6] = {"MS_CU_GG", "MS_ATTN_NO_MMA", "MS_ATTN_NO_SPLIT", "MS_CU_GEMV_FP4", "MS_CU_ROUTER",
+                                  "MS_CU_PDL"};
+    char *saved[6];
+    for (int i = 0; i < 6; i++) {
         const char *v = getenv(vars[i]);
         saved[i] = v ? strdup(v) : NULL;
     }
@@ -1481,6 +1483,18 @@ static void test_knobs(void) {
     CHECK_EQ_INT(cu_knob(CU_KNOB_ROUTER), CU_ROUTER_WARP);
     unsetenv("MS_CU_ROUTER");
     CHECK_EQ_INT(cu_knob(CU_KNOB_ROUTER), CU_ROUTER_SPLIT);
+    /* MS_CU_PDL is read once; cu_knob_forget makes the next use read the environment again */
+    setenv("MS_CU_PDL", "0", 1);
+    cu_knob_forget(CU_KNOB_PDL);
+    CHECK_EQ_INT(cu_knob(CU_KNOB_PDL), 0);
+    setenv("MS_CU_PDL", "1", 1);
+    CHECK_EQ_INT(cu_knob(CU_KNOB_PDL), 0); /* kept until forgotten */
+    setenv("MS_CU_PDL", "2", 1);           /* out of range: the default, on */
+    cu_knob_forget(CU_KNOB_PDL);
+    CHECK_EQ_INT(cu_knob(CU_KNOB_PDL), 1);
+    unsetenv("MS_CU_PDL");
+    cu_knob_forget(CU_KNOB_PDL);
+    CHECK_EQ_INT(cu_knob(CU_KNOB_PDL), 1);
     const char *bt = getenv("MS_CU_BF16_GEMV_MAX_T"); /* read once: set in main before this runs */
     if (bt) CHECK_EQ_INT(cu_knob(CU_KNOB_BF16_GEMV_MAX_T), atoi(bt));
     FILE *f = tmpfile();
@@ -1498,11 +1512,12 @@ static void test_knobs(void) {
         CHECK_EQ_INT(n, CU_KNOB_COUNT + 1);
         CHECK_EQ_INT(seen, 1);
     }
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         if (saved[i]) setenv(vars[i], saved[i], 1);
         else unsetenv(vars[i]);
         free(saved[i]);
     }
+    cu_knob_forget(CU_KNOB_PDL); /* the ops below run with the caller's MS_CU_PDL */
 }
 #endif
 

@@ -14,7 +14,7 @@ sed -e 's|^#include "backend/cuda/cuda_internal.cuh"$|#include "emu.h"|' \
     -e '/^extern "C" {$/,/^}$/d' \
     -e '/\/\* ---- PTX wrappers ---- \*\//,/\/\* ---- exact decoders/{/\/\* ---- exact decoders/!d}' \
     -e 's|extern __shared__ uint4 gm_smem\[\];|uint4 *gm_smem = EB->smem;|' \
-    -e 's|k_gmma<F, M, NT><<<grid, threads, smem, st>>>(a);|emu_launch(k_gmma<F, M, NT>, grid, threads, smem, a);|' \
+    -e 's|return cu_launch(k_gmma<F, M, NT>, grid, threads, smem, st, a);|emu_launch(k_gmma<F, M, NT>, grid, threads, smem, a); return cudaGetLastError();|' \
     -e 's|cudaFuncSetAttribute(k_gmma<F, M, NT>,|cudaFuncSetAttribute(0,|' \
     src/backend/cuda/gemv_mma.cu >"$OUTDIR/gm_emu.cpp" || fail "rewriting gemv_mma.cu"
 for gone in 'asm' '<<<' 'extern __shared__' '#include "backend/cuda/cuda_internal.cuh"'; do

@@ -13,7 +13,7 @@ fail() { echo "FAIL $1"; echo "## test_mla_mma_emu: 0 passed, 1 failed"; exit 1;
 sed -e 's|^#include "backend/cuda/cuda_internal.cuh"$|#include "emu.h"|' \
     -e 's|extern __shared__ __align__(16) unsigned char mm_sm\[\];|unsigned char *mm_sm = EB->smem;|' \
     -e 's|^__device__ __forceinline__ void mm_pair_sync(int id) { asm volatile.*$|static inline void mm_pair_sync(int id) { emu_pair_sync(id); }|' \
-    -e 's|k_mla_mma<DK, DV><<<grid, MM_THREADS, sm, cu_of(b)->stream>>>(\*a);|emu_launch(k_mla_mma<DK, DV>, grid, MM_THREADS, sm, *a);|' \
+    -e 's|CK(cu_launch(k_mla_mma<DK, DV>, grid, MM_THREADS, sm, cu_of(b)->stream, \*a));|emu_launch(k_mla_mma<DK, DV>, grid, MM_THREADS, sm, *a);|' \
     -e '/^\/\* The (latent row, value width) pairs compiled/,$d' \
     src/backend/cuda/attn_mla_mma.cu >"$OUTDIR/mla_emu.cpp" || fail "rewriting attn_mla_mma.cu"
 for gone in 'asm' '<<<' 'extern __shared__' '#include "backend/cuda/cuda_internal.cuh"'; do

@@ -9,12 +9,15 @@
  * `test_forward_cache cuda` runs the same checks on the GPU (bf16 activations, so the tolerance is
  * TOL_GPU; skipped with a message when there is none) with decode steps recorded as CUDA graphs,
  * plus graph steps (decode, and speculative verification of 4 tokens per sequence) against the same
- * steps run op by op. */
+ * steps run op by op, and graph decode with Programmatic Dependent Launch on against off (bitwise). */
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "model/arch.h"
 #include "model/model.h"
 #include "test.h"
+#ifdef MS_HAVE_CUDA
+#include "backend/cuda/knobs.h" /* MS_CU_PDL A/B */
+#endif
 
 #include <math.h>
 #include <stdlib.h>
@@ -485,42 +488,49 @@ static void test_check_numerics(void) {
 
 static const int32_t PAGES_C[8] = {5, 6, 8, 10, 0, 0, 0, 0};
 
-/* Three sequences (a graph bucket of 4: one padding sequence) prefill 5 tokens together, then decode
- * 8 steps of one token each; with graphs (recorded on the second decode step, replayed after) the
- * logits equal those of the same steps run op by op. On the CPU both run op by op. */
-static void check_graph_decode(ms_model *m, const char *name) {
-    enum { NS = 3, P0 = 5, STEPS = 8 };
-    int32_t ids[NS][SEQ];
-    for (int s = 0; s < NS; s++)
-        for (int i = 0; i < SEQ; i++) ids[s][i] = (int32_t)(3 + rnd() % (V - 3));
+enum { GD_NS = 3, GD_P0 = 5, GD_STEPS = 8 };
+
+/* Three sequences (a graph bucket of 4: one padding sequence) prefill GD_P0 tokens together, then
+ * decode GD_STEPS steps of one token each (sequence 1 sits out step 3: a batch of 2, another bucket),
+ * on a fresh forward with graphs on or off (recorded on the second decode step, replayed after).
+ * out [GD_STEPS][GD_NS][V]: each step's logits, zeros for the sequence that sat out. */
+static void graph_decode_run(ms_model *m, const int32_t ids[GD_NS][SEQ], int graphs, float *out) {
+    enum { NS = GD_NS, P0 = GD_P0, STEPS = GD_STEPS };
     const int32_t *pages[NS] = {PAGES_A, PAGES_B, PAGES_C};
+    memset(out, 0, sizeof(float) * STEPS * NS * V);
+    ms_forward *f = mkfwd_g(m, 32, graphs);
+    CHECK(f != NULL);
+    if (!f) return;
+    float pre[NS * P0 * V];
+    seq_part p[NS];
+    for (int s = 0; s < NS; s++) p[s] = (seq_part){ids[s], pages[s], 0, P0};
+    CHECK(step(f, p, NS, pre) == MS_OK);
+    for (int t = 0; t < STEPS; t++) {
+        int n = 0;
+        seq_part d[NS];
+        for (int s = 0; s < NS; s++)
+            if (!(s == 1 && t == 3)) d[n++] = (seq_part){ids[s], pages[s], P0 + t - (s == 1 && t > 3), 1};
+        float lg[NS * V];
+        CHECK(step(f, d, n, lg) == MS_OK);
+        for (int s = 0, r = 0; s < NS; s++) {
+            float *dst = out + ((size_t)t * NS + s) * V;
+            if (!(s == 1 && t == 3)) memcpy(dst, lg + (size_t)r++ * V, sizeof(float) * V);
+        }
+    }
+    ms_forward_free(f);
+}
+
+/* graph_decode_run with graphs equals the same steps run op by op. On the CPU both run op by op. */
+static void check_graph_decode(ms_model *m, const char *name) {
+    int32_t ids[GD_NS][SEQ];
+    for (int s = 0; s < GD_NS; s++)
+        for (int i = 0; i < SEQ; i++) ids[s][i] = (int32_t)(3 + rnd() % (V - 3));
     float *out[2];
     for (int g = 0; g < 2; g++) {
-        out[g] = malloc(sizeof(float) * STEPS * NS * V);
-        ms_forward *f = mkfwd_g(m, 32, g);
-        CHECK(f != NULL);
-        if (!f) return;
-        float pre[NS * P0 * V];
-        seq_part p[NS];
-        for (int s = 0; s < NS; s++) p[s] = (seq_part){ids[s], pages[s], 0, P0};
-        CHECK(step(f, p, NS, pre) == MS_OK);
-        for (int t = 0; t < STEPS; t++) {
-            /* sequence 1 sits out step 3 (batch of 2, another bucket) */
-            int n = 0;
-            seq_part d[NS];
-            for (int s = 0; s < NS; s++)
-                if (!(s == 1 && t == 3)) d[n++] = (seq_part){ids[s], pages[s], P0 + t - (s == 1 && t > 3), 1};
-            float lg[NS * V];
-            CHECK(step(f, d, n, lg) == MS_OK);
-            for (int s = 0, r = 0; s < NS; s++) {
-                float *dst = out[g] + ((size_t)t * NS + s) * V;
-                if (s == 1 && t == 3) memset(dst, 0, sizeof(float) * V);
-                else memcpy(dst, lg + (size_t)r++ * V, sizeof(float) * V);
-            }
-        }
-        ms_forward_free(f);
+        out[g] = malloc(sizeof(float) * GD_STEPS * GD_NS * V);
+        graph_decode_run(m, (const int32_t(*)[SEQ])ids, g, out[g]);
     }
-    CHECK_MSG(all_close(out[1], out[0], STEPS * NS, g_gpu ? 1e-2 : 0, "graph vs op-by-op decode"), "%s", name);
+    CHECK_MSG(all_close(out[1], out[0], GD_STEPS * GD_NS, g_gpu ? 1e-2 : 0, "graph vs op-by-op decode"), "%s", name);
     free(out[0]);
     free(out[1]);
 }
@@ -577,6 +587,57 @@ static void test_graph_verify(void) {
     afree_all();
 }
 
+/* Programmatic Dependent Launch (MS_CU_PDL, read once; cu_knob_forget makes the next use read it
+ * again): the decode steps of graph_decode_run (eager prefill, graph-recorded decode) give the same
+ * logits with PDL off, on, and off again. PDL changes only when a kernel starts, never what it computes,
+ * so when the two PDL-off runs agree bitwise (the model's kernels are deterministic) the PDL-on run must
+ * agree bitwise too; otherwise (some kernel's order of equal-work atomics varies run to run) within
+ * the graph check's bound. On a GPU below sm_90 all three runs are plain launches. GPU only. */
+static void check_pdl_ab(ms_model *m, const char *name) {
+#ifdef MS_HAVE_CUDA
+    int32_t ids[GD_NS][SEQ];
+    for (int s = 0; s < GD_NS; s++)
+        for (int i = 0; i < SEQ; i++) ids[s][i] = (int32_t)(3 + rnd() % (V - 3));
+    const size_t n = (size_t)GD_STEPS * GD_NS * V;
+    const char *pdl[3] = {"0", "1", "0"};
+    char *saved = getenv("MS_CU_PDL") ? strdup(getenv("MS_CU_PDL")) : NULL;
+    float *out[3];
+    for (int r = 0; r < 3; r++) {
+        setenv("MS_CU_PDL", pdl[r], 1);
+        cu_knob_forget(CU_KNOB_PDL);
+        CHECK_EQ_INT(cu_knob(CU_KNOB_PDL), pdl[r][0] - '0');
+        out[r] = malloc(sizeof(float) * n);
+        graph_decode_run(m, (const int32_t(*)[SEQ])ids, 1, out[r]);
+    }
+    if (saved) setenv("MS_CU_PDL", saved, 1);
+    else unsetenv("MS_CU_PDL");
+    free(saved);
+    cu_knob_forget(CU_KNOB_PDL);
+    const int det = !memcmp(out[0], out[2], sizeof(float) * n);
+    const int same = !memcmp(out[1], out[0], sizeof(float) * n);
+    printf("  %s: PDL %s (sm_%d%d); PDL-off runs %s; PDL on vs off: %s\n", name,
+           B->gpu.cc_major >= 9 ? "active" : "not available", B->gpu.cc_major, B->gpu.cc_minor,
+           det ? "bitwise equal" : "differ (nondeterministic model)", same ? "bitwise equal" : "differ");
+    if (det) CHECK_MSG(same, "%s: logits with PDL on differ bitwise from PDL off", name);
+    else
+        CHECK_MSG(all_close(out[1], out[0], GD_STEPS * GD_NS, 1e-2, "PDL on vs off decode"), "%s", name);
+    for (int r = 0; r < 3; r++) free(out[r]);
+#else
+    (void)m;
+    (void)name;
+#endif
+}
+
+static void test_pdl_ab(void) {
+    if (!g_gpu) {
+        printf("  (GPU only: PDL is a CUDA launch attribute)\n");
+        return;
+    }
+    check_pdl_ab(placed(build_glm4(MS_WFMT_NVFP4, MS_WFMT_PLAIN, 1)), "glm4_moe nvfp4 experts");
+    check_pdl_ab(placed(build_dsa(4, 1)), "glm_moe_dsa topk 4");
+    afree_all();
+}
+
 static void test_bad_batch(void) {
     ms_model *m = placed(build_glm4(MS_WFMT_PLAIN, MS_WFMT_PLAIN, 0));
     ms_forward *f = mkfwd(m, 4);
@@ -609,6 +670,7 @@ int main(int argc, char **argv) {
     RUN(test_odd_dims);
     RUN(test_graph_decode);
     RUN(test_graph_verify);
+    RUN(test_pdl_ab);
     RUN(test_check_numerics);
     RUN(test_bad_batch);
     ms_backend_destroy(B);

@@ -42,6 +42,8 @@ struct at_args {
 };
 
 __global__ __launch_bounds__(AT_THREADS) void k_attn(at_args a) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     extern __shared__ __align__(16) unsigned char at_sm[];
     const int t0 = blockIdx.x;
     const int s = a.token_seq[t0];
@@ -187,6 +189,8 @@ __global__ __launch_bounds__(AT_THREADS) void k_attn(at_args a) {
 /* Merges the n_split partial results of each (token, head): M = max m_z, L = sum l_z e^(m_z - M),
  * out = sum O_z e^(m_z - M) / L. Ranges that saw no key have m = -inf and drop out. */
 __global__ void k_attn_combine(const float *part, int n_split, int Dv, int nh, bf16 *out) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     const int t = blockIdx.x, h = blockIdx.y;
     const float *p = part + ((size_t)t * nh + h) * n_split * (Dv + 2);
     float M = -INFINITY;
@@ -241,8 +245,7 @@ int cu_attn_split(ms_backend *b, int64_t blocks, int tiles, int per_sm, int T, i
 int cu_attn_combine(ms_backend *b, const float *part, int n_split, int T, int nh, int Dv, bf16 *out, ms_err *err) {
     if (n_split <= 1) return MS_OK;
     dim3 cg(T, nh);
-    k_attn_combine<<<cg, 128, 0, cu_of(b)->stream>>>(part, n_split, Dv, nh, out);
-    CK_LAUNCH();
+    CK(cu_launch(k_attn_combine, cg, 128, 0, cu_of(b)->stream, part, n_split, Dv, nh, out));
     return MS_OK;
 }
 
@@ -260,8 +263,7 @@ static int at_launch(ms_backend *b, at_args *a, int nkv, size_t sm, ms_err *err)
     MS_TRY(cu_attn_split(b, groups * nkv * a->n_chunks, (max_keys + AT_TK - 1) / AT_TK, 2, a->T, a->nh, a->Dv,
                          a->allow_split, &a->n_split, &a->part, err));
     dim3 grid(a->T, nkv * a->n_chunks, a->n_split);
-    k_attn<<<grid, AT_THREADS, sm, c->stream>>>(*a);
-    CK_LAUNCH();
+    CK(cu_launch(k_attn, grid, AT_THREADS, sm, c->stream, *a));
     return cu_attn_combine(b, a->part, a->n_split, a->T, a->nh, a->Dv, a->out, err);
 }
 
@@ -403,6 +405,8 @@ __global__ __launch_bounds__(256) void k_idx_scores(const bf16 *qI, const void *
                                                     int d, int max_ctx, const int32_t *positions,
                                                     const int32_t *token_seq, const int32_t *block_table,
                                                     int max_blocks, int page_size, float *scores) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     extern __shared__ float ix_sm[];
     float *qs = ix_sm;                    /* [nih][d+1] */
     float *ws = qs + (size_t)nih * (d + 1); /* [nih] */
@@ -464,6 +468,8 @@ __global__ __launch_bounds__(IM_WARPS * 32) void k_idx_mma(const bf16 *qI, const
                                                            const int32_t *token_seq, const int32_t *block_table,
                                                            int max_blocks, int page_size, int max_ctx, int n_split,
                                                            float *scores) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     extern __shared__ __align__(16) unsigned char im_sm[];
     const int LDS = (d / 8) % 2 == 0 ? d + 8 : d + 16, CPR = d / 8, MR = mt_n * 16;
     bf16 *Qs = (bf16 *)im_sm;          /* [MR][LDS] */
@@ -552,6 +558,8 @@ __device__ __forceinline__ uint32_t f2ord(float f) {
 
 __global__ __launch_bounds__(512) void k_topk(const float *scores, int max_ctx, const int32_t *positions, int topk,
                                               int32_t *out) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     __shared__ int hist[256];
     __shared__ uint32_t s_prefix, s_mask;
     __shared__ int s_need, s_cnt_gt, s_cnt_eq;
@@ -626,13 +634,11 @@ int cu_op_indexer_topk(ms_backend *b, const ms_tensor *qI, const ms_tensor *w, c
             const int ns = (int)(want < tiles ? want : tiles) < 64 ? (int)(want < tiles ? want : tiles) : 64;
             CK(cudaFuncSetAttribute(k_idx_mma, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smm > 48 * 1024 ? (int)smm : 48 * 1024));
             dim3 g2((unsigned)T, (unsigned)(ns > 0 ? ns : 1));
-            k_idx_mma<<<g2, IM_WARPS * 32, smm, c->stream>>>((const bf16 *)qI->data, w->data, w->dtype,
-                                                             (const bf16 *)idx_cache->data, nih, d, mt_n, m->positions_d,
-                                                             m->token_seq_d, m->block_table_d, m->host->max_blocks,
-                                                             m->host->page_size, max_ctx, ns > 0 ? ns : 1, scores);
-            CK_LAUNCH();
-            k_topk<<<T, 512, 0, c->stream>>>(scores, max_ctx, m->positions_d, topk, out_d);
-            CK_LAUNCH();
+            CK(cu_launch(k_idx_mma, g2, IM_WARPS * 32, smm, c->stream, (const bf16 *)qI->data, w->data, w->dtype,
+                         (const bf16 *)idx_cache->data, nih, d, mt_n, m->positions_d,
+                         m->token_seq_d, m->block_table_d, m->host->max_blocks,
+                         m->host->page_size, max_ctx, ns > 0 ? ns : 1, scores));
+            CK(cu_launch(k_topk, T, 512, 0, c->stream, scores, max_ctx, m->positions_d, topk, out_d));
             return MS_OK;
         }
     }
@@ -641,12 +647,10 @@ int cu_op_indexer_topk(ms_backend *b, const ms_tensor *qI, const ms_tensor *w, c
         return ms_errf(err, MS_ERR_UNSUPPORTED, "indexer_topk: %d heads x dim %d exceed shared memory", nih, d);
     CK(cudaFuncSetAttribute(k_idx_scores, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm > 48 * 1024 ? (int)sm : 48 * 1024));
     dim3 grid((max_ctx + IX_TK - 1) / IX_TK, T);
-    k_idx_scores<<<grid, 256, sm, c->stream>>>((const bf16 *)qI->data, w->data, w->dtype,
-                                               (const bf16 *)idx_cache->data, nih, d, max_ctx, m->positions_d,
-                                               m->token_seq_d, m->block_table_d, m->host->max_blocks,
-                                               m->host->page_size, scores);
-    CK_LAUNCH();
-    k_topk<<<T, 512, 0, c->stream>>>(scores, max_ctx, m->positions_d, topk, out_d);
-    CK_LAUNCH();
+    CK(cu_launch(k_idx_scores, grid, 256, sm, c->stream, (const bf16 *)qI->data, w->data, w->dtype,
+                 (const bf16 *)idx_cache->data, nih, d, max_ctx, m->positions_d,
+                 m->token_seq_d, m->block_table_d, m->host->max_blocks,
+                 m->host->page_size, scores));
+    CK(cu_launch(k_topk, T, 512, 0, c->stream, scores, max_ctx, m->positions_d, topk, out_d));
     return MS_OK;
 }

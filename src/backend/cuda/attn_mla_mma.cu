@@ -69,6 +69,8 @@ __device__ __forceinline__ void mm_pair_sync(int id) { asm volatile("bar.sync %0
 
 template <int DK, int DV>
 __global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     constexpr int DVW = DV / 2; /* output columns per warp */
     constexpr int NT = DVW / 8; /* 8-wide n-tiles of O per warp */
     constexpr int LDS = (DK / 8) % 2 == 0 ? DK + 8 : DK + 16, CPR = DK / 8;
@@ -232,8 +234,7 @@ __global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
 template <int DK, int DV> static int mm_launch(ms_backend *b, const mm_args *a, dim3 grid, ms_err *err) {
     const size_t sm = mm_smem(DK);
     CK(cudaFuncSetAttribute(k_mla_mma<DK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    k_mla_mma<DK, DV><<<grid, MM_THREADS, sm, cu_of(b)->stream>>>(*a);
-    CK_LAUNCH();
+    CK(cu_launch(k_mla_mma<DK, DV>, grid, MM_THREADS, sm, cu_of(b)->stream, *a));
     return MS_OK;
 }
 

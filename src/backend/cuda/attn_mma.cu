@@ -71,6 +71,8 @@ template <int D> static constexpr size_t am_smem_bytes() { return (size_t)2 * 2 
 
 template <int D>
 __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     constexpr int LDS = D + 8;            /* shared row stride in elements */
     constexpr int KS = D / 16;            /* k-steps of Q·Kᵀ */
     constexpr int NT = D / 8;             /* 8-wide n-tiles of O */
@@ -239,8 +241,7 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a) {
 template <int D> static int am_launch(ms_backend *b, const am_args *a, dim3 grid, ms_err *err) {
     const size_t sm = am_smem_bytes<D>();
     CK(cudaFuncSetAttribute(k_attn_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    k_attn_mma<D><<<grid, AM_THREADS, sm, cu_of(b)->stream>>>(*a);
-    CK_LAUNCH();
+    CK(cu_launch(k_attn_mma<D>, grid, AM_THREADS, sm, cu_of(b)->stream, *a));
     return MS_OK;
 }
 

@@ -45,6 +45,8 @@ static __device__ float ar_reduce(float v, float *red, int is_max) {
 }
 
 __global__ __launch_bounds__(AR_THREADS) void k_attn_ref(ar_args a) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     extern __shared__ float ar_sm[];
     float *qs = ar_sm;                       /* [Dk] */
     float *ps = qs + a.Dk;                   /* [AR_THREADS] probabilities of the tile */
@@ -100,6 +102,8 @@ __global__ __launch_bounds__(AR_THREADS) void k_attn_ref(ar_args a) {
 
 /* mask[t][key] = 1 for each key in t's top-k list (0 <= key < ld); the mask was zeroed before. */
 __global__ void k_ref_mask(const int32_t *topk, int topk_n, int64_t ld, uint8_t *mask) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     const int t = blockIdx.x;
     for (int j = threadIdx.x; j < topk_n; j += blockDim.x) {
         const int key = topk[(size_t)t * topk_n + j];
@@ -154,8 +158,7 @@ int cu_attn_ref(ms_backend *b, const ms_tensor *q, const ms_tensor *k, const ms_
         void *mask;
         MS_TRY(cu_scratch(b, SCR_TMP2, (size_t)T * (size_t)ld, &mask, err));
         CK(cudaMemsetAsync(mask, 0, (size_t)T * (size_t)ld, c->stream));
-        k_ref_mask<<<T, 128, 0, c->stream>>>(topk_d, topk, ld, (uint8_t *)mask);
-        CK_LAUNCH();
+        CK(cu_launch(k_ref_mask, T, 128, 0, c->stream, topk_d, topk, ld, (uint8_t *)mask));
         a.mask = (const uint8_t *)mask;
         a.mask_ld = ld;
     }
@@ -165,7 +168,6 @@ int cu_attn_ref(ms_backend *b, const ms_tensor *q, const ms_tensor *k, const ms_
                        Dk, sm, c->max_smem_optin);
     if (sm > 48 * 1024) CK(cudaFuncSetAttribute(k_attn_ref, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     dim3 grid(T, nh);
-    k_attn_ref<<<grid, AR_THREADS, sm, c->stream>>>(a);
-    CK_LAUNCH();
+    CK(cu_launch(k_attn_ref, grid, AR_THREADS, sm, c->stream, a));
     return MS_OK;
 }

@@ -54,6 +54,29 @@ extern "C" int ms_cuda_device_info(int device, ms_gpu_info *info, ms_err *err) {
     return MS_OK;
 }
 
+int cu_pdl_enabled(void) {
+    enum { MAXDEV = 64 };
+    static int cc_ok[MAXDEV]; /* per device: 0 not asked yet, 1 below sm_90, 2 sm_90+ (racy writes store one value) */
+    if (!cu_knob(CU_KNOB_PDL)) return 0;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (dev < 0 || dev >= MAXDEV) return 0;
+    int v = __atomic_load_n(&cc_ok[dev], __ATOMIC_RELAXED);
+    if (!v) {
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            major = 0;
+        }
+        v = major >= 9 ? 2 : 1;
+        __atomic_store_n(&cc_ok[dev], v, __ATOMIC_RELAXED);
+    }
+    return v == 2;
+}
+
 /* Makes the backend's GPU current on the calling thread (ops may run on any host thread). */
 #define CU_ENTER(b)                                                                               \
     do {                                                                                          \

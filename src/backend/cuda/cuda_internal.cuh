@@ -45,6 +45,76 @@ typedef __nv_bfloat16 bf16;
                            __LINE__, (int)ck_s_);                                                 \
     } while (0)
 
+/* ---- Programmatic Dependent Launch (PDL) ----
+ * Every kernel of ours is launched through cu_launch and opens with cu_pdl_wait(); cu_pdl_trigger();
+ * before anything else. With PDL on (knob MS_CU_PDL, default 1, and a GPU of compute capability
+ * >= 9.0), cu_launch marks the launch "programmatic stream serialization allowed": the kernel may start
+ * while the previous kernel on the stream is still running, as soon as every block of that one has
+ * executed griddepcontrol.launch_dependents (or exited). It then does its prologue (block scheduling,
+ * parameter loads) and parks in griddepcontrol.wait, which returns once every prerequisite grid has
+ * COMPLETED and its memory operations are visible: the same guarantee as ordinary stream order. This
+ * hides the launch/drain gap between dependent kernels (~2 us a boundary at batch-1 decode).
+ *
+ * Why a wait-first kernel is always safe: nothing the kernel does before the wait touches global
+ * memory (neither reads of what the previous kernel writes nor writes to what it still reads; shared
+ * memory and registers are private to the block), so everything it does is ordered after the previous
+ * grid's completion exactly as without PDL. Completion is transitive: kernel N+1 completes only after
+ * its wait returned, i.e. after N completed, so N+2 (waiting on N+1) also sees N's writes, and so on.
+ * Kernels that are not ours (cuBLAS/cuBLASLt/NCCL) are launched without the attribute, so they start
+ * only after our previous kernel has fully completed (plain stream order); one of ours launched after
+ * them may start early only if they trigger, and it still waits for their completion.
+ *
+ * Why trigger right after the wait: the next kernel can launch only once all our blocks passed the
+ * trigger, i.e. after our own wait returned, i.e. after the previous grid completed. So at most two
+ * grids are resident (the running one and the next one parked at its wait), and the parked blocks only
+ * take SM resources once every block of the running grid has been scheduled (a block not yet started
+ * has not triggered): no starvation, no deadlock even for grids larger than one wave. Triggering early
+ * does not publish anything: the dependent's wait still waits for our completion and memory flush.
+ *
+ * Memcpy/memset nodes, host callbacks, event records/waits: the attribute only relaxes kernel ->
+ * kernel order on one stream; any other operation before or after one of our kernels is ordered by
+ * full completion as always (a D2H copy after our kernel waits for it to finish). Graph capture
+ * (CUDA 12.3+): a captured PDL launch becomes a programmatic edge between the two kernel nodes; a
+ * recorded graph keeps the launch attributes it was captured with. On a kernel launched without the
+ * attribute (PDL off, sm < 90, the first kernel of a stream) griddepcontrol.wait returns at once, and
+ * both instructions compile to nothing below sm_90. */
+__device__ __forceinline__ void cu_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cu_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+/* 1 when our launches on the current device carry the PDL attribute: MS_CU_PDL (read once) is not 0
+ * and the current device has compute capability >= 9.0 (cached per device). backend.cu. */
+int cu_pdl_enabled(void);
+/* kernel<<<grid, block, smem, stream>>>(args...) through cudaLaunchKernelEx, with programmatic stream
+ * serialization allowed when cu_pdl_enabled() (see above; every kernel launched this way must open
+ * with cu_pdl_wait). Returns the launch error (cudaSuccess when queued) and leaves none behind for
+ * cudaGetLastError, so call sites wrap it in CK() instead of CK_LAUNCH(). */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t cu_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                    Args &&...args) {
+    cudaLaunchAttribute attr[1];
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    if (cu_pdl_enabled()) {
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    return e;
+}
+
 #define MS_CU_N_SCRATCH 5
 enum { SCR_DEQ = 0, SCR_TMP = 1, SCR_TMP2 = 2, SCR_HOST = 3, SCR_ATTN = 4 /* split-K attention partials */ };
 

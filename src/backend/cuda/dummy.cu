@@ -12,6 +12,8 @@ __device__ __forceinline__ uint64_t mix64(uint64_t x) {
 }
 
 __global__ void k_fill(void *dst, int dt, size_t n, float amp, uint64_t seed) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint64_t h = mix64(seed ^ mix64(i + 0x9e3779b97f4a7c15ull));
         float u = ((float)(h >> 40) / 16777216.0f) * 2.f - 1.f;
@@ -36,8 +38,7 @@ extern "C" int ms_cuda_fill_random(ms_backend *b, void *dst_d, ms_dtype dtype, s
         return ms_errf(err, MS_ERR_UNSUPPORTED, "dummy weights: dtype %s not supported on the GPU", ms_dtype_name(dtype));
     size_t g = (n_elems + 255) / 256;
     if (g > 65535 * 4) g = 65535 * 4;
-    k_fill<<<(unsigned)g, 256, 0, cu_of(b)->stream>>>(dst_d, dtype, n_elems, amp, seed);
-    CK_LAUNCH();
+    CK(cu_launch(k_fill, (unsigned)g, 256, 0, cu_of(b)->stream, dst_d, dtype, n_elems, amp, seed));
     return MS_OK;
 }
 
@@ -52,6 +53,8 @@ __device__ __forceinline__ float u_of(uint64_t seed, size_t i) {
 
 /* dst[i] = offset + amp * u_i, as F32 or BF16. */
 __global__ void k_gen_float(void *dst, int dt, size_t n, float offset, float amp, uint64_t seed) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float v = offset + amp * u_of(seed, i);
         if (dt == MS_F32) ((float *)dst)[i] = v;
@@ -61,12 +64,16 @@ __global__ void k_gen_float(void *dst, int dt, size_t n, float offset, float amp
 
 /* dst[i] = e4m3((a + b * u_i) * 448) (RNE, saturating: always finite). */
 __global__ void k_gen_e4m3(uint8_t *dst, size_t n, float a, float b, uint64_t seed) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         dst[i] = (uint8_t)__nv_cvt_float_to_fp8((a + b * u_of(seed, i)) * 448.0f, __NV_SATFINITE, __NV_E4M3);
 }
 
 /* n random bytes (each E2M1 nibble pair uniform over all 16 codes, all finite by definition). */
 __global__ void k_gen_bytes(uint8_t *dst, size_t n, uint64_t seed) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     size_t nw = n / 8;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < nw; i += (size_t)gridDim.x * blockDim.x)
         ((uint64_t *)dst)[i] = mix64(seed ^ mix64(i + 0x9e3779b97f4a7c15ull));
@@ -101,8 +108,8 @@ extern "C" int ms_cuda_dummy_tensor(ms_backend *b, ms_tensor *t, float offset, f
     size_t n = (size_t)ms_tensor_numel(t);
     void *d = NULL;
     MS_TRY(dev_alloc(b, ms_tensor_nbytes(t), "tensor", &d, err));
-    if (n) k_gen_float<<<gen_grid(n), 256, 0, cu_of(b)->stream>>>(d, t->dtype, n, offset, amp, seed);
-    cudaError_t e = cudaGetLastError();
+    cudaError_t e = n ? cu_launch(k_gen_float, gen_grid(n), 256, 0, cu_of(b)->stream, d, t->dtype, n, offset, amp, seed)
+                      : cudaSuccess;
     if (e != cudaSuccess) {
         cudaFree(d);
         return ms_errf(err, MS_ERR_RUNTIME, "dummy weights: fill kernel failed: %s", cudaGetErrorString(e));
@@ -123,12 +130,15 @@ extern "C" int ms_cuda_dummy_linear(ms_backend *b, ms_linear *W, int with_bias, 
     if (!p) return ms_errf(err, MS_ERR_NOMEM, "%s: out of host memory", nm);
     void *wd = NULL, *sd = NULL, *bd = NULL;
     int rc = MS_OK;
+    cudaError_t le = cudaSuccess; /* the first failed fill launch */
     const float kf = (float)K;
     switch (W->fmt) {
     case MS_WFMT_PLAIN:
         W->w = ms_tensor_2d(MS_BF16, N, K);
         rc = dev_alloc(b, ms_tensor_nbytes(&W->w), nm, &wd, err);
-        if (!rc) k_gen_float<<<gen_grid((size_t)N * K), 256, 0, s>>>(wd, MS_BF16, (size_t)N * K, 0.f, sqrtf(3.f / kf), seed);
+        if (!rc)
+            le = cu_launch(k_gen_float, gen_grid((size_t)N * K), 256, 0, s, wd, MS_BF16, (size_t)N * K, 0.f,
+                           sqrtf(3.f / kf), seed);
         break;
     case MS_WFMT_FP8: {
         /* codes e4m3(u*448) times block scale sqrt(3/K)/448 * (1 + 0.25u'): variance about 1/K (as dummy.c) */
@@ -138,9 +148,10 @@ extern "C" int ms_cuda_dummy_linear(ms_backend *b, ms_linear *W, int with_bias, 
         if (!rc) rc = dev_alloc(b, ms_tensor_nbytes(&W->scale), nm, &sd, err);
         if (!rc) {
             float s0 = sqrtf(3.f / kf) / 448.f;
-            k_gen_e4m3<<<gen_grid((size_t)N * K), 256, 0, s>>>((uint8_t *)wd, (size_t)N * K, 0.f, 1.f, seed);
+            le = cu_launch(k_gen_e4m3, gen_grid((size_t)N * K), 256, 0, s, (uint8_t *)wd, (size_t)N * K, 0.f, 1.f, seed);
             size_t ns = (size_t)ms_tensor_numel(&W->scale);
-            k_gen_float<<<gen_grid(ns), 256, 0, s>>>(sd, MS_F32, ns, s0, 0.25f * s0, seed ^ 0x5ca1e);
+            if (le == cudaSuccess)
+                le = cu_launch(k_gen_float, gen_grid(ns), 256, 0, s, sd, MS_F32, ns, s0, 0.25f * s0, seed ^ 0x5ca1e);
         }
         break;
     }
@@ -152,9 +163,10 @@ extern "C" int ms_cuda_dummy_linear(ms_backend *b, ms_linear *W, int with_bias, 
         rc = dev_alloc(b, ms_tensor_nbytes(&W->w), nm, &wd, err);
         if (!rc) rc = dev_alloc(b, ms_tensor_nbytes(&W->scale), nm, &sd, err);
         if (!rc) {
-            k_gen_bytes<<<gen_grid((size_t)N * K / 16), 256, 0, s>>>((uint8_t *)wd, (size_t)N * K / 2, seed);
-            k_gen_e4m3<<<gen_grid((size_t)N * K / 16), 256, 0, s>>>((uint8_t *)sd, (size_t)N * K / 16, 0.625f, 0.375f,
-                                                                    seed ^ 0x5ca1e);
+            le = cu_launch(k_gen_bytes, gen_grid((size_t)N * K / 16), 256, 0, s, (uint8_t *)wd, (size_t)N * K / 2, seed);
+            if (le == cudaSuccess)
+                le = cu_launch(k_gen_e4m3, gen_grid((size_t)N * K / 16), 256, 0, s, (uint8_t *)sd, (size_t)N * K / 16,
+                               0.625f, 0.375f, seed ^ 0x5ca1e);
         }
         W->scale2 = 1.0f / (448.0f * sqrtf(kf * (68.5f / 8.0f) * 0.4375f));
         W->input_scale = 1.0f;
@@ -165,10 +177,11 @@ extern "C" int ms_cuda_dummy_linear(ms_backend *b, ms_linear *W, int with_bias, 
     if (!rc && with_bias) {
         W->bias = ms_tensor_make(MS_F32, 1, &W->n_out);
         rc = dev_alloc(b, (size_t)N * sizeof(float), nm, &bd, err);
-        if (!rc) k_gen_float<<<gen_grid((size_t)N), 256, 0, s>>>(bd, MS_F32, (size_t)N, 0.f, 0.1f, seed ^ 0xb1a5);
+        if (!rc && le == cudaSuccess)
+            le = cu_launch(k_gen_float, gen_grid((size_t)N), 256, 0, s, bd, MS_F32, (size_t)N, 0.f, 0.1f, seed ^ 0xb1a5);
     }
     if (!rc) {
-        cudaError_t e = cudaGetLastError();
+        cudaError_t e = le != cudaSuccess ? le : cudaGetLastError();
         if (e != cudaSuccess) rc = ms_errf(err, MS_ERR_RUNTIME, "dummy weights: %s fill kernel failed: %s", nm, cudaGetErrorString(e));
     }
     if (rc) {

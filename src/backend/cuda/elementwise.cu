@@ -14,6 +14,8 @@ static int64_t last_dim(const ms_tensor *t) { return t->ndim ? t->shape[t->ndim 
 /* ---- conversions and small helpers ---- */
 
 __global__ void k_convert(const void *src, int st, void *dst, int dt, size_t n) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         cu_st(dst, dt, i, cu_ld(src, st, i));
 }
@@ -26,12 +28,13 @@ static int grid_for(size_t n) {
 
 int cu_convert(ms_backend *b, const void *src, int st, void *dst, int dt, size_t n, ms_err *err) {
     if (!n) return MS_OK;
-    k_convert<<<grid_for(n), 256, 0, stream_of(b)>>>(src, st, dst, dt, n);
-    CK_LAUNCH();
+    CK(cu_launch(k_convert, grid_for(n), 256, 0, stream_of(b), src, st, dst, dt, n));
     return MS_OK;
 }
 
 __global__ void k_add_bias(void *y, int yt, const float *bias, int64_t rows, int64_t n) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     size_t tot = (size_t)rows * n;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < tot; i += (size_t)gridDim.x * blockDim.x)
         cu_st(y, yt, i, cu_ld(y, yt, i) + bias[i % n]);
@@ -40,12 +43,13 @@ __global__ void k_add_bias(void *y, int yt, const float *bias, int64_t rows, int
 int cu_add_bias(ms_backend *b, void *y, int yt, const float *bias, int64_t rows, int64_t n, ms_err *err) {
     size_t tot = (size_t)rows * n;
     if (!tot) return MS_OK;
-    k_add_bias<<<grid_for(tot), 256, 0, stream_of(b)>>>(y, yt, bias, rows, n);
-    CK_LAUNCH();
+    CK(cu_launch(k_add_bias, grid_for(tot), 256, 0, stream_of(b), y, yt, bias, rows, n));
     return MS_OK;
 }
 
 __global__ void k_copy_rope(const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     size_t tot = (size_t)T * nh * dr;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < tot; i += (size_t)gridDim.x * blockDim.x) {
         size_t th = i / dr;
@@ -57,14 +61,15 @@ __global__ void k_copy_rope(const bf16 *q, bf16 *out, int T, int nh, int dn, int
 int cu_copy_rope_part(ms_backend *b, const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl, ms_err *err) {
     size_t tot = (size_t)T * nh * dr;
     if (!tot) return MS_OK;
-    k_copy_rope<<<grid_for(tot), 256, 0, stream_of(b)>>>(q, out, T, nh, dn, dr, kvl);
-    CK_LAUNCH();
+    CK(cu_launch(k_copy_rope, grid_for(tot), 256, 0, stream_of(b), q, out, T, nh, dn, dr, kvl));
     return MS_OK;
 }
 
 /* ---- embedding ---- */
 
 __global__ void k_embed(const void *table, int tt, int64_t V, int64_t H, const int32_t *ids, int64_t v0, void *out, int ot) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     int64_t r = blockIdx.x;
     int64_t id = (int64_t)ids[r] - v0;
     for (int64_t c = threadIdx.x; c < H; c += blockDim.x) {
@@ -78,8 +83,7 @@ int cu_op_embed(ms_backend *b, const ms_tensor *table, const int32_t *ids_d, int
     int64_t H = table->shape[1];
     MS_ASSERT(ms_tensor_numel(out) >= (int64_t)n * H);
     if (n <= 0) return MS_OK;
-    k_embed<<<n, 256, 0, stream_of(b)>>>(table->data, table->dtype, table->shape[0], H, ids_d, 0, out->data, out->dtype);
-    CK_LAUNCH();
+    CK(cu_launch(k_embed, n, 256, 0, stream_of(b), table->data, table->dtype, table->shape[0], H, ids_d, 0, out->data, out->dtype));
     return MS_OK;
 }
 
@@ -90,12 +94,13 @@ int cu_op_embed_part(ms_backend *b, const ms_tensor *table, const int32_t *ids_d
     int64_t H = table->shape[1];
     MS_ASSERT(ms_tensor_numel(out) >= (int64_t)n * H);
     if (n <= 0) return MS_OK;
-    k_embed<<<n, 256, 0, stream_of(b)>>>(table->data, table->dtype, table->shape[0], H, ids_d, v0, out->data, out->dtype);
-    CK_LAUNCH();
+    CK(cu_launch(k_embed, n, 256, 0, stream_of(b), table->data, table->dtype, table->shape[0], H, ids_d, v0, out->data, out->dtype));
     return MS_OK;
 }
 
 __global__ void k_remap_ids(int32_t *ids, int64_t n, int lo, int count) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int32_t e = ids[i];
         ids[i] = e >= lo && e < lo + count ? e - lo : -1;
@@ -105,13 +110,14 @@ __global__ void k_remap_ids(int32_t *ids, int64_t n, int lo, int count) {
 /* Expert parallelism: global expert ids -> this rank's (-1 for experts other ranks hold). */
 int cu_op_remap_ids(ms_backend *b, int32_t *ids_d, int64_t n, int lo, int count, ms_err *err) {
     if (n <= 0) return MS_OK;
-    k_remap_ids<<<grid_for((size_t)n), 256, 0, stream_of(b)>>>(ids_d, n, lo, count);
-    CK_LAUNCH();
+    CK(cu_launch(k_remap_ids, grid_for((size_t)n), 256, 0, stream_of(b), ids_d, n, lo, count));
     return MS_OK;
 }
 
 __global__ void k_moe_append(const int32_t *ids, const float *w, int T, int k, int32_t id, float weight, int32_t *ids_out,
                              float *w_out) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     const int64_t n = (int64_t)T * (k + 1);
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / (k + 1);
@@ -125,9 +131,8 @@ __global__ void k_moe_append(const int32_t *ids, const float *w, int T, int k, i
 int cu_op_moe_append(ms_backend *b, const int32_t *ids_d, const float *w_d, int T, int k, int32_t id, float weight,
                      int32_t *ids_out_d, float *w_out_d, ms_err *err) {
     if (T <= 0) return MS_OK;
-    k_moe_append<<<grid_for((size_t)T * (size_t)(k + 1)), 256, 0, stream_of(b)>>>(ids_d, w_d, T, k, id, weight, ids_out_d,
-                                                                                  w_out_d);
-    CK_LAUNCH();
+    CK(cu_launch(k_moe_append, grid_for((size_t)T * (size_t)(k + 1)), 256, 0, stream_of(b), ids_d, w_d, T, k, id, weight, ids_out_d,
+                 w_out_d));
     return MS_OK;
 }
 
@@ -147,6 +152,8 @@ __device__ float block_sum(float v, float *sh) {
 /* mode 0: rmsnorm; 1: resid += delta then rmsnorm(resid); 2: layernorm (with bias). */
 __global__ void k_norm(int mode, void *x, int xt, const void *delta, int dt, const void *w, int wt, const void *bias,
                        int bt, float eps, void *out, int ot, int64_t D) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     __shared__ float sh[32];
     size_t base = (size_t)blockIdx.x * D;
     float acc = 0.f;
@@ -192,6 +199,8 @@ __global__ void k_norm(int mode, void *x, int xt, const void *delta, int dt, con
 template <int ADD>
 __global__ __launch_bounds__(1024) void k_rmsnorm_f32(float *x, const float *delta, const bf16 *w, float eps, bf16 *out,
                                                       int D) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     __shared__ float sh[32];
     const size_t base = (size_t)blockIdx.x * D;
     const int n4 = D / 4;
@@ -244,20 +253,18 @@ static int launch_norm(ms_backend *b, int mode, ms_tensor *x, const ms_tensor *d
         int th = (int)((D / 4 + RN_V - 1) / RN_V);
         th = th < 64 ? 64 : (th + 31) & ~31;
         if (mode == 1 && delta)
-            k_rmsnorm_f32<1><<<(unsigned)R, th, 0, stream_of(b)>>>((float *)x->data, (const float *)delta->data,
-                                                                   (const bf16 *)w->data, eps, (bf16 *)out->data, (int)D);
+            CK(cu_launch(k_rmsnorm_f32<1>, (unsigned)R, th, 0, stream_of(b), (float *)x->data, (const float *)delta->data,
+                         (const bf16 *)w->data, eps, (bf16 *)out->data, (int)D));
         else
-            k_rmsnorm_f32<0><<<(unsigned)R, th, 0, stream_of(b)>>>((float *)x->data, NULL, (const bf16 *)w->data, eps,
-                                                                   (bf16 *)out->data, (int)D);
-        CK_LAUNCH();
+            CK(cu_launch(k_rmsnorm_f32<0>, (unsigned)R, th, 0, stream_of(b), (float *)x->data, (const float *)NULL,
+                         (const bf16 *)w->data, eps, (bf16 *)out->data, (int)D));
         return MS_OK;
     }
     int th = D >= 1024 ? 512 : D >= 256 ? 256 : 128;
-    k_norm<<<(unsigned)R, th, 0, stream_of(b)>>>(mode, x->data, x->dtype, delta ? delta->data : NULL,
-                                                 delta ? delta->dtype : 0, w->data, w->dtype,
-                                                 bias && bias->data ? bias->data : NULL, bias ? bias->dtype : 0, eps,
-                                                 out->data, out->dtype, D);
-    CK_LAUNCH();
+    CK(cu_launch(k_norm, (unsigned)R, th, 0, stream_of(b), mode, x->data, x->dtype, delta ? delta->data : NULL,
+                 delta ? delta->dtype : 0, w->data, w->dtype,
+                 bias && bias->data ? bias->data : NULL, bias ? bias->dtype : 0, eps,
+                 out->data, out->dtype, D));
     return MS_OK;
 }
 
@@ -278,6 +285,8 @@ int cu_op_layernorm(ms_backend *b, const ms_tensor *x, const ms_tensor *w, const
 /* ---- add, silu_mul, copies ---- */
 
 __global__ void k_add(void *y, int yt, const void *x, int xt, size_t n) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         cu_st(y, yt, i, cu_ld(y, yt, i) + cu_ld(x, xt, i));
 }
@@ -286,12 +295,13 @@ int cu_op_add(ms_backend *b, ms_tensor *y, const ms_tensor *x, ms_err *err) {
     size_t n = (size_t)ms_tensor_numel(y);
     MS_ASSERT((int64_t)n == ms_tensor_numel(x));
     if (!n) return MS_OK;
-    k_add<<<grid_for(n), 256, 0, stream_of(b)>>>(y->data, y->dtype, x->data, x->dtype, n);
-    CK_LAUNCH();
+    CK(cu_launch(k_add, grid_for(n), 256, 0, stream_of(b), y->data, y->dtype, x->data, x->dtype, n));
     return MS_OK;
 }
 
 __global__ void k_silu_mul(const void *g, int gt, const void *u, int ut, void *o, int ot, size_t n) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         cu_st(o, ot, i, cu_silu(cu_ld(g, gt, i)) * cu_ld(u, ut, i));
 }
@@ -300,14 +310,15 @@ int cu_op_silu_mul(ms_backend *b, const ms_tensor *g, const ms_tensor *u, ms_ten
     size_t n = (size_t)ms_tensor_numel(g);
     MS_ASSERT((int64_t)n == ms_tensor_numel(u) && (int64_t)n == ms_tensor_numel(out));
     if (!n) return MS_OK;
-    k_silu_mul<<<grid_for(n), 256, 0, stream_of(b)>>>(g->data, g->dtype, u->data, u->dtype, out->data, out->dtype, n);
-    CK_LAUNCH();
+    CK(cu_launch(k_silu_mul, grid_for(n), 256, 0, stream_of(b), g->data, g->dtype, u->data, u->dtype, out->data, out->dtype, n));
     return MS_OK;
 }
 
 /* dst[r, c] = src[map(r), c0 + c] for c < nc; map = idx ? idx[r] : r. */
 __global__ void k_copy_rows(const void *src, int st, int64_t sC, int64_t c0, const int32_t *idx, void *dst, int dt,
                             int64_t nc) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     int64_t r = blockIdx.x;
     int64_t sr = idx ? idx[r] : r;
     for (int64_t c = threadIdx.x; c < nc; c += blockDim.x)
@@ -319,8 +330,8 @@ int cu_op_copy_cols(ms_backend *b, const ms_tensor *src, int c0, int nc, ms_tens
     int64_t T = C ? ms_tensor_numel(src) / C : 0;
     MS_ASSERT(c0 >= 0 && nc >= 0 && c0 + nc <= C && ms_tensor_numel(dst) == T * nc);
     if (T == 0 || nc == 0) return MS_OK;
-    k_copy_rows<<<(unsigned)T, 256, 0, stream_of(b)>>>(src->data, src->dtype, C, c0, NULL, dst->data, dst->dtype, nc);
-    CK_LAUNCH();
+    CK(cu_launch(k_copy_rows, (unsigned)T, 256, 0, stream_of(b), src->data, src->dtype, C, c0, (const int32_t *)NULL,
+                 dst->data, dst->dtype, nc));
     return MS_OK;
 }
 
@@ -329,12 +340,13 @@ int cu_op_gather_rows(ms_backend *b, const ms_tensor *src, const int32_t *idx_d,
     int64_t W = ms_tensor_numel(src) / src->shape[0];
     MS_ASSERT(ms_tensor_numel(dst) >= (int64_t)n * W);
     if (n <= 0 || W == 0) return MS_OK;
-    k_copy_rows<<<n, 256, 0, stream_of(b)>>>(src->data, src->dtype, W, 0, idx_d, dst->data, dst->dtype, W);
-    CK_LAUNCH();
+    CK(cu_launch(k_copy_rows, n, 256, 0, stream_of(b), src->data, src->dtype, W, 0, idx_d, dst->data, dst->dtype, W));
     return MS_OK;
 }
 
 __global__ void k_set_cols(const void *src, int st, int64_t nc, void *dst, int dt, int64_t C, int64_t c0) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     int64_t r = blockIdx.x;
     for (int64_t c = threadIdx.x; c < nc; c += blockDim.x)
         cu_st(dst, dt, (size_t)r * C + c0 + c, cu_ld(src, st, (size_t)r * nc + c));
@@ -345,12 +357,13 @@ int cu_op_set_cols(ms_backend *b, const ms_tensor *src, int c0, ms_tensor *dst, 
     int64_t T = nc ? ms_tensor_numel(src) / nc : 0;
     MS_ASSERT(c0 >= 0 && c0 + nc <= C && ms_tensor_numel(dst) == T * C);
     if (T == 0 || nc == 0) return MS_OK;
-    k_set_cols<<<(unsigned)T, 256, 0, stream_of(b)>>>(src->data, src->dtype, nc, dst->data, dst->dtype, C, c0);
-    CK_LAUNCH();
+    CK(cu_launch(k_set_cols, (unsigned)T, 256, 0, stream_of(b), src->data, src->dtype, nc, dst->data, dst->dtype, C, c0));
     return MS_OK;
 }
 
 __global__ void k_scale(void *x, int xt, float alpha, size_t n) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         cu_st(x, xt, i, cu_ld(x, xt, i) * alpha);
 }
@@ -358,8 +371,7 @@ __global__ void k_scale(void *x, int xt, float alpha, size_t n) {
 int cu_op_scale(ms_backend *b, ms_tensor *x, float alpha, ms_err *err) {
     size_t n = (size_t)ms_tensor_numel(x);
     if (!n) return MS_OK;
-    k_scale<<<grid_for(n), 256, 0, stream_of(b)>>>(x->data, x->dtype, alpha, n);
-    CK_LAUNCH();
+    CK(cu_launch(k_scale, grid_for(n), 256, 0, stream_of(b), x->data, x->dtype, alpha, n));
     return MS_OK;
 }
 
@@ -367,6 +379,8 @@ int cu_op_scale(ms_backend *b, ms_tensor *x, float alpha, ms_err *err) {
 
 __global__ void k_rope(void *x, int xt, int nh, int d, const int32_t *pos, const float *inv_freq, int rot_off,
                        int rot_dim, int interleaved) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     int t = blockIdx.x;
     int half = rot_dim / 2;
     float p = (float)pos[t];
@@ -430,9 +444,8 @@ int cu_op_rope(ms_backend *b, ms_tensor *x, const int32_t *pos_d, const ms_rope_
      * heads (2048 rotations, an accurate sincosf each) on one SM for 6.5 us */
     const int per_tok = (int)((nh * (int64_t)(rc->rot_dim / 2) + 255) / 256);
     const dim3 grid((unsigned)T, (unsigned)(per_tok < 16 ? per_tok : 16));
-    k_rope<<<grid, 256, 0, stream_of(b)>>>(x->data, x->dtype, nh, d, pos_d, inv, rc->rot_off, rc->rot_dim,
-                                        rc->interleaved);
-    CK_LAUNCH();
+    CK(cu_launch(k_rope, grid, 256, 0, stream_of(b), x->data, x->dtype, nh, d, pos_d, inv, rc->rot_off, rc->rot_dim,
+                 rc->interleaved));
     return MS_OK;
 }
 
@@ -456,6 +469,8 @@ struct gp_io {
 __global__ void k_gqa_prep(gp_io io, const float *bq, const float *bk, const float *bv,
                            int nh, int nkv, int d, const int32_t *pos, const float *inv, int rot_off, int rot_dim,
                            int interleaved, bf16 *kc, bf16 *vc, int64_t S, const int32_t *slot) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     extern __shared__ float gp_cs[]; /* [half] cos, then [half] sin */
     const int t = blockIdx.x, h0 = blockIdx.y * GP_HPB;
     const int half = rot_dim / 2, per = half + (d - rot_dim);
@@ -531,12 +546,11 @@ int cu_op_gqa_prep(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_ten
     const float *inv = NULL;
     if (rot_dim) MS_TRY(rope_table(b, rc, &inv, err));
     dim3 grid((unsigned)T, (unsigned)((nh + 2 * nkv + GP_HPB - 1) / GP_HPB));
-    k_gqa_prep<<<grid, 256, sizeof(float) * (size_t)rot_dim, stream_of(b)>>>(io,
-                                            f32_or_null(bq, (int64_t)nh * d), f32_or_null(bk, (int64_t)nkv * d),
-                                            f32_or_null(bv, (int64_t)nkv * d), nh, nkv, d, pos_d, inv, rot_off, rot_dim,
-                                            rc ? rc->interleaved : 0, (bf16 *)kcache->data, (bf16 *)vcache->data,
-                                            kcache->shape[0], slot_d);
-    CK_LAUNCH();
+    CK(cu_launch(k_gqa_prep, grid, 256, sizeof(float) * (size_t)rot_dim, stream_of(b), io,
+                 f32_or_null(bq, (int64_t)nh * d), f32_or_null(bk, (int64_t)nkv * d),
+                 f32_or_null(bv, (int64_t)nkv * d), nh, nkv, d, pos_d, inv, rot_off, rot_dim,
+                 rc ? rc->interleaved : 0, (bf16 *)kcache->data, (bf16 *)vcache->data,
+                 kcache->shape[0], slot_d));
     return MS_OK;
 }
 
@@ -548,6 +562,8 @@ int cu_op_gqa_prep(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_ten
  * store) per MLA layer that together move ~1 KB per token. */
 __global__ void k_mla_kv_prep(bf16 *kva, int kvl, int dr, const void *w, int wt, float eps, const int32_t *pos,
                               const float *inv, int interleaved, bf16 *cache, int64_t S, const int32_t *slot) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     __shared__ float sh[32];
     const int t = blockIdx.x, W = kvl + dr;
     bf16 *row = kva + (size_t)t * W;
@@ -590,15 +606,16 @@ int cu_op_mla_kv_prep(ms_backend *b, ms_tensor *kva, int kvl, const ms_tensor *w
     const float *inv = NULL;
     if (dr) MS_TRY(rope_table(b, rc, &inv, err));
     const int64_t S = ms_tensor_numel(cache) / W;
-    k_mla_kv_prep<<<(unsigned)T, 256, 0, stream_of(b)>>>((bf16 *)kva->data, kvl, dr, w->data, w->dtype, eps, pos_d, inv,
-                                                        rc->interleaved, (bf16 *)cache->data, S, slot_d);
-    CK_LAUNCH();
+    CK(cu_launch(k_mla_kv_prep, (unsigned)T, 256, 0, stream_of(b), (bf16 *)kva->data, kvl, dr, w->data, w->dtype, eps, pos_d, inv,
+                 rc->interleaved, (bf16 *)cache->data, S, slot_d));
     return MS_OK;
 }
 
 /* ---- KV store ---- */
 
 __global__ void k_kv_store(void *cache, int ct, int64_t S, const void *x, int xt, int64_t W, const int32_t *slot) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     int t = blockIdx.x;
     int64_t s = slot[t];
     if (s < 0 || s >= S) return;
@@ -613,14 +630,15 @@ int cu_op_kv_store(ms_backend *b, ms_tensor *cache, const ms_tensor *x, const in
     int64_t T = W ? ms_tensor_numel(x) / W : 0;
     MS_ASSERT(T * W == ms_tensor_numel(x));
     if (T == 0) return MS_OK;
-    k_kv_store<<<(unsigned)T, 256, 0, stream_of(b)>>>(cache->data, cache->dtype, S, x->data, x->dtype, W, slot_d);
-    CK_LAUNCH();
+    CK(cu_launch(k_kv_store, (unsigned)T, 256, 0, stream_of(b), cache->data, cache->dtype, S, x->data, x->dtype, W, slot_d));
     return MS_OK;
 }
 
 /* ---- checks ---- */
 
 __global__ void k_nonfinite(const void *x, int xt, int64_t C, size_t n, unsigned long long *bad) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float v = cu_ld(x, xt, i);
         if (!isfinite(v)) atomicMin(bad, (unsigned long long)(i / C));
@@ -629,6 +647,8 @@ __global__ void k_nonfinite(const void *x, int xt, int64_t C, size_t n, unsigned
 
 /* Sets *flag = min(*flag, code) when x holds a NaN/Inf (the per-step check: no host wait). */
 __global__ void k_nonfinite_flag(const void *x, int xt, size_t n, int32_t code, int32_t *flag) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     int bad = 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         bad |= !isfinite(cu_ld(x, xt, i));
@@ -636,20 +656,22 @@ __global__ void k_nonfinite_flag(const void *x, int xt, size_t n, int32_t code, 
 }
 
 /* Resets the step flag to "nothing seen" (a kernel, so graphs record it). */
-__global__ void k_flag_reset(int32_t *flag) { *flag = INT32_MAX; }
+__global__ void k_flag_reset(int32_t *flag) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
+    *flag = INT32_MAX;
+}
 
 int cu_op_nonfinite_flag(ms_backend *b, const ms_tensor *x, int32_t code, int32_t *flag_d, ms_err *err) {
     if (!x) {
-        k_flag_reset<<<1, 1, 0, stream_of(b)>>>(flag_d);
-        CK_LAUNCH();
+        CK(cu_launch(k_flag_reset, 1, 1, 0, stream_of(b), flag_d));
         return MS_OK;
     }
     size_t n = (size_t)ms_tensor_numel(x);
     if (!n) return MS_OK;
     unsigned g = grid_for(n);
     if (g > 1024) g = 1024; /* a grid-stride pass: a few waves are enough for a memory-bound read */
-    k_nonfinite_flag<<<g, 256, 0, stream_of(b)>>>(x->data, x->dtype, n, code, flag_d);
-    CK_LAUNCH();
+    CK(cu_launch(k_nonfinite_flag, g, 256, 0, stream_of(b), x->data, x->dtype, n, code, flag_d));
     return MS_OK;
 }
 
@@ -662,8 +684,7 @@ int cu_op_find_nonfinite(ms_backend *b, const ms_tensor *x, int64_t *bad_row, ms
     MS_TRY(cu_scratch(b, SCR_HOST, sizeof(unsigned long long), &buf, err));
     unsigned long long init = ~0ull, res = 0;
     CK(cudaMemcpyAsync(buf, &init, sizeof init, cudaMemcpyHostToDevice, stream_of(b)));
-    k_nonfinite<<<grid_for(n), 256, 0, stream_of(b)>>>(x->data, x->dtype, C, n, (unsigned long long *)buf);
-    CK_LAUNCH();
+    CK(cu_launch(k_nonfinite, grid_for(n), 256, 0, stream_of(b), x->data, x->dtype, C, n, (unsigned long long *)buf));
     CK(cudaMemcpyAsync(&res, buf, sizeof res, cudaMemcpyDeviceToHost, stream_of(b)));
     CK(cudaStreamSynchronize(stream_of(b)));
     *bad_row = res == ~0ull ? -1 : (int64_t)res;
@@ -671,6 +692,8 @@ int cu_op_find_nonfinite(ms_backend *b, const ms_tensor *x, int64_t *bad_row, ms
 }
 
 __global__ void k_argmax(const float *x, int64_t V, int32_t *out) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     __shared__ float sv[32];
     __shared__ int32_t si[32];
     const float *row = x + (size_t)blockIdx.x * V;
@@ -700,8 +723,7 @@ int cu_op_argmax(ms_backend *b, const ms_tensor *logits, int32_t *out_d, ms_err 
     int64_t V = last_dim(logits);
     int64_t R = V ? ms_tensor_numel(logits) / V : 0;
     if (R == 0) return MS_OK;
-    k_argmax<<<(unsigned)R, 256, 0, stream_of(b)>>>((const float *)logits->data, V, out_d);
-    CK_LAUNCH();
+    CK(cu_launch(k_argmax, (unsigned)R, 256, 0, stream_of(b), (const float *)logits->data, V, out_d));
     return MS_OK;
 }
 
@@ -781,6 +803,8 @@ __device__ void route_token(const float *lg, const void *bias, int bt, int E, in
 
 __global__ void k_route(const float *logits, const void *bias, int bt, int E, int topk, int n_group, int topk_group,
                         int norm, float scale, int32_t *ids, float *wout) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     extern __shared__ float rsm[];
     const int t = blockIdx.x;
     route_token(logits + (size_t)t * E, bias, bt, E, topk, n_group, topk_group, norm, scale, ids + (size_t)t * topk,
@@ -798,9 +822,8 @@ int cu_route(ms_backend *b, const float *logits, const void *bias, int bias_t, c
                            sm, c->max_smem_optin);
         CK(cudaFuncSetAttribute(k_route, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     }
-    k_route<<<T, 32, sm, stream_of(b)>>>(logits, bias, bias_t, rc->n_experts, rc->topk, rc->n_group, rc->topk_group,
-                                        rc->norm_topk_prob, rc->routed_scaling_factor, ids, w);
-    CK_LAUNCH();
+    CK(cu_launch(k_route, T, 32, sm, stream_of(b), logits, bias, bias_t, rc->n_experts, rc->topk, rc->n_group, rc->topk_group,
+                 rc->norm_topk_prob, rc->routed_scaling_factor, ids, w));
     return MS_OK;
 }
 
@@ -823,6 +846,8 @@ __global__ __launch_bounds__(RF_WARPS * 32) void k_router_fused(const bf16 *x, c
                                                                 const void *bias, int bt, int E, int topk, int n_group,
                                                                 int topk_group, int norm, float scale, int32_t *ids,
                                                                 float *wout) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     extern __shared__ float rfsm[];
     __shared__ bool last;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -907,6 +932,8 @@ __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, c
                                                                 const void *bias, int bt, int E, int topk, int n_group,
                                                                 int topk_group, int norm, float scale, int32_t *ids,
                                                                 float *wout) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     extern __shared__ uint4 rssm[]; /* x slice [T][RS_KS / 8] units; later the routing scratch */
     __shared__ bool last;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1016,17 +1043,15 @@ int cu_router_fused(ms_backend *b, const ms_tensor *x, const ms_linear *gate, co
         /* shared memory: the x slice, then the routing scratch of 8 warps (sm, <= 48 KB as checked) */
         const size_t xsm = (size_t)T * RS_KS * sizeof(bf16), ssm = xsm > sm ? xsm : sm;
         dim3 grid((E + RS_WARPS - 1) / RS_WARPS, (unsigned)nks);
-        k_router_split<<<grid, RS_WARPS * 32, ssm, stream_of(b)>>>(
-            (const bf16 *)x->data, (const bf16 *)gate->w.data, T, (int)K, lg, bias, bias_t, E, rc->topk, rc->n_group,
-            rc->topk_group, rc->norm_topk_prob, rc->routed_scaling_factor, ids, w);
-        CK_LAUNCH();
+        CK(cu_launch(k_router_split, grid, RS_WARPS * 32, ssm, stream_of(b), 
+                     (const bf16 *)x->data, (const bf16 *)gate->w.data, T, (int)K, lg, bias, bias_t, E, rc->topk, rc->n_group,
+                     rc->topk_group, rc->norm_topk_prob, rc->routed_scaling_factor, ids, w));
         *launched = 1;
         return MS_OK;
     }
-    k_router_fused<<<(E + RF_WARPS - 1) / RF_WARPS, RF_WARPS * 32, sm, stream_of(b)>>>(
-        (const bf16 *)x->data, (const bf16 *)gate->w.data, T, (int)K, lg, bias, bias_t, E, rc->topk, rc->n_group,
-        rc->topk_group, rc->norm_topk_prob, rc->routed_scaling_factor, ids, w);
-    CK_LAUNCH();
+    CK(cu_launch(k_router_fused, (E + RF_WARPS - 1) / RF_WARPS, RF_WARPS * 32, sm, stream_of(b), 
+                 (const bf16 *)x->data, (const bf16 *)gate->w.data, T, (int)K, lg, bias, bias_t, E, rc->topk, rc->n_group,
+                 rc->topk_group, rc->norm_topk_prob, rc->routed_scaling_factor, ids, w));
     *launched = 1;
     return MS_OK;
 }

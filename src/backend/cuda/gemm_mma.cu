@@ -338,6 +338,8 @@ __device__ __forceinline__ void gm_block(const gm_args &a, const cu_wdesc &W0, c
  * threads at once (one tile_off read each), odd tiles and tiles past the end exit before any work. */
 template <int FMT, int MODE>
 __global__ __launch_bounds__(GM_THREADS, 1) void k_gm(gm_args a) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     extern __shared__ __align__(128) unsigned char gm_sm[];
     __shared__ int sh_g;
     const int tile = blockIdx.y;
@@ -363,8 +365,7 @@ template <int F, int M>
 static cudaError_t gm_launch(dim3 grid, size_t smem, cudaStream_t st, const gm_args &a) {
     cudaError_t e = cudaFuncSetAttribute(k_gm<F, M>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
-    k_gm<F, M><<<grid, GM_THREADS, smem, st>>>(a);
-    return cudaSuccess;
+    return cu_launch(k_gm<F, M>, grid, GM_THREADS, smem, st, a);
 }
 
 /* Contract in cuda_internal.cuh. W1 entries (mode 1) must have w0's format, as for cu_gemv_grouped's

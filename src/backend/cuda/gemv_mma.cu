@@ -326,6 +326,8 @@ __device__ __forceinline__ void gm_xpair(uint4 *buf, int rs, int nsl, int nr) {
 
 template <int FMT, int MODE, int NT>
 __global__ __launch_bounds__(256, FMT >= 4 ? 3 : 1) void k_gmma(gm_args a) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     extern __shared__ uint4 gm_smem[];
     typedef gm_fmt<FMT> F;
     constexpr int S = MODE == 1 ? 2 : 1;
@@ -529,8 +531,7 @@ static cudaError_t gm_launch(dim3 grid, int threads, size_t smem, cudaStream_t s
         cudaError_t ce = cudaFuncSetAttribute(k_gmma<F, M, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (ce != cudaSuccess) return ce;
     }
-    k_gmma<F, M, NT><<<grid, threads, smem, st>>>(a);
-    return cudaGetLastError();
+    return cu_launch(k_gmma<F, M, NT>, grid, threads, smem, st, a);
 }
 
 template <int F, int M>

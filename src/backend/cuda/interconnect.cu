@@ -16,6 +16,8 @@ static double ic_now(void) {
 }
 
 __global__ void k_ic_empty(int *p) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     if (p && threadIdx.x == 1024) *p = 0; /* never true: keeps the kernel from being optimised away */
 }
 
@@ -47,20 +49,17 @@ static int ic_host(size_t bytes, void *pin, void *page, void *dev, cudaStream_t 
         (dir ? o->d2h_pageable_gbs : o->h2d_pageable_gbs) = bytes / s / 1e9;
     }
     /* launch: enqueue cost of back-to-back launches, and launch + wait as a step's last kernel sees it */
-    k_ic_empty<<<1, 32, 0, st>>>(NULL);
-    CK_LAUNCH();
+    CK(cu_launch(k_ic_empty, 1, 32, 0, st, (int *)NULL));
     CK(cudaStreamSynchronize(st));
     double t0 = ic_now();
-    for (int i = 0; i < 2000; i++) k_ic_empty<<<1, 32, 0, st>>>(NULL);
-    CK_LAUNCH();
+    for (int i = 0; i < 2000; i++) CK(cu_launch(k_ic_empty, 1, 32, 0, st, (int *)NULL));
     o->launch_us = (ic_now() - t0) / 2000 * 1e6;
     CK(cudaStreamSynchronize(st));
     t0 = ic_now();
     for (int i = 0; i < 200; i++) {
-        k_ic_empty<<<1, 32, 0, st>>>(NULL);
+        CK(cu_launch(k_ic_empty, 1, 32, 0, st, (int *)NULL));
         CK(cudaStreamSynchronize(st));
     }
-    CK_LAUNCH();
     o->launch_sync_us = (ic_now() - t0) / 200 * 1e6;
     return MS_OK;
 }

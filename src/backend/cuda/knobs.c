@@ -63,6 +63,9 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
     [CU_KNOB_LT_TUNE] = {"MS_CU_LT_TUNE", KN_INT, 1, 0, 1, NULL, 1,
                          "1: the first call of a cuBLASLt GEMM shape times up to 8 of its candidate "
                          "algorithms and keeps the fastest; 0: cuBLASLt's first choice"},
+    [CU_KNOB_PDL] = {"MS_CU_PDL", KN_INT, 1, 0, 1, NULL, 1,
+                     "Programmatic Dependent Launch on sm_90+: each of our kernels may start while the previous "
+                     "one drains and waits in griddepcontrol.wait (hides the launch gap); 0 = plain launches"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */
@@ -98,6 +101,8 @@ int cu_knob(cu_knob_id id) {
     atomic_store(&kn_cache[id], v + 1);
     return v;
 }
+
+void cu_knob_forget(cu_knob_id id) { atomic_store(&kn_cache[id], 0); }
 
 /* A knob value as text: integers in decimal, choices by name, flags as set/unset. */
 static void kn_format(const kn_def *k, int v, char *buf, size_t cap) {

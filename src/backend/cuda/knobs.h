@@ -23,6 +23,7 @@ typedef enum cu_knob_id {
     CU_KNOB_GEMV_FP4,          /* MS_CU_GEMV_FP4: CU_GEMV_FP4_AUTO, _V2, _V1, _V2O or _V3 (read at every call) */
     CU_KNOB_ROUTER,            /* MS_CU_ROUTER: CU_ROUTER_SPLIT or CU_ROUTER_WARP (read at every call) */
     CU_KNOB_LT_TUNE,           /* MS_CU_LT_TUNE: 0 or 1 (read once) */
+    CU_KNOB_PDL,               /* MS_CU_PDL: 1 (default) or 0 (read once) */
     CU_KNOB_COUNT
 } cu_knob_id;
 
@@ -39,6 +40,12 @@ enum { CU_ROUTER_SPLIT = 0, CU_ROUTER_WARP = 1 };
  * first use and kept for the process (a step never pays for getenv); the others are read at every
  * call, so tests may set and unset them between calls. Thread-safe. */
 int cu_knob(cu_knob_id id);
+
+/* Drops the kept value of a read-once knob, so that its next cu_knob reads the environment again.
+ * For tests that A/B a read-once knob in one process (MS_CU_PDL): whatever was built from the old
+ * value keeps it (a recorded CUDA graph keeps the launch attributes it was captured with). Thread-safe;
+ * nothing for a knob read at every call. */
+void cu_knob_forget(cu_knob_id id);
 
 #ifdef __cplusplus
 }

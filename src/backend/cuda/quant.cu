@@ -13,6 +13,8 @@
 /* ---- exact dequantization ---- */
 
 __global__ void k_dequant(cu_wdesc d, bf16 *out) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     int64_t total = (int64_t)d.n * d.k;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t n = i / d.k, k = i - n * d.k;
@@ -24,8 +26,7 @@ int cu_dequant_bf16(ms_backend *b, const cu_wdesc *d, bf16 *out, ms_err *err) {
     int64_t total = (int64_t)d->n * d->k;
     int blocks = (int)((total + 255) / 256);
     if (blocks > 65536) blocks = 65536;
-    k_dequant<<<blocks, 256, 0, cu_of(b)->stream>>>(*d, out);
-    CK_LAUNCH();
+    CK(cu_launch(k_dequant, blocks, 256, 0, cu_of(b)->stream, *d, out));
     return MS_OK;
 }
 
@@ -145,6 +146,8 @@ __device__ __forceinline__ void gv_row(const cu_wdesc &W, int n, const bf16 *con
 
 template <int FMT, int MODE>
 __global__ __launch_bounds__(GV_WARPS * 32) void k_gemv(gv_args a) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     const int g = blockIdx.x;
     if (a.n_active && g >= *a.n_active) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -256,6 +259,8 @@ __device__ __forceinline__ void gv2_decode(const uint4 &wv, int h, float *wf) {
 
 template <int FMT, int MODE>
 __global__ __launch_bounds__(256) void k_gv2(gv_args a, int st) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     extern __shared__ uint4 gv2_smem[];
     bf16 *xs = (bf16 *)gv2_smem;
     const int g = blockIdx.x;
@@ -404,8 +409,7 @@ static cudaError_t gv2_launch(dim3 grid, int threads, size_t smem, int budget, c
         cudaError_t ce = cudaFuncSetAttribute(k_gv2<F, M>, cudaFuncAttributeMaxDynamicSharedMemorySize, budget);
         if (ce != cudaSuccess) return ce;
     }
-    k_gv2<F, M><<<grid, threads, smem, st>>>(a, tok);
-    return cudaSuccess;
+    return cu_launch(k_gv2<F, M>, grid, threads, smem, st, a, tok);
 }
 
 static int gv_fmt(const cu_wdesc *w) {
@@ -454,14 +458,15 @@ int cu_gemv_grouped(ms_backend *b, const cu_gemv_call *c, ms_err *err) {
         return MS_OK;
     }
     dim3 grid(n_groups, cu_blocks(a.N, GV_WARPS * GV_RPW));
-#define GV_L(F, M) k_gemv<F, M><<<grid, GV_WARPS * 32, 0, st>>>(a)
+    cudaError_t le = cudaSuccess;
+#define GV_L(F, M) le = cu_launch(k_gemv<F, M>, grid, GV_WARPS * 32, 0, st, a)
     if (mode == 0) {
         switch (f) { case 0: GV_L(0, 0); break; case 1: GV_L(1, 0); break; case 2: GV_L(2, 0); break; default: GV_L(3, 0); }
     } else {
         switch (f) { case 0: GV_L(0, 1); break; case 1: GV_L(1, 1); break; case 2: GV_L(2, 1); break; default: GV_L(3, 1); }
     }
 #undef GV_L
-    CK_LAUNCH();
+    CK(le);
     return MS_OK;
 }
 
@@ -535,6 +540,8 @@ __device__ __forceinline__ void gg_load_w(const cu_wdesc &W, int n0, int k0, int
 
 template <int MODE>
 __global__ __launch_bounds__(128) void k_gg(gg_args a) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     __shared__ __align__(128) bf16 As[GG_BM][GG_LDS];
     __shared__ __align__(128) bf16 Bs0[GG_BN][GG_LDS];
     __shared__ __align__(128) bf16 Bs1[MODE == 1 ? GG_BN : 1][GG_LDS];
@@ -639,8 +646,7 @@ int cu_gemm_grouped(ms_backend *b, const cu_gg_call *c, ms_err *err) {
              w_host->fmt == MS_WFMT_NVFP4);
     dim3 grid(c->max_tiles, cu_blocks(a.N, GG_BN));
     cudaStream_t st = cu_of(b)->stream;
-    if (c->mode == 1) k_gg<1><<<grid, 128, 0, st>>>(a);
-    else k_gg<0><<<grid, 128, 0, st>>>(a);
-    CK_LAUNCH();
+    if (c->mode == 1) CK(cu_launch(k_gg<1>, grid, 128, 0, st, a));
+    else CK(cu_launch(k_gg<0>, grid, 128, 0, st, a));
     return MS_OK;
 }

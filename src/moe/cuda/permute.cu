@@ -115,6 +115,8 @@ int moe_cu_ws_carve(const ms_moe_shape *s, int naive, void *ws, size_t ws_bytes,
 }
 
 __global__ void k_moe_count(const int32_t *ids, int P, int E, int32_t *counts) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < P; i += gridDim.x * blockDim.x) {
         int e = ids[i];
         if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
@@ -124,6 +126,8 @@ __global__ void k_moe_count(const int32_t *ids, int P, int E, int32_t *counts) {
 /* One thread: prefix sums, tile offsets and the active list (E is at most a few thousand). */
 __global__ void k_moe_scan(const int32_t *counts, int E, int32_t *offsets, int32_t *tile_off, int32_t *active,
                            int32_t *n_active, int32_t *cursor) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     int off = 0, toff = 0, na = 0;
     for (int e = 0; e < E; e++) {
@@ -142,6 +146,8 @@ __global__ void k_moe_scan(const int32_t *counts, int E, int32_t *offsets, int32
 
 __global__ void k_moe_scatter(const int32_t *ids, int P, int topk, int E, const int32_t *offsets, int32_t *cursor,
                               int32_t *sorted_tok, int32_t *pair_pos) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < P; i += gridDim.x * blockDim.x) {
         int e = ids[i];
         if (e < 0 || e >= E) { pair_pos[i] = -1; continue; }
@@ -152,6 +158,8 @@ __global__ void k_moe_scatter(const int32_t *ids, int P, int topk, int E, const 
 }
 
 __global__ void k_moe_gather(const bf16 *x, int H, const int32_t *sorted_tok, const int32_t *offsets, int E, bf16 *xs) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     int pos = blockIdx.x;
     if (pos >= offsets[E]) return;
     const bf16 *src = x + (size_t)sorted_tok[pos] * H;
@@ -172,6 +180,8 @@ __global__ __launch_bounds__(256) void k_moe_route_small(const int32_t *ids, int
                                                          int32_t *offsets, int32_t *tile_off, int32_t *active,
                                                          int32_t *n_active, int32_t *cursor, int32_t *sorted_tok,
                                                          int32_t *pair_pos) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     __shared__ int s_cnt[MOE_SMALL_E];
     __shared__ int s_cur[MOE_SMALL_E];
     const int tid = threadIdx.x;
@@ -241,29 +251,26 @@ int moe_cu_route_permute(ms_backend *b, moe_cu_ws *w, const int32_t *ids_d, cons
     cudaStream_t st = cu_of(b)->stream;
     int P = w->P;
     if (P <= MOE_SMALL_P && w->E <= MOE_SMALL_E) {
-        k_moe_route_small<<<1, 256, 0, st>>>(ids_d, P, w->topk, w->E, w->counts, w->offsets, w->tile_off, w->active,
-                                             w->n_active, w->cursor, w->sorted_tok, w->pair_pos);
-        CK_LAUNCH();
+        CK(cu_launch(k_moe_route_small, 1, 256, 0, st, ids_d, P, w->topk, w->E, w->counts, w->offsets, w->tile_off, w->active,
+                     w->n_active, w->cursor, w->sorted_tok, w->pair_pos));
     } else {
         CK(cudaMemsetAsync(w->counts, 0, sizeof(int32_t) * (size_t)w->E, st));
         int g = (P + 255) / 256;
         if (g < 1) g = 1;
-        k_moe_count<<<g, 256, 0, st>>>(ids_d, P, w->E, w->counts);
-        CK_LAUNCH();
-        k_moe_scan<<<1, 32, 0, st>>>(w->counts, w->E, w->offsets, w->tile_off, w->active, w->n_active, w->cursor);
-        CK_LAUNCH();
-        k_moe_scatter<<<g, 256, 0, st>>>(ids_d, P, w->topk, w->E, w->offsets, w->cursor, w->sorted_tok, w->pair_pos);
-        CK_LAUNCH();
+        CK(cu_launch(k_moe_count, g, 256, 0, st, ids_d, P, w->E, w->counts));
+        CK(cu_launch(k_moe_scan, 1, 32, 0, st, w->counts, w->E, w->offsets, w->tile_off, w->active, w->n_active, w->cursor));
+        CK(cu_launch(k_moe_scatter, g, 256, 0, st, ids_d, P, w->topk, w->E, w->offsets, w->cursor, w->sorted_tok, w->pair_pos));
     }
     if (gather && P > 0) {
-        k_moe_gather<<<P, 128, 0, st>>>(x, w->H, w->sorted_tok, w->offsets, w->E, w->xs);
-        CK_LAUNCH();
+        CK(cu_launch(k_moe_gather, P, 128, 0, st, x, w->H, w->sorted_tok, w->offsets, w->E, w->xs));
     }
     return MS_OK;
 }
 
 __global__ void k_moe_combine(const float *ys, int H, const int32_t *pair_pos, const float *wt, int topk, void *out,
                               int ot) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
     int t = blockIdx.x;
     for (int c = blockIdx.y * blockDim.x + threadIdx.x; c < H; c += gridDim.y * blockDim.x) {
         float acc = 0.f;
@@ -279,8 +286,8 @@ int moe_cu_combine(ms_backend *b, const moe_cu_ws *w, const float *w_d, ms_tenso
     if (w->T == 0) return MS_OK;
     /* few tokens (decode): spread each row over several blocks so the step does not wait on one SM */
     const int per_row = w->T >= 64 ? 1 : (w->H + 511) / 512 < 16 ? (w->H + 511) / 512 : 16;
-    k_moe_combine<<<dim3(w->T, per_row), 256, 0, cu_of(b)->stream>>>(w->ys, w->H, w->pair_pos, w_d, w->topk, out->data, out->dtype);
-    CK_LAUNCH();
+    CK(cu_launch(k_moe_combine, dim3(w->T, per_row), 256, 0, cu_of(b)->stream, w->ys, w->H, w->pair_pos, w_d, w->topk,
+                 out->data, out->dtype));
     return MS_OK;
 }
 

@@ -60,6 +60,9 @@ typedef int cudaError_t; enum { cudaSuccess = 0, cudaErrorInvalidValue = 1 }; ty
 enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 template <class F> static cudaError_t cudaFuncSetAttribute(F, int, int) { return 0; }
 static cudaError_t cudaGetLastError() { return 0; }
+/* Programmatic Dependent Launch: emu_launch runs one grid to completion at a time, so nothing to wait for. */
+static inline void cu_pdl_wait() {}
+static inline void cu_pdl_trigger() {}
 static const char *cudaGetErrorString(cudaError_t) { return "?"; }
 #define CK(call) do { cudaError_t e_ = (call); if (e_) return ms_errf(err, MS_ERR_RUNTIME, "%s", #call); } while (0)
 struct cu_impl { int max_smem_optin; cudaStream_t stream; };

@@ -69,6 +69,10 @@ static inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
     return __nv_bfloat162{bf16{f2bf(lo)}, bf16{f2bf(hi)}};
 }
 
+/* programmatic dependent launch: nothing to wait for or trigger on the host */
+static inline void cu_pdl_wait() {}
+static inline void cu_pdl_trigger() {}
+
 /* host side of mm_launch */
 struct ms_backend {
     int unused;

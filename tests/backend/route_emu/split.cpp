@@ -21,6 +21,9 @@ static thread_local dim3 blockIdx, blockDim, gridDim;
 template <class T> static inline T __ldg(const T *p) { return *p; }
 template <class T> static inline T __ldcg(const T *p) { return *p; }
 static inline void __threadfence() {}
+/* Programmatic Dependent Launch: one grid at a time here, so nothing to wait for. */
+static inline void cu_pdl_wait() {}
+static inline void cu_pdl_trigger() {}
 static std::barrier<> *BLOCK_BAR;
 static inline void __syncthreads() { BLOCK_BAR->arrive_and_wait(); }
 static inline unsigned atomicAdd(unsigned *p, unsigned v) {
