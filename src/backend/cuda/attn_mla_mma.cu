@@ -39,7 +39,6 @@
 #define MM_THREADS (MM_WARPS * 32)
 #define MM_HB 64 /* heads per block */
 #define MM_BN 32 /* keys per tile */
-#define MM_MIN_TILES 4 /* key tiles per split-K range at least */
 /* Partial-S exchange slot per warp: [MM_BN / 8 n-tiles][32 lanes] float4 (a lane's C fragment of one
  * n-tile), so a warp's store or load of one n-tile is 512 contiguous bytes: no bank conflicts. */
 #define MM_XS_BYTES (MM_WARPS * (MM_BN / 8) * 32 * 16)
@@ -288,12 +287,11 @@ int cu_attn_mla_mma(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, 
     a.page_size = m->host->page_size;
     const int groups = (nh + MM_HB - 1) / MM_HB;
     const int max_keys = topk_d ? (topk < m->max_ctx ? topk : m->max_ctx) : m->max_ctx;
-    /* at least MM_MIN_TILES key tiles per split: a split block also loads the 64 x DK query tile and
-     * writes a 64 x (DV + 2) float partial (~200 KB at GLM-5's widths, what 6 key tiles weigh) that
-     * the combine reads again; one tile per split (33 splits at ctx 1024) spent 14 us combining */
-    const int tiles = max_keys > 0 ? (max_keys + MM_BN - 1) / MM_BN : 1;
-    MS_TRY(cu_attn_split(b, (int64_t)T * groups, (tiles + MM_MIN_TILES - 1) / MM_MIN_TILES, 1, T, nh, kvl, allow_split,
-                         &a.n_split, &a.part, err));
+    /* one key tile per split-K range where the grid is small: a tile costs a block ~6 us of latency
+     * (one block per SM), so at batch 1 many one-tile ranges and a fast combine beat fewer longer
+     * ranges (H200, GLM-5 ctx 1024: 9 ranges of 4 tiles 26.9 us + 6.9 us combine) */
+    MS_TRY(cu_attn_split(b, (int64_t)T * groups, max_keys > 0 ? (max_keys + MM_BN - 1) / MM_BN : 1, 1, T, nh, kvl,
+                         allow_split, &a.n_split, &a.part, err));
     dim3 grid((unsigned)T, (unsigned)groups, (unsigned)a.n_split);
     if (D == 576) MS_TRY((mm_launch<576, 512>(b, &a, grid, err)));
     else if (D == 160) MS_TRY((mm_launch<160, 128>(b, &a, grid, err)));

@@ -47,7 +47,6 @@
 #define AM_THREADS (AM_WARPS * 32)
 #define AM_BM (AM_WARPS * 16) /* query rows per block */
 #define AM_BN 64              /* keys per tile */
-#define AM_MIN_TILES 4        /* key tiles per split-K range at least */
 
 struct am_args {
     const bf16 *q, *k, *v;
@@ -276,12 +275,8 @@ int cu_attn_gqa_mma(ms_backend *b, const bf16 *q, const bf16 *kc, const bf16 *vc
     /* blocks that have rows (the grid also holds up to n_seqs spare ones), for the split decision */
     int64_t groups = 0;
     for (int s = 0; s < hb->n_seqs; s++) groups += (hb->seq_start[s + 1] - hb->seq_start[s] + a.tpb - 1) / a.tpb;
-    /* at least AM_MIN_TILES key tiles per split-K range: a range of one tile costs its block's setup
-     * and a partial row that k_attn_combine reads again (batch 1 at ctx 256 ran 5 one-tile ranges,
-     * 6.8 us, plus a 3.5 us combine launch for ~1 MB of keys) */
     const int tiles = m->max_ctx > 0 ? (m->max_ctx + AM_BN - 1) / AM_BN : 1;
-    MS_TRY(cu_attn_split(b, groups * nkv * a.n_chunks, (tiles + AM_MIN_TILES - 1) / AM_MIN_TILES, 4, T, nh, d, allow_split,
-                         &a.n_split, &a.part, err));
+    MS_TRY(cu_attn_split(b, groups * nkv * a.n_chunks, tiles, 4, T, nh, d, allow_split, &a.n_split, &a.part, err));
     const int64_t gx = ((int64_t)T + (int64_t)(hb->n_seqs + 1) * (a.tpb - 1)) / a.tpb; /* P(n_seqs) */
     dim3 grid((unsigned)gx, (unsigned)(nkv * a.n_chunks), (unsigned)a.n_split);
     if (d == 64) MS_TRY(am_launch<64>(b, &a, grid, err));
