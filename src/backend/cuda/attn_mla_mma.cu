@@ -42,6 +42,9 @@
 /* Partial-S exchange slot per warp: [MM_BN / 8 n-tiles][32 lanes] float4 (a lane's C fragment of one
  * n-tile), so a warp's store or load of one n-tile is 512 contiguous bytes: no bank conflicts. */
 #define MM_XS_BYTES (MM_WARPS * (MM_BN / 8) * 32 * 16)
+/* Stages of the per-tile key tables (key, cache slot): a tile's entries are written two iterations
+ * before its P·V reads them, and the stage is rewritten three tiles later. */
+#define MM_ST 3
 
 struct mm_args {
     const bf16 *q, *lat;
@@ -59,7 +62,8 @@ struct mm_args {
 static int mm_lds(int dk) { return (dk / 8) % 2 == 0 ? dk + 8 : dk + 16; }
 
 static size_t mm_smem(int dk) {
-    return (size_t)(MM_HB + 2 * MM_BN) * (size_t)mm_lds(dk) * sizeof(bf16) + 2 * MM_BN * sizeof(int) + MM_XS_BYTES;
+    return (size_t)(MM_HB + 2 * MM_BN) * (size_t)mm_lds(dk) * sizeof(bf16) + 2 * MM_ST * MM_BN * sizeof(int) +
+           MM_XS_BYTES;
 }
 
 /* Barrier of the 64 threads of one head tile's two warps (ids 1..4; 0 is __syncthreads). Orders their
@@ -79,9 +83,11 @@ __global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
     extern __shared__ __align__(16) unsigned char mm_sm[];
     bf16 *Qs = (bf16 *)mm_sm;                 /* [MM_HB][LDS] */
     bf16 *Ks = Qs + MM_HB * LDS;              /* [2][MM_BN][LDS] */
-    int *kpos = (int *)(Ks + 2 * MM_BN * LDS); /* [2][MM_BN]: key position, -1 = masked */
-    float4 *xs = (float4 *)(kpos + 2 * MM_BN); /* [MM_WARPS][MM_BN / 8][32]: partial S (16-byte aligned:
-                                                   LDS is a multiple of 8 elements) */
+    int *kpos = (int *)(Ks + 2 * MM_BN * LDS); /* [MM_ST][MM_BN]: key position, -1 = masked */
+    int *kslot = kpos + MM_ST * MM_BN;         /* [MM_ST][MM_BN]: cache slot of an unmasked key */
+    float4 *xs = (float4 *)(kslot + MM_ST * MM_BN); /* [MM_WARPS][MM_BN / 8][32]: partial S (16-byte
+                                                       aligned: LDS is a multiple of 8 elements, MM_ST *
+                                                       MM_BN ints a multiple of 16 bytes) */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
     const int hw = warp & 3, dh = warp >> 2;
     const int t = blockIdx.x, h0 = blockIdx.y * MM_HB;
@@ -102,35 +108,58 @@ __global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
         const bool ok = h < a.nh;
         cu_cp16(cu_saddr(Qs + r * LDS + c), ok ? a.q + ((size_t)t * a.nh + h) * DK + c : a.q, ok);
     }
-    auto load_tile = [&](int kt, int buf) {
+    /* Key addresses run two tiles ahead of the copies, so no global load sits on a cp.async's issue
+     * path (the chain top-k entry -> block table -> address cost each tile two dependent L2 latencies
+     * while all warps waited). Thread r < MM_BN owns row r of every tile: at the top of iteration kt it
+     * issues the block-table load of tile kt + 2 (its key arrived during iteration kt - 1) and the
+     * top-k load of tile kt + 3; after tile kt's compute it publishes tile kt + 2's key and slot in
+     * stage (kt + 2 - kt0) % MM_ST, which the closing __syncthreads makes visible to the copies of
+     * iteration kt + 1. The prologue resolves tiles kt0 and kt0 + 1 directly. */
+    auto key_of = [&](int kt) -> int { /* row tid of tile kt: -1 none, else a key (maybe out of range) */
+        const int idx = kt * MM_BN + tid;
+        return kt < kt1 && idx < nkeys ? (dense ? idx : tl[idx]) : -1;
+    };
+    auto page_of = [&](int key) -> int { /* block-table entry of a key in range, or -1 */
+        return key >= 0 && key <= pos && key / a.page_size < a.max_blocks ? bt[key / a.page_size] : -1;
+    };
+    auto publish = [&](int kt, int key, int pg) {
+        const int st = (kt - kt0) % MM_ST;
+        const bool ok = key >= 0 && key <= pos && key / a.page_size < a.max_blocks;
+        kpos[st * MM_BN + tid] = ok ? key : -1;
+        kslot[st * MM_BN + tid] = ok ? pg * a.page_size + key % a.page_size : 0;
+    };
+    auto load_tile = [&](int kt, int buf) { /* the copies of a published tile; a masked key zero-fills */
         bf16 *kd = Ks + buf * MM_BN * LDS;
-        int *kp = kpos + buf * MM_BN;
+        const int *kp = kpos + ((kt - kt0) % MM_ST) * MM_BN, *ks = kslot + ((kt - kt0) % MM_ST) * MM_BN;
         for (int i = tid; i < MM_BN * CPR; i += MM_THREADS) {
-            const int j = i / CPR, c = (i % CPR) * 8, idx = kt * MM_BN + j;
-            const int key = idx < nkeys ? (dense ? idx : tl[idx]) : -1;
-            const bf16 *src = a.lat;
-            bool ok = false;
-            if (key >= 0 && key <= pos) {
-                const int pg = key / a.page_size;
-                if (pg < a.max_blocks) {
-                    src = a.lat + ((size_t)bt[pg] * a.page_size + key % a.page_size) * DK + c;
-                    ok = true;
-                }
-            }
-            cu_cp16(cu_saddr(kd + j * LDS + c), src, ok);
-            if (c == 0) kp[j] = ok ? key : -1;
+            const int j = i / CPR, c = (i % CPR) * 8;
+            const bool ok = kp[j] >= 0;
+            cu_cp16(cu_saddr(kd + j * LDS + c), ok ? a.lat + (size_t)ks[j] * DK + c : a.lat, ok);
         }
     };
+    const bool owner = tid < MM_BN;
+    int key2 = -1, key3 = -1, pg2 = -1; /* owner: keys of tiles kt + 2, kt + 3; block-table entry of kt + 2 */
 
     float o[NT][4];
 #pragma unroll
     for (int i = 0; i < NT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; /* l: this thread's share of the row sum */
 
+    if (owner && kt0 < kt1) {
+        const int k0 = key_of(kt0), k1 = key_of(kt0 + 1);
+        key2 = key_of(kt0 + 2);
+        publish(kt0, k0, page_of(k0));
+        publish(kt0 + 1, k1, page_of(k1));
+    }
+    __syncthreads();
     if (kt0 < kt1) load_tile(kt0, 0);
     cu_cp_commit(); /* Q and the first tile */
     for (int kt = kt0; kt < kt1; kt++) {
         const int buf = (kt - kt0) & 1;
+        if (owner) { /* loads only: their values are used after this tile's compute */
+            pg2 = page_of(key2);
+            key3 = key_of(kt + 3);
+        }
         if (kt + 1 < kt1) {
             load_tile(kt + 1, buf ^ 1);
             cu_cp_commit();
@@ -141,7 +170,7 @@ __global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
         __syncthreads();
         if (active) {
             const bf16 *kb = Ks + buf * MM_BN * LDS;
-            const int *kp = kpos + buf * MM_BN;
+            const int *kp = kpos + ((kt - kt0) % MM_ST) * MM_BN;
             float sc[MM_BN / 8][4];
 #pragma unroll
             for (int i = 0; i < MM_BN / 8; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
@@ -195,7 +224,11 @@ __global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
             cu_softmax_tile(sc, m, l, o);
             cu_pv_tile(sc, kb + ((lane & 7) + (((lane >> 3) & 1) << 3)) * LDS + dh * DVW + ((lane >> 4) << 3), LDS, o);
         }
-        __syncthreads(); /* the next iteration's loads overwrite this buffer */
+        if (owner) {
+            publish(kt + 2, key2, pg2);
+            key2 = key3;
+        }
+        __syncthreads(); /* the next iteration's loads overwrite this buffer; tile kt + 2 published */
     }
     cu_cp_wait<0>(); /* an empty key range still committed Q's copies */
     if (!active) return;
