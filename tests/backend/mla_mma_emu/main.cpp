@@ -3,10 +3,12 @@
  * and compares it with a float64 softmax(Q·Kᵀ)·V written here from the definition, so the warp split
  * of Q·Kᵀ, the exchange of partial scores and the masking/gather logic are checked without a GPU.
  * Cases: latent widths 576 (36 k-steps, 18 + 18), 160 (5 + 5) and 80 (3 + 2: the odd split), dense
- * causal and DSA top-k lists with -1 holes, tokens below and above top-k, split-K with empty key
- * ranges (the partials merged here as cu_attn_combine does), 80 heads (a partial second group, so
- * some head tiles idle) and 20 heads (a head tile with 4 real heads), paged cache with a shuffled
- * block table. The GPU itself is covered by test_cuda_ops on the GPU machine. */
+ * causal and DSA top-k lists with -1 holes and keys past the position, tokens below and above top-k,
+ * split-K with empty key ranges (the partials merged here as cu_attn_combine does), walks of up to 7
+ * tiles and ranges starting past tile 0 (the key addresses run two tiles ahead of the copies),
+ * positions past the block table (masked pages, whole masked ranges), 80 heads (a partial second
+ * group, so some head tiles idle) and 20 heads (a head tile with 4 real heads), paged cache with a
+ * shuffled block table. The GPU itself is covered by test_cuda_ops on the GPU machine. */
 #include "mla_emu.cpp"
 
 #include <random>
@@ -43,7 +45,9 @@ static void run_case(const char *name, int nh, int topk, int n_split, const std:
             std::vector<int> keys;
             for (int j = 0; j <= pos[t]; j++) keys.push_back(j);
             std::shuffle(keys.begin(), keys.end(), R);
-            for (int c = 0; c < topk; c++) tk[(size_t)t * topk + c] = (c % 7 == 3) ? -1 : keys[c];
+            /* holes (-1) and a few keys past the token's position, which the kernel must mask */
+            for (int c = 0; c < topk; c++)
+                tk[(size_t)t * topk + c] = (c % 7 == 3) ? -1 : (c % 11 == 5) ? pos[t] + 1 + c : keys[c];
         }
     }
     const float scale = 1.f / sqrtf((float)DK);
@@ -81,7 +85,7 @@ static void run_case(const char *name, int nh, int topk, int n_split, const std:
         tiles += (nk + MM_BN - 1) / MM_BN;
         for (int i = 0; i < nk; i++) {
             const int k = dense ? i : tk[(size_t)t * topk + i];
-            if (k >= 0 && k <= pos[t]) keys.push_back(k);
+            if (k >= 0 && k <= pos[t] && k / page < max_blocks) keys.push_back(k); /* as the kernel masks */
         }
         for (int h = 0; h < nh; h++) {
             const bf16 *qh = &q[((size_t)t * nh + h) * DK];
@@ -160,6 +164,23 @@ int main() {
     { /* width 160, 20 heads (head tile 1 has 4 real heads), DSA top-48 */
         std::vector<tok> t = {{0, 20}, {0, 90}, {0, 91}};
         run_case<160, 128>("20 heads dsa top-48", 20, 48, 1, {92}, t);
+    }
+    { /* long walks for the key-address pipeline (keys resolved two tiles ahead): 7 dense tiles, DSA
+       * top-150 (5 tiles, the last one partial), split-K ranges that start past tile 0 (4 + 3 tiles) */
+        std::vector<tok> t = {{0, 207}, {0, 140}, {0, 300}, {1, 159}};
+        run_case<80, 64>("long walks dsa top-150", 64, 150, 1, {301, 160}, t);
+        run_case<80, 64>("long walks dsa top-150, split 2", 64, 150, 2, {301, 160}, t);
+        std::vector<tok> d = {{0, 208}, {1, 95}};
+        run_case<160, 128>("long dense walks, split 3", 32, 0, 3, {209, 96}, d);
+    }
+    { /* positions past the block table (pages >= max_blocks masked): whole tiles and a whole split-K
+       * range with no key */
+        std::vector<tok> t = {{0, 63}, {0, 70}, {0, 130}};
+        run_case<80, 64>("keys past the block table, split 2", 16, 0, 2, {64}, t);
+    }
+    { /* GLM-5 width over 5 tiles (each thread's 9 chunks on 9 rows) */
+        std::vector<tok> t = {{0, 150}};
+        run_case<576, 512>("dense 5 tiles", 64, 0, 1, {151}, t);
     }
     printf("## test_mla_mma_emu: %d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
