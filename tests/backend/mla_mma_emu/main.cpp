@@ -165,13 +165,15 @@ int main() {
         std::vector<tok> t = {{0, 20}, {0, 90}, {0, 91}};
         run_case<160, 128>("20 heads dsa top-48", 20, 48, 1, {92}, t);
     }
-    { /* long walks for the key-address pipeline (keys resolved two tiles ahead): 7 dense tiles, DSA
-       * top-150 (5 tiles, the last one partial), split-K ranges that start past tile 0 (4 + 3 tiles) */
+    { /* long walks for the key-address pipeline (keys resolved two tiles ahead): DSA top-150 (5 tiles,
+       * the last one partial) and a dense token of 5 tiles, whole and split 2 (3 + 2 tiles); dense walks
+       * of 9 tiles, split 2 (5 + 4 tiles: a range of 4 starting at tile 5) and split 3 (3 + 3 + 3) */
         std::vector<tok> t = {{0, 207}, {0, 140}, {0, 300}, {1, 159}};
         run_case<80, 64>("long walks dsa top-150", 64, 150, 1, {301, 160}, t);
         run_case<80, 64>("long walks dsa top-150, split 2", 64, 150, 2, {301, 160}, t);
-        std::vector<tok> d = {{0, 208}, {1, 95}};
-        run_case<160, 128>("long dense walks, split 3", 32, 0, 3, {209, 96}, d);
+        std::vector<tok> d = {{0, 280}, {1, 95}};
+        run_case<160, 128>("long dense walks, split 2", 32, 0, 2, {281, 96}, d);
+        run_case<80, 64>("long dense walks, split 3", 32, 0, 3, {281, 96}, d);
     }
     { /* positions past the block table (pages >= max_blocks masked): whole tiles and a whole split-K
        * range with no key */
