@@ -160,14 +160,14 @@ __global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
             pg2 = page_of(key2);
             key3 = key_of(kt + 3);
         }
+        cu_cp_wait<0>(); /* tile kt (and Q) */
+        /* One barrier a tile: it publishes tile kt's rows and tile kt + 1's keys, and every warp has left
+         * tile kt - 1, so its buffer, its key-table stage and the partial-S slots can be rewritten. */
+        __syncthreads();
         if (kt + 1 < kt1) {
             load_tile(kt + 1, buf ^ 1);
             cu_cp_commit();
-            cu_cp_wait<1>();
-        } else {
-            cu_cp_wait<0>();
         }
-        __syncthreads();
         if (active) {
             const bf16 *kb = Ks + buf * MM_BN * LDS;
             const int *kp = kpos + ((kt - kt0) % MM_ST) * MM_BN;
@@ -198,8 +198,8 @@ __global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
              * of the C fragment as lane l here. Each warp adds own + partner's: IEEE 754 addition is
              * commutative (both orders round the same exact sum), so both warps get the bits of
              * part(dh 0) + part(dh 1) without selecting operands by dh (a fused or reassociated form would
-             * break this: none exists for one add). The slot is reused next tile only after this
-             * iteration's closing __syncthreads, which the partner reaches after its read. */
+             * break this: none exists for one add). The slot is reused next tile only after the next
+             * iteration's __syncthreads, which the partner reaches after its read. */
             float4 *mine = xs + (warp * (MM_BN / 8)) * 32 + lane;
             const float4 *other = xs + ((warp ^ 4) * (MM_BN / 8)) * 32 + lane;
 #pragma unroll
@@ -224,11 +224,10 @@ __global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
             cu_softmax_tile(sc, m, l, o);
             cu_pv_tile(sc, kb + ((lane & 7) + (((lane >> 3) & 1) << 3)) * LDS + dh * DVW + ((lane >> 4) << 3), LDS, o);
         }
-        if (owner) {
+        if (owner) { /* read by the copies of iteration kt + 1, after its barrier */
             publish(kt + 2, key2, pg2);
             key2 = key3;
         }
-        __syncthreads(); /* the next iteration's loads overwrite this buffer; tile kt + 2 published */
     }
     cu_cp_wait<0>(); /* an empty key range still committed Q's copies */
     if (!active) return;
