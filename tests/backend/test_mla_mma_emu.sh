@@ -3,8 +3,9 @@
 # kernel and launch code are compiled for the host with the CUDA-only lines swapped for
 # tests/backend/mla_mma_emu/emu.h (each CUDA thread a host thread, ldmatrix and mma.sync rebuilt from
 # the PTX ISA tables, named barriers of 64 threads) under the address and undefined-behaviour
-# sanitizers, then compared with a float64 reference (tests/backend/mla_mma_emu/main.cpp). The GPU
-# itself is covered by test_cuda_ops on the GPU machine.
+# sanitizers, then compared with a float64 reference (tests/backend/mla_mma_emu/main.cpp), in two passes
+# (cp.async copies landing at their wait, then at issue). The GPU itself is covered by test_cuda_ops on
+# the GPU machine.
 set -u
 cd "$(dirname "$0")/../.."
 OUTDIR=${MS_BUILD:-build}/mla_mma_emu
@@ -31,7 +32,12 @@ if ! $CXX $flags $san -o "$OUTDIR/mla_mma_emu" tests/backend/mla_mma_emu/main.cp
   $CXX $flags -o "$OUTDIR/mla_mma_emu" tests/backend/mla_mma_emu/main.cpp 2>>"$OUTDIR/build.log" ||
     { cat "$OUTDIR/build.log"; fail "building the emulation"; }
 fi
-timeout 900 "$OUTDIR/mla_mma_emu"
-rc=$?
-[ $rc = 0 ] || echo "FAIL emulation exited with $rc"
+# twice: copies landing at their wait (catches a read before the wait or barrier), then landing at once
+# (catches a copy issued into a buffer another warp still reads)
+rc=0
+for early in 0 1; do
+  MS_EMU_CP_EARLY=$early timeout 900 "$OUTDIR/mla_mma_emu"
+  r=$?
+  [ $r = 0 ] || { echo "FAIL emulation (MS_EMU_CP_EARLY=$early) exited with $r"; rc=$r; }
+done
 exit $rc

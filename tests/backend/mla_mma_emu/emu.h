@@ -8,8 +8,9 @@
  * row lane/4, elements 2(lane%4), +1; .trans gets rows 2(lane%4), +1 of column lane/4. mma A: a_i row g
  * for i in {0,1,4,5} else g+8, column 2t+(i&1) (+8 for i >= 4); B: b_i k 2t+(i&1) (+8 for i >= 2),
  * column g; C: c_i row g (i < 2) else g+8, column 2t+(i&1)), accumulated in float64; cp.async copies
- * land at the wait that covers their group, and shared memory starts NaN-poisoned, so a read before
- * the right wait or barrier, or of a slot nobody wrote, shows in the result. */
+ * land at the wait that covers their group (or, with MS_EMU_CP_EARLY=1, at once), and shared memory
+ * starts NaN-poisoned, so a read before the right wait or barrier, or of a slot nobody wrote, shows in
+ * the result. */
 #ifndef MS_TESTS_MLA_MMA_EMU_H
 #define MS_TESTS_MLA_MMA_EMU_H
 #include <algorithm>
@@ -147,8 +148,16 @@ static inline const unsigned char *sm_at(uint32_t a, size_t n) {
     }
     return EB->smem + a;
 }
+/* MS_EMU_CP_EARLY=1: copies land when issued instead of at their wait, so a copy into a buffer that
+ * another warp still reads (a missing barrier before the issue) shows in the result */
+static const bool emu_cp_early = getenv("MS_EMU_CP_EARLY") && atoi(getenv("MS_EMU_CP_EARLY"));
 static inline void cu_cp16(uint32_t dst, const void *src, bool full) {
     if ((size_t)dst + 16 > EB->smem_bytes || dst % 16) abort();
+    if (emu_cp_early) {
+        if (full) memcpy(EB->smem + dst, src, 16);
+        else memset(EB->smem + dst, 0, 16);
+        return;
+    }
     cpq->push_back({EB->smem + dst, full ? src : nullptr});
     cpgid->push_back(cp_open);
 }

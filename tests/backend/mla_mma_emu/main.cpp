@@ -184,6 +184,7 @@ int main() {
         std::vector<tok> t = {{0, 150}};
         run_case<576, 512>("dense 5 tiles", 64, 0, 1, {151}, t);
     }
-    printf("## test_mla_mma_emu: %d passed, %d failed\n", n_pass, n_fail);
+    printf("## test_mla_mma_emu%s: %d passed, %d failed\n", emu_cp_early ? " (copies landing at issue)" : "", n_pass,
+           n_fail);
     return n_fail ? 1 : 0;
 }
