@@ -19,9 +19,12 @@
  * version did, was 1664. The token's keys are either 0..position (dense MLA, and DSA tokens
  * whose position is below index_topk, where the top-k list must hold every causal key) or the
  * token's top-k list (-1 entries unused). Keys come in tiles of 32 latent rows gathered from the paged
- * cache (slot = block_table[s][pos / page] * page + pos % page) by 16-byte cp.async, double-buffered;
- * a missing key is zero-filled and masked, so it never brings NaN into P·V. Q (64 x DK) sits in shared
- * memory for the whole walk and its A fragments are reloaded by ldmatrix per k-step.
+ * cache (slot = block_table[s][pos / page] * page + pos % page) by 16-byte cp.async, double-buffered,
+ * one __syncthreads per tile; the slots are resolved two tiles ahead by one thread per row into small
+ * shared tables (its top-k and block-table loads land during the compute of earlier tiles), so
+ * issuing a tile's copies waits on no global load. A missing key is zero-filled and masked, so it
+ * never brings NaN into P·V. Q (64 x DK) sits in shared memory for the whole walk and its A fragments
+ * are reloaded by ldmatrix per k-step.
  *
  * Math per warp and tile: S = Q·Kᵀ (16 x 32, fp32, mma.m16n8k16 bf16, two partial sums as above); online softmax in the log2
  * domain as attn_mma.cu (a row that has seen no key keeps m = -inf and uses 0 as its base); P rounded
