@@ -125,19 +125,31 @@ __global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
     auto page_of = [&](int key) -> int { /* block-table entry of a key in range, or -1 */
         return key >= 0 && key <= pos && key / a.page_size < a.max_blocks ? bt[key / a.page_size] : -1;
     };
+    /* A key is masked (kpos -1, kslot -1, its row zero-filled) when < 0, past the position, on a page
+     * at or past max_blocks, or on a page the block table does not map (entry < 0). Slots fit an int:
+     * 2^31 latent rows would be over 160 GB even at width 80. */
     auto publish = [&](int kt, int key, int pg) {
         const int st = (kt - kt0) % MM_ST;
-        const bool ok = key >= 0 && key <= pos && key / a.page_size < a.max_blocks;
+        const bool ok = key >= 0 && key <= pos && key / a.page_size < a.max_blocks && pg >= 0;
         kpos[st * MM_BN + tid] = ok ? key : -1;
-        kslot[st * MM_BN + tid] = ok ? pg * a.page_size + key % a.page_size : 0;
+        kslot[st * MM_BN + tid] = ok ? pg * a.page_size + key % a.page_size : -1;
     };
-    auto load_tile = [&](int kt, int buf) { /* the copies of a published tile; a masked key zero-fills */
+    constexpr int NCH = (MM_BN * CPR + MM_THREADS - 1) / MM_THREADS; /* 16-byte chunks a thread copies */
+    auto load_tile = [&](int kt, int buf) { /* the copies of a published tile */
         bf16 *kd = Ks + buf * MM_BN * LDS;
-        const int *kp = kpos + ((kt - kt0) % MM_ST) * MM_BN, *ks = kslot + ((kt - kt0) % MM_ST) * MM_BN;
-        for (int i = tid; i < MM_BN * CPR; i += MM_THREADS) {
-            const int j = i / CPR, c = (i % CPR) * 8;
-            const bool ok = kp[j] >= 0;
-            cu_cp16(cu_saddr(kd + j * LDS + c), ok ? a.lat + (size_t)ks[j] * DK + c : a.lat, ok);
+        const int *ks = kslot + ((kt - kt0) % MM_ST) * MM_BN;
+        /* every slot read before the first copy: the copies' memory clobber keeps later reads behind them */
+        int sl[NCH];
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            const int i = tid + ch * MM_THREADS;
+            sl[ch] = (MM_BN * CPR) % MM_THREADS == 0 || i < MM_BN * CPR ? ks[i / CPR] : -1;
+        }
+#pragma unroll
+        for (int ch = 0; ch < NCH; ch++) {
+            const int i = tid + ch * MM_THREADS, j = i / CPR, c = (i % CPR) * 8;
+            if ((MM_BN * CPR) % MM_THREADS == 0 || i < MM_BN * CPR)
+                cu_cp16(cu_saddr(kd + j * LDS + c), sl[ch] >= 0 ? a.lat + (size_t)sl[ch] * DK + c : a.lat, sl[ch] >= 0);
         }
     };
     const bool owner = tid < MM_BN;
