@@ -721,6 +721,13 @@ static int build(lctx *c, int with_mtp) {
     return MS_OK;
 }
 
+/* The architecture's fused weight forms (fuse_placed) are built unless MS_STACK_PROJ=0 (an A/B switch
+ * for measuring them). */
+static int stack_wanted(void) {
+    const char *e = getenv("MS_STACK_PROJ");
+    return !(e && !strcmp(e, "0"));
+}
+
 int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_err *err) {
     *out = NULL;
     ms_load_opts def = {0};
@@ -777,7 +784,7 @@ int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_
     free(c.used);
     ms_quant_decl_free(&c.q);
     if (!rc && c.dev) rc = c.dev->ops->sync(c.dev, err); /* fill kernels finished (and succeeded) */
-    if (!rc && c.dev && m->cfg.arch->fuse_placed) rc = m->cfg.arch->fuse_placed(m, c.dev, err);
+    if (!rc && c.dev && m->cfg.arch->fuse_placed && stack_wanted()) rc = m->cfg.arch->fuse_placed(m, c.dev, err);
     if (rc) {
         ms_model_free(m);
         return rc;
@@ -836,7 +843,7 @@ int ms_model_place(ms_model *m, ms_backend *b, ms_err *err) {
     int rc = visit_all(m, &v);
     if (m->tied_lm_head) m->lm_head.w = m->embed; /* shares the embedding's (now placed) memory */
     if (m->mtp.head_shared) m->mtp.head = m->lm_head;
-    if (!rc && m->cfg.arch->fuse_placed) rc = m->cfg.arch->fuse_placed(m, b, err);
+    if (!rc && m->cfg.arch->fuse_placed && stack_wanted()) rc = m->cfg.arch->fuse_placed(m, b, err);
     return rc;
 }
 
