@@ -5,7 +5,6 @@
  * Tensor parallelism splits the heads: q/k/v projections by output rows (whole heads, so q/k norm
  * and RoPE need nothing from other ranks), o_proj by input columns; each rank caches only its KV
  * heads, and the partial o_proj outputs are summed by the forward's all-reduce. */
-#include "core/log.h"
 #include "model/arch.h"
 #include "model/config_internal.h"
 #include "model/forward_internal.h"
@@ -189,32 +188,18 @@ static void describe(const ms_config *c, FILE *out) {
             c->attention_bias ? ", qkv bias" : "");
 }
 
-/* q|k|v of every layer that takes the gqa_prep path stacked into one linear (ms_layer.a_stack), when
- * the backend can stack them; all layers or none, so the forward's qkv buffer serves every layer. */
+/* q|k|v of a layer that takes the gqa_prep path, for ms_ld_stack_layers. */
+static int qkv_parts(const ms_model *m, ms_layer *l, ms_linear **parts) {
+    if (!l->q_proj.w.data || !l->k_proj.w.data || !l->v_proj.w.data || !prep_fusable(&m->cfg, l)) return 0;
+    parts[0] = &l->q_proj, parts[1] = &l->k_proj, parts[2] = &l->v_proj;
+    return 3;
+}
+
+/* q|k|v of every layer stacked into one linear (ms_layer.a_stack) when the backend can stack them and
+ * fuses what follows (gqa_prep reads the stacked rows). */
 static int fuse_placed(ms_model *m, ms_backend *b, ms_err *err) {
-    if (!b->ops->stack_linears || !b->ops->gqa_prep) return MS_OK;
-    const int nl = m->cfg.num_layers + (m->mtp.loaded ? 1 : 0);
-    for (int L = 0; L < nl; L++) {
-        const ms_layer *l = &m->layers[L];
-        if (!l->q_proj.w.data || !l->k_proj.w.data || !l->v_proj.w.data || !prep_fusable(&m->cfg, l)) return MS_OK;
-    }
-    for (int L = 0; L < nl; L++) {
-        ms_layer *l = &m->layers[L];
-        char nm[96];
-        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.a_stack (stacked)", L);
-        const char *name = ms_model_strdup(m, nm);
-        if (!name) return ms_errf(err, MS_ERR_NOMEM, "out of memory");
-        ms_linear *parts[3] = {&l->q_proj, &l->k_proj, &l->v_proj};
-        ms_err e2 = {0};
-        int rc = b->ops->stack_linears(b, parts, 3, name, &l->a_stack, &e2);
-        if (rc == MS_ERR_UNSUPPORTED && L == 0) {
-            MS_LOGI("q/k/v projections stay separate: %s", e2.msg);
-            return MS_OK;
-        }
-        if (rc) return ms_errf(err, rc, "%s", e2.msg);
-    }
-    MS_LOGI("q|k|v of %d layers stacked into one linear each (%lld rows)", nl, (long long)m->layers[0].a_stack.n_out);
-    return MS_OK;
+    if (!b->ops->gqa_prep) return MS_OK;
+    return ms_ld_stack_layers(m, b, "q|k|v", qkv_parts, err);
 }
 
 /* GQA keeps no state between layers: the MTP layer is an ordinary one. */

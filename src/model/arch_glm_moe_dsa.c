@@ -9,7 +9,6 @@
  * by input columns. The latent projections, their norms and the indexer are replicated: every rank
  * computes the same latent and the same key selection from the same (all-reduced) input, caches the
  * whole latent, and attends with its own heads. */
-#include "core/log.h"
 #include "model/arch.h"
 #include "model/config_internal.h"
 #include "model/forward_internal.h"
@@ -285,35 +284,21 @@ static void describe(const ms_config *c, FILE *out) {
             c->index_topk, n_full, c->num_layers - n_full);
 }
 
-/* q_a | indexer wk (full layers) | kv_a of every layer stacked into one linear (ms_layer.a_stack) when
- * the backend can: a one-token step then reads the ~34 MB of GLM-5's input projections in one launch
- * instead of three small GEMVs. kv_a goes last so that FP8 parts keep whole 128-row scale blocks. All
- * layers or none (the first refusal leaves every layer as it was). */
+/* q_a | indexer wk (full layers) | kv_a of a layer, for ms_ld_stack_layers: a one-token step then
+ * reads the ~34 MB of GLM-5's input projections in one launch instead of three small GEMVs. kv_a goes
+ * last so that FP8 parts keep whole 128-row scale blocks. */
+static int in_parts(const ms_model *m, ms_layer *l, ms_linear **parts) {
+    (void)m;
+    if (!l->q_a_proj.w.data || !l->kv_a_proj.w.data || (l->has_indexer && !l->idx_wk.w.data)) return 0;
+    int n = 0;
+    parts[n++] = &l->q_a_proj;
+    if (l->has_indexer) parts[n++] = &l->idx_wk;
+    parts[n++] = &l->kv_a_proj;
+    return n;
+}
+
 static int fuse_placed(ms_model *m, ms_backend *b, ms_err *err) {
-    if (!b->ops->stack_linears) return MS_OK;
-    const int nl = m->cfg.num_layers + (m->mtp.loaded ? 1 : 0);
-    for (int L = 0; L < nl; L++) {
-        const ms_layer *l = &m->layers[L];
-        if (!l->q_a_proj.w.data || !l->kv_a_proj.w.data || (l->has_indexer && !l->idx_wk.w.data)) return MS_OK;
-    }
-    for (int L = 0; L < nl; L++) {
-        ms_layer *l = &m->layers[L];
-        char nm[96];
-        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.q_a|wk|kv_a (stacked)", L);
-        const char *name = ms_model_strdup(m, nm);
-        if (!name) return ms_errf(err, MS_ERR_NOMEM, "out of memory");
-        ms_linear *parts[3] = {&l->q_a_proj, &l->idx_wk, &l->kv_a_proj};
-        if (!l->has_indexer) parts[1] = &l->kv_a_proj;
-        ms_err e2 = {0};
-        int rc = b->ops->stack_linears(b, parts, l->has_indexer ? 3 : 2, name, &l->a_stack, &e2);
-        if (rc == MS_ERR_UNSUPPORTED && L == 0) {
-            MS_LOGI("MLA input projections stay separate: %s", e2.msg);
-            return MS_OK;
-        }
-        if (rc) return ms_errf(err, rc, "%s", e2.msg);
-    }
-    MS_LOGI("q_a|indexer wk|kv_a of %d layers stacked into one linear each (%lld rows)", nl, (long long)m->layers[0].a_stack.n_out);
-    return MS_OK;
+    return ms_ld_stack_layers(m, b, "q_a|indexer wk|kv_a", in_parts, err);
 }
 
 /* The MTP layer runs in a step of its own, where no earlier layer made a selection to share: its

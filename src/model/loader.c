@@ -721,6 +721,41 @@ static int build(lctx *c, int with_mtp) {
     return MS_OK;
 }
 
+/* Contract in loader_internal.h. */
+int ms_ld_stack_layers(ms_model *m, ms_backend *b, const char *label, int (*parts_of)(const ms_model *m, ms_layer *l,
+                                                                                    ms_linear **parts),
+                       ms_err *err) {
+    if (!b->ops->stack_linears) return MS_OK;
+    const int nl = m->cfg.num_layers + (m->mtp.loaded ? 1 : 0);
+    ms_linear *parts[MS_STACK_MAX_PARTS];
+    for (int L = 0; L < nl; L++)
+        if (parts_of(m, &m->layers[L], parts) < 2) return MS_OK;
+    for (int L = 0; L < nl; L++) {
+        ms_layer *l = &m->layers[L];
+        const int n = parts_of(m, l, parts);
+        char nm[128];
+        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.%s (stacked)", L, label);
+        const char *name = ms_model_strdup(m, nm);
+        if (!name) return ms_errf(err, MS_ERR_NOMEM, "out of memory");
+        ms_err e2 = {0};
+        int rc = b->ops->stack_linears(b, parts, n, name, &l->a_stack, &e2);
+        if (rc == MS_ERR_UNSUPPORTED && L == 0) {
+            MS_LOGI("%s stay separate: %s", label, e2.msg);
+            return MS_OK;
+        }
+        if (rc) return ms_errf(err, rc, "%s", e2.msg);
+    }
+    MS_LOGI("%s of %d layers stacked into one linear each (%lld rows)", label, nl, (long long)m->layers[0].a_stack.n_out);
+    return MS_OK;
+}
+
+/* The architecture's fused weight forms (fuse_placed) are built unless MS_STACK_PROJ=0 (an A/B switch
+ * for measuring them). */
+static int stack_wanted(void) {
+    const char *e = getenv("MS_STACK_PROJ");
+    return !(e && !strcmp(e, "0"));
+}
+
 int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_err *err) {
     *out = NULL;
     ms_load_opts def = {0};
@@ -777,7 +812,7 @@ int ms_model_load(const char *dir, const ms_load_opts *opts, ms_model **out, ms_
     free(c.used);
     ms_quant_decl_free(&c.q);
     if (!rc && c.dev) rc = c.dev->ops->sync(c.dev, err); /* fill kernels finished (and succeeded) */
-    if (!rc && c.dev && m->cfg.arch->fuse_placed) rc = m->cfg.arch->fuse_placed(m, c.dev, err);
+    if (!rc && c.dev && m->cfg.arch->fuse_placed && stack_wanted()) rc = m->cfg.arch->fuse_placed(m, c.dev, err);
     if (rc) {
         ms_model_free(m);
         return rc;
@@ -836,7 +871,7 @@ int ms_model_place(ms_model *m, ms_backend *b, ms_err *err) {
     int rc = visit_all(m, &v);
     if (m->tied_lm_head) m->lm_head.w = m->embed; /* shares the embedding's (now placed) memory */
     if (m->mtp.head_shared) m->mtp.head = m->lm_head;
-    if (!rc && m->cfg.arch->fuse_placed) rc = m->cfg.arch->fuse_placed(m, b, err);
+    if (!rc && m->cfg.arch->fuse_placed && stack_wanted()) rc = m->cfg.arch->fuse_placed(m, b, err);
     return rc;
 }
 

@@ -27,5 +27,13 @@ int ms_ld_linear(ms_load_ctx *c, const char *module, int64_t N, int64_t K, int g
                  ms_linear *W);
 /* A 1-D float tensor [n] (norm weight, bias), replicated. required = 0 leaves data NULL when absent. */
 int ms_ld_tensor1(ms_load_ctx *c, const char *name, int64_t n, int required, int group, ms_dummy_kind kind, ms_tensor *out);
+/* For an arch table's fuse_placed: when the backend has stack_linears, stacks each layer's linears
+ * that parts_of lists (it fills parts, at most MS_STACK_MAX_PARTS, and returns their count; fewer
+ * than 2 in any layer leaves the model as it is) into the layer's a_stack, named
+ * "model.layers.L.self_attn.<label> (stacked)". A backend refusal at the first layer is logged and
+ * leaves every layer unstacked; only a failing backend call is an error. */
+#define MS_STACK_MAX_PARTS 4
+int ms_ld_stack_layers(ms_model *m, ms_backend *b, const char *label,
+                       int (*parts_of)(const ms_model *m, ms_layer *l, ms_linear **parts), ms_err *err);
 
 #endif

@@ -696,7 +696,8 @@ static int cu_linear(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_t
         return MS_OK;
     }
     const float *bias = W->bias.data ? (const float *)W->bias.data : NULL;
-    if ((d.fmt == MS_WFMT_PLAIN ? T <= cu_bf16_gemv_max_t() : T <= CU_GEMV_MAX_T) && cu_gemv_mma_usable(b, &d, xb, 1)) {
+    const int plain_gemv = T <= cu_bf16_gemv_max_t() || (T <= 16 && N <= cu_knob(CU_KNOB_BF16_GEMV_MAX_N));
+    if ((d.fmt == MS_WFMT_PLAIN ? plain_gemv : T <= CU_GEMV_MAX_T) && cu_gemv_mma_usable(b, &d, xb, 1)) {
         /* tensor-core GEMV, bias added in its epilogue */
         const cu_gemv_call c = {.mode = 0, .n_groups = 1, .w0 = d, .bias = bias, .rows_total = (int)T, .x = xb,
                                 .y = y->data, .y_type = y->dtype, .ldy = N};

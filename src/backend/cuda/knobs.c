@@ -66,6 +66,10 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
     [CU_KNOB_PDL] = {"MS_CU_PDL", KN_INT, 1, 0, 1, NULL, 1,
                      "Programmatic Dependent Launch on sm_90+: each of our kernels may start while the previous "
                      "one drains and waits in griddepcontrol.wait (hides the launch gap); 0 = plain launches"},
+    [CU_KNOB_BF16_GEMV_MAX_N] = {"MS_CU_BF16_GEMV_MAX_N", KN_INT, 0, 0, 1 << 30, NULL, 1,
+                                 "bf16 linears with at most this many output features use the tensor-core GEMV "
+                                 "at up to 16 rows (0: by MS_CU_BF16_GEMV_MAX_T only; for narrow stacked "
+                                 "projections where cuBLASLt streams ~2 TB/s)"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */

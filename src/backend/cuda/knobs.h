@@ -24,6 +24,7 @@ typedef enum cu_knob_id {
     CU_KNOB_ROUTER,            /* MS_CU_ROUTER: CU_ROUTER_SPLIT or CU_ROUTER_WARP (read at every call) */
     CU_KNOB_LT_TUNE,           /* MS_CU_LT_TUNE: 0 or 1 (read once) */
     CU_KNOB_PDL,               /* MS_CU_PDL: 1 (default) or 0 (read once) */
+    CU_KNOB_BF16_GEMV_MAX_N,   /* MS_CU_BF16_GEMV_MAX_N: integer (read once) */
     CU_KNOB_COUNT
 } cu_knob_id;
 
