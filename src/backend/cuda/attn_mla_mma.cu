@@ -112,12 +112,13 @@ __global__ __launch_bounds__(MM_THREADS, 1) void k_mla_mma(mm_args a) {
         cu_cp16(cu_saddr(Qs + r * LDS + c), ok ? a.q + ((size_t)t * a.nh + h) * DK + c : a.q, ok);
     }
     /* Key addresses run two tiles ahead of the copies, so no global load sits on a cp.async's issue
-     * path (the chain top-k entry -> block table -> address cost each tile two dependent L2 latencies
-     * while all warps waited). Thread r < MM_BN owns row r of every tile: at the top of iteration kt it
-     * issues the block-table load of tile kt + 2 (its key arrived during iteration kt - 1) and the
-     * top-k load of tile kt + 3; after tile kt's compute it publishes tile kt + 2's key and slot in
-     * stage (kt + 2 - kt0) % MM_ST, which the closing __syncthreads makes visible to the copies of
-     * iteration kt + 1. The prologue resolves tiles kt0 and kt0 + 1 directly. */
+     * path (before, each of a thread's 9 chunks did top-k entry -> block table -> address -> cp.async,
+     * the chains in series behind the copies' memory clobber, all warps at once). Thread r < MM_BN
+     * owns row r of every tile: at the top of iteration kt it issues the block-table load of tile
+     * kt + 2 (its key arrived during iteration kt - 1) and the top-k load of tile kt + 3; after tile
+     * kt's compute it publishes tile kt + 2's key and slot in stage (kt + 2 - kt0) % MM_ST, which the
+     * barrier of iteration kt + 1 makes visible to that iteration's copies (of tile kt + 2). The
+     * prologue resolves tiles kt0 and kt0 + 1 directly. */
     auto key_of = [&](int kt) -> int { /* row tid of tile kt: -1 none, else a key (maybe out of range) */
         const int idx = kt * MM_BN + tid;
         return kt < kt1 && idx < nkeys ? (dense ? idx : tl[idx]) : -1;
