@@ -514,20 +514,22 @@ static cudaDataType_t cu_dt(int t) { return t == MS_F32 ? CUDA_R_32F : t == MS_F
 
 /* cuBLASLt's first heuristic choice for a one-row (decode) GEMM streamed the GLM-4.5-Air q/o
  * projections at ~3.5 TB/s where a copy reaches 4.27, and its split-K choices add a reduce launch.
- * So the first call of a shape times up to LT_TUNE_MAX of its candidates on the real operands and
- * keeps the fastest (MS_CU_LT_TUNE=0: the first choice, as before). Only when C is a pure output
+ * So the first call of a shape times up to MS_CU_LT_TUNE (default 8) of its candidates on the real
+ * operands and keeps the fastest (MS_CU_LT_TUNE=0 or 1: the first choice, as before). Only when C is a pure output
  * (beta 0: running it several times gives the same C) and the stream is not being captured into a
  * graph (the forward runs every shape eagerly before recording). */
-#define LT_TUNE_MAX 8
+#define LT_TUNE_MAX 32 /* candidates at most (MS_CU_LT_TUNE says how many, default 8) */
 #define LT_TUNE_REPS 3
-static int lt_tunable(cu_impl *c, float beta) {
-    if (beta != 0.f || !cu_knob(CU_KNOB_LT_TUNE)) return 0;
+/* How many candidates the first call of a shape times (1: cuBLASLt's first choice, untimed). */
+static int lt_candidates(cu_impl *c, float beta) {
+    const int n = cu_knob(CU_KNOB_LT_TUNE);
+    if (beta != 0.f || n <= 1) return 1;
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(c->stream, &st) != cudaSuccess) {
         cudaGetLastError();
-        return 0;
+        return 1;
     }
-    return st == cudaStreamCaptureStatusNone;
+    return st == cudaStreamCaptureStatusNone ? (n < LT_TUNE_MAX ? n : LT_TUNE_MAX) : 1;
 }
 
 static int lt_time_algos(cu_impl *c, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
@@ -615,7 +617,7 @@ int cu_gemm(ms_backend *b, int M, int N, int K, const void *A, int64_t lda, int 
         LTK(cublasLtMatmulPreferenceCreate(&pref));
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c->lt_ws_bytes,
                                              sizeof c->lt_ws_bytes);
-        const int want = lt_tunable(c, beta) ? LT_TUNE_MAX : 1;
+        const int want = lt_candidates(c, beta);
         cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, lc, lc, pref, want, res, &nres);
         cublasLtMatmulPreferenceDestroy(pref);
         if (hs == CUBLAS_STATUS_SUCCESS && nres > 0) {

@@ -60,9 +60,9 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
     [CU_KNOB_ROUTER] = {"MS_CU_ROUTER", KN_CHOICE, CU_ROUTER_SPLIT, 0, 0, router_choices, 0,
                         "fused decode router: split = logits over many blocks (K split, 4 experts a block) "
                         "then selection by the last block; warp = one warp per expert row (the first form)"},
-    [CU_KNOB_LT_TUNE] = {"MS_CU_LT_TUNE", KN_INT, 1, 0, 1, NULL, 1,
-                         "1: the first call of a cuBLASLt GEMM shape times up to 8 of its candidate "
-                         "algorithms and keeps the fastest; 0: cuBLASLt's first choice"},
+    [CU_KNOB_LT_TUNE] = {"MS_CU_LT_TUNE", KN_INT, 8, 0, 32, NULL, 1,
+                         "the first call of a cuBLASLt GEMM shape times up to this many of its candidate "
+                         "algorithms and keeps the fastest; 0 or 1: cuBLASLt's first choice"},
     [CU_KNOB_PDL] = {"MS_CU_PDL", KN_INT, 1, 0, 1, NULL, 1,
                      "Programmatic Dependent Launch on sm_90+: each of our kernels may start while the previous "
                      "one drains and waits in griddepcontrol.wait (hides the launch gap); 0 = plain launches"},

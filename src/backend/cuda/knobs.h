@@ -22,7 +22,7 @@ typedef enum cu_knob_id {
     CU_KNOB_ROUTER_UNFUSED,    /* MS_CU_ROUTER_UNFUSED: 1 when set to anything (read at every call) */
     CU_KNOB_GEMV_FP4,          /* MS_CU_GEMV_FP4: CU_GEMV_FP4_AUTO, _V2, _V1, _V2O or _V3 (read at every call) */
     CU_KNOB_ROUTER,            /* MS_CU_ROUTER: CU_ROUTER_SPLIT or CU_ROUTER_WARP (read at every call) */
-    CU_KNOB_LT_TUNE,           /* MS_CU_LT_TUNE: 0 or 1 (read once) */
+    CU_KNOB_LT_TUNE,           /* MS_CU_LT_TUNE: candidates timed, 0..32 (read once) */
     CU_KNOB_PDL,               /* MS_CU_PDL: 1 (default) or 0 (read once) */
     CU_KNOB_BF16_GEMV_MAX_N,   /* MS_CU_BF16_GEMV_MAX_N: integer (read once) */
     CU_KNOB_COUNT
