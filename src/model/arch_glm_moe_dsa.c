@@ -151,8 +151,7 @@ static int indexer(ms_forward *f, int L, int T, const ms_tensor *cq, const ms_te
     const int nih = c->index_n_heads, di = c->index_head_dim, dr = c->qk_rope_head_dim;
     ms_rope_cfg rc = {0, dr, c->indexer_rope_interleave, c->rope_theta};
     ms_tensor a = fw_view2(&f->a, T, c->hidden_size);
-    ms_tensor kI = kI_in ? *kI_in : fw_view2(&f->kI, T, di), kI3 = kI;
-    kI3.ndim = 3, kI3.shape[0] = T, kI3.shape[1] = 1, kI3.shape[2] = di;
+    ms_tensor kI = kI_in ? *kI_in : fw_view2(&f->kI, T, di), kI3 = fw_view3(&kI, T, 1, di);
     if (!kI_in) MS_TRY(op->linear(b, &l->idx_wk, &a, &kI, err));
     MS_TRY(op->layernorm(b, &kI, &l->idx_k_norm_w, l->idx_k_norm_b.data ? &l->idx_k_norm_b : NULL, 1e-6f, &kI, err));
     MS_TRY(op->rope(b, &kI3, f->meta.positions_d, &rc, err));
@@ -199,8 +198,8 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
     MS_TRY(op->rope(b, &q3, f->meta.positions_d, &rc, err));
     FW_TRY_CHECK(f, &q, "q_b", err);
     /* latent: [RMSNorm(c) ; RoPE(k_rope)] stored per token */
-    ms_tensor kva = stacked ? fw_piece(&row, ql + di, kvl + dr) : fw_view2(&f->kva, T, kvl + dr), kva3 = kva;
-    kva3.ndim = 3, kva3.shape[0] = T, kva3.shape[1] = 1, kva3.shape[2] = kvl + dr;
+    ms_tensor kva = stacked ? fw_piece(&row, ql + di, kvl + dr) : fw_view2(&f->kva, T, kvl + dr),
+              kva3 = fw_view3(&kva, T, 1, kvl + dr);
     ms_tensor cl = fw_view2(&f->c, T, kvl);
     if (!stacked) MS_TRY(op->linear(b, &l->kv_a_proj, &a, &kva, err));
     ms_rope_cfg rk = {kvl, dr, c->rope_interleave, c->rope_theta};

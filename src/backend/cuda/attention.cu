@@ -248,7 +248,7 @@ int cu_attn_split(ms_backend *b, int64_t blocks, int tiles, int per_sm, int T, i
     int64_t target = (int64_t)per_sm * (b->gpu.n_sm > 0 ? b->gpu.n_sm : 100);
     int64_t want = blocks > 0 ? (target + blocks - 1) / blocks : 1;
     int ns = want < tiles ? (int)want : tiles;
-    if (ns > 64) ns = 64;
+    if (ns > AC_MAX_SPLIT) ns = AC_MAX_SPLIT; /* k_attn_combine keeps one factor per range in shared memory */
     if (ns < 1 || !allow_split) ns = 1;
     *n_split = ns;
     *part = NULL;
@@ -264,7 +264,7 @@ int cu_attn_split(ms_backend *b, int64_t blocks, int tiles, int per_sm, int T, i
 /* Launches k_attn_combine over the partials; contract in cuda_internal.cuh. */
 int cu_attn_combine(ms_backend *b, const float *part, int n_split, int T, int nh, int Dv, bf16 *out, ms_err *err) {
     if (n_split <= 1) return MS_OK;
-    MS_ASSERT(n_split <= AC_MAX_SPLIT); /* cu_attn_split caps the ranges at 64 */
+    MS_ASSERT(n_split <= AC_MAX_SPLIT); /* cu_attn_split caps the ranges */
     dim3 cg(T, nh, (Dv + 127) / 128);
     CK(cu_launch(k_attn_combine, cg, 128, 0, cu_of(b)->stream, part, n_split, Dv, nh, out));
     return MS_OK;

@@ -404,18 +404,12 @@ static int cu_stack_linears(ms_backend *b, ms_linear *const *parts, int n, const
         wo += (int64_t)wb, so += (int64_t)sb, row += W->n_out;
     }
     cu_linear_prep *sp = e == cudaSuccess ? (cu_linear_prep *)calloc(1, sizeof *sp) : NULL;
-    cu_linear_prep *views[8] = {0};
-    int nviews = 0;
-    if (sp && n <= 8)
-        for (; nviews < n; nviews++)
-            if (!(views[nviews] = (cu_linear_prep *)calloc(1, sizeof *sp))) break;
-    if (e != cudaSuccess || !sp || nviews < n) {
-        cudaFree(wd), cudaFree(sd), cudaFree(bd), free(sp);
-        for (int i = 0; i < nviews; i++) free(views[i]);
+    if (!sp) {
+        cudaFree(wd), cudaFree(sd), cudaFree(bd);
         if (e != cudaSuccess)
             return ms_errf(err, MS_ERR_RUNTIME, "%s: stacking %d linears (%lld bytes) failed: %s", name, n, (long long)wbytes,
                            cudaGetErrorString(e));
-        return ms_errf(err, MS_ERR_NOMEM, "%s: out of host memory (or more than 8 parts)", name);
+        return ms_errf(err, MS_ERR_NOMEM, "%s: out of host memory", name);
     }
     /* the stacked linear */
     out->name = name;
@@ -439,25 +433,22 @@ static int cu_stack_linears(ms_backend *b, ms_linear *const *parts, int n, const
     sp->d.n = (int)N;
     sp->bias_f32 = bd;
     out->prepared = sp;
-    /* the parts: views into it, their own memory released */
+    /* the parts: their prepared forms become views into it, their own memory released */
     wo = so = row = 0;
     for (int i = 0; i < n; i++) {
         ms_linear *W = parts[i];
-        cu_linear_prep *p = (cu_linear_prep *)W->prepared, *v = views[i];
+        cu_linear_prep *p = (cu_linear_prep *)W->prepared;
         const size_t wb = ms_tensor_nbytes(&W->w), sb = sd ? ms_tensor_nbytes(&W->scale) : 0;
-        *v = *p;
-        v->view = 1;
-        v->d.w = wd + wo;
-        v->d.scale = sd ? sd + so : NULL;
-        v->bias_f32 = p->bias_f32 ? bd + row : NULL;
         cudaFree((void *)p->d.w);
         if (p->d.scale) cudaFree((void *)p->d.scale);
         if (p->bias_f32) cudaFree(p->bias_f32);
-        free(p);
-        W->prepared = v;
-        W->w.data = (void *)v->d.w;
-        W->scale.data = (void *)v->d.scale;
-        W->bias.data = v->bias_f32;
+        p->view = 1;
+        p->d.w = wd + wo;
+        p->d.scale = sd ? sd + so : NULL;
+        p->bias_f32 = p->bias_f32 ? bd + row : NULL;
+        W->w.data = (void *)p->d.w;
+        W->scale.data = (void *)p->d.scale;
+        W->bias.data = p->bias_f32;
         wo += (int64_t)wb, so += (int64_t)sb, row += W->n_out;
     }
     return MS_OK;
