@@ -73,14 +73,6 @@ typedef struct ms_backend_ops {
      * bandwidth the three separate small GEMVs miss. MS_ERR_UNSUPPORTED (nothing changed) when the
      * parts cannot be stacked; out owns the memory (unplace_linear frees it). */
     int (*stack_linears)(ms_backend *b, ms_linear *const *parts, int n, const char *name, ms_linear *out, ms_err *err);
-    /* Optional hint (NULL where the backend has no cache worth filling): starts moving the placed
-     * weights W[0..n) (in order; each one's weight data, then its scales; NULL entries skipped) into
-     * the device's cache, up to a byte budget the backend chooses, and returns without waiting for
-     * them. Ordered after the ops before it like any op. Why: in a decode step the small kernels
-     * between two weight-streaming ops (norms, RoPE, attention over a short context, routing) leave
-     * the memory bus idle for tens of microseconds; what is fetched there is read from the cache by
-     * the op that follows. Never changes a result. */
-    int (*prefetch)(ms_backend *b, const ms_linear *const *W, int n, ms_err *err);
 
     /* ---- elementwise / norms ---- */
     /* out[t,:] = table[ids_d[t],:] converted to out's dtype. table [V,H] (any float dtype). */

@@ -117,8 +117,6 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
             MS_TRY(op->linear(b, &kp, &a, &k, err));
             MS_TRY(op->linear(b, &vp, &a, &v, err));
         }
-        /* o_proj travels while RoPE, the cache stores and attention run */
-        MS_TRY(fw_prefetch(f, T, &l->o_proj, NULL, NULL, err));
         MS_TRY(op->gqa_prep(b, &q3, &k3, &v3, l->q_proj.bias.data ? &l->q_proj.bias : NULL,
                             l->k_proj.bias.data ? &l->k_proj.bias : NULL, l->v_proj.bias.data ? &l->v_proj.bias : NULL,
                             f->meta.positions_d, c->rotary_dim > 0 ? &rc : NULL, &f->kc[L], &f->vc[L],
@@ -132,7 +130,6 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
     FW_TRY_CHECK(f, &k, "k_proj", err);
     MS_TRY(op->linear(b, &l->v_proj, &a, &v, err));
     FW_TRY_CHECK(f, &v, "v_proj", err);
-    MS_TRY(fw_prefetch(f, T, &l->o_proj, NULL, NULL, err));
     if (c->use_qk_norm && l->q_norm.data && l->k_norm.data) {
         ms_tensor qh = fw_view2(&f->q, (int64_t)T * nh, d), kh = fw_view2(&f->k, (int64_t)T * nkv, d);
         MS_TRY(op->rmsnorm(b, &qh, &l->q_norm, c->rms_norm_eps, &qh, err));

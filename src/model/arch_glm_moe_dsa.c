@@ -218,8 +218,6 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
     ms_tensor qabs = fw_view3(&f->qabs, T, nh, kvl + dr);
     MS_TRY(op->mla_absorb_q(b, &l->kv_b_proj, &q, nh, dn, dr, dv, &qabs, err));
     FW_TRY_CHECK(f, &qabs, "absorb_q", err);
-    /* o_proj travels while the indexer, attention and the value up-projection run */
-    MS_TRY(fw_prefetch(f, T, &l->o_proj, NULL, NULL, err));
     /* key selection */
     const int dense = f->meta.max_ctx <= c->index_topk;
     if (c->indexer_full[L]) {

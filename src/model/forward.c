@@ -34,12 +34,6 @@ ms_tensor fw_piece(const ms_tensor *row, int64_t c0, int64_t n) {
     return t;
 }
 
-int fw_prefetch(ms_forward *f, int T, const ms_linear *w0, const ms_linear *w1, const ms_linear *w2, ms_err *err) {
-    if (!f->b->ops->prefetch || T > FW_PREFETCH_MAX_T) return MS_OK;
-    const ms_linear *W[3] = {w0, w1, w2};
-    return f->b->ops->prefetch(f->b, W, 3, err);
-}
-
 ms_tensor fw_view3(const ms_tensor *buf, int64_t a, int64_t b, int64_t c) {
     MS_ASSERT(a * b * c <= ms_tensor_numel(buf));
     int64_t s[3] = {a, b, c};
@@ -692,16 +686,10 @@ static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, i
         FW_TRY_CHECK(f, &a, "input_layernorm", err);
         FW_PROF(f, "attention", c->arch->attention(f, L, T, err), err);
         FW_PROF(f, "collectives", tp_sum(f, &delta, err), err);
-        /* the MLP's weights known before routing travel during the norm and the router */
-        if (l->is_moe && l->has_shared) MS_TRY(fw_prefetch(f, T, &l->sh_gate, &l->sh_up, &l->sh_down, err));
-        else if (!l->is_moe) MS_TRY(fw_prefetch(f, T, &l->gate_proj, &l->up_proj, NULL, err));
         FW_PROF(f, "norms", op->add_rmsnorm(f->b, &x, &delta, &l->ffn_norm, c->rms_norm_eps, &a, err), err);
         FW_TRY_CHECK(f, &a, "post_attention_layernorm", err);
         MS_TRY(mlp(f, L, T, err));
         FW_PROF(f, "collectives", tp_sum(f, &delta, err), err);
-        /* the next layer's stacked input projection travels during the residual add and norm */
-        if (L + 1 < c->num_layers && f->m->layers[L + 1].a_stack.w.data)
-            MS_TRY(fw_prefetch(f, T, &f->m->layers[L + 1].a_stack, NULL, NULL, err));
         if (L + 1 < c->num_layers)
             FW_PROF(f, "norms", op->add_rmsnorm(f->b, &x, &delta, &f->m->layers[L + 1].attn_norm, c->rms_norm_eps, &a, err),
                     err);

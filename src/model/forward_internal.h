@@ -122,12 +122,6 @@ ms_tensor fw_view3(const ms_tensor *buf, int64_t a, int64_t b, int64_t c);
 /* Columns [c0, c0 + n) of the one-row tensor row ([1, W]) as a [1, n] tensor: a stacked projection's
  * output split into its parts without a copy (only one row is contiguous per part). */
 ms_tensor fw_piece(const ms_tensor *row, int64_t c0, int64_t n);
-/* Weight prefetch hint for decode steps (backend op prefetch; nothing on backends without it or for
- * steps of more than FW_PREFETCH_MAX_T tokens, which are compute-bound and stream more than any
- * cache holds). Call it right after the op that ends a weight stream, naming the weights (NULL
- * entries skipped) of the next weight-streaming op, so they travel while the small ops between run. */
-#define FW_PREFETCH_MAX_T 64
-int fw_prefetch(ms_forward *f, int T, const ms_linear *w0, const ms_linear *w1, const ms_linear *w2, ms_err *err);
 /* With check_numerics: fails with MS_ERR_NUMERICS naming layer, op and token position when t (rows =
  * tokens of this step, or logit rows when logit_rows) holds NaN/Inf. */
 int fw_check(ms_forward *f, const ms_tensor *t, const char *op, int logit_rows, ms_err *err);

@@ -523,49 +523,6 @@ static void test_stack_linears(void) {
     stack_case(MS_WFMT_NVFP4, n2, b0, 256, 0); /* a global scale per part */
 }
 
-/* prefetch is a hint: over bf16, FP8 and NVFP4 linears (weights and scales, a NULL entry, budgets
- * below one weight, across several and off) it runs and the linears' outputs stay bitwise the same;
- * MS_CU_PREFETCH_MB parses as documented (-1 auto, out of range the default). */
-static void test_prefetch(void) {
-    CHECK(GPU->ops->prefetch != NULL);
-    if (!GPU->ops->prefetch) return;
-    const char *keep = getenv("MS_CU_PREFETCH_MB");
-    char *saved = keep ? strdup(keep) : NULL;
-    lpair L[3] = {mk_linear(MS_WFMT_PLAIN, MS_BF16, 300, 96, 0), mk_linear(MS_WFMT_FP8, 0, 256, 256, 0),
-                  mk_linear(MS_WFMT_NVFP4, 0, 130, 256, 0)};
-    const int64_t T = 3;
-    for (int i = 0; i < 3; i++) {
-        const int64_t K = L[i].g.n_in, N = L[i].g.n_out, xs[2] = {T, K}, ys[2] = {T, N};
-        float *x = rand_vec((size_t)(T * K), 1.f);
-        ms_tensor X = mk(GPU, 0, 2, xs, x), Y = mk(GPU, MS_F32, 2, ys, NULL);
-        R(GPU->ops->linear(GPU, &L[i].g, &X, &Y, &E));
-        float *ref = get(GPU, &Y);
-        static const char *budgets[4] = {"1", "-1", "4096", "0"};
-        for (int bi = 0; bi < 4; bi++) {
-            setenv("MS_CU_PREFETCH_MB", budgets[bi], 1);
-            const ms_linear *W[4] = {&L[i].g, NULL, &L[(i + 1) % 3].g, &L[(i + 2) % 3].g};
-            R(GPU->ops->prefetch(GPU, W, 4, &E));
-            R(GPU->ops->linear(GPU, &L[i].g, &X, &Y, &E));
-            R(GPU->ops->sync(GPU, &E));
-            float *got = get(GPU, &Y);
-            CHECK_MSG(memcmp(got, ref, sizeof(float) * (size_t)(T * N)) == 0, "prefetch (budget %s MB) changed %s",
-                      budgets[bi], ms_wfmt_name(L[i].g.fmt, MS_BF16));
-            free(got);
-        }
-        free(ref), free(x);
-        fr(GPU, &X), fr(GPU, &Y);
-    }
-    setenv("MS_CU_PREFETCH_MB", "7", 1);
-    CHECK_EQ_INT(cu_knob(CU_KNOB_PREFETCH_MB), 7);
-    setenv("MS_CU_PREFETCH_MB", "-5", 1);
-    CHECK_EQ_INT(cu_knob(CU_KNOB_PREFETCH_MB), -1);
-    unsetenv("MS_CU_PREFETCH_MB");
-    CHECK_EQ_INT(cu_knob(CU_KNOB_PREFETCH_MB), -1);
-    if (saved) setenv("MS_CU_PREFETCH_MB", saved, 1);
-    free(saved);
-    for (int i = 0; i < 3; i++) free_linear(&L[i]);
-}
-
 /* Shapes for the tensor-core GEMV (gemv_mma.cu): T = 1..16, N not a multiple of 16 and K not a
  * multiple of the 64-byte super-step (a partial last step), plus K large enough that 16 tokens of x
  * do not fit the kernel's shared memory at once (K sliced, double-buffered) and, for fp8, two
@@ -1589,7 +1546,6 @@ int main(void) {
     RUN(test_linear_swiglu);
     RUN(test_gqa_prep);
     RUN(test_stack_linears);
-    RUN(test_prefetch);
     RUN(test_attn_gqa);
     RUN(test_attn_gqa_batches);
     RUN(test_mla_attn);

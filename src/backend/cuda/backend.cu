@@ -476,37 +476,6 @@ int cu_wdesc_of(const ms_linear *W, cu_wdesc *d, ms_err *err) {
                    W->name ? W->name : "(linear)", ms_dtype_name(W->w.dtype));
 }
 
-/* Backend op prefetch (contract in backend.h): each linear's weight bytes then its scale bytes, in
- * order, cut at the budget MS_CU_PREFETCH_MB (auto: half the L2, so what arrives first is not
- * evicted by what arrives last before the consumer reads it). */
-static int cu_op_prefetch(ms_backend *b, const ms_linear *const *W, int n, ms_err *err) {
-    CU_ENTER(b);
-    const int mb = cu_knob(CU_KNOB_PREFETCH_MB);
-    if (mb == 0 || n <= 0) return MS_OK;
-    size_t left = mb < 0 ? (size_t)cu_of(b)->l2_bytes / 2 : (size_t)mb << 20;
-    cu_pf_ranges r;
-    memset(&r, 0, sizeof r);
-    for (int i = 0; i < n && left > 0 && r.n + 2 <= CU_PF_MAX; i++) {
-        if (!W[i] || !W[i]->prepared) continue; /* unplaced views (a tied lm_head): nothing to fetch */
-        cu_wdesc d;
-        MS_TRY(cu_wdesc_of(W[i], &d, err));
-        const size_t nk = (size_t)d.n * (size_t)d.k;
-        size_t wb = 0, sb = 0;
-        if (d.fmt == MS_WFMT_PLAIN) wb = nk * (d.dtype == MS_F32 ? 4 : 2);
-        else if (d.fmt == MS_WFMT_FP8) wb = nk, sb = (size_t)((d.n + 127) / 128) * (size_t)d.scale_ld * 4;
-        else if (d.fmt == MS_WFMT_NVFP4) wb = nk / 2, sb = (size_t)d.n * (size_t)d.scale_ld;
-        const void *p[2] = {d.w, d.scale};
-        const size_t len[2] = {wb, sb};
-        for (int j = 0; j < 2 && left > 0; j++) {
-            if (!p[j] || !len[j]) continue;
-            r.p[r.n] = p[j];
-            r.len[r.n] = len[j] < left ? len[j] : left;
-            left -= r.len[r.n++];
-        }
-    }
-    return cu_prefetch_l2(b, &r, err);
-}
-
 int cu_weight_bf16(ms_backend *b, const ms_linear *W, int keep, const bf16 **out, ms_err *err) {
     cu_wdesc d;
     MS_TRY(cu_wdesc_of(W, &d, err));
@@ -893,7 +862,6 @@ static void cu_ops_init(void) {
     cu_ops.mem_epoch = cu_mem_epoch;
     cu_ops.host_pin = cu_host_pin;
     cu_ops.linear_swiglu = cu_linear_swiglu;
-    cu_ops.prefetch = cu_op_prefetch;
     cu_ops.gqa_prep = cu_op_gqa_prep;
     cu_ops.mla_kv_prep = cu_op_mla_kv_prep;
     cu_ops.host_unpin = cu_host_unpin;
@@ -935,7 +903,6 @@ extern "C" int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err)
         cudaError_t e2 = cudaSetDevice(device);
         if (e2 == cudaSuccess) e2 = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
         if (e2 == cudaSuccess) e2 = cudaDeviceGetAttribute(&c->max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-        if (e2 == cudaSuccess) e2 = cudaDeviceGetAttribute(&c->l2_bytes, cudaDevAttrL2CacheSize, device);
         c->lt_ws_bytes = 32u << 20;
         if (e2 == cudaSuccess) e2 = cudaMalloc(&c->lt_ws, c->lt_ws_bytes);
         if (e2 != cudaSuccess) {

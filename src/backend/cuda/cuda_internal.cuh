@@ -153,7 +153,6 @@ typedef struct cu_impl {
     int n_rope;
     cu_alloc_node *owned; /* freed at destroy (prepared tables etc.) */
     int max_smem_optin;
-    int l2_bytes; /* device L2 size (cudaDevAttrL2CacheSize) */
     uint64_t epoch; /* bumped when a scratch buffer moves (recorded graphs hold its old address) */
 } cu_impl;
 
@@ -173,19 +172,6 @@ typedef struct cu_linear_prep {
 int cu_scratch(ms_backend *b, int slot, size_t n, void **out, ms_err *err);
 /* Registers device memory to free when the backend is destroyed. */
 int cu_own(ms_backend *b, void *p_d, ms_err *err);
-/* Up to CU_PF_MAX byte ranges of device memory to prefetch into L2 (cu_prefetch_l2). */
-#define CU_PF_MAX 8
-typedef struct cu_pf_ranges {
-    const void *p[CU_PF_MAX];
-    size_t len[CU_PF_MAX];
-    int n;
-} cu_pf_ranges;
-/* Enqueues on the backend stream a kernel that, once the previous kernel has finished, asks the
- * memory system to bring the ranges into L2 (bulk prefetches on sm_90+, line prefetches below) and
- * ends without waiting for the data: the next kernel starts at once. A hint only (no result
- * changes); ranges need no alignment (the partial 16-byte units at their ends are skipped).
- * elementwise.cu. */
-int cu_prefetch_l2(ms_backend *b, const cu_pf_ranges *r, ms_err *err);
 /* Descriptor of a placed linear (fails if W was not placed on this backend). */
 int cu_wdesc_of(const ms_linear *W, cu_wdesc *d, ms_err *err);
 /* The bf16 [N,K] form of a placed linear (plain bf16: the weight itself; otherwise a cached

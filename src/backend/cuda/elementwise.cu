@@ -7,7 +7,6 @@
 
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 static inline cudaStream_t stream_of(ms_backend *b) { return cu_of(b)->stream; }
 static int64_t last_dim(const ms_tensor *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
@@ -63,64 +62,6 @@ int cu_copy_rope_part(ms_backend *b, const bf16 *q, bf16 *out, int T, int nh, in
     size_t tot = (size_t)T * nh * dr;
     if (!tot) return MS_OK;
     CK(cu_launch(k_copy_rope, grid_for(tot), 256, 0, stream_of(b), q, out, T, nh, dn, dr, kvl));
-    return MS_OK;
-}
-
-/* ---- L2 prefetch ---- */
-
-#define PF_CHUNK 8192   /* bytes per prefetch instruction (one thread) */
-#define PF_THREADS 64   /* 512 KB a block: a 24 MB budget spreads over ~48 SMs' copy engines */
-
-/* Ranges laid end to end in a virtual space where each starts on a PF_CHUNK boundary (vend[r]: its
- * virtual end), so a chunk never spans two ranges. */
-struct pf_args {
-    const char *p[CU_PF_MAX];
-    unsigned long long len[CU_PF_MAX], vend[CU_PF_MAX];
-    int n;
-};
-
-__global__ void k_prefetch(pf_args a) {
-    /* the wait keeps the stream order transitive (the next kernel waits only on this one), and the
-     * prefetch must not compete with the weight stream of the kernel before */
-    cu_pdl_wait();
-    cu_pdl_trigger();
-    const unsigned long long off = ((unsigned long long)blockIdx.x * PF_THREADS + threadIdx.x) * PF_CHUNK;
-    unsigned long long v0 = 0;
-    for (int r = 0; r < a.n; r++) {
-        if (off < a.vend[r]) {
-            const unsigned long long local = off - v0;
-            if (local >= a.len[r]) return;
-            const unsigned long long left = a.len[r] - local;
-            const unsigned sz = (unsigned)(left < PF_CHUNK ? left : PF_CHUNK) & ~15u;
-            const char *p = a.p[r] + local;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            if (sz) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(sz) : "memory");
-#else
-            for (unsigned o = 0; o < sz; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
-#endif
-            return;
-        }
-        v0 = a.vend[r];
-    }
-}
-
-int cu_prefetch_l2(ms_backend *b, const cu_pf_ranges *r, ms_err *err) {
-    pf_args a;
-    memset(&a, 0, sizeof a);
-    unsigned long long v = 0;
-    for (int i = 0; i < r->n && i < CU_PF_MAX; i++) {
-        const uintptr_t p0 = (uintptr_t)r->p[i], p1 = (p0 + 15) & ~(uintptr_t)15; /* bulk copies take 16-byte units */
-        if (!r->p[i] || r->len[i] <= p1 - p0 + 16) continue;
-        const unsigned long long len = (r->len[i] - (p1 - p0)) & ~15ull;
-        a.p[a.n] = (const char *)p1;
-        a.len[a.n] = len;
-        v += (len + PF_CHUNK - 1) / PF_CHUNK * PF_CHUNK;
-        a.vend[a.n++] = v;
-    }
-    if (!a.n) return MS_OK;
-    const unsigned long long per_block = (unsigned long long)PF_CHUNK * PF_THREADS;
-    const unsigned blocks = (unsigned)((v + per_block - 1) / per_block);
-    CK(cu_launch(k_prefetch, dim3(blocks), dim3(PF_THREADS), 0, stream_of(b), a));
     return MS_OK;
 }
 

@@ -70,9 +70,6 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                  "bf16 linears with at most this many output features use the tensor-core GEMV "
                                  "at up to 16 rows (0: by MS_CU_BF16_GEMV_MAX_T only; for narrow stacked "
                                  "projections where cuBLASLt streams ~2 TB/s)"},
-    [CU_KNOB_PREFETCH_MB] = {"MS_CU_PREFETCH_MB", KN_INT, -1, -1, 4096, NULL, 0,
-                             "weight prefetch into L2 during a decode step's small kernels: at most this many "
-                             "MB per prefetch op; -1 = auto (half the L2), 0 = off"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */

@@ -25,7 +25,6 @@ typedef enum cu_knob_id {
     CU_KNOB_LT_TUNE,           /* MS_CU_LT_TUNE: candidates timed, 0..32 (read once) */
     CU_KNOB_PDL,               /* MS_CU_PDL: 1 (default) or 0 (read once) */
     CU_KNOB_BF16_GEMV_MAX_N,   /* MS_CU_BF16_GEMV_MAX_N: integer (read once) */
-    CU_KNOB_PREFETCH_MB,       /* MS_CU_PREFETCH_MB: integer, -1 = auto (read at every call) */
     CU_KNOB_COUNT
 } cu_knob_id;
 
