@@ -1461,6 +1461,8 @@ static void test_knobs(void) {
     }
     setenv("MS_CU_GG", "old", 1);
     CHECK_EQ_INT(cu_knob(CU_KNOB_GG), CU_GG_OLD);
+    setenv("MS_CU_GG", "sync", 1);
+    CHECK_EQ_INT(cu_knob(CU_KNOB_GG), CU_GG_SYNC);
     setenv("MS_CU_GG", "mma", 1);
     CHECK_EQ_INT(cu_knob(CU_KNOB_GG), CU_GG_MMA);
     unsetenv("MS_CU_GG");

@@ -25,7 +25,7 @@ typedef struct kn_def {
 } kn_def;
 
 static const char *const gemv_choices[] = {"mma", "gv2", NULL};
-static const char *const gg_choices[] = {"mma", "old", NULL};
+static const char *const gg_choices[] = {"mma", "old", "sync", NULL};
 static const char *const fp4_choices[] = {"v2", "v1", "v2o", "v3", "auto", NULL};
 static const char *const router_choices[] = {"split", "warp", NULL};
 
@@ -42,8 +42,8 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                  "bf16 linears with at most this many rows use the tensor-core GEMV "
                                  "(0: always cuBLASLt)"},
     [CU_KNOB_GG] = {"MS_CU_GG", KN_CHOICE, CU_GG_MMA, 0, 0, gg_choices, 0,
-                    "grouped GEMM (prefill MoE): mma = mma.sync kernel (gemm_mma.cu), old = wmma kernel "
-                    "(quant.cu)"},
+                    "grouped GEMM (prefill MoE): mma = tensor-core kernels of gemm_mma.cu (NVFP4 on sm_90: "
+                    "wgmma, else mma.sync); sync = the mma.sync kernel everywhere; old = wmma kernel (quant.cu)"},
     [CU_KNOB_ATTN_NO_SPLIT] = {"MS_ATTN_NO_SPLIT", KN_FLAG, 0, 0, 1, NULL, 0,
                                "legacy, backend op default only (the forward uses --attention-backend flash_nosplit): no split-K"},
     [CU_KNOB_ATTN_NO_MMA] = {"MS_ATTN_NO_MMA", KN_FLAG, 0, 0, 1, NULL, 0,
