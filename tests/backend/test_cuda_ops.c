@@ -1463,6 +1463,10 @@ static void test_knobs(void) {
     CHECK_EQ_INT(cu_knob(CU_KNOB_GG), CU_GG_OLD);
     setenv("MS_CU_GG", "sync", 1);
     CHECK_EQ_INT(cu_knob(CU_KNOB_GG), CU_GG_SYNC);
+    setenv("MS_CU_GW_N", "256", 1);
+    CHECK_EQ_INT(cu_knob(CU_KNOB_GW_N), CU_GW_N_256);
+    unsetenv("MS_CU_GW_N");
+    CHECK_EQ_INT(cu_knob(CU_KNOB_GW_N), CU_GW_N_128);
     setenv("MS_CU_GG", "mma", 1);
     CHECK_EQ_INT(cu_knob(CU_KNOB_GG), CU_GG_MMA);
     unsetenv("MS_CU_GG");

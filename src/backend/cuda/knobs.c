@@ -28,6 +28,7 @@ static const char *const gemv_choices[] = {"mma", "gv2", NULL};
 static const char *const gg_choices[] = {"mma", "old", "sync", NULL};
 static const char *const fp4_choices[] = {"v2", "v1", "v2o", "v3", "auto", NULL};
 static const char *const router_choices[] = {"split", "warp", NULL};
+static const char *const gw_n_choices[] = {"128", "256", NULL};
 
 static const kn_def knobs[CU_KNOB_COUNT] = {
     [CU_KNOB_GEMV] = {"MS_CU_GEMV", KN_CHOICE, CU_GEMV_MMA, 0, 0, gemv_choices, 1,
@@ -70,6 +71,9 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                  "bf16 linears with at most this many output features use the tensor-core GEMV "
                                  "at up to 16 rows (0: by MS_CU_BF16_GEMV_MAX_T only; for narrow stacked "
                                  "projections where cuBLASLt streams ~2 TB/s)"},
+    [CU_KNOB_GW_N] = {"MS_CU_GW_N", KN_CHOICE, CU_GW_N_128, 0, 0, gw_n_choices, 0,
+                      "NVFP4 wgmma grouped GEMM (sm_90): weight rows per block, 128 (two blocks an SM) or 256 "
+                      "(one block, as the mma.sync kernel)"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */
