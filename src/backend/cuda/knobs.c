@@ -28,6 +28,7 @@ static const char *const gemv_choices[] = {"mma", "gv2", NULL};
 static const char *const gg_choices[] = {"mma", "old", NULL};
 static const char *const fp4_choices[] = {"v2", "v1", "v2o", "v3", "auto", NULL};
 static const char *const router_choices[] = {"split", "warp", NULL};
+static const char *const mla_heads_choices[] = {"auto", "64", "16", NULL};
 
 static const kn_def knobs[CU_KNOB_COUNT] = {
     [CU_KNOB_GEMV] = {"MS_CU_GEMV", KN_CHOICE, CU_GEMV_MMA, 0, 0, gemv_choices, 1,
@@ -70,6 +71,10 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                  "bf16 linears with at most this many output features use the tensor-core GEMV "
                                  "at up to 16 rows (0: by MS_CU_BF16_GEMV_MAX_T only; for narrow stacked "
                                  "projections where cuBLASLt streams ~2 TB/s)"},
+    [CU_KNOB_MLA_HEADS] = {"MS_CU_MLA_HEADS", KN_CHOICE, CU_MLA_HEADS_AUTO, 0, 0, mla_heads_choices, 0,
+                           "heads per block of the tensor-core MLA kernel (attn_mla_mma.cu): auto = 16 when "
+                           "tokens x 64-head groups x key tiles < SMs (decode) or at most 16 heads, else 64; "
+                           "64 or 16 force one form"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */

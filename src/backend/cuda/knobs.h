@@ -25,6 +25,7 @@ typedef enum cu_knob_id {
     CU_KNOB_LT_TUNE,           /* MS_CU_LT_TUNE: candidates timed, 0..32 (read once) */
     CU_KNOB_PDL,               /* MS_CU_PDL: 1 (default) or 0 (read once) */
     CU_KNOB_BF16_GEMV_MAX_N,   /* MS_CU_BF16_GEMV_MAX_N: integer (read once) */
+    CU_KNOB_MLA_HEADS,         /* MS_CU_MLA_HEADS: CU_MLA_HEADS_AUTO, _64 or _16 (read at every call) */
     CU_KNOB_COUNT
 } cu_knob_id;
 
@@ -33,6 +34,7 @@ enum { CU_GEMV_MMA = 0, CU_GEMV_GV2 = 1 };
 enum { CU_GG_MMA = 0, CU_GG_OLD = 1 };
 enum { CU_GEMV_FP4_V2 = 0, CU_GEMV_FP4_V1 = 1, CU_GEMV_FP4_V2O = 2, CU_GEMV_FP4_V3 = 3, CU_GEMV_FP4_AUTO = 4 };
 enum { CU_ROUTER_SPLIT = 0, CU_ROUTER_WARP = 1 };
+enum { CU_MLA_HEADS_AUTO = 0, CU_MLA_HEADS_64 = 1, CU_MLA_HEADS_16 = 2 };
 
 /* Value in effect of knob id. Integers: the variable parsed as a decimal integer inside the knob's
  * range, else the default. Choices: the index of the variable's value among the knob's names; unset
