@@ -7,26 +7,49 @@
  * (k_attn) re-reads it per 16-head chunk and does the dot products on CUDA cores: 1.9 s of a 4096-token
  * GLM-5 prefill (bench/NOTES.md).
  *
- * Work split. A block (8 warps) takes one query token, up to 64 of its heads (blockIdx.y picks the
- * group) and, with n_split > 1, one range of its key tiles (blockIdx.z). Warp w owns heads 16*(w&3)..
- * +15 of the group and output columns (w>>2)*DV/2 .. +DV/2, so each keeps half of O in registers (128
- * floats a thread for DV = 512 instead of 256). The two warps of a head tile need the same scores; they
- * split Q·Kᵀ's reduction (576 wide for GLM-5): warp half dh sums the k-steps of its half of the dims
- * (18 of 36; with an odd count the first half takes one more), writes its partial S to a shared slot,
- * meets its partner at a 64-thread named barrier (id 1 + head tile) and adds the partner's partial,
- * always as part(dh 0) + part(dh 1), so both warps hold bit-identical S and take the same softmax
- * maxima. Per 32-key tile that is 8 x 72 + 8 x 64 = 1088 MMAs; computing S in both warps, as the first
- * version did, was 1664. The token's keys are either 0..position (dense MLA, and DSA tokens
+ * Work split, 64-head form (prefill and large grids). A block (8 warps) takes one query token, up to
+ * 64 of its heads (blockIdx.y picks the group) and, with n_split > 1, one range of its key tiles
+ * (blockIdx.z). Warp w owns heads 16*(w&3).. +15 of the group (its head tile) and output columns
+ * (w>>2)*DV/2 .. +DV/2 (its part), so each keeps half of O in registers (128 floats a thread for DV =
+ * 512 instead of 256). The two warps of a head tile need the same scores; they split Q·Kᵀ's reduction
+ * (576 wide for GLM-5): part dh sums the k-steps of its half of the dims (18 of 36; with an odd count
+ * the first half takes one more), writes its partial S to a shared slot, meets its partner at a
+ * 64-thread named barrier (id 1 + head tile) and adds the partner's partial, always as part(dh 0) +
+ * part(dh 1), so both warps hold bit-identical S and take the same softmax maxima. Per 32-key tile that
+ * is 8 x 72 + 8 x 64 = 1088 MMAs; computing S in both warps, as the first version did, was 1664.
+ *
+ * 16-head form (decode). At batch 1 the 64-head grid is T x groups x key ranges = 32 blocks at ctx 1024
+ * even with one-tile ranges (100 of 132 SMs idle), and each block's time is one tile's chain of
+ * dependent steps: Q (73 KB) and the tile in, 36 k-steps of Q·Kᵀ over two warps, the exchange, softmax,
+ * P·V over 256 columns a warp, 131 KB of partials out. Here a block takes 16 heads (blockIdx.y picks
+ * the 16-head group), so 4x the blocks run, and its 4 warps are one head tile split 4 ways: part p
+ * (warp p) sums the k-steps [ceil(p·KS/4), ceil((p+1)·KS/4)) (9 of 36 at 576; 3+2+3+2 at 160, 2+1+1+1
+ * at 80) and owns output columns p·DV/4 .. +DV/4 (128 at 512: 64 floats of O a thread). The partial S
+ * go through the same per-warp shared slots; after a 128-thread named barrier every warp forms ((p0 +
+ * p1) + p2) + p3 in that fixed order (its own part from registers: the same floats it stored), so all
+ * four hold bit-identical S. Per warp and tile: 36 + 32 MMAs in chains of 9 (Q·Kᵀ, 4 accumulators) and
+ * 2 (P·V, 16 n-tiles) instead of 72 + 64 in chains of 18 and 2 (32 n-tiles); the MMA total per head
+ * tile is unchanged. The cost: every latent row is gathered by the 4 head groups' blocks (4 x 1.2 MB
+ * at ctx 1024, from L2 after the first), and each warp reads 3 partner slots (1.5 KB) a tile instead of 1. Shared memory at
+ * 576: Q 16 rows + two 32-row tiles (stride 584) + tables + 4 slots = 102,400 bytes, so two blocks fit
+ * an H200 SM (the split then aims at two blocks an SM) and one an A100's. Alternatives weighed: 2 warps
+ * x halves as the 64-head form (same per-warp chain as today: only the grid grows); 8 warps x 8 parts
+ * (chains of 5, but 7 partner slots a warp: 4x the exchange's shared-memory traffic, and 8-way sums).
+ * The host picks the form (cu_attn_mla_mma, mm_pick_hb): 16 heads when T x 64-head groups x key tiles
+ * is below the SM count (every decode step of up to 4 tokens at ctx <= 1024 on an H200) or nh <= 16;
+ * MS_CU_MLA_HEADS=64|16 forces one.
+ *
+ * Keys (both forms). The token's keys are either 0..position (dense MLA, and DSA tokens
  * whose position is below index_topk, where the top-k list must hold every causal key) or the
  * token's top-k list (-1 entries unused). Keys come in tiles of 32 latent rows gathered from the paged
  * cache (slot = block_table[s][pos / page] * page + pos % page) by 16-byte cp.async, double-buffered,
  * one __syncthreads per tile; the slots are resolved two tiles ahead by one thread per row into small
  * shared tables (its top-k and block-table loads land during the compute of earlier tiles), so
  * issuing a tile's copies waits on no global load. A missing key is zero-filled and masked, so it
- * never brings NaN into P·V. Q (64 x DK) sits in shared memory for the whole walk and its A fragments
+ * never brings NaN into P·V. Q (HB x DK) sits in shared memory for the whole walk and its A fragments
  * are reloaded by ldmatrix per k-step.
  *
- * Math per warp and tile: S = Q·Kᵀ (16 x 32, fp32, mma.m16n8k16 bf16, two partial sums as above); online softmax in the log2
+ * Math per warp and tile: S = Q·Kᵀ (16 x 32, fp32, mma.m16n8k16 bf16, partial sums as above); online softmax in the log2
  * domain as attn_mma.cu (a row that has seen no key keeps m = -inf and uses 0 as its base); P rounded
  * to bf16 and O += P·V over the first DV columns of the same shared rows (ldmatrix .trans). Output O/l
  * in bf16, or with n_split > 1 the partials (O, m in natural log, l) that cu_attn_combine merges.
