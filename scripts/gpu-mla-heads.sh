@@ -5,13 +5,13 @@
 #   1. correctness: test_cuda_ops' knob, attention-implementation and MLA cases (every MLA case also
 #      runs the mma kernel forced to 64 and to 16 heads a block), the forward and MTP tests on cuda
 #      (their fixtures have <= 16 heads: the 16-head form by default now)
-#   2. bench-model decode, GLM-5 shapes cut to 12 layers, batches 1,2,4 at ctx 1024 and 16384, once
-#      with MS_CU_MLA_HEADS=64 (the old kernel) and once with auto (the 16-head form where the grid
-#      is small)
+#   2. bench-model decode, GLM-5 shapes cut to 12 layers, batches 1,2,4 at ctx 1024 and 16384, with
+#      MS_CU_MLA_HEADS=64 (the old kernel), =16 (the new form everywhere: is the auto threshold right
+#      at batch 4?) and auto (the 16-head form where the grid is small)
 #   3. ncu gpu__time_duration of k_mla_mma and k_attn_combine at batch 1 ctx 1024 (graph mode), both
 #      forms: mean us per launch by grid
 # Logs under $OUT; a summary table last. Knobs: BUILD, OUT, LAYERS (12), BATCHES (1,2,4), NCU_LAYERS (4).
-# About 5 minutes.
+# About 6 minutes.
 . "$(dirname "$0")/gpu-env.sh"
 LAYERS=${LAYERS:-12}
 BATCHES=${BATCHES:-1,2,4}
@@ -31,7 +31,7 @@ test_run "cuda_ops knobs/attn_impls/mla" "$OUT/mlah-ops.log" MS_TEST_ONLY=knobs,
 test_run "forward_cache cuda" "$OUT/mlah-forward.log" timeout 200 "$BUILD/tests/model/test_forward_cache" cuda
 test_run "mtp cuda" "$OUT/mlah-mtp.log" timeout 200 "$BUILD/tests/model/test_mtp" cuda
 
-for h in 64 auto; do
+for h in 64 16 auto; do
   log="$OUT/mlah-bench-$h.log"
   MS_CU_MLA_HEADS=$h timeout 240 "$BIN" bench-model --device cuda --load-format dummy --dummy-quant nvfp4 \
     --model configs/glm-5.json --override num_hidden_layers=$LAYERS --batches "$BATCHES" --ctx 1024,16384 \
