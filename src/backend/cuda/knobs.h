@@ -26,6 +26,7 @@ typedef enum cu_knob_id {
     CU_KNOB_PDL,               /* MS_CU_PDL: 1 (default) or 0 (read once) */
     CU_KNOB_BF16_GEMV_MAX_N,   /* MS_CU_BF16_GEMV_MAX_N: integer (read once) */
     CU_KNOB_GW_N,              /* MS_CU_GW_N: CU_GW_N_128 or CU_GW_N_256 (read at every call) */
+    CU_KNOB_MLA_HEADS,         /* MS_CU_MLA_HEADS: CU_MLA_HEADS_AUTO, _64 or _16 (read at every call) */
     CU_KNOB_COUNT
 } cu_knob_id;
 
@@ -35,6 +36,7 @@ enum { CU_GG_MMA = 0, CU_GG_OLD = 1, CU_GG_SYNC = 2 };
 enum { CU_GEMV_FP4_V2 = 0, CU_GEMV_FP4_V1 = 1, CU_GEMV_FP4_V2O = 2, CU_GEMV_FP4_V3 = 3, CU_GEMV_FP4_AUTO = 4 };
 enum { CU_ROUTER_SPLIT = 0, CU_ROUTER_WARP = 1 };
 enum { CU_GW_N_128 = 0, CU_GW_N_256 = 1 };
+enum { CU_MLA_HEADS_AUTO = 0, CU_MLA_HEADS_64 = 1, CU_MLA_HEADS_16 = 2 };
 
 /* Value in effect of knob id. Integers: the variable parsed as a decimal integer inside the knob's
  * range, else the default. Choices: the index of the variable's value among the knob's names; unset
