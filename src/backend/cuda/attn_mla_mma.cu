@@ -35,9 +35,10 @@
  * an H200 SM (the split then aims at two blocks an SM) and one an A100's. Alternatives weighed: 2 warps
  * x halves as the 64-head form (same per-warp chain as today: only the grid grows); 8 warps x 8 parts
  * (chains of 5, but 7 partner slots a warp: 4x the exchange's shared-memory traffic, and 8-way sums).
- * The host picks the form (cu_attn_mla_mma, mm_pick_hb): 16 heads when T x 64-head groups x key tiles
- * is below the SM count (every decode step of up to 4 tokens at ctx <= 1024 on an H200) or nh <= 16;
- * MS_CU_MLA_HEADS=64|16 forces one.
+ * The host picks the form (cu_attn_mla_mma, mm_pick_hb): 16 heads when nh <= 16 (a 64-head block would
+ * leave head tiles idle), else 64; MS_CU_MLA_HEADS=64|16 forces one. The 16-head form for small decode
+ * grids (T x 64-head groups x key tiles below the SM count) was built for batch-1 GLM-5 and measured no
+ * faster on the H200 (3.351-3.384 vs 3.324 ms a step, bench/NOTES.md), so it is not chosen there.
  *
  * Keys (both forms). The token's keys are either 0..position (dense MLA, and DSA tokens
  * whose position is below index_topk, where the top-k list must hold every causal key) or the
@@ -354,9 +355,9 @@ template <int DK, int DV, int HB> static int mm_launch(ms_backend *b, const mm_a
  * chain (the Q·Kᵀ reduction and the output columns split over 4 warps instead of 2) and a quarter of
  * the Q loads and partial stores; the latent rows are then read by 4 blocks (from L2). With 16 heads or
  * fewer the 64-head block would idle 3 of its 4 head tiles, so 16 heads win at any grid. */
-static int mm_pick_hb(int T, int nh, int tiles, int n_sm, int force) {
+static int mm_pick_hb(int nh, int force) {
     if (force == 64 || force == 16) return force;
-    return nh <= 16 || (long long)T * ((nh + 63) / 64) * tiles < n_sm ? 16 : 64;
+    return nh <= 16 ? 16 : 64;
 }
 
 /* The (latent row, value width) pairs compiled: GLM-5 / DeepSeek (512 + 64) and two small shapes the
@@ -410,9 +411,8 @@ int cu_attn_mla_mma(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, 
     a.page_size = m->host->page_size;
     const int max_keys = topk_d ? (topk < m->max_ctx ? topk : m->max_ctx) : m->max_ctx;
     const int tiles = max_keys > 0 ? (max_keys + MM_BN - 1) / MM_BN : 1;
-    const int n_sm = b->gpu.n_sm > 0 ? b->gpu.n_sm : 100;
     const int knob = cu_knob(CU_KNOB_MLA_HEADS);
-    const int hb = mm_pick_hb(T, nh, tiles, n_sm, knob == CU_MLA_HEADS_64 ? 64 : knob == CU_MLA_HEADS_16 ? 16 : 0);
+    const int hb = mm_pick_hb(nh, knob == CU_MLA_HEADS_64 ? 64 : knob == CU_MLA_HEADS_16 ? 16 : 0);
     const int groups = (nh + hb - 1) / hb;
     /* one key tile per split-K range where the grid is small: a tile costs a block ~6 us of latency
      * (one block per SM), so at batch 1 many one-tile ranges and a fast combine beat fewer longer

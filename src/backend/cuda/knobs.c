@@ -76,9 +76,9 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                       "NVFP4 wgmma grouped GEMM (sm_90): weight rows per block, 128 (two blocks an SM) or 256 "
                       "(one block, as the mma.sync kernel)"},
     [CU_KNOB_MLA_HEADS] = {"MS_CU_MLA_HEADS", KN_CHOICE, CU_MLA_HEADS_AUTO, 0, 0, mla_heads_choices, 0,
-                           "heads per block of the tensor-core MLA kernel (attn_mla_mma.cu): auto = 16 when "
-                           "tokens x 64-head groups x key tiles < SMs (decode) or at most 16 heads, else 64; "
-                           "64 or 16 force one form"},
+                           "heads per block of the tensor-core MLA kernel (attn_mla_mma.cu): auto = 16 for models of "
+                           "at most 16 heads, else 64 (16 at batch-1 GLM-5 decode measured no gain); 64 or 16 "
+                           "force one form"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */

@@ -227,16 +227,17 @@ int main() {
         std::vector<tok> t3 = {{0, 63}, {0, 70}, {0, 130}};
         run_case<160, 128, 16>("hs16 keys past the block table, split 2", 16, 0, 2, {64}, t3);
     }
-    /* the host's choice of form (cu_attn_mla_mma): H200 132 SMs, GLM-5 64 heads */
+    /* the host's choice of form (cu_attn_mla_mma): 16 heads only for models of at most 16 heads or when
+     * forced (T and tiles stay in the table: the grid no longer decides) */
     {
         const struct {
             int T, nh, tiles, force, want;
-        } pk[] = {{1, 64, 32, 0, 16},   {4, 64, 32, 0, 16},   {5, 64, 32, 0, 64}, {1, 64, 64, 0, 16},
+        } pk[] = {{1, 64, 32, 0, 64},   {4, 64, 32, 0, 64},   {5, 64, 32, 0, 64}, {1, 64, 64, 0, 64},
                   {2, 64, 66, 0, 64},   {4096, 64, 64, 0, 64}, {4096, 16, 64, 0, 16}, {1, 64, 32, 64, 64},
-                  {4096, 64, 64, 16, 16}, {1, 128, 32, 0, 16}, {3, 128, 32, 0, 64}};
+                  {4096, 64, 64, 16, 16}, {1, 128, 32, 0, 64}, {3, 128, 32, 0, 64}, {1, 12, 32, 0, 16}};
         int bad = 0;
         for (const auto &c : pk) {
-            const int hb = mm_pick_hb(c.T, c.nh, c.tiles, 132, c.force);
+            const int hb = mm_pick_hb(c.nh, c.force);
             if (hb != c.want) {
                 printf("FAIL mm_pick_hb(T %d, nh %d, tiles %d, force %d) = %d, want %d\n", c.T, c.nh, c.tiles, c.force, hb,
                        c.want);
