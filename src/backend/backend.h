@@ -143,6 +143,16 @@ typedef struct ms_backend_ops {
     int (*mla_kv_prep)(ms_backend *b, ms_tensor *kva, int kvl, const ms_tensor *w, float eps, const int32_t *pos_d,
                        const ms_rope_cfg *rc, ms_tensor *cache, const int32_t *slot_d, ms_err *err);
 
+    /* Optional fused form of the DSA indexer key's preparation: each row t of x [T, d] becomes
+     * RoPE(LayerNorm(x[t]) * w + bias) (LayerNorm over all d columns with eps; bias NULL = none; rc a
+     * rotation inside the row, at position pos_d[t]), written back into x and into row slot_d[t] of
+     * cache [S, d]. Gives exactly what layernorm (out = x), rope (x seen as [T, 1, d]) and kv_store give,
+     * bit for bit, including kv_store's handling of an out-of-range slot. Why: three launches that move
+     * a few hundred bytes per token in every indexer layer of a decode step. MS_ERR_UNSUPPORTED (nothing
+     * done) for a shape the backend cannot take; the caller then runs the three ops. */
+    int (*idx_k_prep)(ms_backend *b, ms_tensor *x, const ms_tensor *w, const ms_tensor *bias, float eps,
+                      const int32_t *pos_d, const ms_rope_cfg *rc, ms_tensor *cache, const int32_t *slot_d, ms_err *err);
+
     /* ---- KV cache and attention ---- */
     /* cache [S, W] row slot_d[t] = x [T, W] row t (converting dtype). */
     int (*kv_store)(ms_backend *b, ms_tensor *cache, const ms_tensor *x, const int32_t *slot_d, ms_err *err);

@@ -153,10 +153,21 @@ static int indexer(ms_forward *f, int L, int T, const ms_tensor *cq, const ms_te
     ms_tensor a = fw_view2(&f->a, T, c->hidden_size);
     ms_tensor kI = kI_in ? *kI_in : fw_view2(&f->kI, T, di), kI3 = fw_view3(&kI, T, 1, di);
     if (!kI_in) MS_TRY(op->linear(b, &l->idx_wk, &a, &kI, err));
-    MS_TRY(op->layernorm(b, &kI, &l->idx_k_norm_w, l->idx_k_norm_b.data ? &l->idx_k_norm_b : NULL, 1e-6f, &kI, err));
-    MS_TRY(op->rope(b, &kI3, f->meta.positions_d, &rc, err));
-    FW_TRY_CHECK(f, &kI, "indexer_k", err);
-    MS_TRY(op->kv_store(b, &f->vc[L], &kI, f->meta.slot_mapping_d, err));
+    const ms_tensor *kb = l->idx_k_norm_b.data ? &l->idx_k_norm_b : NULL;
+    /* LayerNorm, RoPE and the cache store in one launch where the backend has it */
+    int fused = op->idx_k_prep ? op->idx_k_prep(b, &kI, &l->idx_k_norm_w, kb, 1e-6f, f->meta.positions_d, &rc, &f->vc[L],
+                                                f->meta.slot_mapping_d, err)
+                               : MS_ERR_UNSUPPORTED;
+    if (fused == MS_OK) {
+        FW_TRY_CHECK(f, &kI, "indexer_k", err);
+    } else if (fused == MS_ERR_UNSUPPORTED) { /* NULL, or a shape it refused without doing anything */
+        MS_TRY(op->layernorm(b, &kI, &l->idx_k_norm_w, kb, 1e-6f, &kI, err));
+        MS_TRY(op->rope(b, &kI3, f->meta.positions_d, &rc, err));
+        FW_TRY_CHECK(f, &kI, "indexer_k", err);
+        MS_TRY(op->kv_store(b, &f->vc[L], &kI, f->meta.slot_mapping_d, err));
+    } else {
+        return fused;
+    }
     if (dense) return MS_OK;
     ms_tensor qI = fw_view2(&f->qI, T, (int64_t)nih * di), qI3 = fw_view3(&f->qI, T, nih, di);
     MS_TRY(op->linear(b, &l->idx_wq_b, cq, &qI, err));

@@ -437,6 +437,63 @@ static void test_rope(void) {
     }
 }
 
+/* The fused indexer-key op (LayerNorm + RoPE + cache store) against the three ops it replaces, bit for
+ * bit (key row and whole cache, so rows it must not touch are checked too), and both against a double
+ * LayerNorm + RoPE. T tokens at positions from 37 on, slots with gaps in a cache of 3T + 5 rows. */
+static void idx_k_prep_case(int64_t T, int64_t d, int rot_off, int rot_dim, int il, int with_bias) {
+    const int64_t S = 3 * T + 5;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)T), *slot = malloc(sizeof(int32_t) * (size_t)T);
+    for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)(37 + 5 * t), slot[t] = (int32_t)(S - 1 - 3 * t);
+    ms_tensor x = t_f32(2, T, d, 0), xr = t_f32(2, T, d, 0), c = t_f32(2, S, d, 0), cr = t_f32(2, S, d, 0);
+    ms_tensor w = t_f32(1, d, 0, 0), bias = t_f32(1, d, 0, 0);
+    fill(x.data, T * d, 3.0f);
+    fill(c.data, S * d, 1.0f);
+    fill(w.data, d, 1.0f);
+    fill(bias.data, d, 0.5f);
+    memcpy(xr.data, x.data, sizeof(float) * (size_t)(T * d));
+    memcpy(cr.data, c.data, sizeof(float) * (size_t)(S * d));
+    double *ref = malloc(sizeof(double) * (size_t)(T * d));
+    for (int64_t t = 0; t < T; t++) {
+        const float *xv = (const float *)x.data + t * d;
+        double m = 0, v = 0;
+        for (int64_t i = 0; i < d; i++) m += xv[i];
+        m /= (double)d;
+        for (int64_t i = 0; i < d; i++) v += (xv[i] - m) * (xv[i] - m);
+        double rs = 1.0 / sqrt(v / (double)d + 1e-6);
+        for (int64_t i = 0; i < d; i++)
+            ref[t * d + i] = (xv[i] - m) * rs * ((float *)w.data)[i] + (with_bias ? ((float *)bias.data)[i] : 0.0);
+        ref_rope(ref + t * d + rot_off, pos[t], rot_dim, il, 1e4);
+    }
+    ms_rope_cfg rc = {rot_off, rot_dim, il, 1e4};
+    const ms_tensor *bp = with_bias ? &bias : NULL;
+    CHECK(B->ops->idx_k_prep(B, &x, &w, bp, 1e-6f, pos, &rc, &c, slot, &E) == MS_OK);
+    ms_tensor xr3 = ms_tensor_reshape(&xr, 3, (int64_t[]){T, 1, d});
+    CHECK(B->ops->layernorm(B, &xr, &w, bp, 1e-6f, &xr, &E) == MS_OK);
+    CHECK(B->ops->rope(B, &xr3, pos, &rc, &E) == MS_OK);
+    CHECK(B->ops->kv_store(B, &cr, &xr, slot, &E) == MS_OK);
+    CHECK_MSG(!memcmp(x.data, xr.data, sizeof(float) * (size_t)(T * d)), "key rows T %lld d %lld", (long long)T, (long long)d);
+    CHECK_MSG(!memcmp(c.data, cr.data, sizeof(float) * (size_t)(S * d)), "cache T %lld d %lld", (long long)T, (long long)d);
+    CHECK_MSG(close_arr(x.data, ref, T * d, 2e-5, 1), "vs double T %lld d %lld", (long long)T, (long long)d);
+    /* a rotation outside the row is refused with a status, nothing written */
+    ms_rope_cfg bad = {(int)d - 2, 4, il, 1e4};
+    CHECK(B->ops->idx_k_prep(B, &x, &w, bp, 1e-6f, pos, &bad, &c, slot, &E) == MS_ERR_UNSUPPORTED);
+    CHECK(!memcmp(x.data, xr.data, sizeof(float) * (size_t)(T * d)));
+    free(ref);
+    free(pos);
+    free(slot);
+    t_free(&x); t_free(&xr); t_free(&c); t_free(&cr); t_free(&w); t_free(&bias);
+}
+
+static void test_idx_k_prep(void) {
+    const int64_t Ts[3] = {1, 3, 17};
+    for (int i = 0; i < 3; i++) {
+        idx_k_prep_case(Ts[i], 128, 0, 64, 0, 1); /* GLM-5: 128-wide keys, NeoX rotation of the first 64 */
+        idx_k_prep_case(Ts[i], 128, 0, 64, 1, 0); /* interleaved pairs, no bias */
+        idx_k_prep_case(Ts[i], 24, 8, 8, 1, 1);   /* odd: rotation in the middle of a 24-wide row */
+        idx_k_prep_case(Ts[i], 37, 5, 0, 0, 1);   /* no rotary dims, a width no multiple of anything */
+    }
+}
+
 /* ------------------------------------------------------------------ paged attention */
 
 /* Two sequences in one step: seq 0 decodes 3 new tokens at positions 6..8 on top of 6 cached ones,
@@ -796,6 +853,7 @@ int main(void) {
     RUN(test_norms);
     RUN(test_elementwise);
     RUN(test_rope);
+    RUN(test_idx_k_prep);
     RUN(test_gqa);
     RUN(test_mla);
     RUN(test_mla_heads);

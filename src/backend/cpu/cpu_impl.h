@@ -34,6 +34,8 @@ static inline int64_t cpu_slot(const ms_attn_meta *m, int s, int p) {
     return (int64_t)page * h->page_size + p % h->page_size;
 }
 
+/* The rope op (cpu_backend.c), shared with the absorbed-query op, which rotates its copy of q's rope part. */
+int cpu_rope(ms_backend *b, ms_tensor *x, const int32_t *pos, const ms_rope_cfg *rc, ms_err *err);
 int cpu_kv_store(ms_backend *b, ms_tensor *cache, const ms_tensor *x, const int32_t *slot_d, ms_err *err);
 int cpu_attn_gqa(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, const ms_tensor *vcache,
                  const ms_attn_meta *m, float scale, ms_tensor *out, ms_err *err);
