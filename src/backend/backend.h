@@ -166,9 +166,12 @@ typedef struct ms_backend_ops {
     int (*mla_attn)(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, const ms_attn_meta *m,
                     const int32_t *topk_d, int topk, int kvl, float scale, ms_tensor *out, ms_err *err);
     /* q [T, nh, dn+dr] -> out [T, nh, kvl+dr]: out[:,h,:kvl] = q_nope_h · W_UK_h, out[:,h,kvl:] = q_rope_h.
-     * kv_b is kv_b_proj [nh*(dn+dv), kvl] in any format. */
+     * kv_b is kv_b_proj [nh*(dn+dv), kvl] in any format. rc != NULL: the copied rope part is rotated at
+     * positions pos_d[T] exactly as the rope op with rc on q [T, nh, dn+dr] would rotate it (rc's columns
+     * are q's, inside [dn, dn+dr); MS_ERR_INVALID otherwise), while q itself stays unrotated. Why: the
+     * forward's separate RoPE launch on q, whose only reader is this op. */
     int (*mla_absorb_q)(ms_backend *b, const ms_linear *kv_b, const ms_tensor *q, int nh, int dn, int dr, int dv,
-                        ms_tensor *out, ms_err *err);
+                        const int32_t *pos_d, const ms_rope_cfg *rc, ms_tensor *out, ms_err *err);
     /* o_lat [T, nh, kvl] -> out [T, nh*dv]: out[:,h,:] = o_lat_h · W_UV_hᵀ. */
     int (*mla_v_up)(ms_backend *b, const ms_linear *kv_b, const ms_tensor *o_lat, int nh, int dn, int dv,
                     ms_tensor *out, ms_err *err);

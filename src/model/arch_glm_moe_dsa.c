@@ -198,15 +198,13 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
         MS_TRY(op->linear(b, &l->a_stack, &a, &row, err));
         kI_st = fw_piece(&row, ql, di);
     }
-    /* queries: cq = RMSNorm(a q_a^T); q = cq q_b^T, RoPE on each head's last dr dims */
+    /* queries: cq = RMSNorm(a q_a^T); q = cq q_b^T (RoPE on each head's last dr dims comes with the absorb) */
     ms_tensor cq = stacked ? fw_piece(&row, 0, ql) : fw_view2(&f->qa, T, ql);
     if (!stacked) MS_TRY(op->linear(b, &l->q_a_proj, &a, &cq, err));
     MS_TRY(op->rmsnorm(b, &cq, &l->q_a_norm, c->rms_norm_eps, &cq, err));
     FW_TRY_CHECK(f, &cq, "q_a", err);
-    ms_tensor q = fw_view2(&f->qb, T, (int64_t)nh * (dn + dr)), q3 = fw_view3(&f->qb, T, nh, dn + dr);
+    ms_tensor q = fw_view2(&f->qb, T, (int64_t)nh * (dn + dr));
     MS_TRY(op->linear(b, &l->q_b_proj, &cq, &q, err));
-    ms_rope_cfg rc = {dn, dr, c->rope_interleave, c->rope_theta};
-    MS_TRY(op->rope(b, &q3, f->meta.positions_d, &rc, err));
     FW_TRY_CHECK(f, &q, "q_b", err);
     /* latent: [RMSNorm(c) ; RoPE(k_rope)] stored per token */
     ms_tensor kva = stacked ? fw_piece(&row, ql + di, kvl + dr) : fw_view2(&f->kva, T, kvl + dr),
@@ -226,8 +224,11 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
         FW_TRY_CHECK(f, &kva, "kv_a", err);
         MS_TRY(op->kv_store(b, &f->kc[L], &kva, f->meta.slot_mapping_d, err));
     }
+    /* q_abs = q_nope W_UK per head, next to q's rope part, which the copy rotates (q itself is not
+     * rotated: this op is its only reader) */
     ms_tensor qabs = fw_view3(&f->qabs, T, nh, kvl + dr);
-    MS_TRY(op->mla_absorb_q(b, &l->kv_b_proj, &q, nh, dn, dr, dv, &qabs, err));
+    ms_rope_cfg rc = {dn, dr, c->rope_interleave, c->rope_theta};
+    MS_TRY(op->mla_absorb_q(b, &l->kv_b_proj, &q, nh, dn, dr, dv, f->meta.positions_d, &rc, &qabs, err));
     FW_TRY_CHECK(f, &qabs, "absorb_q", err);
     /* key selection */
     const int dense = f->meta.max_ctx <= c->index_topk;

@@ -625,7 +625,7 @@ static void test_mla_heads(void) {
             for (int64_t n = 0; n < nh * (dn + dv); n++) ms_linear_dequant_row(&kvb.W, n, Wd + n * kvl);
             ms_tensor q = t_f32(3, T, nh, dn + dr), qa = t_f32(3, T, nh, kvl + dr);
             fill(q.data, T * nh * (dn + dr), 1.0f);
-            CHECK(B->ops->mla_absorb_q(B, &kvb.W, &q, nh, dn, dr, dv, &qa, &E) == MS_OK);
+            CHECK(B->ops->mla_absorb_q(B, &kvb.W, &q, nh, dn, dr, dv, NULL, NULL, &qa, &E) == MS_OK);
             double *ref = calloc((size_t)(T * nh * (kvl + dr)), sizeof(double));
             const float *Q = q.data;
             for (int64_t t = 0; t < T; t++)
@@ -658,6 +658,44 @@ static void test_mla_heads(void) {
             t_free(&ol);
             t_free(&ov);
         }
+}
+
+/* The absorbed query with its rope part rotated by the op against the rope op on q followed by the
+ * plain absorb, bit for bit; q itself must come back unrotated. T tokens at positions from 11 on. */
+static void absorb_rope_case(int64_t T, int nh, int dn, int dr, int dv, int kvl, ms_rope_cfg rc) {
+    qlin kvb = make_linear(MS_WFMT_FP8, MS_BF16, (int64_t)nh * (dn + dv), kvl, 0);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)T);
+    for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)(11 + 7 * t);
+    const int64_t nq = T * nh * (dn + dr), no = T * nh * (kvl + dr);
+    ms_tensor q = t_f32(3, T, nh, dn + dr), qr = t_f32(3, T, nh, dn + dr), o = t_f32(3, T, nh, kvl + dr),
+              orf = t_f32(3, T, nh, kvl + dr);
+    fill(q.data, nq, 1.0f);
+    memcpy(qr.data, q.data, sizeof(float) * (size_t)nq);
+    CHECK(B->ops->mla_absorb_q(B, &kvb.W, &q, nh, dn, dr, dv, pos, &rc, &o, &E) == MS_OK);
+    CHECK(B->ops->rope(B, &qr, pos, &rc, &E) == MS_OK);
+    CHECK(B->ops->mla_absorb_q(B, &kvb.W, &qr, nh, dn, dr, dv, NULL, NULL, &orf, &E) == MS_OK);
+    CHECK_MSG(!memcmp(o.data, orf.data, sizeof(float) * (size_t)no), "T %lld dn %d dr %d", (long long)T, dn, dr);
+    /* q unrotated: rotating it now gives the reference's q */
+    if (rc.rot_dim) CHECK(memcmp(q.data, qr.data, sizeof(float) * (size_t)nq));
+    CHECK(B->ops->rope(B, &q, pos, &rc, &E) == MS_OK);
+    CHECK(!memcmp(q.data, qr.data, sizeof(float) * (size_t)nq));
+    /* rotary columns outside the rope part: refused */
+    ms_rope_cfg bad = rc;
+    bad.rot_off = dn - 2;
+    CHECK(B->ops->mla_absorb_q(B, &kvb.W, &q, nh, dn, dr, dv, pos, &bad, &o, &E) == MS_ERR_INVALID);
+    free_linear(&kvb);
+    free(pos);
+    t_free(&q); t_free(&qr); t_free(&o); t_free(&orf);
+}
+
+static void test_absorb_rope(void) {
+    const int64_t Ts[3] = {1, 3, 17};
+    for (int i = 0; i < 3; i++) {
+        absorb_rope_case(Ts[i], 4, 32, 64, 24, 64, (ms_rope_cfg){32, 64, 0, 1e6});     /* GLM-5's rope part (64, NeoX) */
+        absorb_rope_case(Ts[i], 4, 32, 64, 24, 64, (ms_rope_cfg){32, 64, 1, 1e4});     /* interleaved */
+        absorb_rope_case(Ts[i], 3, 24, 8, 20, 40, (ms_rope_cfg){24, 8, 1, 1e4});       /* odd fixture dims */
+        absorb_rope_case(Ts[i], 3, 12, 16, 10, 48, (ms_rope_cfg){16, 8, 0, 1e4});      /* rotation inside the part */
+    }
 }
 
 static void test_indexer(void) {
@@ -857,6 +895,7 @@ int main(void) {
     RUN(test_gqa);
     RUN(test_mla);
     RUN(test_mla_heads);
+    RUN(test_absorb_rope);
     RUN(test_indexer);
     RUN(test_attn_registry);
     RUN(test_router);

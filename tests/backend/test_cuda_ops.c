@@ -1099,8 +1099,8 @@ static void test_mla_proj(void) {
         int64_t qs[3] = {T, nh, dn + dr}, os[3] = {T, nh, kvl + dr}, ls[3] = {T, nh, kvl}, vs[2] = {T, nh * dv};
         float *q = rand_vec((size_t)T * nh * (dn + dr), 1.f), *ol = rand_vec((size_t)T * nh * kvl, 1.f);
         pair Q = act(3, qs, q), O = out_act(3, os), OL = act(3, ls, ol), V = out_act(2, vs);
-        R(GPU->ops->mla_absorb_q(GPU, &L.g, &Q.g, nh, dn, dr, dv, &O.g, &E));
-        R(CPU->ops->mla_absorb_q(CPU, &L.c, &Q.c, nh, dn, dr, dv, &O.c, &E));
+        R(GPU->ops->mla_absorb_q(GPU, &L.g, &Q.g, nh, dn, dr, dv, NULL, NULL, &O.g, &E));
+        R(CPU->ops->mla_absorb_q(CPU, &L.c, &Q.c, nh, dn, dr, dv, NULL, NULL, &O.c, &E));
         CMP(O.g, O.c, 2e-2);
         R(GPU->ops->mla_v_up(GPU, &L.g, &OL.g, nh, dn, dv, &V.g, &E));
         R(CPU->ops->mla_v_up(CPU, &L.c, &OL.c, nh, dn, dv, &V.c, &E));
@@ -1108,6 +1108,48 @@ static void test_mla_proj(void) {
         pfree(&Q); pfree(&O); pfree(&OL); pfree(&V);
         free(q); free(ol);
         free_linear(&L);
+    }
+}
+
+/* The absorbed query with its rope part rotated by the op against the GPU's rope op on q followed by the
+ * plain absorb (bit for bit), and against the CPU's pair; q itself must stay unrotated. T tokens at
+ * positions from 11 on. */
+static void absorb_rope_case(int T, int nh, int dn, int dr, int dv, int kvl, ms_rope_cfg rc) {
+    lpair L = mk_linear(MS_WFMT_FP8, MS_BF16, nh * (dn + dv), kvl, 0);
+    int64_t qs[3] = {T, nh, dn + dr}, os[3] = {T, nh, kvl + dr};
+    float *q = rand_vec((size_t)T * nh * (dn + dr), 1.f);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)T);
+    for (int t = 0; t < T; t++) pos[t] = 11 + 7 * t;
+    ms_tensor pg = mk_i32(GPU, T, pos), pc = mk_i32(CPU, T, pos);
+    pair Q = act(3, qs, q), O = out_act(3, os);
+    ms_tensor Qr = mk(GPU, 0, 3, qs, q), Q0 = mk(GPU, 0, 3, qs, q), Or = mk(GPU, 0, 3, os, NULL);
+    R(GPU->ops->mla_absorb_q(GPU, &L.g, &Q.g, nh, dn, dr, dv, pg.data, &rc, &O.g, &E));
+    R(GPU->ops->rope(GPU, &Qr, pg.data, &rc, &E));
+    R(GPU->ops->mla_absorb_q(GPU, &L.g, &Qr, nh, dn, dr, dv, NULL, NULL, &Or, &E));
+    double md;
+    long nd = n_differ(&O.g, &Or, &md);
+    CHECK_MSG(nd == 0, "T %d dn %d dr %d: %ld values differ from rope + absorb (max %g)", T, dn, dr, nd, md);
+    nd = n_differ(&Q.g, &Q0, &md);
+    CHECK_MSG(nd == 0, "T %d: q changed in %ld places", T, nd);
+    R(CPU->ops->rope(CPU, &Q.c, pc.data, &rc, &E));
+    R(CPU->ops->mla_absorb_q(CPU, &L.c, &Q.c, nh, dn, dr, dv, NULL, NULL, &O.c, &E));
+    CMP(O.g, O.c, 2e-2);
+    ms_rope_cfg bad = rc;
+    bad.rot_off = dn - 2;
+    CHECK(GPU->ops->mla_absorb_q(GPU, &L.g, &Q.g, nh, dn, dr, dv, pg.data, &bad, &O.g, &E) == MS_ERR_INVALID);
+    pfree(&Q); pfree(&O); fr(GPU, &Qr); fr(GPU, &Q0); fr(GPU, &Or);
+    fr(GPU, &pg); fr(CPU, &pc);
+    free_linear(&L);
+    free(q); free(pos);
+}
+
+static void test_absorb_rope(void) {
+    const int Ts[3] = {1, 3, 17};
+    for (int i = 0; i < 3; i++) {
+        absorb_rope_case(Ts[i], 8, 192, 64, 256, 512, (ms_rope_cfg){192, 64, 0, 1e6}); /* GLM-5 dims, 8 of its heads */
+        absorb_rope_case(Ts[i], 4, 32, 64, 24, 64, (ms_rope_cfg){32, 64, 1, 1e4});  /* interleaved */
+        absorb_rope_case(Ts[i], 3, 24, 8, 20, 40, (ms_rope_cfg){24, 8, 1, 1e4});    /* odd fixture dims */
+        absorb_rope_case(Ts[i], 3, 12, 16, 10, 48, (ms_rope_cfg){16, 8, 0, 1e4});   /* rotation inside the part */
     }
 }
 
@@ -1444,8 +1486,8 @@ static void test_odd_fixture_shapes(void) {
             int64_t qs[3] = {T, nh, dn + dr}, os[3] = {T, nh, kvl + dr}, ls[3] = {T, nh, kvl}, vs[2] = {T, nh * dv};
             float *q = rand_vec((size_t)T * nh * (dn + dr), 1.f), *ol = rand_vec((size_t)T * nh * kvl, 1.f);
             pair Q = act(3, qs, q), O = out_act(3, os), OL = act(3, ls, ol), V = out_act(2, vs);
-            R(GPU->ops->mla_absorb_q(GPU, &L.g, &Q.g, nh, dn, dr, dv, &O.g, &E));
-            R(CPU->ops->mla_absorb_q(CPU, &L.c, &Q.c, nh, dn, dr, dv, &O.c, &E));
+            R(GPU->ops->mla_absorb_q(GPU, &L.g, &Q.g, nh, dn, dr, dv, NULL, NULL, &O.g, &E));
+            R(CPU->ops->mla_absorb_q(CPU, &L.c, &Q.c, nh, dn, dr, dv, NULL, NULL, &O.c, &E));
             CMP(O.g, O.c, 2e-2);
             R(GPU->ops->mla_v_up(GPU, &L.g, &OL.g, nh, dn, dv, &V.g, &E));
             R(CPU->ops->mla_v_up(CPU, &L.c, &OL.c, nh, dn, dv, &V.c, &E));
@@ -1626,6 +1668,7 @@ int main(void) {
     RUN(test_mla_attn);
     RUN(test_attn_impls);
     RUN(test_mla_proj);
+    RUN(test_absorb_rope);
     RUN(test_indexer);
     RUN(test_router);
     RUN(test_router_decode);

@@ -42,7 +42,7 @@ int cpu_attn_gqa(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, con
 int cpu_mla_attn(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, const ms_attn_meta *m,
                  const int32_t *topk_d, int topk, int kvl, float scale, ms_tensor *out, ms_err *err);
 int cpu_mla_absorb_q(ms_backend *b, const ms_linear *kv_b, const ms_tensor *q, int nh, int dn, int dr, int dv,
-                     ms_tensor *out, ms_err *err);
+                     const int32_t *pos_d, const ms_rope_cfg *rc, ms_tensor *out, ms_err *err);
 int cpu_mla_v_up(ms_backend *b, const ms_linear *kv_b, const ms_tensor *o_lat, int nh, int dn, int dv,
                  ms_tensor *out, ms_err *err);
 int cpu_indexer_topk(ms_backend *b, const ms_tensor *qI, const ms_tensor *w, const ms_tensor *idx_cache,

@@ -47,24 +47,6 @@ int cu_add_bias(ms_backend *b, void *y, int yt, const float *bias, int64_t rows,
     return MS_OK;
 }
 
-__global__ void k_copy_rope(const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl) {
-    cu_pdl_wait();
-    cu_pdl_trigger();
-    size_t tot = (size_t)T * nh * dr;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < tot; i += (size_t)gridDim.x * blockDim.x) {
-        size_t th = i / dr;
-        int j = (int)(i % dr);
-        out[th * (kvl + dr) + kvl + j] = q[th * (dn + dr) + dn + j];
-    }
-}
-
-int cu_copy_rope_part(ms_backend *b, const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl, ms_err *err) {
-    size_t tot = (size_t)T * nh * dr;
-    if (!tot) return MS_OK;
-    CK(cu_launch(k_copy_rope, grid_for(tot), 256, 0, stream_of(b), q, out, T, nh, dn, dr, kvl));
-    return MS_OK;
-}
-
 /* ---- embedding ---- */
 
 __global__ void k_embed(const void *table, int tt, int64_t V, int64_t H, const int32_t *ids, int64_t v0, void *out, int ot) {
@@ -473,6 +455,50 @@ int cu_op_rope(ms_backend *b, ms_tensor *x, const int32_t *pos_d, const ms_rope_
     const dim3 grid((unsigned)T, (unsigned)(per_tok < 16 ? per_tok : 16));
     CK(cu_launch(k_rope, grid, 256, 0, stream_of(b), x->data, x->dtype, nh, d, pos_d, inv, rc->rot_off, rc->rot_dim,
                  rc->interleaved));
+    return MS_OK;
+}
+
+/* ---- the absorbed MLA query's rope part ---- */
+
+/* Per (token, head) the dr rope columns of q copied into out, the rc pairs among them rotated on the
+ * way exactly as k_rope rotates them in q (rope_pair, the same float32 angle): one unit per rotary
+ * pair or pass-through column. Why: the rope launch on q before this copy, which moved the same bytes. */
+__global__ void k_copy_rope(const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl, const int32_t *pos,
+                            const float *inv, int rot_off, int rot_dim, int interleaved) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
+    const int half = rot_dim / 2, per = dr - half;
+    const size_t tot = (size_t)T * nh * per;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < tot; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t th = i / per;
+        const int j = (int)(i % per);
+        const bf16 *src = q + th * (dn + dr) + dn;
+        bf16 *dst = out + th * (kvl + dr) + kvl;
+        if (j < half) {
+            const int i0 = rot_off + (interleaved ? 2 * j : j), i1 = rot_off + (interleaved ? 2 * j + 1 : j + half);
+            float o0, o1;
+            rope_pair(__bfloat162float(src[i0]), __bfloat162float(src[i1]), (float)pos[th / nh], inv[j], &o0, &o1);
+            dst[i0] = __float2bfloat16_rn(o0);
+            dst[i1] = __float2bfloat16_rn(o1);
+        } else {
+            const int e = j - half, c = e < rot_off ? e : e + rot_dim;
+            dst[c] = src[c];
+        }
+    }
+}
+
+int cu_copy_rope_part(ms_backend *b, const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl,
+                      const int32_t *pos_d, const ms_rope_cfg *rc, ms_err *err) {
+    const int rot_dim = rc ? rc->rot_dim : 0, rot_off = rc ? rc->rot_off - dn : 0;
+    if (rot_dim < 0 || rot_dim % 2 || rot_off < 0 || rot_off + rot_dim > dr)
+        return ms_errf(err, MS_ERR_INVALID, "mla_absorb_q: rotary columns %d..%d lie outside the rope part %d..%d of q",
+                       rot_off + dn, rot_off + dn + rot_dim, dn, dn + dr);
+    const size_t tot = (size_t)T * nh * (dr - rot_dim / 2);
+    if (!tot) return MS_OK;
+    const float *inv = NULL;
+    if (rot_dim) MS_TRY(rope_table(b, rc, &inv, err));
+    CK(cu_launch(k_copy_rope, grid_for(tot), 256, 0, stream_of(b), q, out, T, nh, dn, dr, kvl, pos_d, inv, rot_off,
+                 rot_dim, rc ? rc->interleaved : 0));
     return MS_OK;
 }
 
