@@ -918,8 +918,43 @@ static int impls_case(const char *name, const ms_attn_call *c, const ms_attn_sha
     return ran;
 }
 
+/* The tensor-core MLA kernel (implementation mma) forced to each block form, MS_CU_MLA_HEADS=64 and
+ * =16 (by default cu_attn_mla_mma picks one by grid size, so a case exercises only that one), against
+ * the CPU reference ref [rows, dv]. Restores the caller's MS_CU_MLA_HEADS. Returns how many forms ran
+ * (0 when mma does not cover the shape). */
+static int mla_forms_case(const char *name, const ms_attn_call *c, const ms_attn_shape *sh, const float *ref,
+                          size_t rows, int dv) {
+    const ms_attn_impl *mma = NULL;
+    for (const ms_attn_impl *const *ip = ms_attn_impls(); *ip; ip++)
+        if (!strcmp((*ip)->backend, "cuda") && !strcmp((*ip)->name, "mma")) mma = *ip;
+    char why[256] = "";
+    if (!mma || !ms_attn_ok(mma, GPU, sh, why, sizeof why)) return 0;
+    const char *v = getenv("MS_CU_MLA_HEADS");
+    char *saved = v ? strdup(v) : NULL;
+    static const char *forms[2] = {"64", "16"};
+    int ran = 0;
+    for (int f = 0; f < 2; f++) {
+        setenv("MS_CU_MLA_HEADS", forms[f], 1);
+        ms_tensor og = mk(GPU, 0, c->out->ndim, c->out->shape, NULL); /* NaN-poisoned */
+        ms_attn_call cg = *c;
+        cg.out = &og;
+        R(ms_attn_run(mma, GPU, &cg, &E));
+        float *a = get(GPU, &og);
+        double e = row_err(a, ref, rows, dv);
+        CHECK_MSG(e <= 2e-2, "%s (mma, MS_CU_MLA_HEADS=%s): row rel err %.3g", name, forms[f], e);
+        free(a);
+        fr(GPU, &og);
+        ran++;
+    }
+    if (saved) setenv("MS_CU_MLA_HEADS", saved, 1);
+    else unsetenv("MS_CU_MLA_HEADS");
+    free(saved);
+    return ran;
+}
+
 /* Absorbed MLA over a gbatch (long contexts, several sequences, mixed prefill and decode), dense or
- * restricted to random top-k lists (DSA), every CUDA implementation against the CPU. */
+ * restricted to random top-k lists (DSA), every CUDA implementation against the CPU, and the mma
+ * kernel in both block forms (64 and 16 heads a block). */
 static void mla_batch_case(const char *name, int nh, int kvl, int dr, int topk, int n_seqs, const int *nnew,
                            const int *ctx) {
     gbatch B;
@@ -949,6 +984,8 @@ static void mla_batch_case(const char *name, int nh, int kvl, int dr, int topk, 
      * and ref every width */
     const int want = kvl == 64 || kvl == 128 || kvl == 512 ? 4 : 3;
     CHECK_MSG(ran >= want, "%s: only %d CUDA implementations ran (%d expected)", name, ran, want);
+    const int forms = mla_forms_case(name, &c, &sh, ref, (size_t)T * nh, kvl);
+    CHECK_MSG(forms == (want == 4 ? 2 : 0), "%s: the mma kernel ran in %d block forms", name, forms);
     fr(GPU, &og0);
     free(ref);
     fr(CPU, &oc);
@@ -1000,6 +1037,12 @@ static void test_attn_impls(void) {
         mla_batch_case("dsa top-300", 8, 512, 64, 300, 5, nn, cx);
         int dn[4] = {1, 1, 1, 1}, dc[4] = {2000, 17, 513, 300};
         mla_batch_case("dsa decode top-256", 64, 512, 64, 256, 4, dn, dc);
+        /* GLM-5 decode shapes, where the default takes 16-head blocks: batch 1 at ctx 1100 (35 one-tile
+         * ranges, the last partial), batch 2 dense (ctx 1 and 1100) and DSA top-2048 at ctx 3000 / 700 */
+        int d1[1] = {1}, c1[1] = {1100}, d2[2] = {1, 1}, c2[2] = {1, 1100}, c3[2] = {3000, 700};
+        mla_batch_case("mla decode b1 ctx 1100", 64, 512, 64, 0, 1, d1, c1);
+        mla_batch_case("mla decode b2", 64, 512, 64, 0, 2, d2, c2);
+        mla_batch_case("dsa decode b2 top-2048", 64, 512, 64, 2048, 2, d2, c3);
         /* more than 64 heads (two head groups, the second partial), a latent width mma refuses, and
          * long prefill chunks with top-k below the context (tokens below index_topk walk 0..pos) */
         mla_batch_case("mla dense 80 heads", 80, 64, 16, 0, 5, nn, cx);
@@ -1569,15 +1612,21 @@ static void test_checks(void) {
  * a bad choice or an out-of-range integer falls back to the default, and the doctor printout has a
  * header and one line per knob. Restores the variables it touches. */
 static void test_knobs(void) {
-    static const char *vars[6] = {"MS_CU_GG", "MS_ATTN_NO_MMA", "MS_ATTN_NO_SPLIT", "MS_CU_GEMV_FP4", "MS_CU_ROUTER",
-                                  "MS_CU_PDL"};
-    char *saved[6];
-    for (int i = 0; i < 6; i++) {
+    static const char *vars[7] = {"MS_CU_GG", "MS_ATTN_NO_MMA", "MS_ATTN_NO_SPLIT", "MS_CU_GEMV_FP4", "MS_CU_ROUTER",
+                                  "MS_CU_PDL", "MS_CU_MLA_HEADS"};
+    char *saved[7];
+    for (int i = 0; i < 7; i++) {
         const char *v = getenv(vars[i]);
         saved[i] = v ? strdup(v) : NULL;
     }
     setenv("MS_CU_GG", "old", 1);
     CHECK_EQ_INT(cu_knob(CU_KNOB_GG), CU_GG_OLD);
+    setenv("MS_CU_GG", "sync", 1);
+    CHECK_EQ_INT(cu_knob(CU_KNOB_GG), CU_GG_SYNC);
+    setenv("MS_CU_GW_N", "256", 1);
+    CHECK_EQ_INT(cu_knob(CU_KNOB_GW_N), CU_GW_N_256);
+    unsetenv("MS_CU_GW_N");
+    CHECK_EQ_INT(cu_knob(CU_KNOB_GW_N), CU_GW_N_128);
     setenv("MS_CU_GG", "mma", 1);
     CHECK_EQ_INT(cu_knob(CU_KNOB_GG), CU_GG_MMA);
     unsetenv("MS_CU_GG");
@@ -1600,6 +1649,16 @@ static void test_knobs(void) {
     CHECK_EQ_INT(cu_knob(CU_KNOB_ROUTER), CU_ROUTER_WARP);
     unsetenv("MS_CU_ROUTER");
     CHECK_EQ_INT(cu_knob(CU_KNOB_ROUTER), CU_ROUTER_SPLIT);
+    /* the MLA kernel's heads per block (read at every call: test_attn_impls forces both forms) */
+    const char *mh[3] = {"auto", "64", "16"};
+    for (int i = 0; i < 3; i++) {
+        setenv("MS_CU_MLA_HEADS", mh[i], 1);
+        CHECK_EQ_INT(cu_knob(CU_KNOB_MLA_HEADS), i);
+    }
+    setenv("MS_CU_MLA_HEADS", "32", 1); /* not a form: the default */
+    CHECK_EQ_INT(cu_knob(CU_KNOB_MLA_HEADS), CU_MLA_HEADS_AUTO);
+    unsetenv("MS_CU_MLA_HEADS");
+    CHECK_EQ_INT(cu_knob(CU_KNOB_MLA_HEADS), CU_MLA_HEADS_AUTO);
     /* MS_CU_PDL is read once; cu_knob_forget makes the next use read the environment again */
     setenv("MS_CU_PDL", "0", 1);
     cu_knob_forget(CU_KNOB_PDL);
@@ -1629,7 +1688,7 @@ static void test_knobs(void) {
         CHECK_EQ_INT(n, CU_KNOB_COUNT + 1);
         CHECK_EQ_INT(seen, 1);
     }
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 7; i++) {
         if (saved[i]) setenv(vars[i], saved[i], 1);
         else unsetenv(vars[i]);
         free(saved[i]);

@@ -2,7 +2,7 @@
 # The absorbed-MLA tensor-core kernel (src/backend/cuda/attn_mla_mma.cu) checked without a GPU: its
 # kernel and launch code are compiled for the host with the CUDA-only lines swapped for
 # tests/backend/mla_mma_emu/emu.h (each CUDA thread a host thread, ldmatrix and mma.sync rebuilt from
-# the PTX ISA tables, named barriers of 64 threads) under the address and undefined-behaviour
+# the PTX ISA tables, named barriers of a head tile's 2 or 4 warps) under the address and undefined-behaviour
 # sanitizers, then compared with a float64 reference (tests/backend/mla_mma_emu/main.cpp), in two passes
 # (cp.async copies landing at their wait, then at issue). The GPU itself is covered by test_cuda_ops on
 # the GPU machine.
@@ -13,8 +13,8 @@ mkdir -p "$OUTDIR"
 fail() { echo "FAIL $1"; echo "## test_mla_mma_emu: 0 passed, 1 failed"; exit 1; }
 sed -e 's|^#include "backend/cuda/cuda_internal.cuh"$|#include "emu.h"|' \
     -e 's|extern __shared__ __align__(16) unsigned char mm_sm\[\];|unsigned char *mm_sm = EB->smem;|' \
-    -e 's|^__device__ __forceinline__ void mm_pair_sync(int id) { asm volatile.*$|static inline void mm_pair_sync(int id) { emu_pair_sync(id); }|' \
-    -e 's|CK(cu_launch(k_mla_mma<DK, DV>, grid, MM_THREADS, sm, cu_of(b)->stream, \*a));|emu_launch(k_mla_mma<DK, DV>, grid, MM_THREADS, sm, *a);|' \
+    -e 's|^__device__ __forceinline__ void mm_pair_sync(int id, int n) { asm volatile.*$|static inline void mm_pair_sync(int id, int n) { emu_pair_sync(id, n); }|' \
+    -e 's|CK(cu_launch(k_mla_mma<DK, DV, HB>, grid, mm_form<HB>::THREADS, sm, cu_of(b)->stream, \*a));|emu_launch(k_mla_mma<DK, DV, HB>, grid, mm_form<HB>::THREADS, sm, *a);|' \
     -e '/^\/\* The (latent row, value width) pairs compiled/,$d' \
     src/backend/cuda/attn_mla_mma.cu >"$OUTDIR/mla_emu.cpp" || fail "rewriting attn_mla_mma.cu"
 for gone in 'asm' '<<<' 'extern __shared__' '#include "backend/cuda/cuda_internal.cuh"'; do

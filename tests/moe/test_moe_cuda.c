@@ -242,7 +242,9 @@ static void fmt_case(ms_wfmt fmt, int H, int I) {
  * expert with 1000 rows (its last 128-row pair holds a single, partial tile). The gate/up kernel
  * computes 128 columns per block and down 256, so inter 320 / 352 and hidden 384 / 392 leave column
  * tails, and K = 352 / 344 / 392 leaves a partial 64-wide k-step. The first random routing is run again
- * with MS_CU_GG=old so the wmma fallback is checked at this scale too. */
+ * with MS_CU_GG=old so the wmma fallback is checked at this scale too, and with MS_CU_GG=sync (with the
+ * one-expert case) so the mma.sync kernel stays checked where NVFP4 takes the wgmma one (sm_90), and
+ * with MS_CU_GW_N=256 for the wgmma kernel's wide block. */
 static void prefill_case(ms_wfmt fmt, int H, int I, int full) {
     layer L;
     int n = 16;
@@ -261,7 +263,16 @@ static void prefill_case(ms_wfmt fmt, int H, int I, int full) {
         run_case(&L, cpu_r, gr, 1000, 1, 1);
         setenv("MS_CU_GG", "old", 1);
         run_case(&L, cpu_r, gr, 2048, 4, 0);
+        /* NVFP4 on sm_90 takes the wgmma kernel by default: the mma.sync one stays checked */
+        setenv("MS_CU_GG", "sync", 1);
+        run_case(&L, cpu_r, gr, 2048, 4, 0);
+        run_case(&L, cpu_r, gr, 1000, 1, 1);
         unsetenv("MS_CU_GG");
+        /* the wgmma kernel's other block width (256 weight rows) */
+        setenv("MS_CU_GW_N", "256", 1);
+        run_case(&L, cpu_r, gr, 2048, 4, 0);
+        run_case(&L, cpu_r, gr, 1000, 1, 1);
+        unsetenv("MS_CU_GW_N");
     }
     free_layer(&L);
 }

@@ -361,6 +361,213 @@ __global__ __launch_bounds__(GM_THREADS, 1) void k_gm(gm_args a) {
     else gm_block<FMT, MODE, 4>(a, W0, W1, rbase, rows, gm_sm);
 }
 
+/* ---- Hopper form (sm_90a): wgmma with the weight tile decoded into shared memory ----
+ *
+ * Why: the mma.sync kernel above runs at ~19% of the tensor pipe's peak on the H200 (ncu, GLM-5 gate/up
+ * k_gm<2,1>: 2 warps per scheduler, shared-memory path 70% busy, 84% of the issued instructions not MMAs):
+ * every MMA needs its operands staged through registers by ldmatrix. wgmma reads both operands from
+ * shared memory and runs asynchronously, so the same threads decode the next k-step's weights while the
+ * tensor cores work on this one.
+ *
+ * Block: 256 threads = two warpgroups, 128 activation rows (the same group/tile enumeration as k_gm) x BN
+ * weight rows (256 as k_gm, or 128: MS_CU_GW_N). Warpgroup w computes rows 64w .. 64w+63 against all BN
+ * weight rows with one wgmma.m64n{BN}k16 per 16 k (fp32 accumulators: BN/2 registers a thread). With
+ * BN = 128 a block needs about half the registers and 80 KB of shared memory, so two blocks share an SM
+ * and one's wgmmas run while the other decodes or waits at its barrier; each weight row is then decoded by
+ * two threads (32 k each per step). Shared tiles are
+ * K-major with the 128-byte swizzle (16-byte chunk c of row r at r*128 + ((c ^ (r & 7)) * 16), stage
+ * bases 1024-byte aligned), so the wgmma descriptors need no transposition: start address, stride 1024
+ * bytes between 8-row groups, and +32 bytes per 16-k slice inside the 64-k atom. Activations arrive by
+ * cp.async (three stages), weights are decoded by the thread owning the row (k_gm's decoders, so the
+ * bf16 weight values are identical) into two stages. Per k-step: issue the four wgmmas of step s, decode
+ * step s+1 into the other weight stage and load step s+2's raw bytes, wait for the wgmmas, then fence
+ * (generic-proxy writes -> async-proxy reads) and one barrier. Both warpgroups always issue their wgmmas
+ * (a pair with at most 64 rows computes zero-filled rows it does not store): a warpgroup-dependent branch
+ * around them makes ptxas serialize every wgmma. NVFP4 only (where the mma.sync kernel loses most); other formats keep k_gm. */
+#define GW_STAGE_A (GM_BM * 128)
+/* shared bytes of a block with BN weight rows: 3 activation stages, 2 weight stages, 1024 for alignment */
+#define GW_SMEM(BN) (GM_A_STAGES * GW_STAGE_A + 2 * (BN) * 128 + 1024)
+
+__device__ __forceinline__ uint32_t gw_swz(int r, int c) { return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+/* Matrix descriptor of a K-major bf16 tile with the 128-byte swizzle (PTX ISA "Matrix Descriptor Format"):
+ * start address >> 4, leading offset unused (1), stride 1024 bytes between 8-row core-matrix groups. */
+__device__ __forceinline__ uint64_t gw_desc(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GW_HAVE 1
+/* d (64 x 256 fp32, this thread's 128) += A (64 x 16, desc a) * B (256 x 16, desc b)^T */
+__device__ __forceinline__ void gw_mma(float (&d)[128], uint64_t a, uint64_t b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(a), "l"(b));
+}
+/* the same with a 128-row B: d is 64 x 128 (64 registers a thread) */
+__device__ __forceinline__ void gw_mma(float (&d)[64], uint64_t a, uint64_t b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(a), "l"(b));
+}
+__device__ __forceinline__ void gw_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void gw_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void gw_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void gw_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+#else
+#define GW_HAVE 0
+#endif
+
+template <int MODE, int BN>
+__global__ __launch_bounds__(GM_THREADS, BN == 128 ? 2 : 1) void k_gw(gm_args a) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
+#if GW_HAVE
+    extern __shared__ __align__(128) unsigned char gw_sm[];
+    __shared__ int sh_g;
+    const int tile = blockIdx.y, tid = threadIdx.x;
+    if (tid == 0) sh_g = -1;
+    __syncthreads();
+    for (int g = tid; g < a.n_groups; g += GM_THREADS)
+        if (a.tile_off[g] <= tile && tile < a.tile_off[g + 1]) sh_g = g;
+    __syncthreads();
+    const int g = sh_g;
+    if (g < 0) return;
+    const int local = tile - a.tile_off[g];
+    if (local & 1) return;
+    const int m0 = local * CU_GG_BM, rows = min(GM_BM, a.row_cnt[g] - m0);
+    if (rows <= 0) return;
+    const int rbase = a.row_off[g] + m0;
+    const cu_wdesc W0 = a.W0[g];
+    const cu_wdesc W1 = MODE == 1 ? a.W1[g] : W0;
+    const int K = a.K, N = a.N, nk = (K + GM_BK - 1) / GM_BK;
+    const int n0 = blockIdx.x * (MODE == 1 ? BN / 2 : BN);
+    constexpr int TPR = GM_THREADS / BN, NP = 2 / TPR; /* threads per weight row, 32-k pieces per thread */
+    constexpr int GW_STAGE_B = BN * 128;
+    const uint32_t base = (cu_saddr(gw_sm) + 1023u) & ~1023u; /* the swizzle repeats every 1024 bytes */
+    const uint32_t sA = base, sB = base + GM_A_STAGES * GW_STAGE_A;
+    const int wg = tid >> 7;
+    const int ld_r = tid >> 3, ld_c = tid & 7;
+
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
+
+    auto load_a = [&](int st, int s) {
+        const int k = s * GM_BK + ld_c * 8;
+#pragma unroll
+        for (int q = 0; q < GM_BM / 32; q++) {
+            const int r = ld_r + 32 * q;
+            const bool ok = r < rows && k < K;
+            const bf16 *src = a.x + (size_t)(rbase + (ok ? r : 0)) * K + (ok ? k : 0);
+            cu_cp16(sA + st * GW_STAGE_A + gw_swz(r, ld_c), src, ok);
+        }
+    };
+    /* this thread's weight row of the tile, brow = tid / TPR (mode 0 W0 row n0 + brow; mode 1 gate rows,
+     * then up), and its share of each k-step: pieces p0 .. p0 + NP - 1 of 32 k */
+    const int brow = tid / TPR, p0 = (tid % TPR) * NP;
+    const bool up = MODE == 1 && brow >= BN / 2;
+    const int bn = n0 + (MODE == 1 ? (brow & (BN / 2 - 1)) : brow);
+    const bool bok = bn < N;
+    const int bnc = bok ? bn : N - 1;
+    const float s2 = up ? W1.scale2 : W0.scale2;
+    const uint8_t *wrow = (const uint8_t *)(up ? W1.w : W0.w) + (size_t)bnc * (K / 2);
+    const uint8_t *srow = (const uint8_t *)(up ? W1.scale : W0.scale) + (size_t)bnc * (K / 16);
+    uint4 rv[NP];
+    uint32_t rs[NP];
+    auto load_step = [&](int s) {
+#pragma unroll
+        for (int p = 0; p < NP; p++) {
+            const int k = s * GM_BK + 32 * (p0 + p);
+            const bool ok = bok && k < K;
+            rv[p] = ok ? __ldg((const uint4 *)(wrow + k / 2)) : make_uint4(0u, 0u, 0u, 0u);
+            rs[p] = ok ? (uint32_t)__ldg((const uint16_t *)(srow + k / 16)) : 0u;
+        }
+    };
+    auto decode_step = [&](int sb) {
+#pragma unroll
+        for (int kl = 0; kl < 2 * NP; kl++) {
+            uint32_t o[8];
+            const int u = kl >> 1, hf = kl & 1, kk = 2 * p0 + kl;
+            const float bs = __fmul_rn(cu_e4m3((rs[u] >> (8 * hf)) & 0xffu), s2);
+            const gm_lut t = gm_nvfp4_lut(bs);
+            gm_nvfp4_dec8(hf ? rv[u].z : rv[u].x, t, o);
+            gm_nvfp4_dec8(hf ? rv[u].w : rv[u].y, t, o + 4);
+            const uint32_t row = sB + sb * GW_STAGE_B;
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(row + gw_swz(brow, 2 * kk)), "r"(o[0]), "r"(o[1]),
+                         "r"(o[2]), "r"(o[3]) : "memory");
+            asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(row + gw_swz(brow, 2 * kk + 1)), "r"(o[4]),
+                         "r"(o[5]), "r"(o[6]), "r"(o[7]) : "memory");
+        }
+    };
+
+    load_a(0, 0);
+    cu_cp_commit();
+    if (nk > 1) load_a(1, 1);
+    cu_cp_commit();
+    load_step(0);
+    decode_step(0);
+    if (nk > 1) load_step(1);
+    cu_cp_wait<1>();
+    gw_proxy_fence();
+    __syncthreads();
+    for (int ks = 0; ks < nk; ks++) {
+        const int sa = ks % GM_A_STAGES, sb = ks & 1;
+        if (ks + 2 < nk) load_a((ks + 2) % GM_A_STAGES, ks + 2); /* its stage was read in step ks-1 */
+        cu_cp_commit();
+        gw_fence();
+#pragma unroll
+        for (int kk = 0; kk < GM_BK / 16; kk++)
+            gw_mma(acc, gw_desc(sA + sa * GW_STAGE_A + wg * 64 * 128 + kk * 32), gw_desc(sB + sb * GW_STAGE_B + kk * 32));
+        gw_commit();
+        if (ks + 1 < nk) {
+            decode_step(sb ^ 1); /* step ks+1; that stage was read by step ks-1's wgmmas, finished */
+            if (ks + 2 < nk) load_step(ks + 2);
+        }
+        gw_wait();
+        cu_cp_wait<1>();
+        gw_proxy_fence();
+        __syncthreads();
+    }
+
+    /* accumulator layout (wgmma m64nN, f32): warp w4 = warp % 4 holds rows 16 w4 .. +15 of the warpgroup's
+     * 64; register 4j + i is row g + 8 (i >> 1), column 8j + 2t + (i & 1), as an mma.sync C fragment per
+     * 8-column tile j */
+    const int lane = tid & 31, w4 = (tid >> 5) & 3, g8 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = wg * 64 + w4 * 16 + g8 + 8 * h;
+        if (r >= rows) continue;
+        const size_t yrow = (size_t)(rbase + r) * a.ldy;
+        if (MODE == 1) {
+#pragma unroll
+            for (int j = 0; j < BN / 16; j++) {
+                const int col = n0 + 8 * j + 2 * t4;
+                const float v0 = cu_silu(acc[4 * j + 2 * h]) * acc[4 * (j + BN / 16) + 2 * h];
+                const float v1 = cu_silu(acc[4 * j + 2 * h + 1]) * acc[4 * (j + BN / 16) + 2 * h + 1];
+                gm_store2(a, yrow + col, col, v0, v1, MS_BF16);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) {
+                const int col = n0 + 8 * j + 2 * t4;
+                gm_store2(a, yrow + col, col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], a.y_type);
+            }
+        }
+    }
+#else
+    (void)a;
+#endif
+}
+
+template <int M, int BN> static cudaError_t gw_launch(dim3 grid, cudaStream_t st, const gm_args &a) {
+    cudaError_t e = cudaFuncSetAttribute(k_gw<M, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GW_SMEM(BN));
+    if (e != cudaSuccess) return e;
+    return cu_launch(k_gw<M, BN>, grid, GM_THREADS, (size_t)GW_SMEM(BN), st, a);
+}
+
 template <int F, int M>
 static cudaError_t gm_launch(dim3 grid, size_t smem, cudaStream_t st, const gm_args &a) {
     cudaError_t e = cudaFuncSetAttribute(k_gm<F, M>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -401,6 +608,19 @@ int cu_gemm_grouped_mma(ms_backend *b, const cu_gg_call *c, int *launched, ms_er
     dim3 grid(cu_blocks(N, mode == 1 ? GM_BR / 2 : GM_BR), max_tiles);
     cudaStream_t st = cu_of(b)->stream;
     cudaError_t ce;
+    /* NVFP4 on Hopper: the wgmma form (MS_CU_GG=sync keeps the mma.sync kernel) */
+    if (fmt == 2 && b->gpu.cc_major == 9 && cu_knob(CU_KNOB_GG) != CU_GG_SYNC &&
+        (size_t)cu_of(b)->max_smem_optin >= (size_t)GW_SMEM(256)) {
+        if (cu_knob(CU_KNOB_GW_N) == CU_GW_N_128) {
+            dim3 g2(cu_blocks(N, mode == 1 ? 64 : 128), max_tiles);
+            ce = mode == 1 ? gw_launch<1, 128>(g2, st, a) : gw_launch<0, 128>(g2, st, a);
+        } else {
+            ce = mode == 1 ? gw_launch<1, 256>(grid, st, a) : gw_launch<0, 256>(grid, st, a);
+        }
+        CK(ce);
+        *launched = 1;
+        return MS_OK;
+    }
     if (mode == 1) {
         switch (fmt) {
         case 0: ce = gm_launch<0, 1>(grid, smem, st, a); break;

@@ -25,9 +25,11 @@ typedef struct kn_def {
 } kn_def;
 
 static const char *const gemv_choices[] = {"mma", "gv2", NULL};
-static const char *const gg_choices[] = {"mma", "old", NULL};
+static const char *const gg_choices[] = {"mma", "old", "sync", NULL};
 static const char *const fp4_choices[] = {"v2", "v1", "v2o", "v3", "auto", NULL};
 static const char *const router_choices[] = {"split", "warp", NULL};
+static const char *const gw_n_choices[] = {"128", "256", NULL};
+static const char *const mla_heads_choices[] = {"auto", "64", "16", NULL};
 
 static const kn_def knobs[CU_KNOB_COUNT] = {
     [CU_KNOB_GEMV] = {"MS_CU_GEMV", KN_CHOICE, CU_GEMV_MMA, 0, 0, gemv_choices, 1,
@@ -42,8 +44,8 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                  "bf16 linears with at most this many rows use the tensor-core GEMV "
                                  "(0: always cuBLASLt)"},
     [CU_KNOB_GG] = {"MS_CU_GG", KN_CHOICE, CU_GG_MMA, 0, 0, gg_choices, 0,
-                    "grouped GEMM (prefill MoE): mma = mma.sync kernel (gemm_mma.cu), old = wmma kernel "
-                    "(quant.cu)"},
+                    "grouped GEMM (prefill MoE): mma = tensor-core kernels of gemm_mma.cu (NVFP4 on sm_90: "
+                    "wgmma, else mma.sync); sync = the mma.sync kernel everywhere; old = wmma kernel (quant.cu)"},
     [CU_KNOB_ATTN_NO_SPLIT] = {"MS_ATTN_NO_SPLIT", KN_FLAG, 0, 0, 1, NULL, 0,
                                "legacy, backend op default only (the forward uses --attention-backend flash_nosplit): no split-K"},
     [CU_KNOB_ATTN_NO_MMA] = {"MS_ATTN_NO_MMA", KN_FLAG, 0, 0, 1, NULL, 0,
@@ -70,6 +72,13 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                  "bf16 linears with at most this many output features use the tensor-core GEMV "
                                  "at up to 16 rows (0: by MS_CU_BF16_GEMV_MAX_T only; for narrow stacked "
                                  "projections where cuBLASLt streams ~2 TB/s)"},
+    [CU_KNOB_GW_N] = {"MS_CU_GW_N", KN_CHOICE, CU_GW_N_128, 0, 0, gw_n_choices, 0,
+                      "NVFP4 wgmma grouped GEMM (sm_90): weight rows per block, 128 (two blocks an SM) or 256 "
+                      "(one block, as the mma.sync kernel)"},
+    [CU_KNOB_MLA_HEADS] = {"MS_CU_MLA_HEADS", KN_CHOICE, CU_MLA_HEADS_AUTO, 0, 0, mla_heads_choices, 0,
+                           "heads per block of the tensor-core MLA kernel (attn_mla_mma.cu): auto = 16 when "
+                           "tokens x 64-head groups x key tiles < SMs (decode) or at most 16 heads, else 64; "
+                           "64 or 16 force one form"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */

@@ -16,7 +16,7 @@ typedef enum cu_knob_id {
     CU_KNOB_GEMV_WARPS_PER_SM, /* MS_CU_GEMV_WARPS_PER_SM: integer (read once) */
     CU_KNOB_GEMV_MAX_T,        /* MS_CU_GEMV_MAX_T: integer (read once) */
     CU_KNOB_BF16_GEMV_MAX_T,   /* MS_CU_BF16_GEMV_MAX_T: integer (read once) */
-    CU_KNOB_GG,                /* MS_CU_GG: CU_GG_MMA or CU_GG_OLD (read at every call) */
+    CU_KNOB_GG,                /* MS_CU_GG: CU_GG_MMA, CU_GG_OLD or CU_GG_SYNC (read at every call) */
     CU_KNOB_ATTN_NO_SPLIT,     /* MS_ATTN_NO_SPLIT: 1 when set to anything (read at every call) */
     CU_KNOB_ATTN_NO_MMA,       /* MS_ATTN_NO_MMA: 1 when set to anything (read at every call) */
     CU_KNOB_ROUTER_UNFUSED,    /* MS_CU_ROUTER_UNFUSED: 1 when set to anything (read at every call) */
@@ -25,14 +25,18 @@ typedef enum cu_knob_id {
     CU_KNOB_LT_TUNE,           /* MS_CU_LT_TUNE: candidates timed, 0..32 (read once) */
     CU_KNOB_PDL,               /* MS_CU_PDL: 1 (default) or 0 (read once) */
     CU_KNOB_BF16_GEMV_MAX_N,   /* MS_CU_BF16_GEMV_MAX_N: integer (read once) */
+    CU_KNOB_GW_N,              /* MS_CU_GW_N: CU_GW_N_128 or CU_GW_N_256 (read at every call) */
+    CU_KNOB_MLA_HEADS,         /* MS_CU_MLA_HEADS: CU_MLA_HEADS_AUTO, _64 or _16 (read at every call) */
     CU_KNOB_COUNT
 } cu_knob_id;
 
 /* Values of the choice knobs (the index of the value's name in the table). */
 enum { CU_GEMV_MMA = 0, CU_GEMV_GV2 = 1 };
-enum { CU_GG_MMA = 0, CU_GG_OLD = 1 };
+enum { CU_GG_MMA = 0, CU_GG_OLD = 1, CU_GG_SYNC = 2 };
 enum { CU_GEMV_FP4_V2 = 0, CU_GEMV_FP4_V1 = 1, CU_GEMV_FP4_V2O = 2, CU_GEMV_FP4_V3 = 3, CU_GEMV_FP4_AUTO = 4 };
 enum { CU_ROUTER_SPLIT = 0, CU_ROUTER_WARP = 1 };
+enum { CU_GW_N_128 = 0, CU_GW_N_256 = 1 };
+enum { CU_MLA_HEADS_AUTO = 0, CU_MLA_HEADS_64 = 1, CU_MLA_HEADS_16 = 2 };
 
 /* Value in effect of knob id. Integers: the variable parsed as a decimal integer inside the knob's
  * range, else the default. Choices: the index of the variable's value among the knob's names; unset

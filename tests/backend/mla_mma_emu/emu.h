@@ -1,9 +1,10 @@
 /* emu.h - what the host emulation of src/backend/cuda/attn_mla_mma.cu stands on (see
  * tests/backend/test_mla_mma_emu.sh). Why: the kernel's warp choreography (which warp sums which
- * k-steps, the partial-S exchange slots, the 64-thread named barriers, ldmatrix addressing) can be
- * checked without a GPU. Every CUDA thread of a block runs as a host thread; __syncthreads is a block
- * barrier and bar.sync id, 64 a barrier of 64 threads per id (a missing partner hangs, which the
- * script's timeout reports); ldmatrix (.x4, .trans) and mma.sync m16n8k16 are rebuilt warp-wide from
+ * k-steps, the partial-S exchange slots, the named barriers of a head tile's warps, ldmatrix
+ * addressing) can be checked without a GPU. Every CUDA thread of a block runs as a host thread;
+ * __syncthreads is a block barrier and bar.sync id, n a barrier of n threads per id (the first arrival
+ * fixes n; another n on the same id, or more than n / 32 distinct warps on it, aborts; a missing
+ * partner hangs, which the script's timeout reports); ldmatrix (.x4, .trans) and mma.sync m16n8k16 are rebuilt warp-wide from
  * the PTX ISA tables (ldmatrix: lanes 8i..8i+7 address the rows of matrix i, register i of a lane gets
  * row lane/4, elements 2(lane%4), +1; .trans gets rows 2(lane%4), +1 of column lane/4. mma A: a_i row g
  * for i in {0,1,4,5} else g+8, column 2t+(i&1) (+8 for i >= 4); B: b_i k 2t+(i&1) (+8 for i >= 2),
@@ -22,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -97,6 +99,9 @@ template <class F> static cudaError_t cudaFuncSetAttribute(F, int, int) { return
 struct emu_block {
     std::unique_ptr<std::barrier<>> bar;
     std::vector<std::unique_ptr<std::barrier<>>> wbar, pbar; /* per warp; per named-barrier id 1..15 */
+    int pbar_n[16] = {0};                                     /* a named barrier's thread count */
+    std::atomic<unsigned> pbar_warps[16];                     /* warps seen at each named barrier */
+    std::mutex pbar_mu;
     unsigned char *smem;
     size_t smem_bytes;
     struct ex {
@@ -114,14 +119,28 @@ static long emu_total_mma;
 
 static inline void __syncthreads() { EB->bar->arrive_and_wait(); }
 static inline void wsync() { EB->wbar[threadIdx.x >> 5]->arrive_and_wait(); }
-/* bar.sync id, 64: the kernel pairs warps w and w + 4 on id 1 + (w & 3) */
-static inline void emu_pair_sync(int id) {
+/* bar.sync id, n: the barrier of id is made with n threads at its first arrival */
+static inline void emu_pair_sync(int id, int n) {
     const int w = (int)threadIdx.x >> 5;
-    if (id != 1 + (w & 3)) {
-        fprintf(stderr, "warp %d at named barrier %d\n", w, id);
-        abort();
+    std::barrier<> *b;
+    {
+        std::lock_guard<std::mutex> g(EB->pbar_mu);
+        if (id < 1 || id > 15 || n <= 0 || n % 32 || (EB->pbar_n[id] && EB->pbar_n[id] != n)) {
+            fprintf(stderr, "warp %d at named barrier %d of %d threads (made with %d)\n", w, id, n, EB->pbar_n[id]);
+            abort();
+        }
+        if (!EB->pbar_n[id]) {
+            EB->pbar_n[id] = n;
+            EB->pbar[id] = std::make_unique<std::barrier<>>(n);
+        }
+        b = EB->pbar[id].get();
+        const unsigned seen = EB->pbar_warps[id].fetch_or(1u << w) | (1u << w);
+        if (__builtin_popcount(seen) > n / 32) {
+            fprintf(stderr, "named barrier %d of %d threads used by warps %#x\n", id, n, seen);
+            abort();
+        }
     }
-    EB->pbar[id]->arrive_and_wait();
+    b->arrive_and_wait();
 }
 static inline float __shfl_xor_sync(unsigned mask, float v, int o) {
     if (mask != 0xffffffffu) abort();
@@ -254,7 +273,8 @@ template <class A> static void emu_launch(void (*k)(A), dim3 grid, int threads, 
                 emu_block B;
                 B.bar = std::make_unique<std::barrier<>>(threads);
                 for (int w = 0; w < threads / 32; w++) B.wbar.push_back(std::make_unique<std::barrier<>>(32));
-                for (int i = 0; i < 16; i++) B.pbar.push_back(std::make_unique<std::barrier<>>(64));
+                B.pbar.resize(16);
+                for (int i = 0; i < 16; i++) B.pbar_warps[i] = 0;
                 B.xw.resize(threads / 32);
                 std::vector<unsigned char> sm(smem);
                 memset(sm.data(), 0xff, smem); /* poison: NaN in bf16 and f32 */

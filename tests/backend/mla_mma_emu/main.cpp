@@ -8,7 +8,9 @@
  * tiles and ranges starting past tile 0 (the key addresses run two tiles ahead of the copies),
  * positions past the block table (masked pages, whole masked ranges), 80 heads (a partial second
  * group, so some head tiles idle) and 20 heads (a head tile with 4 real heads), paged cache with a
- * shuffled block table. The GPU itself is covered by test_cuda_ops on the GPU machine. */
+ * shuffled block table; the same for the 16-head decode form (4 warps splitting one head tile's Q·Kᵀ
+ * and columns 4 ways) at decode shapes (1-4 tokens, contexts up to 1100, pages of 1/16/64), and the
+ * host's rule choosing the form. The GPU itself is covered by test_cuda_ops on the GPU machine. */
 #include "mla_emu.cpp"
 
 #include <random>
@@ -21,10 +23,12 @@ struct tok {
     int seq, pos;
 };
 
-template <int DK, int DV>
+/* One launch of the HB-head form on tokens toks of sequences with contexts ctx (page-sized cache pages
+ * at shuffled physical pages), checked against the float64 reference and the exact MMA count. */
+template <int DK, int DV, int HB = 64>
 static void run_case(const char *name, int nh, int topk, int n_split, const std::vector<int> &ctx,
-                     const std::vector<tok> &toks) {
-    const int page = 16, n_seqs = (int)ctx.size(), T = (int)toks.size();
+                     const std::vector<tok> &toks, int page = 16) {
+    const int n_seqs = (int)ctx.size(), T = (int)toks.size();
     int max_blocks = 0;
     for (int c : ctx) max_blocks = std::max(max_blocks, (c + page - 1) / page);
     /* block table: every page of every sequence at a distinct shuffled physical page */
@@ -51,7 +55,7 @@ static void run_case(const char *name, int nh, int topk, int n_split, const std:
         }
     }
     const float scale = 1.f / sqrtf((float)DK);
-    const int groups = (nh + MM_HB - 1) / MM_HB;
+    const int groups = (nh + HB - 1) / HB;
     std::vector<bf16> out((size_t)T * nh * DV);
     for (auto &v : out) v.v = 0x7fc0; /* NaN */
     std::vector<float> part(n_split > 1 ? (size_t)T * nh * n_split * (DV + 2) : 0, NAN);
@@ -74,7 +78,7 @@ static void run_case(const char *name, int nh, int topk, int n_split, const std:
     ms_backend b;
     ms_err e;
     const long mma0 = emu_total_mma;
-    if (mm_launch<DK, DV>(&b, &a, dim3((unsigned)T, (unsigned)groups, (unsigned)n_split), &e) != MS_OK) abort();
+    if (mm_launch<DK, DV, HB>(&b, &a, dim3((unsigned)T, (unsigned)groups, (unsigned)n_split), &e) != MS_OK) abort();
     /* reference and comparison, row by row: max |diff| / max |ref| over the row's DV values */
     double worst = 0;
     long tiles = 0;
@@ -135,13 +139,15 @@ static void run_case(const char *name, int nh, int topk, int n_split, const std:
             worst = std::max(worst, md / mr);
         }
     }
-    /* tensor work: per 32-key tile and active head tile, 2 x (Q·Kᵀ k-steps x 4) + 2 x (P·V: DV/16 x 2) */
+    /* tensor work: per 32-key tile and active head tile, Q·Kᵀ k-steps x 4 over the tile's 2 or 4 warps,
+     * and P·V DV/8 n-tiles x 2 k-steps (16 keys each): the same in both forms */
     const long mmas = emu_total_mma - mma0;
     const int tiles_active = (nh + 15) / 16; /* head tiles with a real head, over all groups */
     const long want = tiles * tiles_active * ((DK / 16) * 4 + 2 * 2 * (DV / 16));
     const bool ok = worst <= 1e-2 && mmas == want;
-    printf("%s %s (DK %d, DV %d, nh %d, topk %d, n_split %d, %d tokens): row rel err %.3g, mma %ld (want %ld)\n",
-           ok ? "ok  " : "FAIL", name, DK, DV, nh, topk, n_split, T, worst, mmas, want);
+    printf("%s %s (DK %d, DV %d, %d heads a block, nh %d, topk %d, n_split %d, page %d, %d tokens): row rel err %.3g, "
+           "mma %ld (want %ld)\n",
+           ok ? "ok  " : "FAIL", name, DK, DV, HB, nh, topk, n_split, page, T, worst, mmas, want);
     ok ? n_pass++ : n_fail++;
 }
 
@@ -183,6 +189,63 @@ int main() {
     { /* GLM-5 width over 5 tiles (each thread's 9 chunks on 9 rows) */
         std::vector<tok> t = {{0, 150}};
         run_case<576, 512>("dense 5 tiles", 64, 0, 1, {151}, t);
+    }
+    /* 16 heads a block (decode form: 4 warps = 1 head tile x 4 parts, Q·Kᵀ k-steps 9+9+9+9 at 576,
+     * 3+2+3+2 at 160, 2+1+1+1 at 80). Decode shapes: 1-4 tokens, contexts 1..1100 (not multiples of
+     * 32), pages of 1, 16 and 64, split-K and not, DSA lists with -1 holes and keys past the position */
+    { /* GLM-5 width: batch 1 at ctx 100 (4 tiles, the last partial), one-tile ranges as the host picks
+       * them at batch 1, and whole; batch 2 on 64-key pages at ctx 1 and 45 */
+        std::vector<tok> t = {{0, 99}};
+        run_case<576, 512, 16>("hs16 decode b1 ctx 100, 4 ranges", 64, 0, 4, {100}, t);
+        run_case<576, 512, 16>("hs16 decode b1 ctx 100", 64, 0, 1, {100}, t);
+        std::vector<tok> t2 = {{0, 0}, {1, 44}};
+        run_case<576, 512, 16>("hs16 decode b2 page 64, split 2", 64, 0, 2, {1, 45}, t2, 64);
+    }
+    { /* GLM-5 width, DSA top-64 (lists with holes and keys past the position) at ctx 201, page 1 */
+        std::vector<tok> t = {{0, 200}};
+        run_case<576, 512, 16>("hs16 dsa top-64 page 1, split 2", 64, 64, 2, {201}, t, 1);
+    }
+    { /* width 80 at long contexts: batch 1 at ctx 1100 (35 tiles) split 35 and 12 (3 tiles a range) on
+       * 16-key pages, batch 4 at ctx 1, 33, 700 and 1100 on 1-key and 64-key pages */
+        std::vector<tok> t = {{0, 1099}};
+        run_case<80, 64, 16>("hs16 decode b1 ctx 1100, 35 ranges", 64, 0, 35, {1100}, t);
+        run_case<80, 64, 16>("hs16 decode b1 ctx 1100, 12 ranges", 64, 0, 12, {1100}, t);
+        std::vector<tok> t4 = {{0, 0}, {1, 32}, {2, 699}, {3, 1099}};
+        run_case<80, 64, 16>("hs16 decode b4 page 1, split 5", 20, 0, 5, {1, 33, 700, 1100}, t4, 1);
+        run_case<80, 64, 16>("hs16 decode b4 page 64", 20, 0, 1, {1, 33, 700, 1100}, t4, 64);
+    }
+    { /* width 80 DSA top-96 (a token below top-k walks its dense keys) at batch 3, split 3 */
+        std::vector<tok> t = {{0, 50}, {1, 500}, {2, 1000}};
+        run_case<80, 64, 16>("hs16 dsa top-96 b3, split 3", 64, 96, 3, {51, 501, 1001}, t, 16);
+    }
+    { /* uneven parts: width 80 (k-steps 2+1+1+1) with 80 heads (5 blocks), width 160 (3+2+3+2) with 20
+       * heads (a block of 4 real heads), as the 64-head cases above */
+        std::vector<tok> t = {{0, 33}, {0, 34}, {1, 5}};
+        run_case<80, 64, 16>("hs16 odd k-steps, 80 heads, split 4", 80, 0, 4, {35, 6}, t);
+        std::vector<tok> t2 = {{0, 20}, {0, 90}, {0, 91}};
+        run_case<160, 128, 16>("hs16 20 heads dsa top-48", 20, 48, 1, {92}, t2);
+        std::vector<tok> t3 = {{0, 63}, {0, 70}, {0, 130}};
+        run_case<160, 128, 16>("hs16 keys past the block table, split 2", 16, 0, 2, {64}, t3);
+    }
+    /* the host's choice of form (cu_attn_mla_mma): H200 132 SMs, GLM-5 64 heads */
+    {
+        const struct {
+            int T, nh, tiles, force, want;
+        } pk[] = {{1, 64, 32, 0, 16},   {4, 64, 32, 0, 16},   {5, 64, 32, 0, 64}, {1, 64, 64, 0, 16},
+                  {2, 64, 66, 0, 64},   {4096, 64, 64, 0, 64}, {4096, 16, 64, 0, 16}, {1, 64, 32, 64, 64},
+                  {4096, 64, 64, 16, 16}, {1, 128, 32, 0, 16}, {3, 128, 32, 0, 64}};
+        int bad = 0;
+        for (const auto &c : pk) {
+            const int hb = mm_pick_hb(c.T, c.nh, c.tiles, 132, c.force);
+            if (hb != c.want) {
+                printf("FAIL mm_pick_hb(T %d, nh %d, tiles %d, force %d) = %d, want %d\n", c.T, c.nh, c.tiles, c.force, hb,
+                       c.want);
+                bad++;
+            }
+        }
+        printf("%s host choice of heads a block: %d of %zu as expected\n", bad ? "FAIL" : "ok  ",
+               (int)(sizeof pk / sizeof pk[0]) - bad, sizeof pk / sizeof pk[0]);
+        bad ? n_fail++ : n_pass++;
     }
     printf("## test_mla_mma_emu%s: %d passed, %d failed\n", emu_cp_early ? " (copies landing at issue)" : "", n_pass,
            n_fail);
