@@ -143,6 +143,16 @@ typedef struct ms_backend_ops {
     int (*mla_kv_prep)(ms_backend *b, ms_tensor *kva, int kvl, const ms_tensor *w, float eps, const int32_t *pos_d,
                        const ms_rope_cfg *rc, ms_tensor *cache, const int32_t *slot_d, ms_err *err);
 
+    /* Optional fused form of the DSA indexer key's preparation: each row t of x [T, d] becomes
+     * RoPE(LayerNorm(x[t]) * w + bias) (LayerNorm over all d columns with eps; bias NULL = none; rc a
+     * rotation inside the row, at position pos_d[t]), written back into x and into row slot_d[t] of
+     * cache [S, d]. Gives exactly what layernorm (out = x), rope (x seen as [T, 1, d]) and kv_store give,
+     * bit for bit, including kv_store's handling of an out-of-range slot. Why: three launches that move
+     * a few hundred bytes per token in every indexer layer of a decode step. MS_ERR_UNSUPPORTED (nothing
+     * done) for a shape the backend cannot take; the caller then runs the three ops. */
+    int (*idx_k_prep)(ms_backend *b, ms_tensor *x, const ms_tensor *w, const ms_tensor *bias, float eps,
+                      const int32_t *pos_d, const ms_rope_cfg *rc, ms_tensor *cache, const int32_t *slot_d, ms_err *err);
+
     /* ---- KV cache and attention ---- */
     /* cache [S, W] row slot_d[t] = x [T, W] row t (converting dtype). */
     int (*kv_store)(ms_backend *b, ms_tensor *cache, const ms_tensor *x, const int32_t *slot_d, ms_err *err);
@@ -156,9 +166,12 @@ typedef struct ms_backend_ops {
     int (*mla_attn)(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, const ms_attn_meta *m,
                     const int32_t *topk_d, int topk, int kvl, float scale, ms_tensor *out, ms_err *err);
     /* q [T, nh, dn+dr] -> out [T, nh, kvl+dr]: out[:,h,:kvl] = q_nope_h · W_UK_h, out[:,h,kvl:] = q_rope_h.
-     * kv_b is kv_b_proj [nh*(dn+dv), kvl] in any format. */
+     * kv_b is kv_b_proj [nh*(dn+dv), kvl] in any format. rc != NULL: the copied rope part is rotated at
+     * positions pos_d[T] exactly as the rope op with rc on q [T, nh, dn+dr] would rotate it (rc's columns
+     * are q's, inside [dn, dn+dr); MS_ERR_INVALID otherwise), while q itself stays unrotated. Why: the
+     * forward's separate RoPE launch on q, whose only reader is this op. */
     int (*mla_absorb_q)(ms_backend *b, const ms_linear *kv_b, const ms_tensor *q, int nh, int dn, int dr, int dv,
-                        ms_tensor *out, ms_err *err);
+                        const int32_t *pos_d, const ms_rope_cfg *rc, ms_tensor *out, ms_err *err);
     /* o_lat [T, nh, kvl] -> out [T, nh*dv]: out[:,h,:] = o_lat_h · W_UV_hᵀ. */
     int (*mla_v_up)(ms_backend *b, const ms_linear *kv_b, const ms_tensor *o_lat, int nh, int dn, int dv,
                     ms_tensor *out, ms_err *err);

@@ -153,10 +153,21 @@ static int indexer(ms_forward *f, int L, int T, const ms_tensor *cq, const ms_te
     ms_tensor a = fw_view2(&f->a, T, c->hidden_size);
     ms_tensor kI = kI_in ? *kI_in : fw_view2(&f->kI, T, di), kI3 = fw_view3(&kI, T, 1, di);
     if (!kI_in) MS_TRY(op->linear(b, &l->idx_wk, &a, &kI, err));
-    MS_TRY(op->layernorm(b, &kI, &l->idx_k_norm_w, l->idx_k_norm_b.data ? &l->idx_k_norm_b : NULL, 1e-6f, &kI, err));
-    MS_TRY(op->rope(b, &kI3, f->meta.positions_d, &rc, err));
-    FW_TRY_CHECK(f, &kI, "indexer_k", err);
-    MS_TRY(op->kv_store(b, &f->vc[L], &kI, f->meta.slot_mapping_d, err));
+    const ms_tensor *kb = l->idx_k_norm_b.data ? &l->idx_k_norm_b : NULL;
+    /* LayerNorm, RoPE and the cache store in one launch where the backend has it */
+    int fused = op->idx_k_prep ? op->idx_k_prep(b, &kI, &l->idx_k_norm_w, kb, 1e-6f, f->meta.positions_d, &rc, &f->vc[L],
+                                                f->meta.slot_mapping_d, err)
+                               : MS_ERR_UNSUPPORTED;
+    if (fused == MS_OK) {
+        FW_TRY_CHECK(f, &kI, "indexer_k", err);
+    } else if (fused == MS_ERR_UNSUPPORTED) { /* NULL, or a shape it refused without doing anything */
+        MS_TRY(op->layernorm(b, &kI, &l->idx_k_norm_w, kb, 1e-6f, &kI, err));
+        MS_TRY(op->rope(b, &kI3, f->meta.positions_d, &rc, err));
+        FW_TRY_CHECK(f, &kI, "indexer_k", err);
+        MS_TRY(op->kv_store(b, &f->vc[L], &kI, f->meta.slot_mapping_d, err));
+    } else {
+        return fused;
+    }
     if (dense) return MS_OK;
     ms_tensor qI = fw_view2(&f->qI, T, (int64_t)nih * di), qI3 = fw_view3(&f->qI, T, nih, di);
     MS_TRY(op->linear(b, &l->idx_wq_b, cq, &qI, err));
@@ -187,15 +198,13 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
         MS_TRY(op->linear(b, &l->a_stack, &a, &row, err));
         kI_st = fw_piece(&row, ql, di);
     }
-    /* queries: cq = RMSNorm(a q_a^T); q = cq q_b^T, RoPE on each head's last dr dims */
+    /* queries: cq = RMSNorm(a q_a^T); q = cq q_b^T (RoPE on each head's last dr dims comes with the absorb) */
     ms_tensor cq = stacked ? fw_piece(&row, 0, ql) : fw_view2(&f->qa, T, ql);
     if (!stacked) MS_TRY(op->linear(b, &l->q_a_proj, &a, &cq, err));
     MS_TRY(op->rmsnorm(b, &cq, &l->q_a_norm, c->rms_norm_eps, &cq, err));
     FW_TRY_CHECK(f, &cq, "q_a", err);
-    ms_tensor q = fw_view2(&f->qb, T, (int64_t)nh * (dn + dr)), q3 = fw_view3(&f->qb, T, nh, dn + dr);
+    ms_tensor q = fw_view2(&f->qb, T, (int64_t)nh * (dn + dr));
     MS_TRY(op->linear(b, &l->q_b_proj, &cq, &q, err));
-    ms_rope_cfg rc = {dn, dr, c->rope_interleave, c->rope_theta};
-    MS_TRY(op->rope(b, &q3, f->meta.positions_d, &rc, err));
     FW_TRY_CHECK(f, &q, "q_b", err);
     /* latent: [RMSNorm(c) ; RoPE(k_rope)] stored per token */
     ms_tensor kva = stacked ? fw_piece(&row, ql + di, kvl + dr) : fw_view2(&f->kva, T, kvl + dr),
@@ -215,8 +224,11 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
         FW_TRY_CHECK(f, &kva, "kv_a", err);
         MS_TRY(op->kv_store(b, &f->kc[L], &kva, f->meta.slot_mapping_d, err));
     }
+    /* q_abs = q_nope W_UK per head, next to q's rope part, which the copy rotates (q itself is not
+     * rotated: this op is its only reader) */
     ms_tensor qabs = fw_view3(&f->qabs, T, nh, kvl + dr);
-    MS_TRY(op->mla_absorb_q(b, &l->kv_b_proj, &q, nh, dn, dr, dv, &qabs, err));
+    ms_rope_cfg rc = {dn, dr, c->rope_interleave, c->rope_theta};
+    MS_TRY(op->mla_absorb_q(b, &l->kv_b_proj, &q, nh, dn, dr, dv, f->meta.positions_d, &rc, &qabs, err));
     FW_TRY_CHECK(f, &qabs, "absorb_q", err);
     /* key selection */
     const int dense = f->meta.max_ctx <= c->index_topk;

@@ -437,6 +437,63 @@ static void test_rope(void) {
     }
 }
 
+/* The fused indexer-key op (LayerNorm + RoPE + cache store) against the three ops it replaces, bit for
+ * bit (key row and whole cache, so rows it must not touch are checked too), and both against a double
+ * LayerNorm + RoPE. T tokens at positions from 37 on, slots with gaps in a cache of 3T + 5 rows. */
+static void idx_k_prep_case(int64_t T, int64_t d, int rot_off, int rot_dim, int il, int with_bias) {
+    const int64_t S = 3 * T + 5;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)T), *slot = malloc(sizeof(int32_t) * (size_t)T);
+    for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)(37 + 5 * t), slot[t] = (int32_t)(S - 1 - 3 * t);
+    ms_tensor x = t_f32(2, T, d, 0), xr = t_f32(2, T, d, 0), c = t_f32(2, S, d, 0), cr = t_f32(2, S, d, 0);
+    ms_tensor w = t_f32(1, d, 0, 0), bias = t_f32(1, d, 0, 0);
+    fill(x.data, T * d, 3.0f);
+    fill(c.data, S * d, 1.0f);
+    fill(w.data, d, 1.0f);
+    fill(bias.data, d, 0.5f);
+    memcpy(xr.data, x.data, sizeof(float) * (size_t)(T * d));
+    memcpy(cr.data, c.data, sizeof(float) * (size_t)(S * d));
+    double *ref = malloc(sizeof(double) * (size_t)(T * d));
+    for (int64_t t = 0; t < T; t++) {
+        const float *xv = (const float *)x.data + t * d;
+        double m = 0, v = 0;
+        for (int64_t i = 0; i < d; i++) m += xv[i];
+        m /= (double)d;
+        for (int64_t i = 0; i < d; i++) v += (xv[i] - m) * (xv[i] - m);
+        double rs = 1.0 / sqrt(v / (double)d + 1e-6);
+        for (int64_t i = 0; i < d; i++)
+            ref[t * d + i] = (xv[i] - m) * rs * ((float *)w.data)[i] + (with_bias ? ((float *)bias.data)[i] : 0.0);
+        ref_rope(ref + t * d + rot_off, pos[t], rot_dim, il, 1e4);
+    }
+    ms_rope_cfg rc = {rot_off, rot_dim, il, 1e4};
+    const ms_tensor *bp = with_bias ? &bias : NULL;
+    CHECK(B->ops->idx_k_prep(B, &x, &w, bp, 1e-6f, pos, &rc, &c, slot, &E) == MS_OK);
+    ms_tensor xr3 = ms_tensor_reshape(&xr, 3, (int64_t[]){T, 1, d});
+    CHECK(B->ops->layernorm(B, &xr, &w, bp, 1e-6f, &xr, &E) == MS_OK);
+    CHECK(B->ops->rope(B, &xr3, pos, &rc, &E) == MS_OK);
+    CHECK(B->ops->kv_store(B, &cr, &xr, slot, &E) == MS_OK);
+    CHECK_MSG(!memcmp(x.data, xr.data, sizeof(float) * (size_t)(T * d)), "key rows T %lld d %lld", (long long)T, (long long)d);
+    CHECK_MSG(!memcmp(c.data, cr.data, sizeof(float) * (size_t)(S * d)), "cache T %lld d %lld", (long long)T, (long long)d);
+    CHECK_MSG(close_arr(x.data, ref, T * d, 2e-5, 1), "vs double T %lld d %lld", (long long)T, (long long)d);
+    /* a rotation outside the row is refused with a status, nothing written */
+    ms_rope_cfg bad = {(int)d - 2, 4, il, 1e4};
+    CHECK(B->ops->idx_k_prep(B, &x, &w, bp, 1e-6f, pos, &bad, &c, slot, &E) == MS_ERR_UNSUPPORTED);
+    CHECK(!memcmp(x.data, xr.data, sizeof(float) * (size_t)(T * d)));
+    free(ref);
+    free(pos);
+    free(slot);
+    t_free(&x); t_free(&xr); t_free(&c); t_free(&cr); t_free(&w); t_free(&bias);
+}
+
+static void test_idx_k_prep(void) {
+    const int64_t Ts[3] = {1, 3, 17};
+    for (int i = 0; i < 3; i++) {
+        idx_k_prep_case(Ts[i], 128, 0, 64, 0, 1); /* GLM-5: 128-wide keys, NeoX rotation of the first 64 */
+        idx_k_prep_case(Ts[i], 128, 0, 64, 1, 0); /* interleaved pairs, no bias */
+        idx_k_prep_case(Ts[i], 24, 8, 8, 1, 1);   /* odd: rotation in the middle of a 24-wide row */
+        idx_k_prep_case(Ts[i], 37, 5, 0, 0, 1);   /* no rotary dims, a width no multiple of anything */
+    }
+}
+
 /* ------------------------------------------------------------------ paged attention */
 
 /* Two sequences in one step: seq 0 decodes 3 new tokens at positions 6..8 on top of 6 cached ones,
@@ -568,7 +625,7 @@ static void test_mla_heads(void) {
             for (int64_t n = 0; n < nh * (dn + dv); n++) ms_linear_dequant_row(&kvb.W, n, Wd + n * kvl);
             ms_tensor q = t_f32(3, T, nh, dn + dr), qa = t_f32(3, T, nh, kvl + dr);
             fill(q.data, T * nh * (dn + dr), 1.0f);
-            CHECK(B->ops->mla_absorb_q(B, &kvb.W, &q, nh, dn, dr, dv, &qa, &E) == MS_OK);
+            CHECK(B->ops->mla_absorb_q(B, &kvb.W, &q, nh, dn, dr, dv, NULL, NULL, &qa, &E) == MS_OK);
             double *ref = calloc((size_t)(T * nh * (kvl + dr)), sizeof(double));
             const float *Q = q.data;
             for (int64_t t = 0; t < T; t++)
@@ -601,6 +658,44 @@ static void test_mla_heads(void) {
             t_free(&ol);
             t_free(&ov);
         }
+}
+
+/* The absorbed query with its rope part rotated by the op against the rope op on q followed by the
+ * plain absorb, bit for bit; q itself must come back unrotated. T tokens at positions from 11 on. */
+static void absorb_rope_case(int64_t T, int nh, int dn, int dr, int dv, int kvl, ms_rope_cfg rc) {
+    qlin kvb = make_linear(MS_WFMT_FP8, MS_BF16, (int64_t)nh * (dn + dv), kvl, 0);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)T);
+    for (int64_t t = 0; t < T; t++) pos[t] = (int32_t)(11 + 7 * t);
+    const int64_t nq = T * nh * (dn + dr), no = T * nh * (kvl + dr);
+    ms_tensor q = t_f32(3, T, nh, dn + dr), qr = t_f32(3, T, nh, dn + dr), o = t_f32(3, T, nh, kvl + dr),
+              orf = t_f32(3, T, nh, kvl + dr);
+    fill(q.data, nq, 1.0f);
+    memcpy(qr.data, q.data, sizeof(float) * (size_t)nq);
+    CHECK(B->ops->mla_absorb_q(B, &kvb.W, &q, nh, dn, dr, dv, pos, &rc, &o, &E) == MS_OK);
+    CHECK(B->ops->rope(B, &qr, pos, &rc, &E) == MS_OK);
+    CHECK(B->ops->mla_absorb_q(B, &kvb.W, &qr, nh, dn, dr, dv, NULL, NULL, &orf, &E) == MS_OK);
+    CHECK_MSG(!memcmp(o.data, orf.data, sizeof(float) * (size_t)no), "T %lld dn %d dr %d", (long long)T, dn, dr);
+    /* q unrotated: rotating it now gives the reference's q */
+    if (rc.rot_dim) CHECK(memcmp(q.data, qr.data, sizeof(float) * (size_t)nq));
+    CHECK(B->ops->rope(B, &q, pos, &rc, &E) == MS_OK);
+    CHECK(!memcmp(q.data, qr.data, sizeof(float) * (size_t)nq));
+    /* rotary columns outside the rope part: refused */
+    ms_rope_cfg bad = rc;
+    bad.rot_off = dn - 2;
+    CHECK(B->ops->mla_absorb_q(B, &kvb.W, &q, nh, dn, dr, dv, pos, &bad, &o, &E) == MS_ERR_INVALID);
+    free_linear(&kvb);
+    free(pos);
+    t_free(&q); t_free(&qr); t_free(&o); t_free(&orf);
+}
+
+static void test_absorb_rope(void) {
+    const int64_t Ts[3] = {1, 3, 17};
+    for (int i = 0; i < 3; i++) {
+        absorb_rope_case(Ts[i], 4, 32, 64, 24, 64, (ms_rope_cfg){32, 64, 0, 1e6});     /* GLM-5's rope part (64, NeoX) */
+        absorb_rope_case(Ts[i], 4, 32, 64, 24, 64, (ms_rope_cfg){32, 64, 1, 1e4});     /* interleaved */
+        absorb_rope_case(Ts[i], 3, 24, 8, 20, 40, (ms_rope_cfg){24, 8, 1, 1e4});       /* odd fixture dims */
+        absorb_rope_case(Ts[i], 3, 12, 16, 10, 48, (ms_rope_cfg){16, 8, 0, 1e4});      /* rotation inside the part */
+    }
 }
 
 static void test_indexer(void) {
@@ -796,9 +891,11 @@ int main(void) {
     RUN(test_norms);
     RUN(test_elementwise);
     RUN(test_rope);
+    RUN(test_idx_k_prep);
     RUN(test_gqa);
     RUN(test_mla);
     RUN(test_mla_heads);
+    RUN(test_absorb_rope);
     RUN(test_indexer);
     RUN(test_attn_registry);
     RUN(test_router);

@@ -352,6 +352,81 @@ static void test_mla_kv_prep(void) {
     mla_kv_prep_case(24, 8, 1);   /* a kv_lora_rank that is no multiple of 16 */
 }
 
+/* Elements where two GPU tensors of one shape differ (downloaded to float; NaN counts as different). */
+static long n_differ(const ms_tensor *a, const ms_tensor *b, double *maxd) {
+    float *x = get(GPU, a), *y = get(GPU, b);
+    long n = 0;
+    *maxd = 0;
+    for (int64_t i = 0; i < ms_tensor_numel(a); i++) {
+        if (!(x[i] == y[i])) n++;
+        double d = fabs((double)x[i] - y[i]);
+        if (!(d <= *maxd)) *maxd = d;
+    }
+    free(x);
+    free(y);
+    return n;
+}
+
+/* The fused indexer-key op (LayerNorm + RoPE + cache store, one launch) against the GPU's own three
+ * ops on the same input, bit for bit (key rows and the whole cache, untouched rows included), and
+ * against the CPU's three ops. T tokens at positions from 37 on, slots with gaps; then once more with
+ * a padding slot (-1) that both GPU paths must skip. */
+static void idx_k_prep_case(int T, int d, int rot_off, int rot_dim, int il, int with_bias, ms_dtype wdt) {
+    const int S = 3 * T + 5;
+    int64_t sx[2] = {T, d}, sc[2] = {S, d}, sw[1] = {d};
+    float *x = rand_vec((size_t)T * d, 3.f), *w = rand_vec((size_t)d, 1.f), *bi = rand_vec((size_t)d, 0.5f),
+          *c0 = rand_vec((size_t)S * d, 1.f);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)T), *slot = malloc(sizeof(int32_t) * (size_t)T);
+    for (int t = 0; t < T; t++) pos[t] = 37 + 5 * t, slot[t] = S - 1 - 3 * t;
+    wpair W = wten(wdt, 1, sw, w), Bs = wten(wdt, 1, sw, bi);
+    const ms_tensor *bg = with_bias ? &Bs.g : NULL, *bc = with_bias ? &Bs.c : NULL;
+    ms_rope_cfg rc = {rot_off, rot_dim, il, 1e6};
+    for (int pad = 0; pad < 2; pad++) {
+        if (pad) slot[T / 2] = -1; /* a padding token: no cache row */
+        ms_tensor pg = mk_i32(GPU, T, pos), pc = mk_i32(CPU, T, pos), slg = mk_i32(GPU, T, slot), slc = mk_i32(CPU, T, slot);
+        pair X = act(2, sx, x), C = act(2, sc, c0);
+        ms_tensor X2 = mk(GPU, 0, 2, sx, x), C2 = mk(GPU, 0, 2, sc, c0);
+        R(GPU->ops->idx_k_prep(GPU, &X.g, &W.g, bg, 1e-6f, pg.data, &rc, &C.g, slg.data, &E));
+        ms_tensor x3 = ms_tensor_reshape(&X2, 3, (int64_t[]){T, 1, d});
+        R(GPU->ops->layernorm(GPU, &X2, &W.g, bg, 1e-6f, &X2, &E));
+        R(GPU->ops->rope(GPU, &x3, pg.data, &rc, &E));
+        R(GPU->ops->kv_store(GPU, &C2, &X2, slg.data, &E));
+        double md;
+        long nd = n_differ(&X.g, &X2, &md);
+        CHECK_MSG(nd == 0, "T %d d %d pad %d: %ld key values differ from layernorm+rope (max %g)", T, d, pad, nd, md);
+        nd = n_differ(&C.g, &C2, &md);
+        CHECK_MSG(nd == 0, "T %d d %d pad %d: %ld cache values differ from kv_store (max %g)", T, d, pad, nd, md);
+        if (!pad) { /* the CPU's kv_store refuses a padding slot: compared without one */
+            ms_tensor xc3 = ms_tensor_reshape(&X.c, 3, (int64_t[]){T, 1, d});
+            R(CPU->ops->layernorm(CPU, &X.c, &W.c, bc, 1e-6f, &X.c, &E));
+            R(CPU->ops->rope(CPU, &xc3, pc.data, &rc, &E));
+            R(CPU->ops->kv_store(CPU, &C.c, &X.c, slc.data, &E));
+            CMP(X.g, X.c, 2e-2);
+            CMP(C.g, C.c, 2e-2);
+        }
+        pfree(&X); pfree(&C); fr(GPU, &X2); fr(GPU, &C2);
+        fr(GPU, &pg); fr(CPU, &pc); fr(GPU, &slg); fr(CPU, &slc);
+    }
+    /* a rotation outside the row is refused with a status */
+    ms_rope_cfg bad = {d - 2, 4, il, 1e6};
+    pair X = act(2, sx, x), C = act(2, sc, c0);
+    ms_tensor pg = mk_i32(GPU, T, pos), slg = mk_i32(GPU, T, slot);
+    CHECK(GPU->ops->idx_k_prep(GPU, &X.g, &W.g, bg, 1e-6f, pg.data, &bad, &C.g, slg.data, &E) == MS_ERR_UNSUPPORTED);
+    pfree(&X); pfree(&C); fr(GPU, &pg); fr(GPU, &slg);
+    wfree(&W); wfree(&Bs);
+    free(x); free(w); free(bi); free(c0); free(pos); free(slot);
+}
+
+static void test_idx_k_prep(void) {
+    const int Ts[3] = {1, 3, 17};
+    for (int i = 0; i < 3; i++) {
+        idx_k_prep_case(Ts[i], 128, 0, 64, 0, 1, MS_BF16); /* GLM-5: 128-wide keys, NeoX rotation of the first 64 */
+        idx_k_prep_case(Ts[i], 128, 0, 64, 1, 1, MS_F32);  /* interleaved pairs, float32 norm weight and bias */
+        idx_k_prep_case(Ts[i], 24, 8, 8, 1, 0, MS_BF16);   /* odd: rotation in the middle of a 24-wide row, no bias */
+        idx_k_prep_case(Ts[i], 300, 36, 128, 0, 1, MS_BF16); /* a width past one block's threads (256 per row) */
+    }
+}
+
 static void test_rope(void) {
     rope_case(3, 64, 0, 64, 0, 10000.0);      /* NeoX full */
     rope_case(2, 128, 0, 64, 0, 1e6);         /* NeoX partial (GLM-4.5) */
@@ -1067,8 +1142,8 @@ static void test_mla_proj(void) {
         int64_t qs[3] = {T, nh, dn + dr}, os[3] = {T, nh, kvl + dr}, ls[3] = {T, nh, kvl}, vs[2] = {T, nh * dv};
         float *q = rand_vec((size_t)T * nh * (dn + dr), 1.f), *ol = rand_vec((size_t)T * nh * kvl, 1.f);
         pair Q = act(3, qs, q), O = out_act(3, os), OL = act(3, ls, ol), V = out_act(2, vs);
-        R(GPU->ops->mla_absorb_q(GPU, &L.g, &Q.g, nh, dn, dr, dv, &O.g, &E));
-        R(CPU->ops->mla_absorb_q(CPU, &L.c, &Q.c, nh, dn, dr, dv, &O.c, &E));
+        R(GPU->ops->mla_absorb_q(GPU, &L.g, &Q.g, nh, dn, dr, dv, NULL, NULL, &O.g, &E));
+        R(CPU->ops->mla_absorb_q(CPU, &L.c, &Q.c, nh, dn, dr, dv, NULL, NULL, &O.c, &E));
         CMP(O.g, O.c, 2e-2);
         R(GPU->ops->mla_v_up(GPU, &L.g, &OL.g, nh, dn, dv, &V.g, &E));
         R(CPU->ops->mla_v_up(CPU, &L.c, &OL.c, nh, dn, dv, &V.c, &E));
@@ -1076,6 +1151,48 @@ static void test_mla_proj(void) {
         pfree(&Q); pfree(&O); pfree(&OL); pfree(&V);
         free(q); free(ol);
         free_linear(&L);
+    }
+}
+
+/* The absorbed query with its rope part rotated by the op against the GPU's rope op on q followed by the
+ * plain absorb (bit for bit), and against the CPU's pair; q itself must stay unrotated. T tokens at
+ * positions from 11 on. */
+static void absorb_rope_case(int T, int nh, int dn, int dr, int dv, int kvl, ms_rope_cfg rc) {
+    lpair L = mk_linear(MS_WFMT_FP8, MS_BF16, nh * (dn + dv), kvl, 0);
+    int64_t qs[3] = {T, nh, dn + dr}, os[3] = {T, nh, kvl + dr};
+    float *q = rand_vec((size_t)T * nh * (dn + dr), 1.f);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)T);
+    for (int t = 0; t < T; t++) pos[t] = 11 + 7 * t;
+    ms_tensor pg = mk_i32(GPU, T, pos), pc = mk_i32(CPU, T, pos);
+    pair Q = act(3, qs, q), O = out_act(3, os);
+    ms_tensor Qr = mk(GPU, 0, 3, qs, q), Q0 = mk(GPU, 0, 3, qs, q), Or = mk(GPU, 0, 3, os, NULL);
+    R(GPU->ops->mla_absorb_q(GPU, &L.g, &Q.g, nh, dn, dr, dv, pg.data, &rc, &O.g, &E));
+    R(GPU->ops->rope(GPU, &Qr, pg.data, &rc, &E));
+    R(GPU->ops->mla_absorb_q(GPU, &L.g, &Qr, nh, dn, dr, dv, NULL, NULL, &Or, &E));
+    double md;
+    long nd = n_differ(&O.g, &Or, &md);
+    CHECK_MSG(nd == 0, "T %d dn %d dr %d: %ld values differ from rope + absorb (max %g)", T, dn, dr, nd, md);
+    nd = n_differ(&Q.g, &Q0, &md);
+    CHECK_MSG(nd == 0, "T %d: q changed in %ld places", T, nd);
+    R(CPU->ops->rope(CPU, &Q.c, pc.data, &rc, &E));
+    R(CPU->ops->mla_absorb_q(CPU, &L.c, &Q.c, nh, dn, dr, dv, NULL, NULL, &O.c, &E));
+    CMP(O.g, O.c, 2e-2);
+    ms_rope_cfg bad = rc;
+    bad.rot_off = dn - 2;
+    CHECK(GPU->ops->mla_absorb_q(GPU, &L.g, &Q.g, nh, dn, dr, dv, pg.data, &bad, &O.g, &E) == MS_ERR_INVALID);
+    pfree(&Q); pfree(&O); fr(GPU, &Qr); fr(GPU, &Q0); fr(GPU, &Or);
+    fr(GPU, &pg); fr(CPU, &pc);
+    free_linear(&L);
+    free(q); free(pos);
+}
+
+static void test_absorb_rope(void) {
+    const int Ts[3] = {1, 3, 17};
+    for (int i = 0; i < 3; i++) {
+        absorb_rope_case(Ts[i], 8, 192, 64, 256, 512, (ms_rope_cfg){192, 64, 0, 1e6}); /* GLM-5 dims, 8 of its heads */
+        absorb_rope_case(Ts[i], 4, 32, 64, 24, 64, (ms_rope_cfg){32, 64, 1, 1e4});  /* interleaved */
+        absorb_rope_case(Ts[i], 3, 24, 8, 20, 40, (ms_rope_cfg){24, 8, 1, 1e4});    /* odd fixture dims */
+        absorb_rope_case(Ts[i], 3, 12, 16, 10, 48, (ms_rope_cfg){16, 8, 0, 1e4});   /* rotation inside the part */
     }
 }
 
@@ -1412,8 +1529,8 @@ static void test_odd_fixture_shapes(void) {
             int64_t qs[3] = {T, nh, dn + dr}, os[3] = {T, nh, kvl + dr}, ls[3] = {T, nh, kvl}, vs[2] = {T, nh * dv};
             float *q = rand_vec((size_t)T * nh * (dn + dr), 1.f), *ol = rand_vec((size_t)T * nh * kvl, 1.f);
             pair Q = act(3, qs, q), O = out_act(3, os), OL = act(3, ls, ol), V = out_act(2, vs);
-            R(GPU->ops->mla_absorb_q(GPU, &L.g, &Q.g, nh, dn, dr, dv, &O.g, &E));
-            R(CPU->ops->mla_absorb_q(CPU, &L.c, &Q.c, nh, dn, dr, dv, &O.c, &E));
+            R(GPU->ops->mla_absorb_q(GPU, &L.g, &Q.g, nh, dn, dr, dv, NULL, NULL, &O.g, &E));
+            R(CPU->ops->mla_absorb_q(CPU, &L.c, &Q.c, nh, dn, dr, dv, NULL, NULL, &O.c, &E));
             CMP(O.g, O.c, 2e-2);
             R(GPU->ops->mla_v_up(GPU, &L.g, &OL.g, nh, dn, dv, &V.g, &E));
             R(CPU->ops->mla_v_up(CPU, &L.c, &OL.c, nh, dn, dv, &V.c, &E));
@@ -1610,10 +1727,12 @@ int main(void) {
     RUN(test_mla_attn);
     RUN(test_attn_impls);
     RUN(test_mla_proj);
+    RUN(test_absorb_rope);
     RUN(test_indexer);
     RUN(test_router);
     RUN(test_router_decode);
     RUN(test_mla_kv_prep);
+    RUN(test_idx_k_prep);
     RUN(test_odd_fixture_shapes);
     RUN(test_checks);
     ms_backend_destroy(GPU);

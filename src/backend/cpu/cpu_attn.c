@@ -303,16 +303,24 @@ static void absorb_fn(void *p, int64_t b, int64_t e, int wk) {
 }
 
 int cpu_mla_absorb_q(ms_backend *b, const ms_linear *kv_b, const ms_tensor *q, int nh, int dn, int dr, int dv,
-                     ms_tensor *out, ms_err *err) {
+                     const int32_t *pos_d, const ms_rope_cfg *rc, ms_tensor *out, ms_err *err) {
     MS_ASSERT(q->dtype == MS_F32 && out->dtype == MS_F32);
     cpu_impl *c = cpu_of(b);
     int64_t kvl = kv_b->n_in, T = ms_tensor_numel(q) / ((int64_t)nh * (dn + dr));
     MS_ASSERT(kv_b->n_out == (int64_t)nh * (dn + dv)); /* any kvl: an NVFP4 kv_b has n_in % 16 == 0 (loader) */
     MS_ASSERT(ms_tensor_numel(q) == T * nh * (dn + dr) && ms_tensor_numel(out) == T * nh * (kvl + dr));
+    if (rc && (rc->rot_dim < 0 || rc->rot_dim % 2 || rc->rot_off < dn || rc->rot_off + rc->rot_dim > dn + dr))
+        return ms_errf(err, MS_ERR_INVALID, "mla_absorb_q: rotary columns %d..%d lie outside the rope part %d..%d of q",
+                       rc->rot_off, rc->rot_off + rc->rot_dim, dn, dn + dr);
     MS_TRY(cpu_scratch(c, (size_t)(T <= MS_CPU_FUSED_MAX_T ? kvl : (int64_t)dn * kvl), err));
     absorb_ctx ac = {kv_b, q->data, out->data, T, nh, dn, dr, dv, kvl, c->scr, c->scr_per};
     ms_pool_run(c->pool, nh, ms_cpu_grain(2.0 * dn * kvl * (T + 1)), absorb_fn, &ac);
-    return MS_OK;
+    if (!rc || !rc->rot_dim || !T) return MS_OK;
+    /* the copy is the rope op's input, unchanged: the rope op on it gives what it gives on q */
+    ms_tensor o3 = ms_tensor_reshape(out, 3, (int64_t[]){T, nh, kvl + dr});
+    ms_rope_cfg ro = *rc;
+    ro.rot_off = (int)kvl + rc->rot_off - dn;
+    return cpu_rope(b, &o3, pos_d, &ro, err);
 }
 
 static void vup_fn(void *p, int64_t b, int64_t e, int wk) {

@@ -426,7 +426,7 @@ static void rope_fn(void *p, int64_t b, int64_t e, int w) {
     }
 }
 
-static int cpu_rope(ms_backend *b, ms_tensor *x, const int32_t *pos, const ms_rope_cfg *rc, ms_err *err) {
+int cpu_rope(ms_backend *b, ms_tensor *x, const int32_t *pos, const ms_rope_cfg *rc, ms_err *err) {
     check_f32(x);
     MS_ASSERT(x->ndim == 3 && rc->rot_dim % 2 == 0 && rc->rot_off >= 0 && rc->rot_off + rc->rot_dim <= x->shape[2]);
     float inv_small[ROPE_CHUNK];
@@ -445,6 +445,20 @@ static int cpu_rope(ms_backend *b, ms_tensor *x, const int32_t *pos, const ms_ro
     ms_pool_run(cpu_of(b)->pool, x->shape[0], ms_cpu_grain(8.0 * x->shape[1] * half + 40.0 * half), rope_fn, &c);
     if (inv != inv_small) free(inv);
     return MS_OK;
+}
+
+/* The fused indexer-key op is the three ops it replaces, called in order on the same buffers, so the
+ * CPU result is theirs bit for bit; only the forward's op count changes. */
+static int cpu_idx_k_prep(ms_backend *b, ms_tensor *x, const ms_tensor *w, const ms_tensor *bias, float eps,
+                          const int32_t *pos, const ms_rope_cfg *rc, ms_tensor *cache, const int32_t *slot, ms_err *err) {
+    const int64_t d = x->ndim ? x->shape[x->ndim - 1] : 0, T = d ? ms_tensor_numel(x) / d : 0;
+    if (d < 1 || !rc || rc->rot_dim % 2 || rc->rot_off < 0 || rc->rot_dim < 0 || rc->rot_off + rc->rot_dim > d)
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "idx_k_prep: the rotary dims must lie inside the %lld-wide key row",
+                       (long long)d);
+    MS_TRY(cpu_layernorm(b, x, w, bias, eps, x, err));
+    ms_tensor x3 = ms_tensor_reshape(x, 3, (int64_t[]){T, 1, d});
+    MS_TRY(cpu_rope(b, &x3, pos, rc, err));
+    return cpu_kv_store(b, cache, x, slot, err);
 }
 
 /* ---------------------------------------------------------------- GEMM */
@@ -718,6 +732,7 @@ static const ms_backend_ops cpu_ops = {
     .rope = cpu_rope,
     .linear = cpu_linear,
     .kv_store = cpu_kv_store,
+    .idx_k_prep = cpu_idx_k_prep,
     .attn_gqa = cpu_attn_gqa,
     .mla_attn = cpu_mla_attn,
     .mla_absorb_q = cpu_mla_absorb_q,

@@ -34,13 +34,15 @@ static inline int64_t cpu_slot(const ms_attn_meta *m, int s, int p) {
     return (int64_t)page * h->page_size + p % h->page_size;
 }
 
+/* The rope op (cpu_backend.c), shared with the absorbed-query op, which rotates its copy of q's rope part. */
+int cpu_rope(ms_backend *b, ms_tensor *x, const int32_t *pos, const ms_rope_cfg *rc, ms_err *err);
 int cpu_kv_store(ms_backend *b, ms_tensor *cache, const ms_tensor *x, const int32_t *slot_d, ms_err *err);
 int cpu_attn_gqa(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, const ms_tensor *vcache,
                  const ms_attn_meta *m, float scale, ms_tensor *out, ms_err *err);
 int cpu_mla_attn(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, const ms_attn_meta *m,
                  const int32_t *topk_d, int topk, int kvl, float scale, ms_tensor *out, ms_err *err);
 int cpu_mla_absorb_q(ms_backend *b, const ms_linear *kv_b, const ms_tensor *q, int nh, int dn, int dr, int dv,
-                     ms_tensor *out, ms_err *err);
+                     const int32_t *pos_d, const ms_rope_cfg *rc, ms_tensor *out, ms_err *err);
 int cpu_mla_v_up(ms_backend *b, const ms_linear *kv_b, const ms_tensor *o_lat, int nh, int dn, int dv,
                  ms_tensor *out, ms_err *err);
 int cpu_indexer_topk(ms_backend *b, const ms_tensor *qI, const ms_tensor *w, const ms_tensor *idx_cache,

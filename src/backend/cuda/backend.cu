@@ -768,13 +768,16 @@ static int cu_router(ms_backend *b, const ms_tensor *x, const ms_linear *gate, c
 /* ---- absorbed MLA projections ---- */
 
 static int cu_mla_absorb_q(ms_backend *b, const ms_linear *kv_b, const ms_tensor *q, int nh, int dn, int dr, int dv,
-                           ms_tensor *out, ms_err *err) {
+                           const int32_t *pos_d, const ms_rope_cfg *rc, ms_tensor *out, ms_err *err) {
     CU_ENTER(b);
     int kvl = (int)kv_b->n_in;
     MS_ASSERT(kv_b->n_out == (int64_t)nh * (dn + dv));
     MS_ASSERT(q->dtype == MS_BF16 && out->dtype == MS_BF16);
     int64_t T = rows_of(q, (int64_t)nh * (dn + dr));
     MS_ASSERT(ms_tensor_numel(out) == T * nh * (kvl + dr));
+    if (rc && (rc->rot_dim < 0 || rc->rot_dim % 2 || rc->rot_off < dn || rc->rot_off + rc->rot_dim > dn + dr))
+        return ms_errf(err, MS_ERR_INVALID, "mla_absorb_q: rotary columns %d..%d lie outside the rope part %d..%d of q",
+                       rc->rot_off, rc->rot_off + rc->rot_dim, dn, dn + dr);
     if (T == 0) return MS_OK;
     const bf16 *W;
     MS_TRY(cu_weight_bf16(b, kv_b, 1, &W, err));
@@ -785,7 +788,7 @@ static int cu_mla_absorb_q(ms_backend *b, const ms_linear *kv_b, const ms_tensor
                                    out->data, CUDA_R_16BF, nh * (kvl + dr), kvl + dr, nh, CUBLAS_COMPUTE_32F,
                                    CUBLAS_GEMM_DEFAULT));
     if (dr > 0)
-        MS_TRY(cu_copy_rope_part(b, (const bf16 *)q->data, (bf16 *)out->data, (int)T, nh, dn, dr, kvl, err));
+        MS_TRY(cu_copy_rope_part(b, (const bf16 *)q->data, (bf16 *)out->data, (int)T, nh, dn, dr, kvl, pos_d, rc, err));
     return MS_OK;
 }
 
@@ -864,6 +867,7 @@ static void cu_ops_init(void) {
     cu_ops.linear_swiglu = cu_linear_swiglu;
     cu_ops.gqa_prep = cu_op_gqa_prep;
     cu_ops.mla_kv_prep = cu_op_mla_kv_prep;
+    cu_ops.idx_k_prep = cu_op_idx_k_prep;
     cu_ops.host_unpin = cu_host_unpin;
     cu_ops.dummy_tensor = ms_cuda_dummy_tensor;
     cu_ops.dummy_linear = ms_cuda_dummy_linear;

@@ -301,6 +301,8 @@ int cu_op_rope(ms_backend *b, ms_tensor *x, const int32_t *pos_d, const ms_rope_
 int cu_op_kv_store(ms_backend *b, ms_tensor *cache, const ms_tensor *x, const int32_t *slot_d, ms_err *err);
 int cu_op_mla_kv_prep(ms_backend *b, ms_tensor *kva, int kvl, const ms_tensor *w, float eps, const int32_t *pos_d,
                       const ms_rope_cfg *rc, ms_tensor *cache, const int32_t *slot_d, ms_err *err);
+int cu_op_idx_k_prep(ms_backend *b, ms_tensor *x, const ms_tensor *w, const ms_tensor *bias, float eps,
+                     const int32_t *pos_d, const ms_rope_cfg *rc, ms_tensor *cache, const int32_t *slot_d, ms_err *err);
 int cu_op_gqa_prep(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_tensor *v, const ms_tensor *bq,
                    const ms_tensor *bk, const ms_tensor *bv, const int32_t *pos_d, const ms_rope_cfg *rc,
                    ms_tensor *kcache, ms_tensor *vcache, const int32_t *slot_d, const ms_tensor *qkv, ms_err *err);
@@ -320,8 +322,10 @@ int cu_convert(ms_backend *b, const void *src, int st, void *dst, int dt, size_t
 /* y [rows, n] (dtype yt) += bias [n] (F32) broadcast over rows. */
 int cu_add_bias(ms_backend *b, void *y, int yt, const float *bias, int64_t rows, int64_t n, ms_err *err);
 /* Absorbed MLA: copies the rope part of q [T, nh, dn+dr] (columns dn..dn+dr) into columns kvl..kvl+dr
- * of out [T, nh, kvl+dr]; the rest of out is untouched. */
-int cu_copy_rope_part(ms_backend *b, const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl, ms_err *err);
+ * of out [T, nh, kvl+dr]; the rest of out is untouched. rc != NULL (its columns q's, inside the rope
+ * part, else MS_ERR_INVALID): the copy is rotated at positions pos_d[T] as the rope op would rotate q. */
+int cu_copy_rope_part(ms_backend *b, const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl,
+                      const int32_t *pos_d, const ms_rope_cfg *rc, ms_err *err);
 /* Router GEMV and noaux_tc routing in one launch for small decode batches (elementwise.cu): the same
  * result as cu_linear into lg [T][E] fp32 followed by cu_route, up to the GEMV's summation order. Sets
  * *launched = 0 and does nothing unless T <= 8, the gate is plain bf16 without a bias, x is bf16 and

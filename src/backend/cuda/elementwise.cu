@@ -47,24 +47,6 @@ int cu_add_bias(ms_backend *b, void *y, int yt, const float *bias, int64_t rows,
     return MS_OK;
 }
 
-__global__ void k_copy_rope(const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl) {
-    cu_pdl_wait();
-    cu_pdl_trigger();
-    size_t tot = (size_t)T * nh * dr;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < tot; i += (size_t)gridDim.x * blockDim.x) {
-        size_t th = i / dr;
-        int j = (int)(i % dr);
-        out[th * (kvl + dr) + kvl + j] = q[th * (dn + dr) + dn + j];
-    }
-}
-
-int cu_copy_rope_part(ms_backend *b, const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl, ms_err *err) {
-    size_t tot = (size_t)T * nh * dr;
-    if (!tot) return MS_OK;
-    CK(cu_launch(k_copy_rope, grid_for(tot), 256, 0, stream_of(b), q, out, T, nh, dn, dr, kvl));
-    return MS_OK;
-}
-
 /* ---- embedding ---- */
 
 __global__ void k_embed(const void *table, int tt, int64_t V, int64_t H, const int32_t *ids, int64_t v0, void *out, int ot) {
@@ -149,6 +131,35 @@ __device__ float block_sum(float v, float *sh) {
     return s;
 }
 
+/* LayerNorm of row x[base, base + D) over the block: mean and 1 / sqrt(var + eps). The one place the
+ * statistics are computed, so that the layernorm op and the fused indexer-key op (same block size)
+ * give the same bits. */
+__device__ __forceinline__ void ln_stats(const void *x, int xt, size_t base, int64_t D, float eps, float *sh,
+                                         float *mean, float *inv) {
+    float acc = 0.f;
+    for (int64_t c = threadIdx.x; c < D; c += blockDim.x) acc += cu_ld(x, xt, base + c);
+    const float m = block_sum(acc, sh) / (float)D;
+    float v2 = 0.f;
+    for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+        float d = cu_ld(x, xt, base + c) - m;
+        v2 += d * d;
+    }
+    const float var = block_sum(v2, sh) / (float)D;
+    *mean = m;
+    *inv = 1.f / sqrtf(var + eps);
+}
+
+/* LayerNorm output of column c holding xv (before rounding to the output dtype). */
+__device__ __forceinline__ float ln_value(float xv, float mean, float inv, const void *w, int wt, const void *bias,
+                                          int bt, int64_t c) {
+    float v = (xv - mean) * inv * cu_ld(w, wt, c);
+    if (bias) v += cu_ld(bias, bt, c);
+    return v;
+}
+
+/* Threads per row of a layernorm launch (the sum order of ln_stats depends on it). */
+static int ln_threads(int64_t D) { return D >= 1024 ? 512 : D >= 256 ? 256 : 128; }
+
 /* mode 0: rmsnorm; 1: resid += delta then rmsnorm(resid); 2: layernorm (with bias). */
 __global__ void k_norm(int mode, void *x, int xt, const void *delta, int dt, const void *w, int wt, const void *bias,
                        int bt, float eps, void *out, int ot, int64_t D) {
@@ -164,21 +175,11 @@ __global__ void k_norm(int mode, void *x, int xt, const void *delta, int dt, con
         __syncthreads();
     }
     if (mode == 2) {
-        for (int64_t c = threadIdx.x; c < D; c += blockDim.x) acc += cu_ld(x, xt, base + c);
-        float mean = block_sum(acc, sh) / (float)D;
-        float v2 = 0.f;
-        for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
-            float d = cu_ld(x, xt, base + c) - mean;
-            v2 += d * d;
-        }
-        float var = block_sum(v2, sh) / (float)D;
-        float inv = 1.f / sqrtf(var + eps);
+        float mean, inv;
+        ln_stats(x, xt, base, D, eps, sh, &mean, &inv);
         __syncthreads();
-        for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
-            float v = (cu_ld(x, xt, base + c) - mean) * inv * cu_ld(w, wt, c);
-            if (bias) v += cu_ld(bias, bt, c);
-            cu_st(out, ot, base + c, v);
-        }
+        for (int64_t c = threadIdx.x; c < D; c += blockDim.x)
+            cu_st(out, ot, base + c, ln_value(cu_ld(x, xt, base + c), mean, inv, w, wt, bias, bt, c));
         return;
     }
     for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
@@ -260,7 +261,7 @@ static int launch_norm(ms_backend *b, int mode, ms_tensor *x, const ms_tensor *d
                          (const bf16 *)w->data, eps, (bf16 *)out->data, (int)D));
         return MS_OK;
     }
-    int th = D >= 1024 ? 512 : D >= 256 ? 256 : 128;
+    int th = ln_threads(D);
     CK(cu_launch(k_norm, (unsigned)R, th, 0, stream_of(b), mode, x->data, x->dtype, delta ? delta->data : NULL,
                  delta ? delta->dtype : 0, w->data, w->dtype,
                  bias && bias->data ? bias->data : NULL, bias ? bias->dtype : 0, eps,
@@ -377,6 +378,16 @@ int cu_op_scale(ms_backend *b, ms_tensor *x, float alpha, ms_err *err) {
 
 /* ---- RoPE ---- */
 
+/* One rotary pair (a, c) at position p with inverse frequency f: the float32 angle p * f as
+ * transformers computes it. Every kernel that rotates goes through here, so the fused forms give the
+ * rope op's bits. */
+__device__ __forceinline__ void rope_pair(float a, float c, float p, float f, float *o0, float *o1) {
+    float sn, cs;
+    sincosf(p * f, &sn, &cs);
+    *o0 = a * cs - c * sn;
+    *o1 = c * cs + a * sn;
+}
+
 __global__ void k_rope(void *x, int xt, int nh, int d, const int32_t *pos, const float *inv_freq, int rot_off,
                        int rot_dim, int interleaved) {
     cu_pdl_wait();
@@ -386,14 +397,12 @@ __global__ void k_rope(void *x, int xt, int nh, int d, const int32_t *pos, const
     float p = (float)pos[t];
     for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < nh * half; i += gridDim.y * blockDim.x) {
         int h = i / half, j = i % half;
-        float ang = p * inv_freq[j];
-        float sn, cs;
-        sincosf(ang, &sn, &cs);
         size_t base = ((size_t)t * nh + h) * d + rot_off;
         size_t i0 = base + (interleaved ? 2 * j : j), i1 = base + (interleaved ? 2 * j + 1 : j + half);
-        float a = cu_ld(x, xt, i0), c = cu_ld(x, xt, i1);
-        cu_st(x, xt, i0, a * cs - c * sn);
-        cu_st(x, xt, i1, c * cs + a * sn);
+        float o0, o1;
+        rope_pair(cu_ld(x, xt, i0), cu_ld(x, xt, i1), p, inv_freq[j], &o0, &o1);
+        cu_st(x, xt, i0, o0);
+        cu_st(x, xt, i1, o1);
     }
 }
 
@@ -446,6 +455,50 @@ int cu_op_rope(ms_backend *b, ms_tensor *x, const int32_t *pos_d, const ms_rope_
     const dim3 grid((unsigned)T, (unsigned)(per_tok < 16 ? per_tok : 16));
     CK(cu_launch(k_rope, grid, 256, 0, stream_of(b), x->data, x->dtype, nh, d, pos_d, inv, rc->rot_off, rc->rot_dim,
                  rc->interleaved));
+    return MS_OK;
+}
+
+/* ---- the absorbed MLA query's rope part ---- */
+
+/* Per (token, head) the dr rope columns of q copied into out, the rc pairs among them rotated on the
+ * way exactly as k_rope rotates them in q (rope_pair, the same float32 angle): one unit per rotary
+ * pair or pass-through column. Why: the rope launch on q before this copy, which moved the same bytes. */
+__global__ void k_copy_rope(const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl, const int32_t *pos,
+                            const float *inv, int rot_off, int rot_dim, int interleaved) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
+    const int half = rot_dim / 2, per = dr - half;
+    const size_t tot = (size_t)T * nh * per;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < tot; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t th = i / per;
+        const int j = (int)(i % per);
+        const bf16 *src = q + th * (dn + dr) + dn;
+        bf16 *dst = out + th * (kvl + dr) + kvl;
+        if (j < half) {
+            const int i0 = rot_off + (interleaved ? 2 * j : j), i1 = rot_off + (interleaved ? 2 * j + 1 : j + half);
+            float o0, o1;
+            rope_pair(__bfloat162float(src[i0]), __bfloat162float(src[i1]), (float)pos[th / nh], inv[j], &o0, &o1);
+            dst[i0] = __float2bfloat16_rn(o0);
+            dst[i1] = __float2bfloat16_rn(o1);
+        } else {
+            const int e = j - half, c = e < rot_off ? e : e + rot_dim;
+            dst[c] = src[c];
+        }
+    }
+}
+
+int cu_copy_rope_part(ms_backend *b, const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl,
+                      const int32_t *pos_d, const ms_rope_cfg *rc, ms_err *err) {
+    const int rot_dim = rc ? rc->rot_dim : 0, rot_off = rc ? rc->rot_off - dn : 0;
+    if (rot_dim < 0 || rot_dim % 2 || rot_off < 0 || rot_off + rot_dim > dr)
+        return ms_errf(err, MS_ERR_INVALID, "mla_absorb_q: rotary columns %d..%d lie outside the rope part %d..%d of q",
+                       rot_off + dn, rot_off + dn + rot_dim, dn, dn + dr);
+    const size_t tot = (size_t)T * nh * (dr - rot_dim / 2);
+    if (!tot) return MS_OK;
+    const float *inv = NULL;
+    if (rot_dim) MS_TRY(rope_table(b, rc, &inv, err));
+    CK(cu_launch(k_copy_rope, grid_for(tot), 256, 0, stream_of(b), q, out, T, nh, dn, dr, kvl, pos_d, inv, rot_off,
+                 rot_dim, rc ? rc->interleaved : 0));
     return MS_OK;
 }
 
@@ -608,6 +661,68 @@ int cu_op_mla_kv_prep(ms_backend *b, ms_tensor *kva, int kvl, const ms_tensor *w
     const int64_t S = ms_tensor_numel(cache) / W;
     CK(cu_launch(k_mla_kv_prep, (unsigned)T, 256, 0, stream_of(b), (bf16 *)kva->data, kvl, dr, w->data, w->dtype, eps, pos_d, inv,
                  rc->interleaved, (bf16 *)cache->data, S, slot_d));
+    return MS_OK;
+}
+
+/* ---- fused indexer-key preparation ---- */
+
+/* One block per token, of layernorm's block size: the row layer-normalised exactly as k_norm (same
+ * ln_stats sum order, rounded once into x), then the rotary pairs rotated from those rounded values
+ * exactly as k_rope, each column stored into the token's cache row as k_kv_store would (re-read from x,
+ * converted to the cache dtype). Why: three launches per indexer layer that move ~256 bytes a token. */
+__global__ void k_idx_k_prep(void *x, int xt, int64_t D, const void *w, int wt, const void *bias, int bt, float eps,
+                             const int32_t *pos, const float *inv, int rot_off, int rot_dim, int interleaved,
+                             void *cache, int ct, int64_t S, const int32_t *slot) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
+    __shared__ float sh[32];
+    const int t = blockIdx.x;
+    const size_t base = (size_t)t * D;
+    float mean, rs;
+    ln_stats(x, xt, base, D, eps, sh, &mean, &rs);
+    __syncthreads();
+    const int64_t s = slot[t];
+    const bool st = s >= 0 && s < S;
+    const size_t cb = st ? (size_t)s * D : 0;
+    for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+        cu_st(x, xt, base + c, ln_value(cu_ld(x, xt, base + c), mean, rs, w, wt, bias, bt, c));
+        if (st && (c < rot_off || c >= rot_off + rot_dim)) cu_st(cache, ct, cb + c, cu_ld(x, xt, base + c));
+    }
+    __syncthreads(); /* the normalised row, written by the whole block, is what the rotation reads */
+    const int half = rot_dim / 2;
+    const float p = (float)pos[t];
+    for (int j = threadIdx.x; j < half; j += blockDim.x) {
+        const int64_t c0 = rot_off + (interleaved ? 2 * j : j), c1 = rot_off + (interleaved ? 2 * j + 1 : j + half);
+        float o0, o1;
+        rope_pair(cu_ld(x, xt, base + c0), cu_ld(x, xt, base + c1), p, inv[j], &o0, &o1);
+        cu_st(x, xt, base + c0, o0);
+        cu_st(x, xt, base + c1, o1);
+        if (st) {
+            cu_st(cache, ct, cb + c0, cu_ld(x, xt, base + c0));
+            cu_st(cache, ct, cb + c1, cu_ld(x, xt, base + c1));
+        }
+    }
+}
+
+static int float_dtype(const ms_tensor *t) { return t->dtype == MS_F32 || t->dtype == MS_BF16 || t->dtype == MS_F16; }
+
+int cu_op_idx_k_prep(ms_backend *b, ms_tensor *x, const ms_tensor *w, const ms_tensor *bias, float eps,
+                     const int32_t *pos_d, const ms_rope_cfg *rc, ms_tensor *cache, const int32_t *slot_d, ms_err *err) {
+    const int64_t D = last_dim(x), T = D > 0 ? ms_tensor_numel(x) / D : 0, C = ms_tensor_numel(cache);
+    const int with_bias = bias && bias->data;
+    if (D < 1 || !rc || rc->rot_dim < 0 || rc->rot_dim % 2 || rc->rot_off < 0 || rc->rot_off + rc->rot_dim > D)
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "idx_k_prep: the rotary dims must lie inside the %lld-wide key row",
+                       (long long)D);
+    if (!float_dtype(x) || !float_dtype(cache) || !float_dtype(w) || (with_bias && !float_dtype(bias)) ||
+        ms_tensor_numel(w) != D || (with_bias && ms_tensor_numel(bias) != D) || C % D || T > 0x7fffffff)
+        return ms_errf(err, MS_ERR_UNSUPPORTED,
+                       "idx_k_prep: needs float keys, norm weight/bias and cache rows of the key width %lld", (long long)D);
+    if (T == 0) return MS_OK;
+    const float *inv = NULL;
+    if (rc->rot_dim) MS_TRY(rope_table(b, rc, &inv, err));
+    CK(cu_launch(k_idx_k_prep, (unsigned)T, ln_threads(D), 0, stream_of(b), x->data, x->dtype, D, w->data, w->dtype,
+                 with_bias ? bias->data : NULL, with_bias ? bias->dtype : 0, eps, pos_d, inv, rc->rot_off, rc->rot_dim,
+                 rc->interleaved, cache->data, cache->dtype, C / D, slot_d));
     return MS_OK;
 }
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The fused indexer-key kernel (k_idx_k_prep) and the rotating rope-part copy of the absorbed MLA query
+# (k_copy_rope) checked without a GPU: they and the kernels they replace (k_norm, k_rope, k_kv_store),
+# with the device helpers they share, are cut out of src/backend/cuda/elementwise.cu and compiled for
+# the host with every CUDA thread a host thread (tests/backend/prep_emu/main.cpp) under the address and
+# undefined-behaviour sanitizers. Fused and unfused must agree bit for bit (the indexing, the barriers,
+# the untouched cache rows, a padding slot), and both must match a float64 LayerNorm + RoPE. The GPU's
+# own float ops (sincosf, FMA contraction) are covered by test_cuda_ops (test_idx_k_prep,
+# test_absorb_rope) on the GPU machine.
+set -u
+cd "$(dirname "$0")/../.."
+OUTDIR=${MS_BUILD:-build}/prep_emu
+mkdir -p "$OUTDIR"
+fail() { echo "FAIL $1"; echo "## test_prep_emu: 0 passed, 1 failed"; exit 1; }
+# one function: from the line starting with $1 to the first line that is "}" (or that line alone when
+# it closes itself)
+cut_fn() { awk -v pat="$1" 'index($0, pat) == 1 { f = 1; if ($0 ~ /}$/) { print; exit } } f { print } f && /^}/ { exit }' \
+    src/backend/cuda/elementwise.cu; }
+: >"$OUTDIR/prep_cut.cpp"
+for p in "__device__ float block_sum" "__device__ __forceinline__ void ln_stats" "__device__ __forceinline__ float ln_value" \
+         "static int ln_threads" "__global__ void k_norm(" "__device__ __forceinline__ void rope_pair" "__global__ void k_rope(" \
+         "__global__ void k_copy_rope(" "__global__ void k_idx_k_prep(" "__global__ void k_kv_store("; do
+  body=$(cut_fn "$p")
+  [ -n "$body" ] || fail "'$p' not found in elementwise.cu (update this script)"
+  printf '%s\n\n' "$body" >>"$OUTDIR/prep_cut.cpp"
+done
+sed -i 's|__shared__ float sh\[32\];|float *sh = EMU_SH;|' "$OUTDIR/prep_cut.cpp"
+for gone in 'asm' '__shared__'; do
+  grep -q -- "$gone" "$OUTDIR/prep_cut.cpp" && fail "elementwise.cu changed shape: '$gone' left in the cut kernels (update this script)"
+done
+CXX=${CXX:-g++}
+flags="-std=c++20 -O1 -g -ffp-contract=off -Isrc -I$OUTDIR -Itests/backend/prep_emu -pthread"
+san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+if ! $CXX $flags $san -o "$OUTDIR/prep_emu" tests/backend/prep_emu/main.cpp 2>"$OUTDIR/build.log"; then
+  $CXX $flags -o "$OUTDIR/prep_emu" tests/backend/prep_emu/main.cpp 2>>"$OUTDIR/build.log" ||
+    { cat "$OUTDIR/build.log"; fail "building the emulation"; }
+fi
+timeout 600 "$OUTDIR/prep_emu"
