@@ -378,12 +378,14 @@ __global__ __launch_bounds__(GM_THREADS, 1) void k_gm(gm_args a) {
  * K-major with the 128-byte swizzle (16-byte chunk c of row r at r*128 + ((c ^ (r & 7)) * 16), stage
  * bases 1024-byte aligned), so the wgmma descriptors need no transposition: start address, stride 1024
  * bytes between 8-row groups, and +32 bytes per 16-k slice inside the 64-k atom. Activations arrive by
- * cp.async (three stages), weights are decoded by the thread owning the row (k_gm's decoders, so the
- * bf16 weight values are identical) into two stages. Per k-step: issue the four wgmmas of step s, decode
+ * cp.async (three stages), weights are decoded by the threads owning the row (k_gm's decoders, so the
+ * bf16 weight values are identical; FP8's 128 x 128 block scale is constant over a 64-k step) into two
+ * stages. Per k-step: issue the four wgmmas of step s, decode
  * step s+1 into the other weight stage and load step s+2's raw bytes, wait for the wgmmas, then fence
  * (generic-proxy writes -> async-proxy reads) and one barrier. Both warpgroups always issue their wgmmas
  * (a pair with at most 64 rows computes zero-filled rows it does not store): a warpgroup-dependent branch
- * around them makes ptxas serialize every wgmma. NVFP4 only (where the mma.sync kernel loses most); other formats keep k_gm. */
+ * around them makes ptxas serialize every wgmma. NVFP4 and FP8 (their decode is what the wgmmas hide);
+ * bf16 weights keep k_gm. */
 #define GW_STAGE_A (GM_BM * 128)
 /* shared bytes of a block with BN weight rows: 3 activation stages, 2 weight stages, 1024 for alignment */
 #define GW_SMEM(BN) (GM_A_STAGES * GW_STAGE_A + 2 * (BN) * 128 + 1024)
@@ -420,7 +422,7 @@ __device__ __forceinline__ void gw_proxy_fence() { asm volatile("fence.proxy.asy
 #define GW_HAVE 0
 #endif
 
-template <int MODE, int BN>
+template <int FMT, int MODE, int BN>
 __global__ __launch_bounds__(GM_THREADS, BN == 128 ? 2 : 1) void k_gw(gm_args a) {
     cu_pdl_wait();
     cu_pdl_trigger();
@@ -444,7 +446,9 @@ __global__ __launch_bounds__(GM_THREADS, BN == 128 ? 2 : 1) void k_gw(gm_args a)
     const cu_wdesc W1 = MODE == 1 ? a.W1[g] : W0;
     const int K = a.K, N = a.N, nk = (K + GM_BK - 1) / GM_BK;
     const int n0 = blockIdx.x * (MODE == 1 ? BN / 2 : BN);
-    constexpr int TPR = GM_THREADS / BN, NP = 2 / TPR; /* threads per weight row, 32-k pieces per thread */
+    /* threads per weight row; k per 16-byte piece of raw weight (NVFP4 32, FP8 16); pieces per thread
+     * and k-step */
+    constexpr int TPR = GM_THREADS / BN, KPP = FMT == 2 ? 32 : 16, NP = GM_BK / KPP / TPR;
     constexpr int GW_STAGE_B = BN * 128;
     const uint32_t base = (cu_saddr(gw_sm) + 1023u) & ~1023u; /* the swizzle repeats every 1024 bytes */
     const uint32_t sA = base, sB = base + GM_A_STAGES * GW_STAGE_A;
@@ -466,35 +470,50 @@ __global__ __launch_bounds__(GM_THREADS, BN == 128 ? 2 : 1) void k_gw(gm_args a)
         }
     };
     /* this thread's weight row of the tile, brow = tid / TPR (mode 0 W0 row n0 + brow; mode 1 gate rows,
-     * then up), and its share of each k-step: pieces p0 .. p0 + NP - 1 of 32 k */
+     * then up), and its share of each k-step: pieces p0 .. p0 + NP - 1 of KPP k */
     const int brow = tid / TPR, p0 = (tid % TPR) * NP;
     const bool up = MODE == 1 && brow >= BN / 2;
     const int bn = n0 + (MODE == 1 ? (brow & (BN / 2 - 1)) : brow);
     const bool bok = bn < N;
     const int bnc = bok ? bn : N - 1;
     const float s2 = up ? W1.scale2 : W0.scale2;
-    const uint8_t *wrow = (const uint8_t *)(up ? W1.w : W0.w) + (size_t)bnc * (K / 2);
-    const uint8_t *srow = (const uint8_t *)(up ? W1.scale : W0.scale) + (size_t)bnc * (K / 16);
+    const uint8_t *wb = (const uint8_t *)(up ? W1.w : W0.w), *sbp = (const uint8_t *)(up ? W1.scale : W0.scale);
+    /* NVFP4: nibbles [N, K/2], e4m3 scales [N, K/16]; FP8: bytes [N, K], fp32 scales of 128 x 128 blocks */
+    const uint8_t *wrow = wb + (size_t)bnc * (FMT == 2 ? K / 2 : K);
+    const uint8_t *srow = FMT == 2 ? sbp + (size_t)bnc * (K / 16)
+                                   : sbp + (size_t)(bnc / 128) * (up ? W1.scale_ld : W0.scale_ld) * sizeof(float);
     uint4 rv[NP];
     uint32_t rs[NP];
+    float sc = 0.f; /* FP8: the step's block scale (a 64-k step lies inside one 128-k block) */
     auto load_step = [&](int s) {
 #pragma unroll
         for (int p = 0; p < NP; p++) {
-            const int k = s * GM_BK + 32 * (p0 + p);
+            const int k = s * GM_BK + KPP * (p0 + p);
             const bool ok = bok && k < K;
-            rv[p] = ok ? __ldg((const uint4 *)(wrow + k / 2)) : make_uint4(0u, 0u, 0u, 0u);
-            rs[p] = ok ? (uint32_t)__ldg((const uint16_t *)(srow + k / 16)) : 0u;
+            rv[p] = ok ? __ldg((const uint4 *)(wrow + (FMT == 2 ? k / 2 : k))) : make_uint4(0u, 0u, 0u, 0u);
+            if (FMT == 2) rs[p] = ok ? (uint32_t)__ldg((const uint16_t *)(srow + k / 16)) : 0u;
         }
+        if (FMT == 1) sc = (bok && s * GM_BK < K) ? __ldg((const float *)srow + s * GM_BK / 128) : 0.f;
     };
     auto decode_step = [&](int sb) {
 #pragma unroll
-        for (int kl = 0; kl < 2 * NP; kl++) {
+        for (int kl = 0; kl < (FMT == 2 ? 2 * NP : NP); kl++) {
             uint32_t o[8];
-            const int u = kl >> 1, hf = kl & 1, kk = 2 * p0 + kl;
-            const float bs = __fmul_rn(cu_e4m3((rs[u] >> (8 * hf)) & 0xffu), s2);
-            const gm_lut t = gm_nvfp4_lut(bs);
-            gm_nvfp4_dec8(hf ? rv[u].z : rv[u].x, t, o);
-            gm_nvfp4_dec8(hf ? rv[u].w : rv[u].y, t, o + 4);
+            int kk;
+            if constexpr (FMT == 2) {
+                const int u = kl >> 1, hf = kl & 1;
+                kk = 2 * p0 + kl;
+                const float bs = __fmul_rn(cu_e4m3((rs[u] >> (8 * hf)) & 0xffu), s2);
+                const gm_lut t = gm_nvfp4_lut(bs);
+                gm_nvfp4_dec8(hf ? rv[u].z : rv[u].x, t, o);
+                gm_nvfp4_dec8(hf ? rv[u].w : rv[u].y, t, o + 4);
+            } else {
+                kk = p0 + kl;
+                gm_fp8_dec4(rv[kl].x, sc, o);
+                gm_fp8_dec4(rv[kl].y, sc, o + 2);
+                gm_fp8_dec4(rv[kl].z, sc, o + 4);
+                gm_fp8_dec4(rv[kl].w, sc, o + 6);
+            }
             const uint32_t row = sB + sb * GW_STAGE_B;
             asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(row + gw_swz(brow, 2 * kk)), "r"(o[0]), "r"(o[1]),
                          "r"(o[2]), "r"(o[3]) : "memory");
@@ -562,10 +581,14 @@ __global__ __launch_bounds__(GM_THREADS, BN == 128 ? 2 : 1) void k_gw(gm_args a)
 #endif
 }
 
-template <int M, int BN> static cudaError_t gw_launch(dim3 grid, cudaStream_t st, const gm_args &a) {
-    cudaError_t e = cudaFuncSetAttribute(k_gw<M, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GW_SMEM(BN));
+template <int F, int M, int BN> static cudaError_t gw_launch(dim3 grid, cudaStream_t st, const gm_args &a) {
+    cudaError_t e = cudaFuncSetAttribute(k_gw<F, M, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GW_SMEM(BN));
     if (e != cudaSuccess) return e;
-    return cu_launch(k_gw<M, BN>, grid, GM_THREADS, (size_t)GW_SMEM(BN), st, a);
+    return cu_launch(k_gw<F, M, BN>, grid, GM_THREADS, (size_t)GW_SMEM(BN), st, a);
+}
+template <int F> static cudaError_t gw_launch_f(int mode, int wide, dim3 grid, cudaStream_t st, const gm_args &a) {
+    if (wide) return mode == 1 ? gw_launch<F, 1, 256>(grid, st, a) : gw_launch<F, 0, 256>(grid, st, a);
+    return mode == 1 ? gw_launch<F, 1, 128>(grid, st, a) : gw_launch<F, 0, 128>(grid, st, a);
 }
 
 template <int F, int M>
@@ -608,15 +631,12 @@ int cu_gemm_grouped_mma(ms_backend *b, const cu_gg_call *c, int *launched, ms_er
     dim3 grid(cu_blocks(N, mode == 1 ? GM_BR / 2 : GM_BR), max_tiles);
     cudaStream_t st = cu_of(b)->stream;
     cudaError_t ce;
-    /* NVFP4 on Hopper: the wgmma form (MS_CU_GG=sync keeps the mma.sync kernel) */
-    if (fmt == 2 && b->gpu.cc_major == 9 && cu_knob(CU_KNOB_GG) != CU_GG_SYNC &&
+    /* NVFP4 and FP8 on Hopper: the wgmma form (MS_CU_GG=sync keeps the mma.sync kernel) */
+    if (fmt != 0 && b->gpu.cc_major == 9 && cu_knob(CU_KNOB_GG) != CU_GG_SYNC &&
         (size_t)cu_of(b)->max_smem_optin >= (size_t)GW_SMEM(256)) {
-        if (cu_knob(CU_KNOB_GW_N) == CU_GW_N_128) {
-            dim3 g2(cu_blocks(N, mode == 1 ? 64 : 128), max_tiles);
-            ce = mode == 1 ? gw_launch<1, 128>(g2, st, a) : gw_launch<0, 128>(g2, st, a);
-        } else {
-            ce = mode == 1 ? gw_launch<1, 256>(grid, st, a) : gw_launch<0, 256>(grid, st, a);
-        }
+        const int wide = cu_knob(CU_KNOB_GW_N) == CU_GW_N_256;
+        const dim3 g2(cu_blocks(N, (mode == 1 ? 64 : 128) * (wide ? 2 : 1)), max_tiles);
+        ce = fmt == 2 ? gw_launch_f<2>(mode, wide, g2, st, a) : gw_launch_f<1>(mode, wide, g2, st, a);
         CK(ce);
         *launched = 1;
         return MS_OK;
