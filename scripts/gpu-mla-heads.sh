@@ -6,10 +6,10 @@
 #      runs the mma kernel forced to 64 and to 16 heads a block), the forward and MTP tests on cuda
 #      (their fixtures have <= 16 heads: the 16-head form by default now)
 #   2. bench-model decode, GLM-5 shapes cut to 12 layers, batches 1,2,4 at ctx 1024 and 16384, with
-#      MS_CU_MLA_HEADS=64 (the old kernel), =16 (the new form everywhere: is the auto threshold right
-#      at batch 4?) and auto (the 16-head form where the grid is small)
+#      MS_CU_MLA_HEADS=64, =16 (the 16-head form everywhere) and auto (64 for GLM-5's 64 heads since the
+#      session-7 measurement; 16 only for models of at most 16 heads)
 #   3. ncu gpu__time_duration of k_mla_mma and k_attn_combine at batch 1 ctx 1024 (graph mode), both
-#      forms: mean us per launch by grid
+#      forms (64 and 16): mean us per launch by grid (scripts/ncu_times.py)
 # Logs under $OUT; a summary table last. Knobs: BUILD, OUT, LAYERS (12), BATCHES (1,2,4), NCU_LAYERS (4).
 # About 6 minutes.
 . "$(dirname "$0")/gpu-env.sh"
@@ -42,35 +42,14 @@ for h in 64 16 auto; do
 done
 
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-for h in 64 auto; do
+for h in 64 16; do
   [ -z "$NCU" ] && { row "ncu" "ncu not found"; break; }
   csv="$OUT/mlah-ncu-$h.csv"
   MS_CU_MLA_HEADS=$h timeout 300 "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum \
     --kernel-name regex:'k_mla_mma|k_attn_combine' --csv --log-file "$csv" \
     "$BIN" bench-model --device cuda --model configs/glm-5.json --load-format dummy --dummy-quant nvfp4 \
     --override num_hidden_layers=$NCU_LAYERS --batches 1 --ctx 1024 --prefill 64 >"$OUT/mlah-ncu-$h.log" 2>&1
-  s=$(python3 - "$csv" <<'PY' 2>/dev/null
-import csv, re, sys, collections
-agg = collections.OrderedDict()
-with open(sys.argv[1]) as f:
-    lines = [l for l in f if l.startswith('"')]
-for r in csv.DictReader(lines):
-    if r.get("Metric Name") != "gpu__time_duration.sum":
-        continue
-    v = float(r["Metric Value"].replace(",", ""))
-    unit = r.get("Metric Unit", "ns")
-    us = v / 1000 if unit in ("nsecond", "ns") else v if unit in ("usecond", "us") else v * 1000
-    k = (re.sub(r"\(.*", "", r["Kernel Name"]).replace("void ", ""), r.get("Grid Size", ""))
-    c, t = agg.get(k, (0, 0.0))
-    agg[k] = (c + 1, t + us)
-# the decode launches: the most frequent grid of each kernel
-best = {}
-for (n, g), (c, t) in agg.items():
-    if n not in best or c > best[n][1]:
-        best[n] = (g, c, t / c)
-print("; ".join("%s %s %.2f us (x%d)" % (n, g, m, c) for n, (g, c, m) in best.items()))
-PY
-)
+  s=$(python3 scripts/ncu_times.py decode "$csv" 2>/dev/null)
   row "ncu b1 ctx 1024 MS_CU_MLA_HEADS=$h" "${s:-see $csv}"
 done
 

@@ -43,30 +43,5 @@ for b in "${BL[@]}"; do
     "$BIN" bench-model --device cuda --model "$MODEL" --load-format dummy --dummy-quant nvfp4 \
     --override num_hidden_layers=$LAYERS --batches "$b" --ctx "$CTX" --prefill "$PREFILL" $EAGER >"$OUT/ncu-$TAG$b.log" 2>&1
   echo "=== ncu $MODEL batch $b ctx $CTX prefill $PREFILL, $LAYERS layers (rc=$?): kernels by total time; 'per step' divides by the decode steps" | tee -a "$OUT/profile-summary.txt"
-  python3 - "$csv" "$OUT/ncu-$TAG$b.log" <<'PY' | tee -a "$OUT/profile-summary.txt"
-import csv, re, sys, collections
-rows = []
-with open(sys.argv[1]) as f:
-    lines = [l for l in f if l.startswith('"')]
-for r in csv.DictReader(lines):
-    if r.get("Metric Name") != "gpu__time_duration.sum":
-        continue
-    v = float(r["Metric Value"].replace(",", ""))
-    unit = r.get("Metric Unit", "ns")
-    us = v / 1000 if unit == "nsecond" or unit == "ns" else v if unit in ("usecond", "us") else v * 1000
-    name = re.sub(r"\(.*", "", r["Kernel Name"])[:60]
-    rows.append((name, r.get("Grid Size", ""), r.get("Block Size", ""), us))
-log = open(sys.argv[2]).read()
-m = re.search(r"decode\s+batch\s+\d+ ctx\s+\d+:\s+([\d.]+) tok/s\s+([\d.]+) ms/step", log)
-agg = collections.OrderedDict()
-for n, g, b, us in rows:
-    k = (n, g, b)
-    c, t = agg.get(k, (0, 0.0))
-    agg[k] = (c + 1, t + us)
-tot = sum(t for c, t in agg.values())
-print("kernels profiled: %d, total %.1f ms; bench-model (unprofiled) step: %s ms" % (len(rows), tot / 1000, m.group(2) if m else "?"))
-print("%-60s %-16s %-10s %6s %10s %9s" % ("kernel", "grid", "block", "count", "mean us", "total ms"))
-for (n, g, b), (c, t) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:70]:
-    print("%-60s %-16s %-10s %6d %10.2f %9.2f" % (n, g, b, c, t / c, t / 1000))
-PY
+  python3 scripts/ncu_times.py table "$csv" "$OUT/ncu-$TAG$b.log" | tee -a "$OUT/profile-summary.txt"
 done
