@@ -890,6 +890,21 @@ static void gqa_batch_case(const char *name, int nh, int nkv, int d, int page, i
     free_gbatch(&B);
 }
 
+/* Runs implementation r on call c into a fresh NaN-poisoned output and checks it row by row against the
+ * CPU reference ref [rows, dv] (what: a label for the failure message). */
+static void run_vs_ref(const ms_attn_impl *r, const ms_attn_call *c, const float *ref, size_t rows, int dv,
+                       const char *name, const char *what) {
+    ms_tensor og = mk(GPU, 0, c->out->ndim, c->out->shape, NULL); /* NaN-poisoned */
+    ms_attn_call cg = *c;
+    cg.out = &og;
+    R(ms_attn_run(r, GPU, &cg, &E));
+    float *a = get(GPU, &og);
+    double e = row_err(a, ref, rows, dv);
+    CHECK_MSG(e <= 2e-2, "%s (%s): row rel err %.3g", name, what, e);
+    free(a);
+    fr(GPU, &og);
+}
+
 /* Every CUDA attention implementation (backend/attn.h) that supports the call's shape, run through
  * the registry and compared row by row with the CPU reference ref [rows, dv]; an implementation that
  * refuses must say why. Returns how many ran. */
@@ -904,22 +919,16 @@ static int impls_case(const char *name, const ms_attn_call *c, const ms_attn_sha
             CHECK_MSG(why[0] != 0, "%s: %s refused without a reason", name, r->name);
             continue;
         }
-        ms_tensor og = mk(GPU, 0, c->out->ndim, c->out->shape, NULL); /* NaN-poisoned */
-        ms_attn_call cg = *c;
-        cg.out = &og;
-        R(ms_attn_run(r, GPU, &cg, &E));
-        float *a = get(GPU, &og);
-        double e = row_err(a, ref, rows, dv);
-        CHECK_MSG(e <= 2e-2, "%s (attention implementation %s): row rel err %.3g", name, r->name, e);
-        free(a);
-        fr(GPU, &og);
+        char label[128];
+        snprintf(label, sizeof label, "attention implementation %s", r->name);
+        run_vs_ref(r, c, ref, rows, dv, name, label);
         ran++;
     }
     return ran;
 }
 
 /* The tensor-core MLA kernel (implementation mma) forced to each block form, MS_CU_MLA_HEADS=64 and
- * =16 (by default cu_attn_mla_mma picks one by grid size, so a case exercises only that one), against
+ * =16 (by default cu_attn_mla_mma picks one by head count, so a case exercises only that one), against
  * the CPU reference ref [rows, dv]. Restores the caller's MS_CU_MLA_HEADS. Returns how many forms ran
  * (0 when mma does not cover the shape). */
 static int mla_forms_case(const char *name, const ms_attn_call *c, const ms_attn_shape *sh, const float *ref,
@@ -935,15 +944,9 @@ static int mla_forms_case(const char *name, const ms_attn_call *c, const ms_attn
     int ran = 0;
     for (int f = 0; f < 2; f++) {
         setenv("MS_CU_MLA_HEADS", forms[f], 1);
-        ms_tensor og = mk(GPU, 0, c->out->ndim, c->out->shape, NULL); /* NaN-poisoned */
-        ms_attn_call cg = *c;
-        cg.out = &og;
-        R(ms_attn_run(mma, GPU, &cg, &E));
-        float *a = get(GPU, &og);
-        double e = row_err(a, ref, rows, dv);
-        CHECK_MSG(e <= 2e-2, "%s (mma, MS_CU_MLA_HEADS=%s): row rel err %.3g", name, forms[f], e);
-        free(a);
-        fr(GPU, &og);
+        char label[64];
+        snprintf(label, sizeof label, "mma, MS_CU_MLA_HEADS=%s", forms[f]);
+        run_vs_ref(mma, c, ref, rows, dv, name, label);
         ran++;
     }
     if (saved) setenv("MS_CU_MLA_HEADS", saved, 1);
