@@ -161,6 +161,7 @@ static int indexer(ms_forward *f, int L, int T, const ms_tensor *cq, const ms_te
     if (fused == MS_OK) {
         FW_TRY_CHECK(f, &kI, "indexer_k", err);
     } else if (fused == MS_ERR_UNSUPPORTED) { /* NULL, or a shape it refused without doing anything */
+        if (err) err->code = 0, err->msg[0] = 0; /* the refusal is handled: leave no stale message */
         MS_TRY(op->layernorm(b, &kI, &l->idx_k_norm_w, kb, 1e-6f, &kI, err));
         MS_TRY(op->rope(b, &kI3, f->meta.positions_d, &rc, err));
         FW_TRY_CHECK(f, &kI, "indexer_k", err);

@@ -1615,10 +1615,10 @@ static void test_checks(void) {
  * a bad choice or an out-of-range integer falls back to the default, and the doctor printout has a
  * header and one line per knob. Restores the variables it touches. */
 static void test_knobs(void) {
-    static const char *vars[7] = {"MS_CU_GG", "MS_ATTN_NO_MMA", "MS_ATTN_NO_SPLIT", "MS_CU_GEMV_FP4", "MS_CU_ROUTER",
-                                  "MS_CU_PDL", "MS_CU_MLA_HEADS"};
-    char *saved[7];
-    for (int i = 0; i < 7; i++) {
+    static const char *vars[8] = {"MS_CU_GG", "MS_ATTN_NO_MMA", "MS_ATTN_NO_SPLIT", "MS_CU_GEMV_FP4", "MS_CU_ROUTER",
+                                  "MS_CU_PDL", "MS_CU_MLA_HEADS", "MS_CU_GW_N"};
+    char *saved[8];
+    for (int i = 0; i < 8; i++) {
         const char *v = getenv(vars[i]);
         saved[i] = v ? strdup(v) : NULL;
     }
@@ -1691,7 +1691,7 @@ static void test_knobs(void) {
         CHECK_EQ_INT(n, CU_KNOB_COUNT + 1);
         CHECK_EQ_INT(seen, 1);
     }
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < 8; i++) {
         if (saved[i]) setenv(vars[i], saved[i], 1);
         else unsetenv(vars[i]);
         free(saved[i]);

@@ -243,7 +243,7 @@ static void fmt_case(ms_wfmt fmt, int H, int I) {
  * computes 128 columns per block and down 256, so inter 320 / 352 and hidden 384 / 392 leave column
  * tails, and K = 352 / 344 / 392 leaves a partial 64-wide k-step. The first random routing is run again
  * with MS_CU_GG=old so the wmma fallback is checked at this scale too, and with MS_CU_GG=sync (with the
- * one-expert case) so the mma.sync kernel stays checked where NVFP4 takes the wgmma one (sm_90), and
+ * one-expert case) so the mma.sync kernel stays checked where FP8/NVFP4 take the wgmma one (sm_90), and
  * with MS_CU_GW_N=256 for the wgmma kernel's wide block. */
 static void prefill_case(ms_wfmt fmt, int H, int I, int full) {
     layer L;
@@ -263,16 +263,20 @@ static void prefill_case(ms_wfmt fmt, int H, int I, int full) {
         run_case(&L, cpu_r, gr, 1000, 1, 1);
         setenv("MS_CU_GG", "old", 1);
         run_case(&L, cpu_r, gr, 2048, 4, 0);
-        /* NVFP4 on sm_90 takes the wgmma kernel by default: the mma.sync one stays checked */
+        /* FP8 and NVFP4 on sm_90 take the wgmma kernel by default: the mma.sync one stays checked */
         setenv("MS_CU_GG", "sync", 1);
         run_case(&L, cpu_r, gr, 2048, 4, 0);
         run_case(&L, cpu_r, gr, 1000, 1, 1);
         unsetenv("MS_CU_GG");
-        /* the wgmma kernel's other block width (256 weight rows) */
+        /* the wgmma kernel's other block width (256 weight rows); the caller's setting comes back */
+        const char *gw = getenv("MS_CU_GW_N");
+        char *gw_saved = gw ? strdup(gw) : NULL;
         setenv("MS_CU_GW_N", "256", 1);
         run_case(&L, cpu_r, gr, 2048, 4, 0);
         run_case(&L, cpu_r, gr, 1000, 1, 1);
-        unsetenv("MS_CU_GW_N");
+        if (gw_saved) setenv("MS_CU_GW_N", gw_saved, 1);
+        else unsetenv("MS_CU_GW_N");
+        free(gw_saved);
     }
     free_layer(&L);
 }
@@ -283,6 +287,7 @@ static void test_prefill_nvfp4(void) { prefill_case(MS_WFMT_NVFP4, 512, 320, 1);
 static void test_prefill_tails(void) {
     prefill_case(MS_WFMT_PLAIN, 392, 344, 0);
     prefill_case(MS_WFMT_FP8, 384, 352, 0);
+    prefill_case(MS_WFMT_FP8, 336, 352, 0); /* K % 64 = 16: a last k-step with one FP8 piece of four */
     prefill_case(MS_WFMT_NVFP4, 384, 352, 0);
 }
 

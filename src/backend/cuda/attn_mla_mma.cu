@@ -348,13 +348,10 @@ template <int DK, int DV, int HB> static int mm_launch(ms_backend *b, const mm_a
     return MS_OK;
 }
 
-/* Heads a block for a call of T tokens, nh heads and at most `tiles` key tiles a token on n_sm SMs: 64
- * (prefill, large grids) or 16 (decode); force 64 or 16 (MS_CU_MLA_HEADS) wins, 0 = choose. When even
- * one key tile a block leaves SMs idle with 64 heads (T x groups x tiles < SMs: batch-1 decode at ctx
- * 1024 is 32 blocks on 132 SMs), 16-head blocks give 4x the blocks, each with a ~4x shorter per-tile
- * chain (the Q·Kᵀ reduction and the output columns split over 4 warps instead of 2) and a quarter of
- * the Q loads and partial stores; the latent rows are then read by 4 blocks (from L2). With 16 heads or
- * fewer the 64-head block would idle 3 of its 4 head tiles, so 16 heads win at any grid. */
+/* Heads a block for a model of nh heads (per rank): 16 when nh <= 16, where a 64-head block would idle
+ * head tiles, else 64; force 64 or 16 (MS_CU_MLA_HEADS) wins, 0 = choose. The grid-size rule this was
+ * built with (16 heads when T x 64-head groups x key tiles < SMs, i.e. small decode grids) measured no
+ * gain on the H200 (bench/NOTES.md "MLA decode head split"), so the grid does not decide. */
 static int mm_pick_hb(int nh, int force) {
     if (force == 64 || force == 16) return force;
     return nh <= 16 ? 16 : 64;

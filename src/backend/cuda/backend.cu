@@ -921,6 +921,7 @@ extern "C" int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err)
             goto fail;
         }
     }
+    if ((rc = cu_gw_probe(b, &c->have_wgmma, err)) != MS_OK) goto fail;
     *out = b;
     return MS_OK;
 fail:

@@ -153,6 +153,7 @@ typedef struct cu_impl {
     int n_rope;
     cu_alloc_node *owned; /* freed at destroy (prepared tables etc.) */
     int max_smem_optin;
+    int have_wgmma; /* cu_gw_probe at creation: the wgmma grouped GEMM is in this build's code */
     uint64_t epoch; /* bumped when a scratch buffer moves (recorded graphs hold its old address) */
 } cu_impl;
 
@@ -220,13 +221,18 @@ int cu_gemv_mma(ms_backend *b, const cu_gemv_call *c, ms_err *err);
  * the call, else the wmma kernel k_gg (quant.cu). Queued on the backend stream. */
 int cu_gemm_grouped(ms_backend *b, const cu_gg_call *c, ms_err *err);
 #define CU_GG_BM 64
-/* The fast path of cu_gemm_grouped (gemm_mma.cu): same call and results, on mma.sync tensor cores
- * with 128-row blocks (pairs of CU_GG_BM tiles of one group) and a pipelined dequantization. Sets
- * *launched = 0 and does nothing when it does not cover the call (a GPU below sm_80, a format other than
- * bf16/FP8/NVFP4, K not a multiple of 8/16/32 for those, unaligned pointers, too little shared memory,
- * more than 65535 tiles, mode 1 without W1, or MS_CU_GG=old in the environment); the caller then runs
- * k_gg. */
+/* The fast path of cu_gemm_grouped (gemm_mma.cu): same call and results, on tensor cores with 128-row
+ * blocks (pairs of CU_GG_BM tiles of one group) and a pipelined dequantization: FP8 and NVFP4 weights on
+ * sm_90 with wgmma (when this build carries sm_90a code; MS_CU_GG=sync keeps mma.sync), everything
+ * else with mma.sync. Sets *launched = 0 and does nothing when it does not cover the call (a GPU below
+ * sm_80, a format other than bf16/FP8/NVFP4, K not a multiple of 8/16/32 for those, unaligned pointers,
+ * too little shared memory, more than 65535 tiles, mode 1 without W1, or MS_CU_GG=old in the
+ * environment); the caller then runs k_gg. */
 int cu_gemm_grouped_mma(ms_backend *b, const cu_gg_call *c, int *launched, ms_err *err);
+/* 1 when this build's code for the current GPU holds the wgmma grouped GEMM (sm_90a code; a build for
+ * plain sm_90 or PTX only compiles it empty). Launches a one-thread probe kernel and waits for it:
+ * called once at backend creation (cu_impl.have_wgmma), never during a graph capture. gemm_mma.cu. */
+int cu_gw_probe(ms_backend *b, int *have, ms_err *err);
 
 /* ---- attention (attention.cu, attn_mma.cu, attn_ref.cu; the implementations: attn_impl.cu) ---- */
 /* Split-K sizing shared by the attention kernels: *n_split key ranges for a launch of `blocks` blocks

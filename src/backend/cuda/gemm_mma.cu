@@ -2,7 +2,8 @@
  * weight in its checkpoint format (bf16; FP8 E4M3 with 128x128 fp32 block scales; NVFP4 E2M1 with E4M3
  * block-16 scales and an fp32 global scale), mode 1 computing gate and up together and writing
  * silu(gate)*up. It is the fast path of cu_gemm_grouped (quant.cu), which keeps k_gg for what this file
- * does not cover (cu_gemm_grouped_mma says what).
+ * does not cover (cu_gemm_grouped_mma says what). Two kernels: k_gm (mma.sync, described first, every
+ * format on sm_80+) and k_gw (wgmma, FP8 and NVFP4 on sm_90; its own comment further down).
  *
  * Work split. The launch enumerates 64-row tiles (CU_GG_BM, tile_off from permute.cu) in grid y and
  * weight-column blocks in grid x (x fastest, so the blocks that share an activation tile run together
@@ -417,6 +418,12 @@ __device__ __forceinline__ void gw_mma(float (&d)[64], uint64_t a, uint64_t b) {
 __device__ __forceinline__ void gw_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void gw_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void gw_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* Pins the accumulators in place around the asynchronous wgmmas (CUTLASS's warpgroup_fence_operand): no
+ * read or write of acc may be moved across this point by the compiler. */
+template <int R> __device__ __forceinline__ void gw_acc_fence(float (&acc)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+f"(acc[i])::"memory");
+}
 __device__ __forceinline__ void gw_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 #else
 #define GW_HAVE 0
@@ -536,6 +543,7 @@ __global__ __launch_bounds__(GM_THREADS, BN == 128 ? 2 : 1) void k_gw(gm_args a)
         const int sa = ks % GM_A_STAGES, sb = ks & 1;
         if (ks + 2 < nk) load_a((ks + 2) % GM_A_STAGES, ks + 2); /* its stage was read in step ks-1 */
         cu_cp_commit();
+        gw_acc_fence(acc);
         gw_fence();
 #pragma unroll
         for (int kk = 0; kk < GM_BK / 16; kk++)
@@ -546,6 +554,7 @@ __global__ __launch_bounds__(GM_THREADS, BN == 128 ? 2 : 1) void k_gw(gm_args a)
             if (ks + 2 < nk) load_step(ks + 2);
         }
         gw_wait();
+        gw_acc_fence(acc);
         cu_cp_wait<1>();
         gw_proxy_fence();
         __syncthreads();
@@ -578,11 +587,38 @@ __global__ __launch_bounds__(GM_THREADS, BN == 128 ? 2 : 1) void k_gw(gm_args a)
     }
 #else
     (void)a;
+    __trap(); /* no sm_90a code in this build: the host never launches it (cu_gw_probe) */
 #endif
+}
+
+/* Writes whether this build's code for the running GPU holds k_gw's body. */
+__global__ void k_gw_probe(int *out) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
+    *out = GW_HAVE;
+}
+
+/* Contract in cuda_internal.cuh. */
+int cu_gw_probe(ms_backend *b, int *have, ms_err *err) {
+    *have = 0;
+    if (b->gpu.cc_major != 9) return MS_OK;
+    int *d = NULL, h = 0;
+    CK(cudaMalloc(&d, sizeof(int)));
+    cudaError_t e = cu_launch(k_gw_probe, dim3(1), dim3(1), 0, cu_of(b)->stream, d);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(&h, d, sizeof(int), cudaMemcpyDeviceToHost, cu_of(b)->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cu_of(b)->stream);
+    cudaFree(d);
+    CK(e);
+    *have = h;
+    return MS_OK;
 }
 
 template <int F, int M, int BN> static cudaError_t gw_launch(dim3 grid, cudaStream_t st, const gm_args &a) {
     cudaError_t e = cudaFuncSetAttribute(k_gw<F, M, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GW_SMEM(BN));
+    /* the largest shared-memory carveout, so two 128-row blocks (83 KB each) share an SM */
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(k_gw<F, M, BN>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 (int)cudaSharedmemCarveoutMaxShared);
     if (e != cudaSuccess) return e;
     return cu_launch(k_gw<F, M, BN>, grid, GM_THREADS, (size_t)GW_SMEM(BN), st, a);
 }
@@ -632,7 +668,7 @@ int cu_gemm_grouped_mma(ms_backend *b, const cu_gg_call *c, int *launched, ms_er
     cudaStream_t st = cu_of(b)->stream;
     cudaError_t ce;
     /* NVFP4 and FP8 on Hopper: the wgmma form (MS_CU_GG=sync keeps the mma.sync kernel) */
-    if (fmt != 0 && b->gpu.cc_major == 9 && cu_knob(CU_KNOB_GG) != CU_GG_SYNC &&
+    if (fmt != 0 && b->gpu.cc_major == 9 && cu_of(b)->have_wgmma && cu_knob(CU_KNOB_GG) != CU_GG_SYNC &&
         (size_t)cu_of(b)->max_smem_optin >= (size_t)GW_SMEM(256)) {
         const int wide = cu_knob(CU_KNOB_GW_N) == CU_GW_N_256;
         const dim3 g2(cu_blocks(N, (mode == 1 ? 64 : 128) * (wide ? 2 : 1)), max_tiles);

@@ -44,7 +44,7 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                  "bf16 linears with at most this many rows use the tensor-core GEMV "
                                  "(0: always cuBLASLt)"},
     [CU_KNOB_GG] = {"MS_CU_GG", KN_CHOICE, CU_GG_MMA, 0, 0, gg_choices, 0,
-                    "grouped GEMM (prefill MoE): mma = tensor-core kernels of gemm_mma.cu (NVFP4 on sm_90: "
+                    "grouped GEMM (prefill MoE): mma = tensor-core kernels of gemm_mma.cu (FP8/NVFP4 on sm_90: "
                     "wgmma, else mma.sync); sync = the mma.sync kernel everywhere; old = wmma kernel (quant.cu)"},
     [CU_KNOB_ATTN_NO_SPLIT] = {"MS_ATTN_NO_SPLIT", KN_FLAG, 0, 0, 1, NULL, 0,
                                "legacy, backend op default only (the forward uses --attention-backend flash_nosplit): no split-K"},
@@ -73,7 +73,7 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                  "at up to 16 rows (0: by MS_CU_BF16_GEMV_MAX_T only; for narrow stacked "
                                  "projections where cuBLASLt streams ~2 TB/s)"},
     [CU_KNOB_GW_N] = {"MS_CU_GW_N", KN_CHOICE, CU_GW_N_128, 0, 0, gw_n_choices, 0,
-                      "NVFP4 wgmma grouped GEMM (sm_90): weight rows per block, 128 (two blocks an SM) or 256 "
+                      "FP8/NVFP4 wgmma grouped GEMM (sm_90): weight rows per block, 128 (two blocks an SM) or 256 "
                       "(one block, as the mma.sync kernel)"},
     [CU_KNOB_MLA_HEADS] = {"MS_CU_MLA_HEADS", KN_CHOICE, CU_MLA_HEADS_AUTO, 0, 0, mla_heads_choices, 0,
                            "heads per block of the tensor-core MLA kernel (attn_mla_mma.cu): auto = 16 for models of "
