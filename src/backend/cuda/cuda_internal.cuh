@@ -154,6 +154,7 @@ typedef struct cu_impl {
     cu_alloc_node *owned; /* freed at destroy (prepared tables etc.) */
     int max_smem_optin;
     int have_wgmma; /* cu_gw_probe at creation: the wgmma grouped GEMM is in this build's code */
+    int smem_per_sm; /* cudaDevAttrMaxSharedMemoryPerMultiprocessor (bytes) */
     uint64_t epoch; /* bumped when a scratch buffer moves (recorded graphs hold its old address) */
 } cu_impl;
 
