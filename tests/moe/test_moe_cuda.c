@@ -8,6 +8,9 @@
 #include "core/dtype.h"
 #include "moe/moe.h"
 #include "test.h"
+#ifdef MS_HAVE_CUDA
+#include "backend/cuda/backend_cuda.h"
+#endif
 
 #include <math.h>
 #include <stdint.h>
@@ -256,8 +259,20 @@ static void prefill_case(ms_wfmt fmt, int H, int I, int full) {
     if (!cpu_r || !gr) { free_layer(&L); return; }
     if (cpu_r->prepare) R(cpu_r->prepare(CPU, &L.ec, &E));
     if (gr->prepare) R(gr->prepare(GPU, &L.eg, &E));
+#ifdef MS_HAVE_CUDA
+    /* which kernel ran: FP8/NVFP4 on sm_90 take the wgmma form (when the build has it, as the H200 builds
+     * do: CUDA_ARCHS carries sm_90a) for the grouped runner's GEMMs it covers; nothing else does */
+    const long long gw0 = ms_cuda_gw_launches();
+#endif
     run_case(&L, cpu_r, gr, 2048, 4, 0);
     run_case(&L, cpu_r, gr, 2048, 4, 1);
+#ifdef MS_HAVE_CUDA
+    /* the tensor-core kernels need K (H for gate/up, I for down) a multiple of 16 (FP8) / 32 (NVFP4) */
+    const int al = fmt == MS_WFMT_FP8 ? 16 : 32;
+    const int want_gw = fmt != MS_WFMT_PLAIN && GPU->gpu.cc_major == 9 && (H % al == 0 || I % al == 0);
+    CHECK_MSG((ms_cuda_gw_launches() > gw0) == want_gw, "%s prefill: wgmma grouped GEMM launched %lld times (want %s)",
+              ms_wfmt_name(fmt, MS_BF16), ms_cuda_gw_launches() - gw0, want_gw ? "some" : "none");
+#endif
     if (full) {
         run_case(&L, cpu_r, gr, 2048, 4, 2);
         run_case(&L, cpu_r, gr, 1000, 1, 1);
@@ -265,8 +280,14 @@ static void prefill_case(ms_wfmt fmt, int H, int I, int full) {
         run_case(&L, cpu_r, gr, 2048, 4, 0);
         /* FP8 and NVFP4 on sm_90 take the wgmma kernel by default: the mma.sync one stays checked */
         setenv("MS_CU_GG", "sync", 1);
+#ifdef MS_HAVE_CUDA
+        const long long gw1 = ms_cuda_gw_launches();
+#endif
         run_case(&L, cpu_r, gr, 2048, 4, 0);
         run_case(&L, cpu_r, gr, 1000, 1, 1);
+#ifdef MS_HAVE_CUDA
+        CHECK_MSG(ms_cuda_gw_launches() == gw1, "MS_CU_GG=sync still launched the wgmma grouped GEMM");
+#endif
         unsetenv("MS_CU_GG");
         /* the wgmma kernel's other block width (256 weight rows); the caller's setting comes back */
         const char *gw = getenv("MS_CU_GW_N");

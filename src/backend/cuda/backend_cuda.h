@@ -67,6 +67,10 @@ int ms_cuda_dummy_linear(ms_backend *b, ms_linear *W, int with_bias, uint64_t se
  * Needs no GPU; reading a read-once knob here fixes its value for the process, as its first use would. */
 void ms_cuda_knobs_print(FILE *out);
 
+/* Launches of the wgmma grouped GEMM (gemm_mma.cu k_gw) so far in this process, all backends: lets a
+ * test assert which prefill kernel ran (a silent fall-back to mma.sync would still pass on results). */
+long long ms_cuda_gw_launches(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -626,6 +626,11 @@ static cudaError_t gw_launch(dim3 grid, cudaStream_t st, const gm_args &a, int s
     if (e != cudaSuccess) return e;
     return cu_launch(k_gw<F, M, BN>, grid, GM_THREADS, (size_t)GW_SMEM(BN), st, a);
 }
+static long long gw_launches; /* ms_cuda_gw_launches; updated atomically */
+
+/* Contract in backend_cuda.h. */
+extern "C" long long ms_cuda_gw_launches(void) { return __atomic_load_n(&gw_launches, __ATOMIC_RELAXED); }
+
 template <int F>
 static cudaError_t gw_launch_f(int mode, int wide, dim3 grid, cudaStream_t st, const gm_args &a, int sm) {
     if (wide) return mode == 1 ? gw_launch<F, 1, 256>(grid, st, a, sm) : gw_launch<F, 0, 256>(grid, st, a, sm);
@@ -680,6 +685,7 @@ int cu_gemm_grouped_mma(ms_backend *b, const cu_gg_call *c, int *launched, ms_er
         const int sm = cu_of(b)->smem_per_sm;
         ce = fmt == 2 ? gw_launch_f<2>(mode, wide, g2, st, a, sm) : gw_launch_f<1>(mode, wide, g2, st, a, sm);
         CK(ce);
+        __atomic_add_fetch(&gw_launches, 1, __ATOMIC_RELAXED);
         *launched = 1;
         return MS_OK;
     }
