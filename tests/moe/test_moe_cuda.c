@@ -147,12 +147,25 @@ static ms_tensor upload(ms_backend *b, ms_dtype dt, int64_t rows, int64_t cols, 
 
 /* routing patterns: 0 random distinct experts, 1 everything on expert 1 (+ distinct fillers for
  * topk > 1: experts 1 and 3 only), 2 only the first half of the experts used (others empty). */
+/* Pattern 4's rows per expert (1000 tokens, top-1, 16 experts): one row, tile edges (63/64/65,
+ * 127/128/129 around the 64-row tiles and 128-row pairs), an empty expert and odd sizes. */
+static const int skew_rows[16] = {1, 63, 64, 65, 127, 128, 129, 0, 1, 2, 17, 100, 150, 90, 40, 23};
+
 static void make_routing(int pattern, int T, int topk, int n, int32_t *ids, float *w) {
     for (int t = 0; t < T; t++) {
         for (int k = 0; k < topk; k++) {
             int e;
             if (pattern == 1) e = k == 0 ? 1 : (k == 1 ? 3 : (4 + k) % n);
-            else {
+            else if (pattern == 4) { /* token t goes to the expert whose skew_rows range holds it */
+                e = n - 1;
+                for (int i = 0, c = 0; i < 16 && i < n; i++) {
+                    c += skew_rows[i];
+                    if (t < c) {
+                        e = i;
+                        break;
+                    }
+                }
+            } else {
                 int lim = pattern == 2 ? n / 2 : n;
                 for (;;) {
                     e = (int)(rnd_u32() % (uint32_t)lim);
@@ -241,8 +254,9 @@ static void fmt_case(ms_wfmt fmt, int H, int I) {
 
 /* Prefill scale for the grouped runner, whose GEMMs run on the mma.sync kernel (gemm_mma.cu) when the
  * format and K allow: 2048 tokens on 16 experts top-4 (about 512 rows and 8 64-row tiles per expert),
- * then everything on experts 1, 3, 6 and 7 (2048 rows each), half the experts empty, and top-1 onto one
- * expert with 1000 rows (its last 128-row pair holds a single, partial tile). The gate/up kernel
+ * then everything on experts 1, 3, 6 and 7 (2048 rows each), half the experts empty, top-1 onto one
+ * expert with 1000 rows (its last 128-row pair holds a single, partial tile), and top-1 with skewed
+ * groups (1 row, 63/64/65, 127/128/129, empty: make_routing pattern 4). The gate/up kernel
  * computes 128 columns per block and down 256, so inter 320 / 352 and hidden 384 / 392 leave column
  * tails, and K = 352 / 344 / 392 leaves a partial 64-wide k-step. The first random routing is run again
  * with MS_CU_GG=old so the wmma fallback is checked at this scale too, and with MS_CU_GG=sync (with the
@@ -276,6 +290,7 @@ static void prefill_case(ms_wfmt fmt, int H, int I, int full) {
     if (full) {
         run_case(&L, cpu_r, gr, 2048, 4, 2);
         run_case(&L, cpu_r, gr, 1000, 1, 1);
+        run_case(&L, cpu_r, gr, 1000, 1, 4); /* groups of 1, 63-65, 127-129 rows */
         setenv("MS_CU_GG", "old", 1);
         run_case(&L, cpu_r, gr, 2048, 4, 0);
         /* FP8 and NVFP4 on sm_90 take the wgmma kernel by default: the mma.sync one stays checked */
@@ -285,6 +300,7 @@ static void prefill_case(ms_wfmt fmt, int H, int I, int full) {
 #endif
         run_case(&L, cpu_r, gr, 2048, 4, 0);
         run_case(&L, cpu_r, gr, 1000, 1, 1);
+        run_case(&L, cpu_r, gr, 1000, 1, 4);
 #ifdef MS_HAVE_CUDA
         CHECK_MSG(ms_cuda_gw_launches() == gw1, "MS_CU_GG=sync still launched the wgmma grouped GEMM");
 #endif
@@ -295,6 +311,7 @@ static void prefill_case(ms_wfmt fmt, int H, int I, int full) {
         setenv("MS_CU_GW_N", "256", 1);
         run_case(&L, cpu_r, gr, 2048, 4, 0);
         run_case(&L, cpu_r, gr, 1000, 1, 1);
+        run_case(&L, cpu_r, gr, 1000, 1, 4);
         if (gw_saved) setenv("MS_CU_GW_N", gw_saved, 1);
         else unsetenv("MS_CU_GW_N");
         free(gw_saved);
