@@ -615,6 +615,92 @@ static void test_linear_mma(void) {
     }
 }
 
+#ifdef MS_HAVE_CUDA
+/* The one-token NVFP4 product on FP8 wgmma (gemv_w8.cu), which batch-1 decode takes on sm_90 builds
+ * with sm_90a code: against the CPU, and against the mma.sync form (MS_CU_GEMV_FP4=v2) on the same
+ * inputs, with F32 outputs held to 2e-3 of the largest output (bf16 ones to 1e-2); the launch counter
+ * says which kernel ran. Shapes: K a multiple of 128 with odd and even super-step counts (1, 2, 11) and
+ * K = 6144 (B tiles past 48 KB of shared memory), N not a multiple of 64, bias, fused gate/up.
+ * wide: every x element scaled by 2^-20 .. 2^10, so each 16-k block spans the range where the hi/lo
+ * split is exact and where it is not (the file comment's bound). nan: one NaN in x must make every
+ * output NaN (never a silent finite value). */
+static void swiglu_case(ms_wfmt fmt, ms_dtype pdt, int64_t T, int64_t N, int64_t K);
+/* The FP8 wgmma form runs where the GPU is sm_90 (this project's CUDA builds carry sm_90a code). */
+static int w8_expected(void) { return GPU->gpu.cc_major == 9; }
+
+/* Sets MS_CU_GEMV_FP4 to v (NULL: unset) and returns the previous value (to pass back; freed there). */
+static char *w8_knob(const char *v, char *prev_to_restore) {
+    const char *cur = getenv("MS_CU_GEMV_FP4");
+    char *prev = cur ? strdup(cur) : NULL;
+    if (v) setenv("MS_CU_GEMV_FP4", v, 1);
+    else if (prev_to_restore) setenv("MS_CU_GEMV_FP4", prev_to_restore, 1);
+    else unsetenv("MS_CU_GEMV_FP4");
+    free(prev_to_restore);
+    return prev;
+}
+
+static void w8_linear_case(int64_t N, int64_t K, int bias, ms_dtype ydt, int wide, int nan) {
+    lpair L = mk_linear(MS_WFMT_NVFP4, 0, N, K, bias);
+    int64_t xs[2] = {1, K}, ys[2] = {1, N};
+    float *x = rand_vec((size_t)K, 1.f);
+    if (wide)
+        for (int64_t i = 0; i < K; i++) x[i] = ldexpf(x[i], (int)(rnd_u32() % 31u) - 20);
+    if (nan) x[K / 3] = NAN;
+    pair X = act(2, xs, x);
+    const ms_dtype gdt = ydt == MS_F32 ? MS_F32 : 0;
+    pair Y = {mk(GPU, gdt, 2, ys, NULL), mk(CPU, 0, 2, ys, NULL)};
+    ms_tensor Y2 = mk(GPU, gdt, 2, ys, NULL);
+    char *saved = w8_knob("w8", NULL);
+    const long long n0 = ms_cuda_w8_launches();
+    R(GPU->ops->linear(GPU, &L.g, &X.g, &Y.g, &E));
+    const int ran = ms_cuda_w8_launches() > n0, want = w8_expected();
+    CHECK_MSG(ran == want, "NVFP4 linear N=%lld K=%lld: FP8 wgmma form %s", (long long)N, (long long)K,
+              want ? "did not run" : "ran where it should not");
+    free(w8_knob("v2", NULL));
+    const long long n1 = ms_cuda_w8_launches();
+    R(GPU->ops->linear(GPU, &L.g, &X.g, &Y2, &E));
+    CHECK_MSG(ms_cuda_w8_launches() == n1, "MS_CU_GEMV_FP4=v2 still launched the FP8 wgmma form");
+    free(w8_knob(NULL, saved));
+    R(CPU->ops->linear(CPU, &L.c, &X.c, &Y.c, &E));
+    float *a = get(GPU, &Y.g), *b = get(GPU, &Y2), *r = get(CPU, &Y.c);
+    if (nan) {
+        int bad = 0;
+        for (int64_t i = 0; i < N; i++) bad += !isnan(a[i]);
+        CHECK_MSG(bad == 0, "NVFP4 linear with a NaN in x: %d of %lld outputs not NaN", bad, (long long)N);
+    } else {
+        const double tol = ydt == MS_F32 ? 2e-3 : 1e-2;
+        const double e1 = rel_err(a, r, (size_t)N), e2 = rel_err(a, b, (size_t)N);
+        CHECK_MSG(e1 <= tol && e2 <= tol, "NVFP4 linear N=%lld K=%lld bias=%d y=%s wide=%d: rel err %.3g vs CPU, %.3g vs mma.sync",
+                  (long long)N, (long long)K, bias, ms_dtype_name(ydt), wide, e1, e2);
+    }
+    free(a);
+    free(b);
+    free(r);
+    fr(GPU, &Y2);
+    pfree(&X);
+    pfree(&Y);
+    free(x);
+    free_linear(&L);
+}
+
+static void test_linear_w8(void) {
+    w8_linear_case(130, 256, 0, MS_F32, 0, 0);
+    w8_linear_case(64, 128, 1, MS_F32, 0, 0);   /* one super-step */
+    w8_linear_case(200, 1408, 0, MS_F32, 1, 0); /* eleven (GLM-4.5-Air's expert down projection) */
+    w8_linear_case(70, 6144, 1, MS_BF16, 0, 0); /* 50 KB of shared memory */
+    w8_linear_case(96, 4096, 0, MS_F32, 1, 0);
+    w8_linear_case(130, 512, 0, MS_F32, 0, 1);
+    /* fused gate/up at one token (the shared expert's path): swiglu_case's checks, plus the counter */
+    char *saved = w8_knob("w8", NULL);
+    const long long n0 = ms_cuda_w8_launches();
+    swiglu_case(MS_WFMT_NVFP4, 0, 1, 136, 512);
+    swiglu_case(MS_WFMT_NVFP4, 0, 1, 72, 1408);
+    free(w8_knob(NULL, saved));
+    CHECK_MSG((ms_cuda_w8_launches() - n0 == 2) == w8_expected(), "fused gate/up at one token: FP8 wgmma form ran %lld times",
+              ms_cuda_w8_launches() - n0);
+}
+#endif
+
 /* The fused gate/up op (shared experts, dense MLP at decode) against the CPU's two linears and
  * silu_mul; shapes it refuses must say MS_ERR_UNSUPPORTED (the forward then runs the three ops). */
 static void swiglu_case(ms_wfmt fmt, ms_dtype pdt, int64_t T, int64_t N, int64_t K) {
@@ -1641,8 +1727,8 @@ static void test_knobs(void) {
     unsetenv("MS_ATTN_NO_SPLIT");
     CHECK_EQ_INT(cu_knob(CU_KNOB_ATTN_NO_SPLIT), 0);
     /* the batch-1 decode forms (read at every call, so one process can A/B them) */
-    const char *fp4[5] = {"v2", "v1", "v2o", "v3", "auto"};
-    for (int i = 0; i < 5; i++) {
+    const char *fp4[6] = {"v2", "v1", "v2o", "v3", "auto", "w8"};
+    for (int i = 0; i < 6; i++) {
         setenv("MS_CU_GEMV_FP4", fp4[i], 1);
         CHECK_EQ_INT(cu_knob(CU_KNOB_GEMV_FP4), i);
     }
@@ -1723,6 +1809,9 @@ int main(void) {
     RUN(test_linear);
     RUN(test_linear_mma);
     RUN(test_linear_swiglu);
+#ifdef MS_HAVE_CUDA
+    RUN(test_linear_w8);
+#endif
     RUN(test_gqa_prep);
     RUN(test_stack_linears);
     RUN(test_attn_gqa);

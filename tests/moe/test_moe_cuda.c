@@ -332,6 +332,25 @@ static void test_prefill_tails(void) {
 static void test_bf16(void) { fmt_case(MS_WFMT_PLAIN, 128, 96); }
 static void test_fp8(void) { fmt_case(MS_WFMT_FP8, 256, 160); }
 static void test_nvfp4(void) { fmt_case(MS_WFMT_NVFP4, 128, 96); }
+/* H and I multiples of 128, MS_CU_GEMV_FP4=w8: one-token decode groups take the FP8 wgmma form
+ * (gemv_w8.cu) on sm_90; the caller's setting comes back */
+static void test_nvfp4_w8(void) {
+    const char *f = getenv("MS_CU_GEMV_FP4");
+    char *saved = f ? strdup(f) : NULL;
+    setenv("MS_CU_GEMV_FP4", "w8", 1);
+#ifdef MS_HAVE_CUDA
+    const long long n0 = ms_cuda_w8_launches();
+#endif
+    fmt_case(MS_WFMT_NVFP4, 256, 384);
+#ifdef MS_HAVE_CUDA
+    const int want = GPU->gpu.cc_major == 9;
+    CHECK_MSG((ms_cuda_w8_launches() > n0) == want, "NVFP4 one-token decode: FP8 wgmma form launched %lld times (want %s)",
+              ms_cuda_w8_launches() - n0, want ? "some" : "none");
+#endif
+    if (saved) setenv("MS_CU_GEMV_FP4", saved, 1);
+    else unsetenv("MS_CU_GEMV_FP4");
+    free(saved);
+}
 static void test_bf16_odd(void) { fmt_case(MS_WFMT_PLAIN, 72, 40); }
 static void test_fp8_odd(void) { fmt_case(MS_WFMT_FP8, 80, 56); }
 static void test_nvfp4_odd(void) { fmt_case(MS_WFMT_NVFP4, 80, 48); }
@@ -383,6 +402,7 @@ int main(void) {
     RUN(test_bf16);
     RUN(test_fp8);
     RUN(test_nvfp4);
+    RUN(test_nvfp4_w8);
     RUN(test_bf16_odd);
     RUN(test_fp8_odd);
     RUN(test_nvfp4_odd);

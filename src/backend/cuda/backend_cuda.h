@@ -70,6 +70,10 @@ void ms_cuda_knobs_print(FILE *out);
 /* Launches of the wgmma grouped GEMM (gemm_mma.cu k_gw) so far in this process, all backends: lets a
  * test assert which prefill kernel ran (a silent fall-back to mma.sync would still pass on results). */
 long long ms_cuda_gw_launches(void);
+/* Launches of the one-token NVFP4 product on FP8 wgmma (gemv_w8.cu k_gw8) so far in this process, all
+ * backends: lets a test assert that batch-1 NVFP4 decode takes it on sm_90a, and that the knob's
+ * mma.sync forms do not. */
+long long ms_cuda_w8_launches(void);
 
 #ifdef __cplusplus
 }

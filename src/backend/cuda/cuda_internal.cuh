@@ -214,6 +214,12 @@ int cu_gemv_mma_usable(const ms_backend *b, const cu_wdesc *w, const void *x, in
  * (silu(x·gateᵀ) * (x·upᵀ), both shaped like w0), and c->bias, mode 0 only, an F32 [N] bias added in
  * the epilogue. MS_ERR_UNSUPPORTED when the tokens of one pass do not fit shared memory. */
 int cu_gemv_mma(ms_backend *b, const cu_gemv_call *c, ms_err *err);
+/* The one-token NVFP4 form of cu_gemv_mma on FP8 wgmma (gemv_w8.cu): same call and results (see its
+ * file comment for the exactness bound on tiny activations). Sets *launched = 0 and does nothing when it
+ * does not cover the call: not sm_90 with this build's sm_90a code (cu_impl.have_wgmma), not NVFP4,
+ * rows_total != 1, K not a multiple of 128, scales not 4-byte aligned, x not 16-byte aligned, mode 1
+ * without its up weight, or K too large for shared memory (K * 8.25 bytes). */
+int cu_gemv_w8(ms_backend *b, const cu_gemv_call *c, int *launched, ms_err *err);
 /* Grouped tensor-core GEMM (bf16 x bf16, fp32 accumulate) dequantizing weight tiles in shared memory,
  * described by c (fields: grouped_call.cuh). Rows are grouped: tile t of the launch covers rows of
  * group g where tile_off[g] <= t < tile_off[g+1] (CU_GG_BM-row tiles; tiles past tile_off[n_groups]
@@ -406,6 +412,32 @@ __device__ __forceinline__ float cu_silu(float g) { return g / (1.f + expf(-g));
  *   C 16x8  (fp32):      c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]
  * ldmatrix .x4: lanes 8i..8i+7 give the row addresses of matrix i (8 rows of 16 bytes); register i of
  * every lane receives row lane/4, elements 2(lane%4), 2(lane%4)+1 of matrix i. */
+
+/* ---- Hopper warpgroup MMA (wgmma) building blocks (gemm_mma.cu, gemv_w8.cu) ----
+ * CU_HAVE_WGMMA is 1 only while compiling sm_90a code: wgmma exists on no other target, so kernels
+ * built around it compile to an empty body elsewhere and the host launches them only where
+ * cu_gw_probe found that code (cu_impl.have_wgmma). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define CU_HAVE_WGMMA 1
+/* Orders this warpgroup's earlier register writes (accumulators, A fragments) before its next wgmma. */
+__device__ __forceinline__ void cu_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cu_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+/* Waits until at most N of this warpgroup's committed wgmma groups are pending. */
+template <int N> __device__ __forceinline__ void cu_wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Pins registers in place around the asynchronous wgmmas (CUTLASS's warpgroup_fence_operand): no read
+ * or write of acc may be moved across this point by the compiler. */
+template <int R> __device__ __forceinline__ void cu_wg_acc_fence(float (&acc)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+f"(acc[i])::"memory");
+}
+/* Makes this thread's generic-proxy shared-memory writes visible to later wgmma (async-proxy) reads;
+ * a barrier must follow before another thread's wgmma reads them. */
+__device__ __forceinline__ void cu_wg_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+#else
+#define CU_HAVE_WGMMA 0
+#endif
 
 /* Shared-memory address of a generic pointer into shared memory. */
 __device__ __forceinline__ uint32_t cu_saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }

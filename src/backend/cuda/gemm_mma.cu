@@ -399,7 +399,7 @@ __device__ __forceinline__ uint64_t gw_desc(uint32_t saddr) {
     return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if CU_HAVE_WGMMA
 #define GW_HAVE 1
 /* d (64 x 256 fp32, this thread's 128) += A (64 x 16, desc a) * B (256 x 16, desc b)^T */
 __device__ __forceinline__ void gw_mma(float (&d)[128], uint64_t a, uint64_t b) {
@@ -415,16 +415,6 @@ __device__ __forceinline__ void gw_mma(float (&d)[64], uint64_t a, uint64_t b) {
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "l"(a), "l"(b));
 }
-__device__ __forceinline__ void gw_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void gw_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void gw_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-/* Pins the accumulators in place around the asynchronous wgmmas (CUTLASS's warpgroup_fence_operand): no
- * read or write of acc may be moved across this point by the compiler. */
-template <int R> __device__ __forceinline__ void gw_acc_fence(float (&acc)[R]) {
-#pragma unroll
-    for (int i = 0; i < R; i++) asm volatile("" : "+f"(acc[i])::"memory");
-}
-__device__ __forceinline__ void gw_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 #else
 #define GW_HAVE 0
 #endif
@@ -537,26 +527,26 @@ __global__ __launch_bounds__(GM_THREADS, BN == 128 ? 2 : 1) void k_gw(gm_args a)
     decode_step(0);
     if (nk > 1) load_step(1);
     cu_cp_wait<1>();
-    gw_proxy_fence();
+    cu_wg_proxy_fence();
     __syncthreads();
     for (int ks = 0; ks < nk; ks++) {
         const int sa = ks % GM_A_STAGES, sb = ks & 1;
         if (ks + 2 < nk) load_a((ks + 2) % GM_A_STAGES, ks + 2); /* its stage was read in step ks-1 */
         cu_cp_commit();
-        gw_acc_fence(acc);
-        gw_fence();
+        cu_wg_acc_fence(acc);
+        cu_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < GM_BK / 16; kk++)
             gw_mma(acc, gw_desc(sA + sa * GW_STAGE_A + wg * 64 * 128 + kk * 32), gw_desc(sB + sb * GW_STAGE_B + kk * 32));
-        gw_commit();
+        cu_wg_commit();
         if (ks + 1 < nk) {
             decode_step(sb ^ 1); /* step ks+1; that stage was read by step ks-1's wgmmas, finished */
             if (ks + 2 < nk) load_step(ks + 2);
         }
-        gw_wait();
-        gw_acc_fence(acc);
+        cu_wg_wait<0>();
+        cu_wg_acc_fence(acc);
         cu_cp_wait<1>();
-        gw_proxy_fence();
+        cu_wg_proxy_fence();
         __syncthreads();
     }
 

@@ -555,6 +555,11 @@ int cu_gemv_mma(ms_backend *b, const cu_gemv_call *c, ms_err *err) {
     const int mode = c->mode, n_groups = c->n_groups, rows_total = c->rows_total;
     if (n_groups <= 0) return MS_OK;
     MS_ASSERT(mode == 0 || c->W0 || c->w1.w); /* gate/up fusion: device tables, or the single pair */
+    int fp4 = cu_knob(CU_KNOB_GEMV_FP4);
+    if (fp4 == CU_GEMV_FP4_W8) { /* one token of NVFP4 on sm_90a: FP8 wgmma */
+        int launched = 0, rc = cu_gemv_w8(b, c, &launched, err);
+        if (rc != MS_OK || launched) return rc;
+    }
     MS_ASSERT(!c->bias || (mode == 0 && !c->W0));
     const int single = c->W0 == NULL;
     if (single && rows_total <= 0) return MS_OK;
@@ -601,10 +606,9 @@ int cu_gemv_mma(ms_backend *b, const cu_gemv_call *c, ms_err *err) {
     size_t smem = (size_t)a.xbytes > red ? (size_t)a.xbytes : red;
     /* nvfp4 v3 (FMT 5) when x fits in one slice, scale rows are 8-byte aligned (K % 128 == 0; device
      * tables are taken to follow their expert 0) and the rings fit next to the staging */
-    int fp4 = cu_knob(CU_KNOB_GEMV_FP4);
     /* auto: few groups leave most SMs waiting on memory latency, where v3's deeper prefetch pays;
      * many groups fill the GPU and v2's lighter loop wins (measured on the H200, knobs.c) */
-    if (fp4 == CU_GEMV_FP4_AUTO) fp4 = n_groups <= 16 ? CU_GEMV_FP4_V3 : CU_GEMV_FP4_V2;
+    if (fp4 == CU_GEMV_FP4_AUTO || fp4 == CU_GEMV_FP4_W8) fp4 = n_groups <= 16 ? CU_GEMV_FP4_V3 : CU_GEMV_FP4_V2;
     if (f == 2 && fp4 == CU_GEMV_FP4_V3) {
         const size_t ring = (smem + 15) & ~(size_t)15, need = ring + (size_t)nw * GM_D * GM_STG;
         if (full <= cap && a.K % 128 == 0 && need <= (size_t)optin &&

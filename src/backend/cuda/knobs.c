@@ -26,7 +26,7 @@ typedef struct kn_def {
 
 static const char *const gemv_choices[] = {"mma", "gv2", NULL};
 static const char *const gg_choices[] = {"mma", "old", "sync", NULL};
-static const char *const fp4_choices[] = {"v2", "v1", "v2o", "v3", "auto", NULL};
+static const char *const fp4_choices[] = {"v2", "v1", "v2o", "v3", "auto", "w8", NULL};
 static const char *const router_choices[] = {"split", "warp", NULL};
 static const char *const gw_n_choices[] = {"128", "256", NULL};
 static const char *const mla_heads_choices[] = {"auto", "64", "16", NULL};
@@ -54,11 +54,10 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                 "router as cuBLASLt GEMV + routing kernel even at decode (default: one fused "
                                 "kernel for up to 8 tokens)"},
     [CU_KNOB_GEMV_FP4] = {"MS_CU_GEMV_FP4", KN_CHOICE, CU_GEMV_FP4_AUTO, 0, 0, fp4_choices, 0,
-                          "tensor-core GEMV NVFP4 decode: auto = v3 for calls of at most 16 groups (batch-1 "
-                          "MoE, single linears: latency-bound), v2 above (H200: b1 7.31 vs 7.43 ms, b64 36.7 vs "
-                          "35.8 ms on Air); v2 = fewer ALU instructions (scale bytes in pairs, "
-                          "IMAD nibble spread); v1 = the first form; v2o = v2 at <= 85 registers (24 warps/SM); "
-                          "v3 = v2 with weights streamed through shared memory, 3 super-steps ahead"},
+                          "NVFP4 decode GEMV: auto = v3 for <= 16 groups, v2 above; w8 = FP8 wgmma for "
+                          "one-token calls on sm_90a (gemv_w8.cu), else auto; v2 = fewer ALU ops; v1 = the "
+                          "first form; v2o = v2 at <= 85 registers; v3 = v2 streamed through shared memory "
+                          "(v1..v3 never take w8)"},
     [CU_KNOB_ROUTER] = {"MS_CU_ROUTER", KN_CHOICE, CU_ROUTER_SPLIT, 0, 0, router_choices, 0,
                         "fused decode router: split = logits over many blocks (K split, 4 experts a block) "
                         "then selection by the last block; warp = one warp per expert row (the first form)"},

@@ -20,7 +20,7 @@ typedef enum cu_knob_id {
     CU_KNOB_ATTN_NO_SPLIT,     /* MS_ATTN_NO_SPLIT: 1 when set to anything (read at every call) */
     CU_KNOB_ATTN_NO_MMA,       /* MS_ATTN_NO_MMA: 1 when set to anything (read at every call) */
     CU_KNOB_ROUTER_UNFUSED,    /* MS_CU_ROUTER_UNFUSED: 1 when set to anything (read at every call) */
-    CU_KNOB_GEMV_FP4,          /* MS_CU_GEMV_FP4: CU_GEMV_FP4_AUTO, _V2, _V1, _V2O or _V3 (read at every call) */
+    CU_KNOB_GEMV_FP4,          /* MS_CU_GEMV_FP4: CU_GEMV_FP4_AUTO, _W8, _V2, _V1, _V2O or _V3 (read at every call) */
     CU_KNOB_ROUTER,            /* MS_CU_ROUTER: CU_ROUTER_SPLIT or CU_ROUTER_WARP (read at every call) */
     CU_KNOB_LT_TUNE,           /* MS_CU_LT_TUNE: candidates timed, 0..32 (read once) */
     CU_KNOB_PDL,               /* MS_CU_PDL: 1 (default) or 0 (read once) */
@@ -33,7 +33,7 @@ typedef enum cu_knob_id {
 /* Values of the choice knobs (the index of the value's name in the table). */
 enum { CU_GEMV_MMA = 0, CU_GEMV_GV2 = 1 };
 enum { CU_GG_MMA = 0, CU_GG_OLD = 1, CU_GG_SYNC = 2 };
-enum { CU_GEMV_FP4_V2 = 0, CU_GEMV_FP4_V1 = 1, CU_GEMV_FP4_V2O = 2, CU_GEMV_FP4_V3 = 3, CU_GEMV_FP4_AUTO = 4 };
+enum { CU_GEMV_FP4_V2 = 0, CU_GEMV_FP4_V1 = 1, CU_GEMV_FP4_V2O = 2, CU_GEMV_FP4_V3 = 3, CU_GEMV_FP4_AUTO = 4, CU_GEMV_FP4_W8 = 5 };
 enum { CU_ROUTER_SPLIT = 0, CU_ROUTER_WARP = 1 };
 enum { CU_GW_N_128 = 0, CU_GW_N_256 = 1 };
 enum { CU_MLA_HEADS_AUTO = 0, CU_MLA_HEADS_64 = 1, CU_MLA_HEADS_16 = 2 };

@@ -1,0 +1,379 @@
+/* gemv_w8.cu - the one-token NVFP4 product (batch-1 decode: routed experts, the shared expert, NVFP4
+ * linears) on Hopper's FP8 tensor cores: same contract as cu_gemv_mma, which hands it the calls it
+ * covers.
+ *
+ * Why. At batch 1 the mma.sync kernel (gemv_mma.cu) is issue-bound on turning e2m1 nibbles into bf16
+ * (~4 instructions per weight byte, 221 per KB with the rest: bench/NOTES.md), so it streams 1.8-2.2
+ * TB/s of a 4.2 TB/s bus. A nibble becomes an e4m3 byte with 2 masks and a shift per 4 weights, and
+ * wgmma takes e4m3 operands from registers (mma.sync's e4m3 form is emulated on sm_90, wgmma's is not):
+ * ~100 instructions per KB.
+ *
+ * Layout. A block is one warpgroup and 64 weight rows (16 a warp; mode 1 the same 64 rows of the gate
+ * and of the up weight), all of K, one token at a time. A lane (g = lane>>2, t = lane&3) loads, per
+ * super-step j (128 k), the 16 bytes at k j*128 + 32t of rows g and g+8 (lane group t's chunk: two
+ * 16-k scale blocks), two super-steps ahead of its math. Word q of the chunk (8 k) is one
+ * wgmma.m64n8k32 step: its low nibbles (k +0,2,4,6) fill the A slots 4t..4t+3, its high nibbles
+ * (k +1,3,5,7) the slots 16+4t..16+4t+3 (PTX A fragment for 8-bit types: a0 row g / a1 row g+8 at
+ * k 4t.., a2 / a3 at 16+4t..). So each k32 step mixes the four lane groups' chunks, i.e. four
+ * different scale blocks per row. The activations sort that out: B (32 slots x 8 columns) is zero
+ * except column c < 4, which holds x_hi at lane group c's slots, and column 4 + c, which holds x_lo
+ * there. Column c of D is then lane group c's own partial, from one scale block: two steps (words
+ * 2h, 2h+1: scale block h of every chunk) accumulate in a fresh D, and each lane multiplies its two
+ * columns (2t, 2t+1: lane groups 2(t&1), 2(t&1)+1, hi for t < 2, lo for t >= 2) by weight scale x
+ * activation scale into fp32 accumulators. The four lanes of a row sum their accumulators at the end.
+ * Columns: at one token 8 is wgmma's narrowest N, and it is exactly hi + lo of four lane groups.
+ *
+ * Exactness. A: e2m1 bits placed in an e4m3 byte (sign to bit 7, e1 e0 m to bits 4..2) give e2m1 * 2^-6
+ * exactly (the 0.5 code becomes an e4m3 subnormal). B: each 16-k block of x is scaled by a power of
+ * two sx (its largest |x| to (224, 448]) and split into hi = e4m3(x / sx) and lo = e4m3(x / sx - hi):
+ * a bf16 has 8 significant bits, e4m3 4, so hi + lo = x / sx exactly wherever |x / sx| >= 2^-2 (lo's
+ * last bit is then at least e4m3's subnormal step 2^-9); smaller elements (below ~2^-10.8 of their
+ * block's largest) are off by at most 2^-10 sx, i.e. ~2^-18 of the block's largest |x|. Every product is
+ * exact (2 x 4 significant bits); the tensor core adds eight of them per column and step. Each block's
+ * partial is multiplied by its weight scale (e4m3, exact in fp32) and sx (a power of two) and added
+ * in fp32, in a fixed order (deterministic). The 2^6 and the per-tensor scale2 multiply the row's sum.
+ * Against the CPU reference (bf16 x, fp32 sums) this differs by summation order and the small-element
+ * bound above: test_cuda_ops and test_moe_cuda hold it to their usual tolerance.
+ *
+ * B tiles. Step s = 4j + q has a 256-byte tile in shared memory in wgmma's unswizzled K-major form: two
+ * 8 x 16-byte core matrices (slots 0..15, then 16..31), row n = column n of B. Only word (n & 3) of a
+ * row is nonzero, so the thread that quantizes 16-k block b writes whole rows: its two words' hi/lo,
+ * low/high-nibble orders. Both descriptor strides are 128 bytes (only one core matrix along N exists,
+ * so the stride that wgmma ignores cannot be the wrong one). */
+#include "backend/cuda/cuda_internal.cuh"
+
+#include <cuda_fp8.h>
+#include <math.h>
+#include <string.h>
+
+#define W8_ROWS 64 /* weight rows of a block (one warpgroup, 16 a warp) */
+#define W8_THREADS 128
+
+/* e2m1 nibbles -> e4m3 bytes holding e2m1 * 2^-6 exactly (see the file comment). w8_lo: the low nibble of
+ * each byte of w (k +0, +2, +4, +6 of its word); w8_hi: the high ones (k +1, +3, +5, +7). */
+__device__ __forceinline__ uint32_t w8_lo(uint32_t w) { return ((w & 0x07070707u) << 2) | ((w & 0x08080808u) << 4); }
+__device__ __forceinline__ uint32_t w8_hi(uint32_t w) { return ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u); }
+
+/* Descriptor of one B tile (PTX ISA "Matrix Descriptor Format"): start >> 4, both strides 128 bytes,
+ * no swizzle. */
+__device__ __forceinline__ uint64_t w8_desc(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32);
+}
+
+/* e4m3 byte (low 8 bits of b) -> float, exactly (through the hardware f16 conversion). */
+__device__ __forceinline__ float w8_e4m3(uint32_t b) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)(b & 0xffu), __NV_E4M3)));
+}
+
+#if CU_HAVE_WGMMA
+/* d (64 x 8 fp32; this thread's rows g, g+8 of its warp's 16, columns 2t, 2t+1) = (accumulate ? d : 0)
+ * + A (64 x 32 e4m3, registers) * B (32 x 8 e4m3, descriptor b). */
+__device__ __forceinline__ void w8_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t b,
+                                       int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(accumulate));
+}
+#endif
+
+/* One super-step's loads of a lane for one weight: its 16-byte chunks of rows g and g+8, and for each
+ * row the four scale bytes its D columns need (blocks j*8 + 4(t&1) + 0..3: see w8_step). */
+struct w8_raw {
+    uint4 w[2];
+    uint32_t sc[2];
+};
+
+__device__ __forceinline__ void w8_load(w8_raw &r, const uint8_t *const (&wrow)[2], const uint8_t *const (&srow)[2], int j,
+                                        int nss, int ti) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        r.w[h] = j < nss ? __ldg((const uint4 *)(wrow[h] + (size_t)j * 64 + ti * 16)) : make_uint4(0, 0, 0, 0);
+        r.sc[h] = j < nss ? __ldg((const uint32_t *)(srow[h] + (size_t)j * 8 + 4 * (ti & 1))) : 0u;
+    }
+}
+
+/* Quantizes one token row x[0..K) into the B tiles and the block scales sxs[K/16] (see the file
+ * comment); every byte of the K/32 * 4 tiles is written. */
+template <int NWG> __device__ __forceinline__ void w8_stage(const bf16 *x, int K, uint8_t *tiles, float *sxs) {
+    for (int b = threadIdx.x; b < K / 16; b += W8_THREADS * NWG) {
+        const uint4 u[2] = {((const uint4 *)x)[2 * b], ((const uint4 *)x)[2 * b + 1]};
+        float v[16];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const uint32_t p[4] = {u[i].x, u[i].y, u[i].z, u[i].w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                v[8 * i + 2 * e] = __uint_as_float(p[e] << 16);
+                v[8 * i + 2 * e + 1] = __uint_as_float(p[e] & 0xffff0000u);
+            }
+        }
+        float amax = 0.f;
+        bool finite = true;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            amax = fmaxf(amax, fabsf(v[i]));
+            finite = finite && fabsf(v[i]) <= 3.402823466e38f;
+        }
+        int e;
+        frexpf(amax * (1.f / 448.f), &e); /* amax / 2^e in (224, 448] up to rounding (satfinite clamps) */
+        e = e < -100 ? -100 : e;
+        const float inv = __uint_as_float((uint32_t)(127 - e) << 23), sx = __uint_as_float((uint32_t)(127 + e) << 23);
+        const int j = b >> 3, c = (b >> 1) & 3;
+#pragma unroll
+        for (int qq = 0; qq < 2; qq++) {
+            /* [0]: k +0, +2, +4, +6 of the word (the A slots of w8_lo, core matrix 0); [1]: k +1, +3, +5, +7 */
+            uint32_t hi2[2] = {0u, 0u}, lo2[2] = {0u, 0u};
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const float xs = v[8 * qq + i] * inv;
+                const __nv_fp8_storage_t hb = __nv_cvt_float_to_fp8(xs, __NV_SATFINITE, __NV_E4M3);
+                const float hf = w8_e4m3(hb);
+                const __nv_fp8_storage_t lb = __nv_cvt_float_to_fp8(xs - hf, __NV_SATFINITE, __NV_E4M3);
+                hi2[i & 1] |= (uint32_t)hb << (8 * (i >> 1));
+                lo2[i & 1] |= (uint32_t)lb << (8 * (i >> 1));
+            }
+            uint8_t *t = tiles + (size_t)(4 * j + 2 * (b & 1) + qq) * 256;
+#pragma unroll
+            for (int cm = 0; cm < 2; cm++) {
+                const uint32_t hi = hi2[cm], lo = lo2[cm];
+                *(uint4 *)(t + cm * 128 + c * 16) =
+                    make_uint4(c == 0 ? hi : 0u, c == 1 ? hi : 0u, c == 2 ? hi : 0u, c == 3 ? hi : 0u);
+                *(uint4 *)(t + cm * 128 + (c + 4) * 16) =
+                    make_uint4(c == 0 ? lo : 0u, c == 1 ? lo : 0u, c == 2 ? lo : 0u, c == 3 ? lo : 0u);
+            }
+        }
+        sxs[b] = finite ? sx : __int_as_float(0x7fc00000); /* Inf/NaN in x: the outputs become NaN */
+    }
+}
+
+#if CU_HAVE_WGMMA
+/* Super-step j of S weights (r[s]: the lane's loads) into acc[s] (D fragment order: row g col 2t, g 2t+1,
+ * g+8 2t, g+8 2t+1). Scale byte 2*ii + hh of a row's word is block j*8 + 4(t&1) + 2ii + hh: lane group
+ * 2(t&1) + ii (this lane's D column parity ii), scale block hh of its chunk; sxs likewise. */
+template <int S>
+__device__ __forceinline__ void w8_step(float (&acc)[S][4], const w8_raw (&r)[S], uint32_t tbase, const float *sxs,
+                                        int j, int ti) {
+    uint32_t A[S][4][4];
+#pragma unroll
+    for (int s = 0; s < S; s++) {
+        const uint32_t wg[4] = {r[s].w[0].x, r[s].w[0].y, r[s].w[0].z, r[s].w[0].w};
+        const uint32_t wh[4] = {r[s].w[1].x, r[s].w[1].y, r[s].w[1].z, r[s].w[1].w};
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            A[s][q][0] = w8_lo(wg[q]);
+            A[s][q][1] = w8_lo(wh[q]);
+            A[s][q][2] = w8_hi(wg[q]);
+            A[s][q][3] = w8_hi(wh[q]);
+        }
+    }
+    float D[S][2][4];
+#pragma unroll
+    for (int s = 0; s < S; s++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) D[s][hh][i] = 0.f;
+#pragma unroll
+    for (int s = 0; s < S; s++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) cu_wg_acc_fence(D[s][hh]);
+    cu_wg_fence();
+    const uint32_t t0 = tbase + (uint32_t)j * 1024u;
+#pragma unroll
+    for (int s = 0; s < S; s++)
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            w8_mma(D[s][q >> 1], A[s][q][0], A[s][q][1], A[s][q][2], A[s][q][3], w8_desc(t0 + q * 256), q & 1);
+    cu_wg_commit();
+    cu_wg_wait<0>();
+#pragma unroll
+    for (int s = 0; s < S; s++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) cu_wg_acc_fence(D[s][hh]);
+    const float4 x4 = *(const float4 *)(sxs + j * 8 + 4 * (ti & 1));
+    const float sx[4] = {x4.x, x4.y, x4.z, x4.w};
+#pragma unroll
+    for (int s = 0; s < S; s++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t sc = r[s].sc[i >> 1];
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int byte = 2 * (i & 1) + hh;
+                acc[s][i] = fmaf(D[s][hh][i], w8_e4m3(sc >> (8 * byte)) * sx[byte], acc[s][i]);
+            }
+        }
+}
+#endif
+
+/* Weights are read W8_PD super-steps ahead of the math, in registers: under load a weight load takes ~2 us
+ * to come back, and a warpgroup's super-step is far shorter (H200: two super-steps ahead left Air's
+ * gate/up at 1.1 us a super-step, latency-bound). */
+#define W8_PD 4
+
+/* Block: NWG warpgroups over the same 64 rows, warpgroup wg taking super-steps wg, wg + NWG, ... (a K
+ * split: more warps in flight for calls with few row tiles); their row sums meet in shared memory. */
+template <int MODE, int NWG>
+__global__ __launch_bounds__(W8_THREADS *NWG) void k_gw8(cu_gemv_kargs a) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
+#if CU_HAVE_WGMMA
+    extern __shared__ __align__(128) uint8_t w8_smem[];
+    constexpr int S = MODE == 1 ? 2 : 1;
+    const int g = blockIdx.x;
+    if (a.n_active && g >= *a.n_active) return;
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gi = lane >> 2, ti = lane & 3;
+    cu_wdesc W[S];
+    int off = 0, cnt = a.rows_total;
+    if (a.W0) {
+        const int wid = a.group_w ? a.group_w[g] : g;
+        W[0] = a.W0[wid];
+        if (S == 2) W[S - 1] = a.W1[wid];
+        off = a.row_off[wid];
+        cnt = a.row_cnt[wid];
+    } else {
+        W[0] = a.w0;
+        if (S == 2) W[S - 1] = a.w1;
+    }
+    if (cnt <= 0) return; /* block-uniform: before any barrier */
+    const int K = a.K, N = a.N, nss = K / 128;
+    const int m0 = blockIdx.y * W8_ROWS + warp * 16;
+    const uint8_t *wrow[S][2], *srow[S][2];
+#pragma unroll
+    for (int s = 0; s < S; s++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const size_t n = (size_t)min(m0 + gi + 8 * h, N - 1); /* clamped rows are computed, not stored */
+            wrow[s][h] = (const uint8_t *)W[s].w + n * (size_t)(K / 2);
+            srow[s][h] = (const uint8_t *)W[s].scale + n * (size_t)(K / 16);
+        }
+    uint8_t *tiles = w8_smem;
+    float *sxs = (float *)(w8_smem + (size_t)K * 8);
+    float *red = sxs + K / 16; /* [NWG][S][64] row sums */
+    const uint32_t tbase = cu_saddr(tiles);
+
+    for (int r0 = 0; r0 < cnt; r0++) {
+        w8_raw ring[W8_PD][S];
+#pragma unroll
+        for (int p = 0; p < W8_PD; p++)
+#pragma unroll
+            for (int s = 0; s < S; s++) w8_load(ring[p][s], wrow[s], srow[s], wg + p * NWG, nss, ti);
+        if (r0 > 0) __syncthreads(); /* the previous token's wgmmas and row sums are done with shared memory */
+        const int r = off + r0, xrow = a.row_idx ? a.row_idx[r] : r;
+        w8_stage<NWG>(a.x + (size_t)xrow * K, K, tiles, sxs);
+        cu_wg_proxy_fence();
+        __syncthreads();
+        float acc[S][4];
+#pragma unroll
+        for (int s = 0; s < S; s++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[s][i] = 0.f;
+        for (int j = wg; j < nss; j += W8_PD * NWG) {
+#pragma unroll
+            for (int p = 0; p < W8_PD; p++) {
+                const int jj = j + p * NWG;
+                if (jj < nss) { /* warpgroup-uniform */
+                    w8_raw cur[S];
+#pragma unroll
+                    for (int s = 0; s < S; s++) {
+                        cur[s] = ring[p][s];
+                        w8_load(ring[p][s], wrow[s], srow[s], jj + W8_PD * NWG, nss, ti);
+                    }
+                    w8_step<S>(acc, cur, tbase, sxs, jj, ti);
+                }
+            }
+        }
+        /* a row's sum: the lane's two columns, then the row's four lanes, then the warpgroups (fixed order) */
+#pragma unroll
+        for (int s = 0; s < S; s++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float t = acc[s][2 * h] + acc[s][2 * h + 1];
+                t += __shfl_xor_sync(0xffffffffu, t, 1);
+                t += __shfl_xor_sync(0xffffffffu, t, 2);
+                if (ti == 0) red[(wg * S + s) * W8_ROWS + warp * 16 + gi + 8 * h] = t;
+            }
+        __syncthreads();
+        if (threadIdx.x < W8_ROWS) {
+            const int n = blockIdx.y * W8_ROWS + threadIdx.x;
+            float v[S];
+#pragma unroll
+            for (int s = 0; s < S; s++) {
+                v[s] = 0.f;
+                for (int w = 0; w < NWG; w++) v[s] += red[(w * S + s) * W8_ROWS + threadIdx.x];
+            }
+            if (n < N) {
+                const size_t yi = (size_t)r * a.ldy + n;
+                const float y0 = v[0] * (64.f * W[0].scale2);
+                if (MODE == 1) ((bf16 *)a.y)[yi] = __float2bfloat16_rn(cu_silu(y0) * (v[S - 1] * (64.f * W[S - 1].scale2)));
+                else cu_st(a.y, a.y_type, yi, y0 + (a.bias ? a.bias[n] : 0.f));
+            }
+        }
+    }
+#else
+    (void)a;
+    __trap(); /* no sm_90a code in this build: the host never launches it (cu_impl.have_wgmma) */
+#endif
+}
+
+static long long w8_launches; /* ms_cuda_w8_launches; updated atomically */
+
+/* Contract in backend_cuda.h. */
+extern "C" long long ms_cuda_w8_launches(void) { return __atomic_load_n(&w8_launches, __ATOMIC_RELAXED); }
+
+template <int M, int NWG> static void *w8_kernel(void) { return (void *)k_gw8<M, NWG>; }
+template <int M, int NWG>
+static cudaError_t w8_go(dim3 grid, size_t smem, cudaStream_t st, const cu_gemv_kargs &a) {
+    cudaError_t e = cudaSuccess;
+    if (smem > 48 * 1024) e = cudaFuncSetAttribute(k_gw8<M, NWG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    return e == cudaSuccess ? cu_launch(k_gw8<M, NWG>, grid, dim3(W8_THREADS * NWG), smem, st, a) : e;
+}
+
+/* Contract in cuda_internal.cuh. Warpgroups per block: the most (4, 2, 1; each keeping >= 4 super-steps)
+ * whose grid still runs in one wave (resident blocks from the occupancy calculator), so a call with few
+ * row tiles (Air's gate/up: 198 at batch 1) gets more warps without a second wave. */
+int cu_gemv_w8(ms_backend *b, const cu_gemv_call *c, int *launched, ms_err *err) {
+    *launched = 0;
+    const cu_wdesc *w = &c->w0;
+    const int K = w->k, N = w->n, single = c->W0 == NULL;
+    if (b->gpu.cc_major != 9 || !cu_of(b)->have_wgmma || w->fmt != MS_WFMT_NVFP4 || c->rows_total != 1 || K <= 0 ||
+        N <= 0 || K % 128 != 0 || c->n_groups <= 0)
+        return MS_OK;
+    if (c->mode == 1 && !(single ? c->w1.w != NULL : c->W1 != NULL)) return MS_OK;
+    /* 4-byte scale loads: device tables are taken to follow their expert 0, as cu_gemv_mma's v3 does */
+    if (((uintptr_t)w->scale & 3) || (single && c->mode == 1 && ((uintptr_t)c->w1.scale & 3)) || ((uintptr_t)c->x & 15))
+        return MS_OK;
+    const int gy = (N + W8_ROWS - 1) / W8_ROWS, S = c->mode == 1 ? 2 : 1, nss = K / 128;
+    const size_t base = (size_t)K * 8 + (size_t)(K / 16) * sizeof(float);
+    if (base + (size_t)4 * S * W8_ROWS * sizeof(float) > (size_t)cu_of(b)->max_smem_optin || gy > 65535) return MS_OK;
+    cu_gemv_kargs a;
+    memset(&a, 0, sizeof a);
+    cu_kargs_set(a, *c);
+    if (!c->w1.w) a.w1 = c->w0;
+    /* mode 1 keeps both weights' loads in flight per warpgroup (163-168 registers): at most 2 a block */
+    void *const kern[2][3] = {{w8_kernel<0, 1>(), w8_kernel<0, 2>(), w8_kernel<0, 4>()},
+                              {w8_kernel<1, 1>(), w8_kernel<1, 2>(), NULL}};
+    const int64_t blocks = (int64_t)c->n_groups * gy;
+    const int nsm = b->gpu.n_sm > 0 ? b->gpu.n_sm : 132;
+    int pick = 0;
+    for (int i = c->mode == 1 ? 1 : 2; i > 0 && !pick; i--) {
+        const int nwg = 1 << i;
+        const size_t smem = base + (size_t)nwg * S * W8_ROWS * sizeof(float);
+        if (nss < 4 * nwg) continue;
+        int bps = 0;
+        if (smem > 48 * 1024) CK(cudaFuncSetAttribute(kern[c->mode][i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern[c->mode][i], W8_THREADS * nwg, smem));
+        if (blocks <= (int64_t)bps * nsm) pick = i;
+    }
+    const size_t smem = base + (size_t)(1 << pick) * S * W8_ROWS * sizeof(float);
+    const dim3 grid(c->n_groups, gy);
+    cudaStream_t st = cu_of(b)->stream;
+    cudaError_t e;
+    if (c->mode == 1) e = pick ? w8_go<1, 2>(grid, smem, st, a) : w8_go<1, 1>(grid, smem, st, a);
+    else e = pick == 2 ? w8_go<0, 4>(grid, smem, st, a) : pick ? w8_go<0, 2>(grid, smem, st, a) : w8_go<0, 1>(grid, smem, st, a);
+    CK(e);
+    __atomic_fetch_add(&w8_launches, 1, __ATOMIC_RELAXED);
+    *launched = 1;
+    return MS_OK;
+}
