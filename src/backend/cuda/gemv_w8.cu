@@ -207,93 +207,82 @@ __device__ __forceinline__ void w8_step(float (&acc)[S][4], const w8_raw (&r)[S]
 }
 #endif
 
-/* Weights are read W8_PD super-steps ahead of the math, in registers: under load a weight load takes ~2 us
- * to come back, and a warpgroup's super-step is far shorter (H200: two super-steps ahead left Air's
- * gate/up at 1.1 us a super-step, latency-bound). */
-#define W8_PD 4
+/* Weights are read W8_PD super-steps ahead of the math, in registers. What hides the memory latency is
+ * warps: a warpgroup's super-step is a chain of dependent instructions plus a wgmma round trip, so an SM
+ * needs 16-32 warps in flight (H200, first form: one warpgroup a block doing gate and up, 163-168
+ * registers, 6 warps an SM on Air's gate/up: 36-39 us against the mma.sync kernel's 29.6). Every form
+ * is held to 64 registers (32 warps an SM). */
+#define W8_PD 2
 
-/* Block: NWG warpgroups over the same 64 rows, warpgroup wg taking super-steps wg, wg + NWG, ... (a K
- * split: more warps in flight for calls with few row tiles); their row sums meet in shared memory. */
+/* Block: NWG warpgroups over the same 64 rows. Mode 0: warpgroup wg takes super-steps wg, wg + NWG, ...
+ * (a K split). Mode 1: warpgroup wg takes weight wg & 1 (gate, up) and super-steps wg >> 1, + NWG / 2,
+ * ... Their row sums meet in shared memory and are added in a fixed order. */
 template <int MODE, int NWG>
-__global__ __launch_bounds__(W8_THREADS *NWG) void k_gw8(cu_gemv_kargs a) {
+__global__ __launch_bounds__(W8_THREADS *NWG, 8 / NWG) void k_gw8(cu_gemv_kargs a) {
     cu_pdl_wait();
     cu_pdl_trigger();
 #if CU_HAVE_WGMMA
     extern __shared__ __align__(128) uint8_t w8_smem[];
-    constexpr int S = MODE == 1 ? 2 : 1;
+    constexpr int S = MODE == 1 ? 2 : 1, KS = NWG / S; /* weights, K shares */
+    static_assert(KS >= 1, "mode 1 needs two warpgroups");
     const int g = blockIdx.x;
     if (a.n_active && g >= *a.n_active) return;
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, gi = lane >> 2, ti = lane & 3;
-    cu_wdesc W[S];
+    const int stream = wg % S, ks = wg / S;
     int off = 0, cnt = a.rows_total;
+    cu_wdesc W;
     if (a.W0) {
         const int wid = a.group_w ? a.group_w[g] : g;
-        W[0] = a.W0[wid];
-        if (S == 2) W[S - 1] = a.W1[wid];
+        W = stream ? a.W1[wid] : a.W0[wid];
         off = a.row_off[wid];
         cnt = a.row_cnt[wid];
     } else {
-        W[0] = a.w0;
-        if (S == 2) W[S - 1] = a.w1;
+        W = stream ? a.w1 : a.w0;
     }
     if (cnt <= 0) return; /* block-uniform: before any barrier */
     const int K = a.K, N = a.N, nss = K / 128;
     const int m0 = blockIdx.y * W8_ROWS + warp * 16;
-    const uint8_t *wrow[S][2], *srow[S][2];
+    const uint8_t *wrow[2], *srow[2];
 #pragma unroll
-    for (int s = 0; s < S; s++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const size_t n = (size_t)min(m0 + gi + 8 * h, N - 1); /* clamped rows are computed, not stored */
-            wrow[s][h] = (const uint8_t *)W[s].w + n * (size_t)(K / 2);
-            srow[s][h] = (const uint8_t *)W[s].scale + n * (size_t)(K / 16);
-        }
+    for (int h = 0; h < 2; h++) {
+        const size_t n = (size_t)min(m0 + gi + 8 * h, N - 1); /* clamped rows are computed, not stored */
+        wrow[h] = (const uint8_t *)W.w + n * (size_t)(K / 2);
+        srow[h] = (const uint8_t *)W.scale + n * (size_t)(K / 16);
+    }
     uint8_t *tiles = w8_smem;
     float *sxs = (float *)(w8_smem + (size_t)K * 8);
-    float *red = sxs + K / 16; /* [NWG][S][64] row sums */
+    float *red = sxs + K / 16; /* [NWG][64] row sums, warpgroup-major */
     const uint32_t tbase = cu_saddr(tiles);
 
     for (int r0 = 0; r0 < cnt; r0++) {
-        w8_raw ring[W8_PD][S];
+        w8_raw ring[W8_PD][1];
 #pragma unroll
-        for (int p = 0; p < W8_PD; p++)
-#pragma unroll
-            for (int s = 0; s < S; s++) w8_load(ring[p][s], wrow[s], srow[s], wg + p * NWG, nss, ti);
+        for (int p = 0; p < W8_PD; p++) w8_load(ring[p][0], wrow, srow, ks + p * KS, nss, ti);
         if (r0 > 0) __syncthreads(); /* the previous token's wgmmas and row sums are done with shared memory */
         const int r = off + r0, xrow = a.row_idx ? a.row_idx[r] : r;
         w8_stage<NWG>(a.x + (size_t)xrow * K, K, tiles, sxs);
         cu_wg_proxy_fence();
         __syncthreads();
-        float acc[S][4];
-#pragma unroll
-        for (int s = 0; s < S; s++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[s][i] = 0.f;
-        for (int j = wg; j < nss; j += W8_PD * NWG) {
+        float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+        for (int j = ks; j < nss; j += W8_PD * KS) {
 #pragma unroll
             for (int p = 0; p < W8_PD; p++) {
-                const int jj = j + p * NWG;
+                const int jj = j + p * KS;
                 if (jj < nss) { /* warpgroup-uniform */
-                    w8_raw cur[S];
-#pragma unroll
-                    for (int s = 0; s < S; s++) {
-                        cur[s] = ring[p][s];
-                        w8_load(ring[p][s], wrow[s], srow[s], jj + W8_PD * NWG, nss, ti);
-                    }
-                    w8_step<S>(acc, cur, tbase, sxs, jj, ti);
+                    w8_raw cur[1] = {ring[p][0]};
+                    w8_load(ring[p][0], wrow, srow, jj + W8_PD * KS, nss, ti);
+                    w8_step<1>(acc, cur, tbase, sxs, jj, ti);
                 }
             }
         }
-        /* a row's sum: the lane's two columns, then the row's four lanes, then the warpgroups (fixed order) */
+        /* a row's sum: the lane's two columns, then the row's four lanes, then the K shares (fixed order) */
 #pragma unroll
-        for (int s = 0; s < S; s++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float t = acc[s][2 * h] + acc[s][2 * h + 1];
-                t += __shfl_xor_sync(0xffffffffu, t, 1);
-                t += __shfl_xor_sync(0xffffffffu, t, 2);
-                if (ti == 0) red[(wg * S + s) * W8_ROWS + warp * 16 + gi + 8 * h] = t;
-            }
+        for (int h = 0; h < 2; h++) {
+            float t = acc[0][2 * h] + acc[0][2 * h + 1];
+            t += __shfl_xor_sync(0xffffffffu, t, 1);
+            t += __shfl_xor_sync(0xffffffffu, t, 2);
+            if (ti == 0) red[wg * W8_ROWS + warp * 16 + gi + 8 * h] = t;
+        }
         __syncthreads();
         if (threadIdx.x < W8_ROWS) {
             const int n = blockIdx.y * W8_ROWS + threadIdx.x;
@@ -301,13 +290,18 @@ __global__ __launch_bounds__(W8_THREADS *NWG) void k_gw8(cu_gemv_kargs a) {
 #pragma unroll
             for (int s = 0; s < S; s++) {
                 v[s] = 0.f;
-                for (int w = 0; w < NWG; w++) v[s] += red[(w * S + s) * W8_ROWS + threadIdx.x];
+                for (int k = 0; k < KS; k++) v[s] += red[(k * S + s) * W8_ROWS + threadIdx.x];
             }
             if (n < N) {
                 const size_t yi = (size_t)r * a.ldy + n;
-                const float y0 = v[0] * (64.f * W[0].scale2);
-                if (MODE == 1) ((bf16 *)a.y)[yi] = __float2bfloat16_rn(cu_silu(y0) * (v[S - 1] * (64.f * W[S - 1].scale2)));
-                else cu_st(a.y, a.y_type, yi, y0 + (a.bias ? a.bias[n] : 0.f));
+                const int wid = a.W0 ? (a.group_w ? a.group_w[g] : g) : 0;
+                const float y0 = v[0] * (64.f * (a.W0 ? a.W0[wid].scale2 : a.w0.scale2));
+                if (MODE == 1) {
+                    const float y1 = v[S - 1] * (64.f * (a.W0 ? a.W1[wid].scale2 : a.w1.scale2));
+                    ((bf16 *)a.y)[yi] = __float2bfloat16_rn(cu_silu(y0) * y1);
+                } else {
+                    cu_st(a.y, a.y_type, yi, y0 + (a.bias ? a.bias[n] : 0.f));
+                }
             }
         }
     }
@@ -346,31 +340,36 @@ int cu_gemv_w8(ms_backend *b, const cu_gemv_call *c, int *launched, ms_err *err)
         return MS_OK;
     const int gy = (N + W8_ROWS - 1) / W8_ROWS, S = c->mode == 1 ? 2 : 1, nss = K / 128;
     const size_t base = (size_t)K * 8 + (size_t)(K / 16) * sizeof(float);
-    if (base + (size_t)4 * S * W8_ROWS * sizeof(float) > (size_t)cu_of(b)->max_smem_optin || gy > 65535) return MS_OK;
+    if (base + (size_t)4 * W8_ROWS * sizeof(float) > (size_t)cu_of(b)->max_smem_optin || gy > 65535) return MS_OK;
     cu_gemv_kargs a;
     memset(&a, 0, sizeof a);
     cu_kargs_set(a, *c);
     if (!c->w1.w) a.w1 = c->w0;
-    /* mode 1 keeps both weights' loads in flight per warpgroup (163-168 registers): at most 2 a block */
+    /* the most warpgroups a block (mode 1: 2 or 4, mode 0: 1, 2 or 4) whose grid still fits one wave,
+     * each warpgroup keeping >= 4 super-steps */
     void *const kern[2][3] = {{w8_kernel<0, 1>(), w8_kernel<0, 2>(), w8_kernel<0, 4>()},
-                              {w8_kernel<1, 1>(), w8_kernel<1, 2>(), NULL}};
+                              {NULL, w8_kernel<1, 2>(), w8_kernel<1, 4>()}};
     const int64_t blocks = (int64_t)c->n_groups * gy;
     const int nsm = b->gpu.n_sm > 0 ? b->gpu.n_sm : 132;
-    int pick = 0;
-    for (int i = c->mode == 1 ? 1 : 2; i > 0 && !pick; i--) {
+    const int lo = c->mode == 1 ? 1 : 0;
+    int pick = lo;
+    for (int i = 2; i > lo; i--) {
         const int nwg = 1 << i;
-        const size_t smem = base + (size_t)nwg * S * W8_ROWS * sizeof(float);
-        if (nss < 4 * nwg) continue;
+        const size_t smem = base + (size_t)nwg * W8_ROWS * sizeof(float);
+        if (nss < 4 * (nwg / S)) continue;
         int bps = 0;
         if (smem > 48 * 1024) CK(cudaFuncSetAttribute(kern[c->mode][i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern[c->mode][i], W8_THREADS * nwg, smem));
-        if (blocks <= (int64_t)bps * nsm) pick = i;
+        if (blocks <= (int64_t)bps * nsm) {
+            pick = i;
+            break;
+        }
     }
-    const size_t smem = base + (size_t)(1 << pick) * S * W8_ROWS * sizeof(float);
+    const size_t smem = base + (size_t)(1 << pick) * W8_ROWS * sizeof(float);
     const dim3 grid(c->n_groups, gy);
     cudaStream_t st = cu_of(b)->stream;
     cudaError_t e;
-    if (c->mode == 1) e = pick ? w8_go<1, 2>(grid, smem, st, a) : w8_go<1, 1>(grid, smem, st, a);
+    if (c->mode == 1) e = pick == 2 ? w8_go<1, 4>(grid, smem, st, a) : w8_go<1, 2>(grid, smem, st, a);
     else e = pick == 2 ? w8_go<0, 4>(grid, smem, st, a) : pick ? w8_go<0, 2>(grid, smem, st, a) : w8_go<0, 1>(grid, smem, st, a);
     CK(e);
     __atomic_fetch_add(&w8_launches, 1, __ATOMIC_RELAXED);
