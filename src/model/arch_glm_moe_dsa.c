@@ -155,13 +155,14 @@ static int indexer(ms_forward *f, int L, int T, const ms_tensor *cq, const ms_te
     if (!kI_in) MS_TRY(op->linear(b, &l->idx_wk, &a, &kI, err));
     const ms_tensor *kb = l->idx_k_norm_b.data ? &l->idx_k_norm_b : NULL;
     /* LayerNorm, RoPE and the cache store in one launch where the backend has it */
-    int fused = op->idx_k_prep ? op->idx_k_prep(b, &kI, &l->idx_k_norm_w, kb, 1e-6f, f->meta.positions_d, &rc, &f->vc[L],
-                                                f->meta.slot_mapping_d, err)
+    ms_err ferr = {0};
+    int fused = op->idx_k_prep ? fw_optional(op->idx_k_prep(b, &kI, &l->idx_k_norm_w, kb, 1e-6f, f->meta.positions_d, &rc,
+                                                            &f->vc[L], f->meta.slot_mapping_d, &ferr),
+                                             &ferr, err)
                                : MS_ERR_UNSUPPORTED;
     if (fused == MS_OK) {
         FW_TRY_CHECK(f, &kI, "indexer_k", err);
     } else if (fused == MS_ERR_UNSUPPORTED) { /* NULL, or a shape it refused without doing anything */
-        if (err) err->code = 0, err->msg[0] = 0; /* the refusal is handled: leave no stale message */
         MS_TRY(op->layernorm(b, &kI, &l->idx_k_norm_w, kb, 1e-6f, &kI, err));
         MS_TRY(op->rope(b, &kI3, f->meta.positions_d, &rc, err));
         FW_TRY_CHECK(f, &kI, "indexer_k", err);

@@ -42,6 +42,12 @@ ms_tensor fw_view3(const ms_tensor *buf, int64_t a, int64_t b, int64_t c) {
     return t;
 }
 
+/* Contract in forward_internal.h. */
+int fw_optional(int rc, const ms_err *ferr, ms_err *err) {
+    if (rc != MS_OK && rc != MS_ERR_UNSUPPORTED && err) *err = *ferr;
+    return rc;
+}
+
 int fw_check(ms_forward *f, const ms_tensor *t, const char *op, int logit_rows, ms_err *err) {
     int64_t bad = -1;
     MS_TRY(f->b->ops->find_nonfinite(f->b, t, &bad, err));
@@ -412,17 +418,14 @@ static int swiglu(ms_forward *f, const ms_linear *gate, const ms_linear *up, con
     ms_tensor a = fw_view2(&f->a, T, f->m->cfg.hidden_size);
     ms_tensor g = fw_view2(&f->g, T, gate->n_out), u = fw_view2(&f->u, T, up->n_out);
     if (op->linear_swiglu && f->o.check_numerics != 1) {
-        ms_err ferr = {0}; /* a refusal is not an error of this step */
-        int rc = op->linear_swiglu(f->b, gate, up, &a, &g, &ferr);
+        ms_err ferr = {0};
+        int rc = fw_optional(op->linear_swiglu(f->b, gate, up, &a, &g, &ferr), &ferr, err);
         if (rc == MS_OK) {
             MS_TRY(op->linear(f->b, down, &g, out, err));
             FW_TRY_CHECK(f, out, "down_proj", err);
             return MS_OK;
         }
-        if (rc != MS_ERR_UNSUPPORTED) {
-            *err = ferr;
-            return rc;
-        }
+        if (rc != MS_ERR_UNSUPPORTED) return rc;
     }
     MS_TRY(op->linear(f->b, gate, &a, &g, err));
     FW_TRY_CHECK(f, &g, "gate_proj", err);

@@ -125,6 +125,12 @@ ms_tensor fw_piece(const ms_tensor *row, int64_t c0, int64_t n);
 /* With check_numerics: fails with MS_ERR_NUMERICS naming layer, op and token position when t (rows =
  * tokens of this step, or logit rows when logit_rows) holds NaN/Inf. */
 int fw_check(ms_forward *f, const ms_tensor *t, const char *op, int logit_rows, ms_err *err);
+/* The result rc of an optional fused backend op (linear_swiglu, idx_k_prep, ...) that was given its
+ * own error record ferr: MS_OK (done), MS_ERR_UNSUPPORTED (refused with nothing done: the caller runs
+ * the unfused ops, and the refusal's message never reaches err), or any other failure, whose message is
+ * copied into err (when not NULL). Why: a refusal is not an error of the step, and a stale message
+ * must not outlive it. */
+int fw_optional(int rc, const ms_err *ferr, ms_err *err);
 
 /* Record / replay of this step's DSA selection of layer L in f->topk (no-op without the options). */
 int fw_decide_index(ms_forward *f, int L, int T, ms_err *err);

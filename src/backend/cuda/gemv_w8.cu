@@ -66,14 +66,18 @@ __device__ __forceinline__ float w8_e4m3(uint32_t b) {
 }
 
 #if CU_HAVE_WGMMA
-/* d (64 x 8 fp32; this thread's rows g, g+8 of its warp's 16, columns 2t, 2t+1) = (accumulate ? d : 0)
- * + A (64 x 32 e4m3, registers) * B (32 x 8 e4m3, descriptor b). */
-__device__ __forceinline__ void w8_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t b,
-                                       int accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+/* d (64 x 8 fp32; this thread's rows g, g+8 of its warp's 16, columns 2t, 2t+1) = A (64 x 32 e4m3,
+ * registers) * B (32 x 8 e4m3, descriptor b); w8_mma_acc adds to d instead. */
+__device__ __forceinline__ void w8_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
+}
+__device__ __forceinline__ void w8_mma_acc(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, 1, 1, 1;\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(accumulate));
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
 }
 #endif
 
@@ -168,23 +172,16 @@ __device__ __forceinline__ void w8_step(float (&acc)[S][4], const w8_raw (&r)[S]
         }
     }
     float D[S][2][4];
-#pragma unroll
-    for (int s = 0; s < S; s++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) D[s][hh][i] = 0.f;
-#pragma unroll
-    for (int s = 0; s < S; s++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) cu_wg_acc_fence(D[s][hh]);
     cu_wg_fence();
     const uint32_t t0 = tbase + (uint32_t)j * 1024u;
 #pragma unroll
     for (int s = 0; s < S; s++)
 #pragma unroll
-        for (int q = 0; q < 4; q++)
-            w8_mma(D[s][q >> 1], A[s][q][0], A[s][q][1], A[s][q][2], A[s][q][3], w8_desc(t0 + q * 256), q & 1);
+        for (int hh = 0; hh < 2; hh++) {
+            const uint32_t(&a)[4] = A[s][2 * hh], (&b)[4] = A[s][2 * hh + 1];
+            w8_mma(D[s][hh], a[0], a[1], a[2], a[3], w8_desc(t0 + 2 * hh * 256));
+            w8_mma_acc(D[s][hh], b[0], b[1], b[2], b[3], w8_desc(t0 + (2 * hh + 1) * 256));
+        }
     cu_wg_commit();
     cu_wg_wait<0>();
 #pragma unroll
@@ -196,13 +193,19 @@ __device__ __forceinline__ void w8_step(float (&acc)[S][4], const w8_raw (&r)[S]
 #pragma unroll
     for (int s = 0; s < S; s++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint32_t sc = r[s].sc[i >> 1];
+        for (int rr = 0; rr < 2; rr++) { /* row g, g+8: scale bytes 0..3 = (ii 0, hh 0), (0, 1), (1, 0), (1, 1) */
+            const uint32_t sc = r[s].sc[rr];
+            const __half2_raw p01 = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(sc & 0xffffu), __NV_E4M3);
+            const __half2_raw p23 = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(sc >> 16), __NV_E4M3);
+            const float f[4] = {__half2float(__half(__half_raw{p01.x})), __half2float(__half(__half_raw{p01.y})),
+                                __half2float(__half(__half_raw{p23.x})), __half2float(__half(__half_raw{p23.y}))};
 #pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int byte = 2 * (i & 1) + hh;
-                acc[s][i] = fmaf(D[s][hh][i], w8_e4m3(sc >> (8 * byte)) * sx[byte], acc[s][i]);
-            }
+            for (int ii = 0; ii < 2; ii++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int byte = 2 * ii + hh, i = 2 * rr + ii;
+                    acc[s][i] = fmaf(D[s][hh][i], f[byte] * sx[byte], acc[s][i]);
+                }
         }
 }
 #endif
