@@ -628,15 +628,18 @@ static void swiglu_case(ms_wfmt fmt, ms_dtype pdt, int64_t T, int64_t N, int64_t
 /* The FP8 wgmma form runs where the GPU is sm_90 (this project's CUDA builds carry sm_90a code). */
 static int w8_expected(void) { return GPU->gpu.cc_major == 9; }
 
-/* Sets MS_CU_GEMV_FP4 to v (NULL: unset) and returns the previous value (to pass back; freed there). */
-static char *w8_knob(const char *v, char *prev_to_restore) {
+/* Sets MS_CU_GEMV_FP4 to v; returns its previous value (NULL: was unset) for fp4_pop. */
+static char *fp4_push(const char *v) {
     const char *cur = getenv("MS_CU_GEMV_FP4");
     char *prev = cur ? strdup(cur) : NULL;
-    if (v) setenv("MS_CU_GEMV_FP4", v, 1);
-    else if (prev_to_restore) setenv("MS_CU_GEMV_FP4", prev_to_restore, 1);
-    else unsetenv("MS_CU_GEMV_FP4");
-    free(prev_to_restore);
+    setenv("MS_CU_GEMV_FP4", v, 1);
     return prev;
+}
+/* Puts back what fp4_push returned (and frees it). */
+static void fp4_pop(char *prev) {
+    if (prev) setenv("MS_CU_GEMV_FP4", prev, 1);
+    else unsetenv("MS_CU_GEMV_FP4");
+    free(prev);
 }
 
 static void w8_linear_case(int64_t N, int64_t K, int bias, ms_dtype ydt, int wide, int nan) {
@@ -650,17 +653,17 @@ static void w8_linear_case(int64_t N, int64_t K, int bias, ms_dtype ydt, int wid
     const ms_dtype gdt = ydt == MS_F32 ? MS_F32 : 0;
     pair Y = {mk(GPU, gdt, 2, ys, NULL), mk(CPU, 0, 2, ys, NULL)};
     ms_tensor Y2 = mk(GPU, gdt, 2, ys, NULL);
-    char *saved = w8_knob("w8", NULL);
+    char *saved = fp4_push("w8");
     const long long n0 = ms_cuda_w8_launches();
     R(GPU->ops->linear(GPU, &L.g, &X.g, &Y.g, &E));
     const int ran = ms_cuda_w8_launches() > n0, want = w8_expected();
     CHECK_MSG(ran == want, "NVFP4 linear N=%lld K=%lld: FP8 wgmma form %s", (long long)N, (long long)K,
               want ? "did not run" : "ran where it should not");
-    free(w8_knob("v2", NULL));
+    setenv("MS_CU_GEMV_FP4", "v2", 1); /* the caller's value comes back with fp4_pop below */
     const long long n1 = ms_cuda_w8_launches();
     R(GPU->ops->linear(GPU, &L.g, &X.g, &Y2, &E));
     CHECK_MSG(ms_cuda_w8_launches() == n1, "MS_CU_GEMV_FP4=v2 still launched the FP8 wgmma form");
-    free(w8_knob(NULL, saved));
+    fp4_pop(saved);
     R(CPU->ops->linear(CPU, &L.c, &X.c, &Y.c, &E));
     float *a = get(GPU, &Y.g), *b = get(GPU, &Y2), *r = get(CPU, &Y.c);
     if (nan) {
@@ -691,11 +694,11 @@ static void test_linear_w8(void) {
     w8_linear_case(96, 4096, 0, MS_F32, 1, 0);
     w8_linear_case(130, 512, 0, MS_F32, 0, 1);
     /* fused gate/up at one token (the shared expert's path): swiglu_case's checks, plus the counter */
-    char *saved = w8_knob("w8", NULL);
+    char *saved = fp4_push("w8");
     const long long n0 = ms_cuda_w8_launches();
     swiglu_case(MS_WFMT_NVFP4, 0, 1, 136, 512);
     swiglu_case(MS_WFMT_NVFP4, 0, 1, 72, 1408);
-    free(w8_knob(NULL, saved));
+    fp4_pop(saved);
     CHECK_MSG((ms_cuda_w8_launches() - n0 == 2) == w8_expected(), "fused gate/up at one token: FP8 wgmma form ran %lld times",
               ms_cuda_w8_launches() - n0);
 }

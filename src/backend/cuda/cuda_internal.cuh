@@ -155,6 +155,10 @@ typedef struct cu_impl {
     int max_smem_optin;
     int have_wgmma; /* cu_gw_probe at creation: the wgmma grouped GEMM is in this build's code */
     int smem_per_sm; /* cudaDevAttrMaxSharedMemoryPerMultiprocessor (bytes) */
+    /* gemv_w8.cu's occupancy answers per (kernel, shared bytes): per backend, because the shared-memory
+     * limit it sets with them is a per-device attribute */
+    struct { const void *k; size_t smem; int bps; } w8_memo[16];
+    int n_w8_memo;
     uint64_t epoch; /* bumped when a scratch buffer moves (recorded graphs hold its old address) */
 } cu_impl;
 
@@ -214,9 +218,9 @@ int cu_gemv_mma_usable(const ms_backend *b, const cu_wdesc *w, const void *x, in
  * (silu(x·gateᵀ) * (x·upᵀ), both shaped like w0), and c->bias, mode 0 only, an F32 [N] bias added in
  * the epilogue. MS_ERR_UNSUPPORTED when the tokens of one pass do not fit shared memory. */
 int cu_gemv_mma(ms_backend *b, const cu_gemv_call *c, ms_err *err);
-/* The one-token NVFP4 form of cu_gemv_mma on FP8 wgmma (gemv_w8.cu): same call and results (see its
- * file comment for the exactness bound on tiny activations). Sets *launched = 0 and does nothing when it
- * does not cover the call: not sm_90 with this build's sm_90a code (cu_impl.have_wgmma), not NVFP4,
+/* The one-token NVFP4 form of cu_gemv_mma on FP8 wgmma (gemv_w8.cu): same call, results within the
+ * bound of its file comment (tiny activations, FP8 accumulation). Sets *launched = 0 and does nothing
+ * when it does not cover the call: no groups, not sm_90 with this build's sm_90a code (cu_impl.have_wgmma), not NVFP4,
  * rows_total != 1, K not a multiple of 128, scales not 4-byte aligned, x not 16-byte aligned, mode 1
  * without its up weight, or K too large for shared memory (K * 8.25 bytes). */
 int cu_gemv_w8(ms_backend *b, const cu_gemv_call *c, int *launched, ms_err *err);
@@ -421,6 +425,7 @@ __device__ __forceinline__ float cu_silu(float g) { return g / (1.f + expf(-g));
 #define CU_HAVE_WGMMA 1
 /* Orders this warpgroup's earlier register writes (accumulators, A fragments) before its next wgmma. */
 __device__ __forceinline__ void cu_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+/* Closes this warpgroup's wgmmas issued since the last commit into one group (what cu_wg_wait counts). */
 __device__ __forceinline__ void cu_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 /* Waits until at most N of this warpgroup's committed wgmma groups are pending. */
 template <int N> __device__ __forceinline__ void cu_wg_wait() {
@@ -431,6 +436,11 @@ template <int N> __device__ __forceinline__ void cu_wg_wait() {
 template <int R> __device__ __forceinline__ void cu_wg_acc_fence(float (&acc)[R]) {
 #pragma unroll
     for (int i = 0; i < R; i++) asm volatile("" : "+f"(acc[i])::"memory");
+}
+/* The same for register operands (wgmma's A fragments): written before this point, not moved past it. */
+template <int R> __device__ __forceinline__ void cu_wg_reg_fence(uint32_t (&r)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+r"(r[i])::"memory");
 }
 /* Makes this thread's generic-proxy shared-memory writes visible to later wgmma (async-proxy) reads;
  * a barrier must follow before another thread's wgmma reads them. */

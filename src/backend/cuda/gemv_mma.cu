@@ -555,16 +555,16 @@ int cu_gemv_mma(ms_backend *b, const cu_gemv_call *c, ms_err *err) {
     const int mode = c->mode, n_groups = c->n_groups, rows_total = c->rows_total;
     if (n_groups <= 0) return MS_OK;
     MS_ASSERT(mode == 0 || c->W0 || c->w1.w); /* gate/up fusion: device tables, or the single pair */
-    int fp4 = cu_knob(CU_KNOB_GEMV_FP4);
-    if (fp4 == CU_GEMV_FP4_W8) { /* one token of NVFP4 on sm_90a: FP8 wgmma */
-        int launched = 0, rc = cu_gemv_w8(b, c, &launched, err);
-        if (rc != MS_OK || launched) return rc;
-    }
     MS_ASSERT(!c->bias || (mode == 0 && !c->W0));
     const int single = c->W0 == NULL;
     if (single && rows_total <= 0) return MS_OK;
     const int f = gm_fmt_of(&c->w0);
     MS_ASSERT(f >= 0);
+    int fp4 = cu_knob(CU_KNOB_GEMV_FP4);
+    if (fp4 == CU_GEMV_FP4_W8) { /* one token of NVFP4 on sm_90a: FP8 wgmma */
+        int launched = 0, rc = cu_gemv_w8(b, c, &launched, err);
+        if (rc != MS_OK || launched) return rc;
+    }
     gm_args a;
     memset(&a, 0, sizeof a);
     cu_kargs_set(a, *c);

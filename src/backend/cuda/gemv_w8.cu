@@ -8,10 +8,10 @@
  * wgmma takes e4m3 operands from registers (mma.sync's e4m3 form is emulated on sm_90, wgmma's is not):
  * ~100 instructions per KB.
  *
- * Layout. A block is one warpgroup and 64 weight rows (16 a warp; mode 1 the same 64 rows of the gate
- * and of the up weight), all of K, one token at a time. A lane (g = lane>>2, t = lane&3) loads, per
+ * Layout. A block is NWG warpgroups over 64 weight rows (16 a warp), one token at a time; a warpgroup
+ * takes one weight (mode 1: gate or up) and a share of K. A lane (g = lane>>2, t = lane&3) loads, per
  * super-step j (128 k), the 16 bytes at k j*128 + 32t of rows g and g+8 (lane group t's chunk: two
- * 16-k scale blocks), two super-steps ahead of its math. Word q of the chunk (8 k) is one
+ * 16-k scale blocks), W8_PD super-steps ahead of its math. Word q of the chunk (8 k) is one
  * wgmma.m64n8k32 step: its low nibbles (k +0,2,4,6) fill the A slots 4t..4t+3, its high nibbles
  * (k +1,3,5,7) the slots 16+4t..16+4t+3 (PTX A fragment for 8-bit types: a0 row g / a1 row g+8 at
  * k 4t.., a2 / a3 at 16+4t..). So each k32 step mixes the four lane groups' chunks, i.e. four
@@ -29,7 +29,10 @@
  * a bf16 has 8 significant bits, e4m3 4, so hi + lo = x / sx exactly wherever |x / sx| >= 2^-2 (lo's
  * last bit is then at least e4m3's subnormal step 2^-9); smaller elements (below ~2^-10.8 of their
  * block's largest) are off by at most 2^-10 sx, i.e. ~2^-18 of the block's largest |x|. Every product is
- * exact (2 x 4 significant bits); the tensor core adds eight of them per column and step. Each block's
+ * exact (2 x 4 significant bits); the tensor core adds the eight of a column and step, and the next
+ * step's eight, with less than fp32's precision (Hopper's FP8 adder keeps ~14 bits relative to the
+ * largest term, DeepSeek-V3 report): ~2^-13 of a hi column's block partial, which keeping hi and lo in
+ * separate columns stops from swallowing lo. Each block's
  * partial is multiplied by its weight scale (e4m3, exact in fp32) and sx (a power of two) and added
  * in fp32, in a fixed order (deterministic). The 2^6 and the per-tensor scale2 multiply the row's sum.
  * Against the CPU reference (bf16 x, fp32 sums) this differs by summation order and the small-element
@@ -172,6 +175,10 @@ __device__ __forceinline__ void w8_step(float (&acc)[S][4], const w8_raw (&r)[S]
         }
     }
     float D[S][2][4];
+#pragma unroll
+    for (int s = 0; s < S; s++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) cu_wg_reg_fence(A[s][q]); /* the fragments are written before the fence */
     cu_wg_fence();
     const uint32_t t0 = tbase + (uint32_t)j * 1024u;
 #pragma unroll
@@ -320,16 +327,34 @@ static long long w8_launches; /* ms_cuda_w8_launches; updated atomically */
 extern "C" long long ms_cuda_w8_launches(void) { return __atomic_load_n(&w8_launches, __ATOMIC_RELAXED); }
 
 template <int M, int NWG> static void *w8_kernel(void) { return (void *)k_gw8<M, NWG>; }
+/* (the shared-memory limit was set by w8_bps) */
 template <int M, int NWG>
 static cudaError_t w8_go(dim3 grid, size_t smem, cudaStream_t st, const cu_gemv_kargs &a) {
-    cudaError_t e = cudaSuccess;
-    if (smem > 48 * 1024) e = cudaFuncSetAttribute(k_gw8<M, NWG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    return e == cudaSuccess ? cu_launch(k_gw8<M, NWG>, grid, dim3(W8_THREADS * NWG), smem, st, a) : e;
+    return cu_launch(k_gw8<M, NWG>, grid, dim3(W8_THREADS * NWG), smem, st, a);
 }
 
-/* Contract in cuda_internal.cuh. Warpgroups per block: the most (4, 2, 1; each keeping >= 4 super-steps)
- * whose grid still runs in one wave (resident blocks from the occupancy calculator), so a call with few
- * row tiles (Air's gate/up: 198 at batch 1) gets more warps without a second wave. */
+/* Resident blocks an SM of kernel kern (W8_THREADS * nwg threads, smem bytes), from the occupancy
+ * calculator, remembered per backend and (kern, smem) (cu_impl.w8_memo): decode calls repeat a few
+ * shapes, and eager steps should not pay two driver queries per launch. Sets the kernel's shared-memory
+ * limit on first sight. */
+static int w8_bps(ms_backend *b, const void *kern, int nwg, size_t smem, ms_err *err, int *bps) {
+    cu_impl *ci = cu_of(b);
+    for (int i = 0; i < ci->n_w8_memo; i++)
+        if (ci->w8_memo[i].k == kern && ci->w8_memo[i].smem == smem) return *bps = ci->w8_memo[i].bps, MS_OK;
+    if (smem > 48 * 1024) CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(bps, kern, W8_THREADS * nwg, smem));
+    if (ci->n_w8_memo < 16) {
+        ci->w8_memo[ci->n_w8_memo].k = kern, ci->w8_memo[ci->n_w8_memo].smem = smem;
+        ci->w8_memo[ci->n_w8_memo++].bps = *bps;
+    }
+    return MS_OK;
+}
+
+/* Contract in cuda_internal.cuh. Warpgroups per block (mode 1: 2 or 4, mode 0: 1, 2 or 4; each keeping
+ * >= 4 super-steps): the fewest waves (resident blocks from the occupancy calculator), then the most
+ * resident warps, so a call with few row tiles (Air's gate/up: 198 at batch 1) gets more warps without
+ * a second wave. Several tokens on one group (a device table's rows_total is a hint) stay correct but
+ * re-read the group's weights once per token. */
 int cu_gemv_w8(ms_backend *b, const cu_gemv_call *c, int *launched, ms_err *err) {
     *launched = 0;
     const cu_wdesc *w = &c->w0;
@@ -348,26 +373,25 @@ int cu_gemv_w8(ms_backend *b, const cu_gemv_call *c, int *launched, ms_err *err)
     memset(&a, 0, sizeof a);
     cu_kargs_set(a, *c);
     if (!c->w1.w) a.w1 = c->w0;
-    /* the most warpgroups a block (mode 1: 2 or 4, mode 0: 1, 2 or 4) whose grid still fits one wave,
-     * each warpgroup keeping >= 4 super-steps */
     void *const kern[2][3] = {{w8_kernel<0, 1>(), w8_kernel<0, 2>(), w8_kernel<0, 4>()},
                               {NULL, w8_kernel<1, 2>(), w8_kernel<1, 4>()}};
     const int64_t blocks = (int64_t)c->n_groups * gy;
     const int nsm = b->gpu.n_sm > 0 ? b->gpu.n_sm : 132;
-    const int lo = c->mode == 1 ? 1 : 0;
-    int pick = lo;
-    for (int i = 2; i > lo; i--) {
+    int pick = -1;
+    int64_t best_waves = 0, best_warps = 0;
+    for (int i = c->mode == 1 ? 1 : 0; i <= 2; i++) {
         const int nwg = 1 << i;
+        if (i > (c->mode == 1 ? 1 : 0) && nss < 4 * (nwg / S)) continue;
         const size_t smem = base + (size_t)nwg * W8_ROWS * sizeof(float);
-        if (nss < 4 * (nwg / S)) continue;
         int bps = 0;
-        if (smem > 48 * 1024) CK(cudaFuncSetAttribute(kern[c->mode][i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern[c->mode][i], W8_THREADS * nwg, smem));
-        if (blocks <= (int64_t)bps * nsm) {
-            pick = i;
-            break;
-        }
+        MS_TRY(w8_bps(b, kern[c->mode][i], nwg, smem, err, &bps));
+        if (bps <= 0) continue;
+        const int64_t slots = (int64_t)bps * nsm, waves = (blocks + slots - 1) / slots;
+        const int64_t warps = (blocks < slots ? blocks : slots) * nwg * 4;
+        if (pick < 0 || waves < best_waves || (waves == best_waves && warps > best_warps))
+            pick = i, best_waves = waves, best_warps = warps;
     }
+    if (pick < 0) return MS_OK; /* no form fits an SM */
     const size_t smem = base + (size_t)(1 << pick) * W8_ROWS * sizeof(float);
     const dim3 grid(c->n_groups, gy);
     cudaStream_t st = cu_of(b)->stream;
