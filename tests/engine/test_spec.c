@@ -157,6 +157,7 @@ static void run(const run_opts *o, int n, ms_engine_stats *st, fake_exec *fout) 
     fake_exec f;
     fake_init(&f, VOCAB, o->n_pages, o->page_size, 64);
     f.any_logit_rows = 1;
+    f.hold = 1; /* released once every request is submitted: the same schedule however threads run */
     ms_executor ex = fake_executor(&f);
     ms_engine_config cfg;
     ms_engine_config_default(&cfg);
@@ -192,6 +193,7 @@ static void run(const run_opts *o, int n, ms_engine_stats *st, fake_exec *fout) 
         if (o->grammar && i % 2 == 0) sp.grammar = ms_grammar_matcher_new(o->grammar);
         CHECK_EQ_INT(ms_engine_submit(e, prompts[i], n_prompts[i], &sp, on_event, &C.s[i], &C.s[i].id, &err), MS_OK);
     }
+    __atomic_store_n(&f.hold, 0, __ATOMIC_RELEASE);
     coll_wait(n);
     /* idle: every page is free or held by the prefix cache alone, and the integrity check ran */
     T_WAIT_UNTIL((ms_engine_get_stats(e, st), st->running == 0 && st->waiting == 0 && st->kv_pages_used == st->kv_pages_cached));

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <xxhash.h>
 
 typedef struct fake_exec {
@@ -30,6 +31,9 @@ typedef struct fake_exec {
     float logit_scale;              /* spread of the fake logits */
     int any_logit_rows;             /* speculative decoding: logits may be asked for any token of a
                                      * sequence (its context then ends at that token) */
+    int hold;                       /* while nonzero (atomic), forward waits: a test submits its whole
+                                     * workload before the first step runs, so what the scheduler sees
+                                     * (memory pressure, preemption) does not depend on thread timing */
 } fake_exec;
 
 static inline uint64_t fake_mix(uint64_t x) {
@@ -54,6 +58,14 @@ static inline void fake_err(fake_exec *f, const char *msg, int a, int b) {
 
 static inline int fake_forward(void *ctx, const ms_batch *b, float *logits, ms_err *err) {
     fake_exec *f = ctx;
+    for (int w = 0; __atomic_load_n(&f->hold, __ATOMIC_ACQUIRE); w++) {
+        if (w >= 100000) { /* ~10 s */
+            fake_err(f, "hold was never released", w, 0);
+            break;
+        }
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
     f->calls++;
     if (f->fail_at_call && f->calls == f->fail_at_call)
         return ms_errf(err, f->fail_code ? f->fail_code : MS_ERR_NUMERICS, "fake executor: injected failure at forward %d", f->calls);
