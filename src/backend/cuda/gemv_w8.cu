@@ -6,7 +6,10 @@
  * (~4 instructions per weight byte, 221 per KB with the rest: bench/NOTES.md), so it streams 1.8-2.2
  * TB/s of a 4.2 TB/s bus. A nibble becomes an e4m3 byte with 2 masks and a shift per 4 weights, and
  * wgmma takes e4m3 operands from registers (mma.sync's e4m3 form is emulated on sm_90, wgmma's is not):
- * ~100 instructions per KB.
+ * ~100 instructions per KB. Measured (H200, bench/NOTES.md "Session 8"): correct, but slower than
+ * gemv_mma's v3 at every shape tried (Air b1 7.0 vs 6.8 ms, GLM-5 x12 4.0 vs 3.4 ms): the one-token
+ * product is bound by each warpgroup's load-to-use latency and by the per-block B tiles (8 bytes of
+ * shared memory per k), not by the decode's instruction count. Hence opt-in (MS_CU_GEMV_FP4=w8).
  *
  * Layout. A block is NWG warpgroups over 64 weight rows (16 a warp), one token at a time; a warpgroup
  * takes one weight (mode 1: gate or up) and a share of K. A lane (g = lane>>2, t = lane&3) loads, per
