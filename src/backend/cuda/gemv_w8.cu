@@ -66,11 +66,6 @@ __device__ __forceinline__ uint64_t w8_desc(uint32_t saddr) {
     return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32);
 }
 
-/* e4m3 byte (low 8 bits of b) -> float, exactly (through the hardware f16 conversion). */
-__device__ __forceinline__ float w8_e4m3(uint32_t b) {
-    return __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)(b & 0xffu), __NV_E4M3)));
-}
-
 #if CU_HAVE_WGMMA
 /* d (64 x 8 fp32; this thread's rows g, g+8 of its warp's 16, columns 2t, 2t+1) = A (64 x 32 e4m3,
  * registers) * B (32 x 8 e4m3, descriptor b); w8_mma_acc adds to d instead. */
@@ -138,7 +133,7 @@ template <int NWG> __device__ __forceinline__ void w8_stage(const bf16 *x, int K
             for (int i = 0; i < 8; i++) {
                 const float xs = v[8 * qq + i] * inv;
                 const __nv_fp8_storage_t hb = __nv_cvt_float_to_fp8(xs, __NV_SATFINITE, __NV_E4M3);
-                const float hf = w8_e4m3(hb);
+                const float hf = cu_e4m3(hb);
                 const __nv_fp8_storage_t lb = __nv_cvt_float_to_fp8(xs - hf, __NV_SATFINITE, __NV_E4M3);
                 hi2[i & 1] |= (uint32_t)hb << (8 * (i >> 1));
                 lo2[i & 1] |= (uint32_t)lb << (8 * (i >> 1));
@@ -158,65 +153,52 @@ template <int NWG> __device__ __forceinline__ void w8_stage(const bf16 *x, int K
 }
 
 #if CU_HAVE_WGMMA
-/* Super-step j of S weights (r[s]: the lane's loads) into acc[s] (D fragment order: row g col 2t, g 2t+1,
+/* Super-step j of one weight (r: the lane's loads) into acc (D fragment order: row g col 2t, g 2t+1,
  * g+8 2t, g+8 2t+1). Scale byte 2*ii + hh of a row's word is block j*8 + 4(t&1) + 2ii + hh: lane group
  * 2(t&1) + ii (this lane's D column parity ii), scale block hh of its chunk; sxs likewise. */
-template <int S>
-__device__ __forceinline__ void w8_step(float (&acc)[S][4], const w8_raw (&r)[S], uint32_t tbase, const float *sxs,
-                                        int j, int ti) {
-    uint32_t A[S][4][4];
+__device__ __forceinline__ void w8_step(float (&acc)[4], const w8_raw &r, uint32_t tbase, const float *sxs, int j,
+                                        int ti) {
+    uint32_t A[4][4];
+    const uint32_t wg[4] = {r.w[0].x, r.w[0].y, r.w[0].z, r.w[0].w};
+    const uint32_t wh[4] = {r.w[1].x, r.w[1].y, r.w[1].z, r.w[1].w};
 #pragma unroll
-    for (int s = 0; s < S; s++) {
-        const uint32_t wg[4] = {r[s].w[0].x, r[s].w[0].y, r[s].w[0].z, r[s].w[0].w};
-        const uint32_t wh[4] = {r[s].w[1].x, r[s].w[1].y, r[s].w[1].z, r[s].w[1].w};
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            A[s][q][0] = w8_lo(wg[q]);
-            A[s][q][1] = w8_lo(wh[q]);
-            A[s][q][2] = w8_hi(wg[q]);
-            A[s][q][3] = w8_hi(wh[q]);
-        }
+    for (int q = 0; q < 4; q++) {
+        A[q][0] = w8_lo(wg[q]);
+        A[q][1] = w8_lo(wh[q]);
+        A[q][2] = w8_hi(wg[q]);
+        A[q][3] = w8_hi(wh[q]);
+        cu_wg_reg_fence(A[q]); /* the fragments are written before the fence */
     }
-    float D[S][2][4];
-#pragma unroll
-    for (int s = 0; s < S; s++)
-#pragma unroll
-        for (int q = 0; q < 4; q++) cu_wg_reg_fence(A[s][q]); /* the fragments are written before the fence */
+    float D[2][4];
     cu_wg_fence();
     const uint32_t t0 = tbase + (uint32_t)j * 1024u;
 #pragma unroll
-    for (int s = 0; s < S; s++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const uint32_t(&a)[4] = A[s][2 * hh], (&b)[4] = A[s][2 * hh + 1];
-            w8_mma(D[s][hh], a[0], a[1], a[2], a[3], w8_desc(t0 + 2 * hh * 256));
-            w8_mma_acc(D[s][hh], b[0], b[1], b[2], b[3], w8_desc(t0 + (2 * hh + 1) * 256));
-        }
+    for (int hh = 0; hh < 2; hh++) {
+        const uint32_t(&a)[4] = A[2 * hh], (&b)[4] = A[2 * hh + 1];
+        w8_mma(D[hh], a[0], a[1], a[2], a[3], w8_desc(t0 + 2 * hh * 256));
+        w8_mma_acc(D[hh], b[0], b[1], b[2], b[3], w8_desc(t0 + (2 * hh + 1) * 256));
+    }
     cu_wg_commit();
     cu_wg_wait<0>();
-#pragma unroll
-    for (int s = 0; s < S; s++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) cu_wg_acc_fence(D[s][hh]);
+    cu_wg_acc_fence(D[0]);
+    cu_wg_acc_fence(D[1]);
     const float4 x4 = *(const float4 *)(sxs + j * 8 + 4 * (ti & 1));
     const float sx[4] = {x4.x, x4.y, x4.z, x4.w};
 #pragma unroll
-    for (int s = 0; s < S; s++)
+    for (int rr = 0; rr < 2; rr++) { /* row g, g+8: scale bytes 0..3 = (ii 0, hh 0), (0, 1), (1, 0), (1, 1) */
+        const uint32_t sc = r.sc[rr];
+        const __half2_raw p01 = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(sc & 0xffffu), __NV_E4M3);
+        const __half2_raw p23 = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(sc >> 16), __NV_E4M3);
+        const float f[4] = {__half2float(__half(__half_raw{p01.x})), __half2float(__half(__half_raw{p01.y})),
+                            __half2float(__half(__half_raw{p23.x})), __half2float(__half(__half_raw{p23.y}))};
 #pragma unroll
-        for (int rr = 0; rr < 2; rr++) { /* row g, g+8: scale bytes 0..3 = (ii 0, hh 0), (0, 1), (1, 0), (1, 1) */
-            const uint32_t sc = r[s].sc[rr];
-            const __half2_raw p01 = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(sc & 0xffffu), __NV_E4M3);
-            const __half2_raw p23 = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(sc >> 16), __NV_E4M3);
-            const float f[4] = {__half2float(__half(__half_raw{p01.x})), __half2float(__half(__half_raw{p01.y})),
-                                __half2float(__half(__half_raw{p23.x})), __half2float(__half(__half_raw{p23.y}))};
+        for (int ii = 0; ii < 2; ii++)
 #pragma unroll
-            for (int ii = 0; ii < 2; ii++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int byte = 2 * ii + hh, i = 2 * rr + ii;
-                    acc[s][i] = fmaf(D[s][hh][i], f[byte] * sx[byte], acc[s][i]);
-                }
-        }
+            for (int hh = 0; hh < 2; hh++) {
+                const int byte = 2 * ii + hh, i = 2 * rr + ii;
+                acc[i] = fmaf(D[hh][i], f[byte] * sx[byte], acc[i]);
+            }
+    }
 }
 #endif
 
@@ -268,33 +250,34 @@ __global__ __launch_bounds__(W8_THREADS *NWG, 8 / NWG) void k_gw8(cu_gemv_kargs 
     const uint32_t tbase = cu_saddr(tiles);
 
     for (int r0 = 0; r0 < cnt; r0++) {
-        w8_raw ring[W8_PD][1];
+        w8_raw ring[W8_PD];
 #pragma unroll
-        for (int p = 0; p < W8_PD; p++) w8_load(ring[p][0], wrow, srow, ks + p * KS, nss, ti);
+        for (int p = 0; p < W8_PD; p++) w8_load(ring[p], wrow, srow, ks + p * KS, nss, ti);
         if (r0 > 0) __syncthreads(); /* the previous token's wgmmas and row sums are done with shared memory */
         const int r = off + r0, xrow = a.row_idx ? a.row_idx[r] : r;
         w8_stage<NWG>(a.x + (size_t)xrow * K, K, tiles, sxs);
         cu_wg_proxy_fence();
         __syncthreads();
-        float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
         for (int j = ks; j < nss; j += W8_PD * KS) {
 #pragma unroll
             for (int p = 0; p < W8_PD; p++) {
                 const int jj = j + p * KS;
                 if (jj < nss) { /* warpgroup-uniform */
-                    w8_raw cur[1] = {ring[p][0]};
-                    w8_load(ring[p][0], wrow, srow, jj + W8_PD * KS, nss, ti);
-                    w8_step<1>(acc, cur, tbase, sxs, jj, ti);
+                    const w8_raw cur = ring[p];
+                    w8_load(ring[p], wrow, srow, jj + W8_PD * KS, nss, ti);
+                    w8_step(acc, cur, tbase, sxs, jj, ti);
                 }
             }
         }
-        /* a row's sum: the lane's two columns, then the row's four lanes, then the K shares (fixed order) */
+        /* a row's sum: the lane's two columns, then the row's four lanes (times 2^6 and this weight's
+         * scale2), then the K shares (fixed order) */
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            float t = acc[0][2 * h] + acc[0][2 * h + 1];
+            float t = acc[2 * h] + acc[2 * h + 1];
             t += __shfl_xor_sync(0xffffffffu, t, 1);
             t += __shfl_xor_sync(0xffffffffu, t, 2);
-            if (ti == 0) red[wg * W8_ROWS + warp * 16 + gi + 8 * h] = t;
+            if (ti == 0) red[wg * W8_ROWS + warp * 16 + gi + 8 * h] = t * (64.f * W.scale2);
         }
         __syncthreads();
         if (threadIdx.x < W8_ROWS) {
@@ -307,14 +290,8 @@ __global__ __launch_bounds__(W8_THREADS *NWG, 8 / NWG) void k_gw8(cu_gemv_kargs 
             }
             if (n < N) {
                 const size_t yi = (size_t)r * a.ldy + n;
-                const int wid = a.W0 ? (a.group_w ? a.group_w[g] : g) : 0;
-                const float y0 = v[0] * (64.f * (a.W0 ? a.W0[wid].scale2 : a.w0.scale2));
-                if (MODE == 1) {
-                    const float y1 = v[S - 1] * (64.f * (a.W0 ? a.W1[wid].scale2 : a.w1.scale2));
-                    ((bf16 *)a.y)[yi] = __float2bfloat16_rn(cu_silu(y0) * y1);
-                } else {
-                    cu_st(a.y, a.y_type, yi, y0 + (a.bias ? a.bias[n] : 0.f));
-                }
+                if (MODE == 1) ((bf16 *)a.y)[yi] = __float2bfloat16_rn(cu_silu(v[0]) * v[S - 1]);
+                else cu_st(a.y, a.y_type, yi, v[0] + (a.bias ? a.bias[n] : 0.f));
             }
         }
     }
@@ -329,12 +306,18 @@ static long long w8_launches; /* ms_cuda_w8_launches; updated atomically */
 /* Contract in backend_cuda.h. */
 extern "C" long long ms_cuda_w8_launches(void) { return __atomic_load_n(&w8_launches, __ATOMIC_RELAXED); }
 
-template <int M, int NWG> static void *w8_kernel(void) { return (void *)k_gw8<M, NWG>; }
-/* (the shared-memory limit was set by w8_bps) */
-template <int M, int NWG>
-static cudaError_t w8_go(dim3 grid, size_t smem, cudaStream_t st, const cu_gemv_kargs &a) {
+/* The instantiated forms, by [mode][log2 warpgroups a block] (mode 1 needs 2 or 4), with their launchers
+ * (the shared-memory limit was set by w8_bps). */
+typedef cudaError_t (*w8_go_fn)(dim3 grid, size_t smem, cudaStream_t st, const cu_gemv_kargs &a);
+template <int M, int NWG> static cudaError_t w8_go(dim3 grid, size_t smem, cudaStream_t st, const cu_gemv_kargs &a) {
     return cu_launch(k_gw8<M, NWG>, grid, dim3(W8_THREADS * NWG), smem, st, a);
 }
+static const struct {
+    const void *kern;
+    w8_go_fn go;
+} w8_forms[2][3] = {{{(const void *)k_gw8<0, 1>, w8_go<0, 1>}, {(const void *)k_gw8<0, 2>, w8_go<0, 2>},
+                     {(const void *)k_gw8<0, 4>, w8_go<0, 4>}},
+                    {{NULL, NULL}, {(const void *)k_gw8<1, 2>, w8_go<1, 2>}, {(const void *)k_gw8<1, 4>, w8_go<1, 4>}}};
 
 /* Resident blocks an SM of kernel kern (W8_THREADS * nwg threads, smem bytes), from the occupancy
  * calculator, remembered per backend and (kern, smem) (cu_impl.w8_memo): decode calls repeat a few
@@ -376,8 +359,6 @@ int cu_gemv_w8(ms_backend *b, const cu_gemv_call *c, int *launched, ms_err *err)
     memset(&a, 0, sizeof a);
     cu_kargs_set(a, *c);
     if (!c->w1.w) a.w1 = c->w0;
-    void *const kern[2][3] = {{w8_kernel<0, 1>(), w8_kernel<0, 2>(), w8_kernel<0, 4>()},
-                              {NULL, w8_kernel<1, 2>(), w8_kernel<1, 4>()}};
     const int64_t blocks = (int64_t)c->n_groups * gy;
     const int nsm = b->gpu.n_sm > 0 ? b->gpu.n_sm : 132;
     int pick = -1;
@@ -387,7 +368,7 @@ int cu_gemv_w8(ms_backend *b, const cu_gemv_call *c, int *launched, ms_err *err)
         if (i > (c->mode == 1 ? 1 : 0) && nss < 4 * (nwg / S)) continue;
         const size_t smem = base + (size_t)nwg * W8_ROWS * sizeof(float);
         int bps = 0;
-        MS_TRY(w8_bps(b, kern[c->mode][i], nwg, smem, err, &bps));
+        MS_TRY(w8_bps(b, w8_forms[c->mode][i].kern, nwg, smem, err, &bps));
         if (bps <= 0) continue;
         const int64_t slots = (int64_t)bps * nsm, waves = (blocks + slots - 1) / slots;
         const int64_t warps = (blocks < slots ? blocks : slots) * nwg * 4;
@@ -398,9 +379,7 @@ int cu_gemv_w8(ms_backend *b, const cu_gemv_call *c, int *launched, ms_err *err)
     const size_t smem = base + (size_t)(1 << pick) * W8_ROWS * sizeof(float);
     const dim3 grid(c->n_groups, gy);
     cudaStream_t st = cu_of(b)->stream;
-    cudaError_t e;
-    if (c->mode == 1) e = pick == 2 ? w8_go<1, 4>(grid, smem, st, a) : w8_go<1, 2>(grid, smem, st, a);
-    else e = pick == 2 ? w8_go<0, 4>(grid, smem, st, a) : pick ? w8_go<0, 2>(grid, smem, st, a) : w8_go<0, 1>(grid, smem, st, a);
+    const cudaError_t e = w8_forms[c->mode][pick].go(grid, smem, st, a);
     CK(e);
     __atomic_fetch_add(&w8_launches, 1, __ATOMIC_RELAXED);
     *launched = 1;
