@@ -119,6 +119,22 @@ static ms_err E;
 
 static void fr(ms_backend *b, ms_tensor *t) { b->ops->free(b, t); }
 
+/* Sets environment variable name to v (NULL: unsets it); returns its previous value (NULL: was unset),
+ * to hand to env_pop. */
+static char *env_push(const char *name, const char *v) {
+    const char *cur = getenv(name);
+    char *prev = cur ? strdup(cur) : NULL;
+    if (v) setenv(name, v, 1);
+    else unsetenv(name);
+    return prev;
+}
+/* Puts back what env_push returned for name (and frees it). */
+static void env_pop(const char *name, char *prev) {
+    if (prev) setenv(name, prev, 1);
+    else unsetenv(name);
+    free(prev);
+}
+
 /* Pairs of tensors (gpu, cpu) made from the same host data. */
 typedef struct { ms_tensor g, c; } pair;
 static pair P2(ms_dtype gdt, ms_dtype cdt, int nd, const int64_t *s, const float *h) {
@@ -629,18 +645,9 @@ static void swiglu_case(ms_wfmt fmt, ms_dtype pdt, int64_t T, int64_t N, int64_t
 static int w8_expected(void) { return GPU->gpu.cc_major == 9; }
 
 /* Sets MS_CU_GEMV_FP4 to v; returns its previous value (NULL: was unset) for fp4_pop. */
-static char *fp4_push(const char *v) {
-    const char *cur = getenv("MS_CU_GEMV_FP4");
-    char *prev = cur ? strdup(cur) : NULL;
-    setenv("MS_CU_GEMV_FP4", v, 1);
-    return prev;
-}
+static char *fp4_push(const char *v) { return env_push("MS_CU_GEMV_FP4", v); }
 /* Puts back what fp4_push returned (and frees it). */
-static void fp4_pop(char *prev) {
-    if (prev) setenv("MS_CU_GEMV_FP4", prev, 1);
-    else unsetenv("MS_CU_GEMV_FP4");
-    free(prev);
-}
+static void fp4_pop(char *prev) { env_pop("MS_CU_GEMV_FP4", prev); }
 
 static void w8_linear_case(int64_t N, int64_t K, int bias, ms_dtype ydt, int wide, int nan) {
     lpair L = mk_linear(MS_WFMT_NVFP4, 0, N, K, bias);
@@ -701,6 +708,100 @@ static void test_linear_w8(void) {
     fp4_pop(saved);
     CHECK_MSG((ms_cuda_w8_launches() - n0 == 2) == w8_expected(), "fused gate/up at one token: FP8 wgmma form ran %lld times",
               ms_cuda_w8_launches() - n0);
+}
+#endif
+
+#ifdef MS_HAVE_CUDA
+/* The streaming bf16 GEMV (gemv_bf16.cu), which bf16 linears and fused gate/up at 1..4 rows take by
+ * default: against the CPU and against cuBLASLt / the tensor-core GEMV (MS_CU_BF16_STREAM_MAX_T=0) on the
+ * same inputs, F32 outputs within 1e-4 of the largest output (only the summation order differs), bf16
+ * ones within 1e-2; the launch counter says which form ran. Shapes cover each launch choice: one row,
+ * N of one and N not a multiple of anything, K of one 16-byte chunk, K not a multiple of the 512-byte
+ * run (3112), K split over 2..8 warps (few rows, long K: 40 x 12288, 33 x 40000), several rows a warp
+ * (20000 x 512), GLM-4.5-Air's o_proj (4096 x 12288); T = 5 and the knob at 0 must not take it. A NaN
+ * in one row of x makes that row's outputs NaN and leaves the other row's right. */
+static void bf16_stream_case(int64_t T, int64_t N, int64_t K, int bias, ms_dtype ydt, int nan) {
+    lpair L = mk_linear(MS_WFMT_PLAIN, MS_BF16, N, K, bias);
+    int64_t xs[2] = {T, K}, ys[2] = {T, N};
+    float *x = rand_vec((size_t)(T * K), 1.f);
+    if (nan) x[(T - 1) * K + K / 3] = NAN;
+    pair X = act(2, xs, x);
+    const ms_dtype gdt = ydt == MS_F32 ? MS_F32 : 0;
+    pair Y = {mk(GPU, gdt, 2, ys, NULL), mk(CPU, 0, 2, ys, NULL)};
+    ms_tensor Y2 = mk(GPU, gdt, 2, ys, NULL);
+    char *saved = env_push("MS_CU_BF16_STREAM_MAX_T", "4");
+    const long long n0 = ms_cuda_gvb_launches();
+    R(GPU->ops->linear(GPU, &L.g, &X.g, &Y.g, &E));
+    const int ran = ms_cuda_gvb_launches() > n0, want = T <= 4;
+    CHECK_MSG(ran == want, "bf16 linear T=%lld N=%lld K=%lld: streaming form %s", (long long)T, (long long)N,
+              (long long)K, want ? "did not run" : "ran beyond 4 rows");
+    setenv("MS_CU_BF16_STREAM_MAX_T", "0", 1);
+    const long long n1 = ms_cuda_gvb_launches();
+    R(GPU->ops->linear(GPU, &L.g, &X.g, &Y2, &E));
+    CHECK_MSG(ms_cuda_gvb_launches() == n1, "MS_CU_BF16_STREAM_MAX_T=0 still launched the streaming form");
+    env_pop("MS_CU_BF16_STREAM_MAX_T", saved);
+    R(CPU->ops->linear(CPU, &L.c, &X.c, &Y.c, &E));
+    float *a = get(GPU, &Y.g), *b = get(GPU, &Y2), *r = get(CPU, &Y.c);
+    if (nan) {
+        int bad = 0;
+        for (int64_t i = 0; i < N; i++) bad += !isnan(a[(T - 1) * N + i]);
+        CHECK_MSG(bad == 0, "bf16 linear with a NaN in x row %lld: %d of %lld outputs not NaN", (long long)(T - 1), bad,
+                  (long long)N);
+        if (T > 1) {
+            const double e = rel_err(a, r, (size_t)((T - 1) * N));
+            CHECK_MSG(e <= (ydt == MS_F32 ? 1e-4 : 1e-2), "bf16 linear, the rows without NaN: rel err %.3g", e);
+        }
+    } else {
+        const double tol = ydt == MS_F32 ? 1e-4 : 1e-2;
+        const double e1 = rel_err(a, r, (size_t)(T * N)), e2 = rel_err(a, b, (size_t)(T * N));
+        CHECK_MSG(e1 <= tol && e2 <= tol,
+                  "bf16 linear T=%lld N=%lld K=%lld bias=%d y=%s: rel err %.3g vs CPU, %.3g vs the other GPU form",
+                  (long long)T, (long long)N, (long long)K, bias, ms_dtype_name(ydt), e1, e2);
+    }
+    free(a);
+    free(b);
+    free(r);
+    fr(GPU, &Y2);
+    pfree(&X);
+    pfree(&Y);
+    free(x);
+    free_linear(&L);
+}
+
+static void test_linear_bf16_stream(void) {
+    for (int64_t T = 1; T <= 4; T++) {
+        bf16_stream_case(T, 1, 8, 1, MS_F32, 0);
+        bf16_stream_case(T, 7, 24, 0, MS_BF16, 0);
+        bf16_stream_case(T, 70, 3112, T & 1, MS_F32, 0);
+        bf16_stream_case(T, 40, 12288, 0, MS_F32, 0);
+        bf16_stream_case(T, 1000, 4096, 1, T & 1 ? MS_BF16 : MS_F32, 0);
+    }
+    /* the test models' odd shapes (tests/model/test_forward_cache.c): hidden 136 / 112, shared experts
+     * of 40 / 80 rows, MLA projections of 48 / 80 / 192 columns, 8 index heads */
+    static const int64_t odd[][2] = {{168, 136}, {136, 120}, {40, 136}, {136, 40}, {97, 136}, {200, 136}, {136, 200},
+                                     {192, 112}, {256, 48}, {384, 80}, {112, 192}, {384, 48}, {8, 112}, {80, 112},
+                                     {112, 80}, {97, 112}};
+    for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++)
+        for (int64_t T = 1; T <= 4; T++) bf16_stream_case(T, odd[i][0], odd[i][1], (int)(i & 1), i & 2 ? MS_BF16 : MS_F32, 0);
+    bf16_stream_case(1, 33, 40000, 1, MS_F32, 0);
+    bf16_stream_case(1, 20000, 512, 0, MS_F32, 0);
+    bf16_stream_case(1, 4096, 12288, 0, MS_BF16, 0);
+    bf16_stream_case(5, 70, 256, 0, MS_F32, 0); /* beyond the form: another one, same results */
+    bf16_stream_case(1, 300, 1024, 0, MS_F32, 1);
+    bf16_stream_case(3, 300, 4104, 1, MS_F32, 1);
+    /* fused gate/up (dense MLP at decode): swiglu_case's checks, plus the counter */
+    char *saved = env_push("MS_CU_BF16_STREAM_MAX_T", "4");
+    const long long n0 = ms_cuda_gvb_launches();
+    for (int64_t T = 1; T <= 4; T++) swiglu_case(MS_WFMT_PLAIN, MS_BF16, T, 72, 3112);
+    swiglu_case(MS_WFMT_PLAIN, MS_BF16, 1, 1500, 6144);
+    for (int64_t T = 1; T <= 4; T++) {
+        swiglu_case(MS_WFMT_PLAIN, MS_BF16, T, 40, 136);
+        swiglu_case(MS_WFMT_PLAIN, MS_BF16, T, 80, 112);
+        swiglu_case(MS_WFMT_PLAIN, MS_BF16, T, 208, 112);
+    }
+    env_pop("MS_CU_BF16_STREAM_MAX_T", saved);
+    CHECK_MSG(ms_cuda_gvb_launches() - n0 == 17, "fused gate/up at 1..4 rows: streaming form ran %lld of 17 times",
+              ms_cuda_gvb_launches() - n0);
 }
 #endif
 
@@ -1027,8 +1128,7 @@ static int mla_forms_case(const char *name, const ms_attn_call *c, const ms_attn
         if (!strcmp((*ip)->backend, "cuda") && !strcmp((*ip)->name, "mma")) mma = *ip;
     char why[256] = "";
     if (!mma || !ms_attn_ok(mma, GPU, sh, why, sizeof why)) return 0;
-    const char *v = getenv("MS_CU_MLA_HEADS");
-    char *saved = v ? strdup(v) : NULL;
+    char *saved = env_push("MS_CU_MLA_HEADS", getenv("MS_CU_MLA_HEADS"));
     static const char *forms[2] = {"64", "16"};
     int ran = 0;
     for (int f = 0; f < 2; f++) {
@@ -1038,9 +1138,7 @@ static int mla_forms_case(const char *name, const ms_attn_call *c, const ms_attn
         run_vs_ref(mma, c, ref, rows, dv, name, label);
         ran++;
     }
-    if (saved) setenv("MS_CU_MLA_HEADS", saved, 1);
-    else unsetenv("MS_CU_MLA_HEADS");
-    free(saved);
+    env_pop("MS_CU_MLA_HEADS", saved);
     return ran;
 }
 
@@ -1498,7 +1596,7 @@ static void router_case(int T, int E_, int topk, int ng, int tg, int norm, int w
  * that is no multiple of the split kernel's 512-k slice, and exact ties between experts and groups. */
 static void test_router_decode(void) {
     const char *forms[2] = {"split", "warp"};
-    char *saved = getenv("MS_CU_ROUTER") ? strdup(getenv("MS_CU_ROUTER")) : NULL;
+    char *saved = env_push("MS_CU_ROUTER", getenv("MS_CU_ROUTER"));
     for (int f = 0; f < 2; f++) {
         setenv("MS_CU_ROUTER", forms[f], 1);
         for (int T = 1; T <= 8; T++) router_case_h(T, 128, 8, 1, 1, 1, 1, 4096, 0);
@@ -1515,9 +1613,7 @@ static void test_router_decode(void) {
         router_case_h(7, 160, 6, 8, 3, 1, 1, 520, 2);
         router_case_h(1, 128, 8, 8, 4, 1, 0, 4096, 2);
     }
-    if (saved) setenv("MS_CU_ROUTER", saved, 1);
-    else unsetenv("MS_CU_ROUTER");
-    free(saved);
+    env_pop("MS_CU_ROUTER", saved);
 }
 
 static void test_router(void) {
@@ -1704,13 +1800,17 @@ static void test_checks(void) {
  * a bad choice or an out-of-range integer falls back to the default, and the doctor printout has a
  * header and one line per knob. Restores the variables it touches. */
 static void test_knobs(void) {
-    static const char *vars[8] = {"MS_CU_GG", "MS_ATTN_NO_MMA", "MS_ATTN_NO_SPLIT", "MS_CU_GEMV_FP4", "MS_CU_ROUTER",
-                                  "MS_CU_PDL", "MS_CU_MLA_HEADS", "MS_CU_GW_N"};
-    char *saved[8];
-    for (int i = 0; i < 8; i++) {
-        const char *v = getenv(vars[i]);
-        saved[i] = v ? strdup(v) : NULL;
-    }
+    enum { NV = 9 };
+    static const char *vars[NV] = {"MS_CU_GG",  "MS_ATTN_NO_MMA",  "MS_ATTN_NO_SPLIT", "MS_CU_GEMV_FP4",         "MS_CU_ROUTER",
+                                   "MS_CU_PDL", "MS_CU_MLA_HEADS", "MS_CU_GW_N",       "MS_CU_BF16_STREAM_MAX_T"};
+    char *saved[NV];
+    for (int i = 0; i < NV; i++) saved[i] = env_push(vars[i], getenv(vars[i]));
+    setenv("MS_CU_BF16_STREAM_MAX_T", "2", 1);
+    CHECK_EQ_INT(cu_knob(CU_KNOB_BF16_STREAM_MAX_T), 2);
+    setenv("MS_CU_BF16_STREAM_MAX_T", "9", 1); /* out of range: the default */
+    CHECK_EQ_INT(cu_knob(CU_KNOB_BF16_STREAM_MAX_T), 4);
+    unsetenv("MS_CU_BF16_STREAM_MAX_T");
+    CHECK_EQ_INT(cu_knob(CU_KNOB_BF16_STREAM_MAX_T), 4);
     setenv("MS_CU_GG", "old", 1);
     CHECK_EQ_INT(cu_knob(CU_KNOB_GG), CU_GG_OLD);
     setenv("MS_CU_GG", "sync", 1);
@@ -1780,11 +1880,7 @@ static void test_knobs(void) {
         CHECK_EQ_INT(n, CU_KNOB_COUNT + 1);
         CHECK_EQ_INT(seen, 1);
     }
-    for (int i = 0; i < 8; i++) {
-        if (saved[i]) setenv(vars[i], saved[i], 1);
-        else unsetenv(vars[i]);
-        free(saved[i]);
-    }
+    for (int i = 0; i < NV; i++) env_pop(vars[i], saved[i]);
     cu_knob_forget(CU_KNOB_PDL); /* the ops below run with the caller's MS_CU_PDL */
 }
 #endif
@@ -1794,6 +1890,9 @@ int main(void) {
     /* bf16 linears with few rows take the tensor-core GEMV here (cuBLASLt is the default; the gv2
      * run of gpu-check covers it with MS_CU_BF16_GEMV_MAX_T=0) */
     setenv("MS_CU_BF16_GEMV_MAX_T", "16", 0);
+    /* ... and not the streaming form, which test_linear_bf16_stream turns on for its own cases (the
+     * model-level CUDA tests run it by default) */
+    setenv("MS_CU_BF16_STREAM_MAX_T", "0", 0);
 #ifdef MS_HAVE_CUDA
     RUN(test_knobs);
 #endif
@@ -1814,6 +1913,7 @@ int main(void) {
     RUN(test_linear_swiglu);
 #ifdef MS_HAVE_CUDA
     RUN(test_linear_w8);
+    RUN(test_linear_bf16_stream);
 #endif
     RUN(test_gqa_prep);
     RUN(test_stack_linears);

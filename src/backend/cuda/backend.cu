@@ -77,6 +77,26 @@ int cu_pdl_enabled(void) {
     return v == 2;
 }
 
+/* Contract in cuda_internal.cuh. */
+int cu_occupancy(ms_backend *b, const void *kern, int threads, size_t smem, int *bps, ms_err *err) {
+    cu_impl *ci = cu_of(b);
+    for (int i = 0; i < ci->n_occ_memo; i++)
+        if (ci->occ_memo[i].k == kern && ci->occ_memo[i].threads == threads && ci->occ_memo[i].smem == smem)
+            return *bps = ci->occ_memo[i].bps, MS_OK;
+    *bps = 0;
+    if (smem > (size_t)ci->max_smem_optin) return MS_OK;
+    /* the limit goes to the device maximum, not to smem: a later call of the same kernel with less shared
+     * memory must not lower it under what an earlier (remembered) size launches with */
+    if (smem > 48 * 1024)
+        CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, ci->max_smem_optin));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(bps, kern, threads, smem));
+    if (ci->n_occ_memo < (int)(sizeof ci->occ_memo / sizeof ci->occ_memo[0])) {
+        ci->occ_memo[ci->n_occ_memo].k = kern, ci->occ_memo[ci->n_occ_memo].threads = threads;
+        ci->occ_memo[ci->n_occ_memo].smem = smem, ci->occ_memo[ci->n_occ_memo++].bps = *bps;
+    }
+    return MS_OK;
+}
+
 /* Makes the backend's GPU current on the calling thread (ops may run on any host thread). */
 #define CU_ENTER(b)                                                                               \
     do {                                                                                          \
@@ -165,6 +185,7 @@ static int cu_upload(ms_backend *b, void *dst_d, const void *src, size_t n, ms_e
     if (!n) return MS_OK;
     CK(cudaMemcpyAsync(dst_d, src, n, cudaMemcpyHostToDevice, cu_of(b)->stream));
     CK(cudaStreamSynchronize(cu_of(b)->stream)); /* src may be pageable and reused by the caller */
+    cu_of(b)->weights_quiet = 1;
     return MS_OK;
 }
 
@@ -173,12 +194,14 @@ static int cu_download(ms_backend *b, void *dst, const void *src_d, size_t n, ms
     if (!n) return MS_OK;
     CK(cudaMemcpyAsync(dst, src_d, n, cudaMemcpyDeviceToHost, cu_of(b)->stream));
     CK(cudaStreamSynchronize(cu_of(b)->stream));
+    cu_of(b)->weights_quiet = 1;
     return MS_OK;
 }
 
 static int cu_sync(ms_backend *b, ms_err *err) {
     CU_ENTER(b);
     CK(cudaStreamSynchronize(cu_of(b)->stream));
+    cu_of(b)->weights_quiet = 1;
     return MS_OK;
 }
 
@@ -689,6 +712,14 @@ static int cu_linear(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_t
         return MS_OK;
     }
     const float *bias = W->bias.data ? (const float *)W->bias.data : NULL;
+    if (d.fmt == MS_WFMT_PLAIN && d.dtype == MS_BF16) { /* 1..4 rows: the streaming GEMV where it applies */
+        const cu_gvb_call g = {.mode = 0, .T = (int)T, .N = N, .K = K, .weights_quiet = cu_of(b)->weights_quiet,
+                               .w0 = (const bf16 *)d.w, .bias = bias,
+                               .x = xb, .y = y->data, .y_type = y->dtype, .ldy = N};
+        int done = 0;
+        MS_TRY(cu_gemv_bf16(b, &g, &done, err));
+        if (done) return MS_OK;
+    }
     const int plain_gemv = T <= cu_bf16_gemv_max_t() || (T <= 16 && N <= cu_knob(CU_KNOB_BF16_GEMV_MAX_N));
     if ((d.fmt == MS_WFMT_PLAIN ? plain_gemv : T <= CU_GEMV_MAX_T) && cu_gemv_mma_usable(b, &d, xb, 1)) {
         /* tensor-core GEMV, bias added in its epilogue */
@@ -720,6 +751,18 @@ static int cu_linear_swiglu(ms_backend *b, const ms_linear *gate, const ms_linea
     MS_TRY(cu_wdesc_of(gate, &dg, err));
     MS_TRY(cu_wdesc_of(up, &du, err));
     const int64_t T = rows_of(x, dg.k);
+    if (x->dtype == MS_BF16 && out->dtype == MS_BF16 && T >= 1 && T <= 16 && !gate->bias.data && !up->bias.data &&
+        dg.fmt == MS_WFMT_PLAIN && du.fmt == MS_WFMT_PLAIN && dg.dtype == MS_BF16 && du.dtype == MS_BF16 &&
+        dg.n == du.n && dg.k == du.k) { /* 1..4 rows: the streaming GEMV where it applies */
+        MS_ASSERT(ms_tensor_numel(out) == T * dg.n);
+        const cu_gvb_call g = {.mode = 1, .T = (int)T, .N = dg.n, .K = dg.k, .weights_quiet = cu_of(b)->weights_quiet,
+                               .w0 = (const bf16 *)dg.w,
+                               .w1 = (const bf16 *)du.w, .x = (const bf16 *)x->data, .y = out->data,
+                               .y_type = MS_BF16, .ldy = dg.n};
+        int done = 0;
+        MS_TRY(cu_gemv_bf16(b, &g, &done, err));
+        if (done) return MS_OK;
+    }
     if (x->dtype != MS_BF16 || out->dtype != MS_BF16 || T < 1 || T > 16 || gate->bias.data || up->bias.data ||
         dg.fmt != du.fmt || dg.dtype != du.dtype || dg.n != du.n || dg.k != du.k ||
         (dg.fmt == MS_WFMT_PLAIN && T > cu_bf16_gemv_max_t()) || !cu_gemv_mma_usable(b, &dg, x->data, 1) ||
@@ -889,6 +932,7 @@ extern "C" int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err)
                        device, n);
     ms_backend *b = (ms_backend *)calloc(1, sizeof *b);
     cu_impl *c = (cu_impl *)calloc(1, sizeof *c);
+    if (c) c->weights_quiet = 1; /* nothing written yet */
     if (!b || !c) {
         free(b);
         free(c);

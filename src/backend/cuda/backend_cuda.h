@@ -74,6 +74,9 @@ long long ms_cuda_gw_launches(void);
  * backends: lets a test assert that batch-1 NVFP4 decode takes it on sm_90a, and that the knob's
  * mma.sync forms do not. */
 long long ms_cuda_w8_launches(void);
+/* Launches of the streaming bf16 GEMV (gemv_bf16.cu k_gvb) so far in this process, all backends: tests
+ * use it to tell which form a linear took. Thread-safe. */
+long long ms_cuda_gvb_launches(void);
 
 #ifdef __cplusplus
 }

@@ -155,11 +155,16 @@ typedef struct cu_impl {
     int max_smem_optin;
     int have_wgmma; /* cu_gw_probe at creation: the wgmma grouped GEMM is in this build's code */
     int smem_per_sm; /* cudaDevAttrMaxSharedMemoryPerMultiprocessor (bytes) */
-    /* gemv_w8.cu's occupancy answers per (kernel, shared bytes): per backend, because the shared-memory
+    /* cu_occupancy's answers per (kernel, threads, shared bytes): per backend, because the shared-memory
      * limit it sets with them is a per-device attribute */
-    struct { const void *k; size_t smem; int bps; } w8_memo[16];
-    int n_w8_memo;
+    struct { const void *k; int threads; size_t smem; int bps; } occ_memo[32];
+    int n_occ_memo;
     uint64_t epoch; /* bumped when a scratch buffer moves (recorded graphs hold its old address) */
+    /* 1 while no device work in flight writes placed weights: placement and stacking copy synchronously,
+     * the dummy-weight generators (dummy.cu) launch kernels and clear it, and the next stream
+     * synchronisation (cu_sync, cu_upload, cu_download) sets it again. Lets a decode kernel read its
+     * weights before griddepcontrol.wait (gemv_bf16.cu). */
+    int weights_quiet;
 } cu_impl;
 
 static inline cu_impl *cu_of(const ms_backend *b) { return (cu_impl *)b->impl; }
@@ -189,6 +194,13 @@ int cu_weight_bf16(ms_backend *b, const ms_linear *W, int keep, const bf16 **out
  * Leading dims are in elements. beta 0 or 1. */
 int cu_gemm(ms_backend *b, int M, int N, int K, const void *A, int64_t lda, int ab_type, const void *B, int64_t ldb,
             int b_trans, void *C, int64_t ldc, int c_type, float beta, ms_err *err);
+
+/* Resident blocks an SM (*bps) of kernel kern launched with `threads` threads and smem bytes of dynamic
+ * shared memory, from the occupancy calculator, remembered per backend (cu_impl.occ_memo: decode calls
+ * repeat a few shapes, and eager steps should not pay driver queries per launch). Raises the kernel's
+ * shared-memory limit to the device's maximum on first sight of a size > 48 KB. *bps = 0: it does not
+ * fit an SM. */
+int cu_occupancy(ms_backend *b, const void *kern, int threads, size_t smem, int *bps, ms_err *err);
 
 /* Internal linear used by the router and runners: same as the backend's linear op. */
 int cu_linear_op(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_tensor *y, ms_err *err);
@@ -224,6 +236,25 @@ int cu_gemv_mma(ms_backend *b, const cu_gemv_call *c, ms_err *err);
  * rows_total != 1, K not a multiple of 128, scales not 4-byte aligned, x not 16-byte aligned, mode 1
  * without its up weight, or K too large for shared memory (K * 8.25 bytes). */
 int cu_gemv_w8(ms_backend *b, const cu_gemv_call *c, int *launched, ms_err *err);
+
+/* One call of the streaming bf16 GEMV (gemv_bf16.cu): y[t, n] = x[t, :] · w0[n, :] (+ bias[n]) in mode 0,
+ * silu(x[t, :] · w0[n, :]) * (x[t, :] · w1[n, :]) in mode 1, for t < T, n < N. Weights [N, K] row-major
+ * bf16, x [T, K] bf16 contiguous, y [T, ldy] of y_type (BF16 or F32; mode 1: BF16); bias F32 or NULL
+ * (mode 0 only). Device pointers, all owned by the caller. */
+typedef struct cu_gvb_call {
+    int mode, T, N, K;
+    int weights_quiet; /* 1: no device work in flight writes w0/w1 (cu_impl.weights_quiet when they are
+                        * placed weights), so they may be read before the previous kernel completes */
+    const bf16 *w0, *w1;
+    const float *bias;
+    const bf16 *x;
+    void *y;
+    int y_type, ldy;
+} cu_gvb_call;
+/* Runs c on the backend stream when the form applies (1 <= T <= MS_CU_BF16_STREAM_MAX_T <= 4, K % 8 == 0,
+ * 16-byte aligned weights and x, x of at most 96 KB) and sets *launched = 1; otherwise leaves
+ * *launched = 0 and does nothing (the caller takes another form). MS_OK unless a CUDA call failed. */
+int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err);
 /* Grouped tensor-core GEMM (bf16 x bf16, fp32 accumulate) dequantizing weight tiles in shared memory,
  * described by c (fields: grouped_call.cuh). Rows are grouped: tile t of the launch covers rows of
  * group g where tile_off[g] <= t < tile_off[g+1] (CU_GG_BM-row tiles; tiles past tile_off[n_groups]

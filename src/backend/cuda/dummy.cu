@@ -34,6 +34,7 @@ __global__ void k_fill(void *dst, int dt, size_t n, float amp, uint64_t seed) {
 extern "C" int ms_cuda_fill_random(ms_backend *b, void *dst_d, ms_dtype dtype, size_t n_elems, float amp,
                                    uint64_t seed, ms_err *err) {
     if (!n_elems) return MS_OK;
+    cu_of(b)->weights_quiet = 0; /* its kernel may write weights: see cu_impl */
     if (dtype != MS_F32 && dtype != MS_BF16 && dtype != MS_F8E4M3 && dtype != MS_U8)
         return ms_errf(err, MS_ERR_UNSUPPORTED, "dummy weights: dtype %s not supported on the GPU", ms_dtype_name(dtype));
     size_t g = (n_elems + 255) / 256;
@@ -102,6 +103,7 @@ static int dev_alloc(ms_backend *b, size_t n, const char *what, void **out, ms_e
 
 extern "C" int ms_cuda_dummy_tensor(ms_backend *b, ms_tensor *t, float offset, float amp, uint64_t seed, ms_err *err) {
     CK(cudaSetDevice(b->device));
+    cu_of(b)->weights_quiet = 0; /* its kernel may write weights: see cu_impl */
     if (t->dtype != MS_F32 && t->dtype != MS_BF16)
         return ms_errf(err, MS_ERR_UNSUPPORTED, "dummy weights: tensor dtype %s not supported on the GPU",
                        ms_dtype_name(t->dtype));
@@ -120,6 +122,7 @@ extern "C" int ms_cuda_dummy_tensor(ms_backend *b, ms_tensor *t, float offset, f
 
 extern "C" int ms_cuda_dummy_linear(ms_backend *b, ms_linear *W, int with_bias, uint64_t seed, ms_err *err) {
     CK(cudaSetDevice(b->device));
+    cu_of(b)->weights_quiet = 0; /* its kernels write weights: see cu_impl */
     const int64_t N = W->n_out, K = W->n_in;
     const char *nm = W->name ? W->name : "(linear)";
     if (N <= 0 || K <= 0 || N > INT32_MAX || K > INT32_MAX || (W->fmt == MS_WFMT_NVFP4 && K % 16))

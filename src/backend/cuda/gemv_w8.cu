@@ -307,7 +307,7 @@ static long long w8_launches; /* ms_cuda_w8_launches; updated atomically */
 extern "C" long long ms_cuda_w8_launches(void) { return __atomic_load_n(&w8_launches, __ATOMIC_RELAXED); }
 
 /* The instantiated forms, by [mode][log2 warpgroups a block] (mode 1 needs 2 or 4), with their launchers
- * (the shared-memory limit was set by w8_bps). */
+ * (the shared-memory limit was set by cu_occupancy). */
 typedef cudaError_t (*w8_go_fn)(dim3 grid, size_t smem, cudaStream_t st, const cu_gemv_kargs &a);
 template <int M, int NWG> static cudaError_t w8_go(dim3 grid, size_t smem, cudaStream_t st, const cu_gemv_kargs &a) {
     return cu_launch(k_gw8<M, NWG>, grid, dim3(W8_THREADS * NWG), smem, st, a);
@@ -318,23 +318,6 @@ static const struct {
 } w8_forms[2][3] = {{{(const void *)k_gw8<0, 1>, w8_go<0, 1>}, {(const void *)k_gw8<0, 2>, w8_go<0, 2>},
                      {(const void *)k_gw8<0, 4>, w8_go<0, 4>}},
                     {{NULL, NULL}, {(const void *)k_gw8<1, 2>, w8_go<1, 2>}, {(const void *)k_gw8<1, 4>, w8_go<1, 4>}}};
-
-/* Resident blocks an SM of kernel kern (W8_THREADS * nwg threads, smem bytes), from the occupancy
- * calculator, remembered per backend and (kern, smem) (cu_impl.w8_memo): decode calls repeat a few
- * shapes, and eager steps should not pay two driver queries per launch. Sets the kernel's shared-memory
- * limit on first sight. */
-static int w8_bps(ms_backend *b, const void *kern, int nwg, size_t smem, ms_err *err, int *bps) {
-    cu_impl *ci = cu_of(b);
-    for (int i = 0; i < ci->n_w8_memo; i++)
-        if (ci->w8_memo[i].k == kern && ci->w8_memo[i].smem == smem) return *bps = ci->w8_memo[i].bps, MS_OK;
-    if (smem > 48 * 1024) CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(bps, kern, W8_THREADS * nwg, smem));
-    if (ci->n_w8_memo < 16) {
-        ci->w8_memo[ci->n_w8_memo].k = kern, ci->w8_memo[ci->n_w8_memo].smem = smem;
-        ci->w8_memo[ci->n_w8_memo++].bps = *bps;
-    }
-    return MS_OK;
-}
 
 /* Contract in cuda_internal.cuh. Warpgroups per block (mode 1: 2 or 4, mode 0: 1, 2 or 4; each keeping
  * >= 4 super-steps): the fewest waves (resident blocks from the occupancy calculator), then the most
@@ -368,7 +351,7 @@ int cu_gemv_w8(ms_backend *b, const cu_gemv_call *c, int *launched, ms_err *err)
         if (i > (c->mode == 1 ? 1 : 0) && nss < 4 * (nwg / S)) continue;
         const size_t smem = base + (size_t)nwg * W8_ROWS * sizeof(float);
         int bps = 0;
-        MS_TRY(w8_bps(b, w8_forms[c->mode][i].kern, nwg, smem, err, &bps));
+        MS_TRY(cu_occupancy(b, w8_forms[c->mode][i].kern, W8_THREADS * nwg, smem, &bps, err));
         if (bps <= 0) continue;
         const int64_t slots = (int64_t)bps * nsm, waves = (blocks + slots - 1) / slots;
         const int64_t warps = (blocks < slots ? blocks : slots) * nwg * 4;

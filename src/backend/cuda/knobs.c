@@ -78,6 +78,13 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                            "heads per block of the tensor-core MLA kernel (attn_mla_mma.cu): auto = 16 for models of "
                            "at most 16 heads, else 64 (16 at batch-1 GLM-5 decode measured no gain); 64 or 16 "
                            "force one form"},
+    [CU_KNOB_BF16_STREAM_MAX_T] = {"MS_CU_BF16_STREAM_MAX_T", KN_INT, 4, 0, 4, NULL, 0,
+                                   "bf16 linears and fused gate/up with at most this many rows stream their weights "
+                                   "through gemv_bf16.cu (CUDA cores, whole-row runs); 0: the other forms "
+                                   "(cuBLASLt, MS_CU_BF16_GEMV_MAX_T)"},
+    [CU_KNOB_BF16_STREAM_EARLY] = {"MS_CU_BF16_STREAM_EARLY", KN_INT, 1, 0, 1, NULL, 1,
+                                   "1: the streaming bf16 GEMV copies its first weights before waiting for the previous "
+                                   "kernel (PDL), when no device work in flight writes weights; 0: after"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */

@@ -27,6 +27,8 @@ typedef enum cu_knob_id {
     CU_KNOB_BF16_GEMV_MAX_N,   /* MS_CU_BF16_GEMV_MAX_N: integer (read once) */
     CU_KNOB_GW_N,              /* MS_CU_GW_N: CU_GW_N_128 or CU_GW_N_256 (read at every call) */
     CU_KNOB_MLA_HEADS,         /* MS_CU_MLA_HEADS: CU_MLA_HEADS_AUTO, _64 or _16 (read at every call) */
+    CU_KNOB_BF16_STREAM_MAX_T, /* MS_CU_BF16_STREAM_MAX_T: 0..4 (read at every call) */
+    CU_KNOB_BF16_STREAM_EARLY, /* MS_CU_BF16_STREAM_EARLY: 0 or 1 (read once) */
     CU_KNOB_COUNT
 } cu_knob_id;
 

@@ -1,0 +1,259 @@
+/* gemv_bf16.cu - y = x·Wᵀ for plain bf16 weights at 1..4 rows of x: the batch-1 (and speculative
+ * few-token) decode form of the attention projections, dense MLPs and the lm_head, which read 10 of
+ * GLM-4.5-Air's 15.5 GB a step. Same results as the other linear forms up to summation order (bf16
+ * products are exact in fp32, sums in fp32).
+ *
+ * Why not cuBLASLt or gemv_mma's bf16 form: at one row cuBLASLt reaches 3.3-3.8 TB/s with a GEMM tile
+ * (splitting K for narrow outputs, then a reduction kernel) and starts only after the previous kernel
+ * has fully completed (it carries no PDL attribute); gemv_mma's form reads 64 bytes of 16 rows per warp
+ * step. Here every warp streams whole 512-byte runs of one row at a time through a shared-memory ring,
+ * GB_D - 1 steps (3.5 KB a warp, ~100 KB an SM) ahead of its math, so HBM sees long sequential reads and enough bytes in flight, and the
+ * multiply-adds run on CUDA cores (25-30 instructions per 16 weight bytes at one row, about a quarter
+ * of the issue rate at full bandwidth: the tensor cores would only add fragment shuffling).
+ *
+ * Work split. A block is GB_WARPS warps over (GB_WARPS / ks) row groups x ks K shares; warp (rg, kq)
+ * streams rows r0 .. r0 + rpw - 1 over 16-byte chunks [kq * kc, (kq + 1) * kc) of K. The host picks
+ * ks and rpw so the whole grid is resident in one wave with the least bytes on the busiest warp. A
+ * warp's rows end in a shuffle reduction; its partial goes to shared memory, and after one barrier the
+ * block sums the ks partials of each row in K order (deterministic) and writes y (+ bias; mode 1:
+ * silu(gate) * up of two weights read in the same steps).
+ *
+ * PDL and the weights before the wait. The weights of a decode step do not depend on the previous
+ * kernel, so when the caller knows that no device work in flight writes them (cu_gvb_call.weights_quiet:
+ * the backend has synchronised since the last kernel that wrote weights, cu_impl.weights_quiet) each
+ * warp copies its first GB_D - 1 steps into its ring before griddepcontrol.wait: a kernel launched early
+ * under PDL (cuda_internal.cuh) thus has its first loads in flight while the previous kernel (a norm,
+ * attention) still runs. x, which the previous kernel writes, is read only after the wait, and nothing
+ * is written to global memory before it, so the wait-first argument of cuda_internal.cuh still holds
+ * for everything but those weight reads. */
+#include "backend/cuda/cuda_internal.cuh"
+
+#include <string.h>
+
+#define GB_WARPS 8
+#define GB_THREADS (GB_WARPS * 32)
+#define GB_D 8     /* ring stages per warp and weight stream: 512-byte steps, GB_D - 1 in flight */
+#define GB_MAX_T 4 /* rows of x per launch (template NT = 1..4) */
+
+struct gb_args {
+    const bf16 *w0, *w1; /* [N][K] row-major; w1 = up (mode 1) */
+    const float *bias;   /* [N] or NULL (mode 0) */
+    const bf16 *x;       /* [NT][K], 16-byte aligned */
+    void *y;             /* [NT][ldy] of y_type (mode 1: bf16) */
+    int y_type, ldy;
+    int N, K;
+    int ks;  /* warps per row, each over a contiguous share of K */
+    int rpw; /* rows per warp */
+    int kc;  /* 16-byte chunks in a K share (the last share may be shorter) */
+    int early; /* the weights are not written by device work in flight: their first steps are copied before
+                * griddepcontrol.wait */
+    int red_units; /* 16-byte units of shared memory for the partials (before the rings) */
+};
+
+__device__ __forceinline__ void gb_cp16(void *smem, const void *gmem, int src_bytes) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void gb_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+/* all but the newest N of the thread's cp.async groups have landed */
+template <int N> __device__ __forceinline__ void gb_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+/* fp32 value of the low / high bf16 of a packed pair (exact) */
+__device__ __forceinline__ float gb_lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float gb_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+
+/* acc[0] += products of the even elements, acc[1] of the odd ones, of 8 weights w and 8 x values xv */
+__device__ __forceinline__ void gb_dot8(float (&acc)[2], const uint4 &w, const uint4 &xv) {
+    acc[0] = fmaf(gb_lo(w.x), gb_lo(xv.x), acc[0]);
+    acc[1] = fmaf(gb_hi(w.x), gb_hi(xv.x), acc[1]);
+    acc[0] = fmaf(gb_lo(w.y), gb_lo(xv.y), acc[0]);
+    acc[1] = fmaf(gb_hi(w.y), gb_hi(xv.y), acc[1]);
+    acc[0] = fmaf(gb_lo(w.z), gb_lo(xv.z), acc[0]);
+    acc[1] = fmaf(gb_hi(w.z), gb_hi(xv.z), acc[1]);
+    acc[0] = fmaf(gb_lo(w.w), gb_lo(xv.w), acc[0]);
+    acc[1] = fmaf(gb_hi(w.w), gb_hi(xv.w), acc[1]);
+}
+
+/* Shared memory: x as NT rows of K/8 16-byte units, the partials red[row of block][kq][stream][t] (red_units),
+ * then each warp's weight ring [stream][stage][lane] of 16-byte units. */
+template <int NT, int MODE>
+__global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a) {
+    extern __shared__ uint4 gb_smem[];
+    constexpr int S = MODE == 1 ? 2 : 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int ks = a.ks, rg = warp / ks, kq = warp - rg * ks;
+    const int K = a.K, K8 = K >> 3, rows_pb = (GB_WARPS / ks) * a.rpw;
+    const int r0 = blockIdx.x * rows_pb + rg * a.rpw;
+    const int nrow = max(0, min(a.rpw, a.N - r0));
+    const int c0 = kq * a.kc, kc = max(0, min(a.kc, K8 - c0));
+    const int spr = (kc + 31) >> 5; /* 512-byte steps per row */
+    const int nsteps = nrow * spr;
+    const bf16 *wp[S];
+#pragma unroll
+    for (int s = 0; s < S; s++) wp[s] = (s ? a.w1 : a.w0) + (size_t)(nrow > 0 ? r0 : 0) * K + (size_t)c0 * 8;
+
+    /* Weights stream through this warp's ring of GB_D stages in shared memory (cp.async, 16 bytes a lane
+     * and step: each lane reads back only what it copied, so no warp barrier), GB_D - 1 steps ahead of
+     * the math. The load stream is at row li, run lj; lp = this lane's 16-byte chunk there in w0 (w1's is
+     * lp + d1). Steps past the warp's work copy zeros (nothing is read). */
+    float *red = (float *)(gb_smem + NT * K8);
+    uint4 *ring = gb_smem + NT * K8 + a.red_units + (size_t)warp * (S * GB_D * 32) + lane;
+    int li = 0, lj = 0;
+    const uint4 *lp = (const uint4 *)wp[0] + lane;
+    const ptrdiff_t d1 = (const uint4 *)wp[S - 1] - (const uint4 *)wp[0];
+    const int skip = K8 - spr * 32; /* from past a row's last run to the next row's first */
+    auto put = [&](int stage) {
+        const bool ok = li < nrow && lj * 32 + lane < kc;
+#pragma unroll
+        for (int s = 0; s < S; s++)
+            gb_cp16(ring + (s * GB_D + stage) * 32, ok ? lp + (s ? d1 : 0) : (const uint4 *)a.w0, ok ? 16 : 0);
+        gb_commit();
+        lp += 32;
+        if (++lj == spr) lj = 0, li++, lp += skip;
+    };
+    if (a.early) { /* the first GB_D - 1 steps before the previous kernel completes: see the file comment */
+#pragma unroll
+        for (int u = 0; u < GB_D - 1; u++) put(u);
+    }
+    cu_pdl_wait();
+    cu_pdl_trigger();
+    if (!a.early) {
+#pragma unroll
+        for (int u = 0; u < GB_D - 1; u++) put(u);
+    }
+
+    for (int i = threadIdx.x; i < NT * K8; i += GB_THREADS) gb_smem[i] = __ldcg((const uint4 *)a.x + i);
+    __syncthreads();
+
+    float acc[S][NT][2];
+#pragma unroll
+    for (int s = 0; s < S; s++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[s][t][0] = acc[s][t][1] = 0.f;
+    int ci = 0, cj = 0; /* step being computed: row ci, run cj */
+    for (int s0 = 0; s0 < nsteps; s0 += GB_D) {
+#pragma unroll
+        for (int u = 0; u < GB_D; u++) {
+            if (s0 + u >= nsteps) break; /* warp-uniform */
+            gb_wait<GB_D - 2>();         /* step s0 + u landed (GB_D - 1 groups were in flight) */
+            uint4 v[S];
+#pragma unroll
+            for (int s = 0; s < S; s++) v[s] = ring[(s * GB_D + u) * 32];
+            put((u + GB_D - 1) % GB_D); /* step s0 + u + GB_D - 1, into the stage read at step s0 + u - 1 */
+            const int ch = cj * 32 + lane;
+            if (ch < kc) {
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    const uint4 xv = gb_smem[t * K8 + c0 + ch];
+#pragma unroll
+                    for (int s = 0; s < S; s++) gb_dot8(acc[s][t], v[s], xv);
+                }
+            }
+            if (++cj == spr) { /* row ci done: its warp sum to red */
+#pragma unroll
+                for (int s = 0; s < S; s++)
+#pragma unroll
+                    for (int t = 0; t < NT; t++) {
+                        float r = acc[s][t][0] + acc[s][t][1];
+#pragma unroll
+                        for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+                        if (lane == 0) red[(((rg * a.rpw + ci) * ks + kq) * S + s) * NT + t] = r;
+                        acc[s][t][0] = acc[s][t][1] = 0.f;
+                    }
+                cj = 0;
+                ci++;
+            }
+        }
+    }
+    gb_wait<0>(); /* no copy outlives the block */
+    __syncthreads();
+    /* t-major, so consecutive threads write consecutive outputs */
+    for (int i = threadIdx.x; i < NT * rows_pb; i += GB_THREADS) {
+        const int t = i / rows_pb, rl = i - t * rows_pb, n = blockIdx.x * rows_pb + rl;
+        if (n >= a.N) continue;
+        float v[S];
+#pragma unroll
+        for (int s = 0; s < S; s++) {
+            float sum = 0.f;
+            for (int q = 0; q < ks; q++) sum += red[((rl * ks + q) * S + s) * NT + t];
+            v[s] = sum;
+        }
+        const size_t yi = (size_t)t * a.ldy + n;
+        if (MODE == 1) ((bf16 *)a.y)[yi] = __float2bfloat16_rn(cu_silu(v[0]) * v[S - 1]);
+        else cu_st(a.y, a.y_type, yi, v[0] + (a.bias ? a.bias[n] : 0.f));
+    }
+}
+
+static long long gvb_launches; /* ms_cuda_gvb_launches; updated atomically */
+
+/* Contract in backend_cuda.h. */
+extern "C" long long ms_cuda_gvb_launches(void) { return __atomic_load_n(&gvb_launches, __ATOMIC_RELAXED); }
+
+static const void *const gb_kern[2][GB_MAX_T] = {
+    {(const void *)k_gvb<1, 0>, (const void *)k_gvb<2, 0>, (const void *)k_gvb<3, 0>, (const void *)k_gvb<4, 0>},
+    {(const void *)k_gvb<1, 1>, (const void *)k_gvb<2, 1>, (const void *)k_gvb<3, 1>, (const void *)k_gvb<4, 1>}};
+
+static cudaError_t gb_go(int mode, int T, dim3 grid, size_t smem, cudaStream_t st, const gb_args &a) {
+    switch (mode * GB_MAX_T + T - 1) {
+    case 0: return cu_launch(k_gvb<1, 0>, grid, dim3(GB_THREADS), smem, st, a);
+    case 1: return cu_launch(k_gvb<2, 0>, grid, dim3(GB_THREADS), smem, st, a);
+    case 2: return cu_launch(k_gvb<3, 0>, grid, dim3(GB_THREADS), smem, st, a);
+    case 3: return cu_launch(k_gvb<4, 0>, grid, dim3(GB_THREADS), smem, st, a);
+    case 4: return cu_launch(k_gvb<1, 1>, grid, dim3(GB_THREADS), smem, st, a);
+    case 5: return cu_launch(k_gvb<2, 1>, grid, dim3(GB_THREADS), smem, st, a);
+    case 6: return cu_launch(k_gvb<3, 1>, grid, dim3(GB_THREADS), smem, st, a);
+    default: return cu_launch(k_gvb<4, 1>, grid, dim3(GB_THREADS), smem, st, a);
+    }
+}
+
+/* Contract in cuda_internal.cuh. Launch shape: for each K split ks in {1, 2, 4, 8} (shares of whole
+ * 512-byte runs, at least two runs each when split), rows per warp = ceil(N * ks / resident warps), so
+ * one wave holds the grid; the split with the fewest bytes on the busiest warp wins, a smaller split on
+ * ties within 1/16 (fewer partials, longer sequential runs). */
+int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err) {
+    *launched = 0;
+    const int T = c->T, N = c->N, K = c->K, S = c->mode == 1 ? 2 : 1;
+    const int max_t = cu_knob(CU_KNOB_BF16_STREAM_MAX_T);
+    if (T < 1 || T > max_t || T > GB_MAX_T || N <= 0 || K <= 0 || K % 8 || (c->mode == 1 && (!c->w1 || c->bias)) ||
+        (c->mode == 1 && c->y_type != MS_BF16))
+        return MS_OK;
+    if (((uintptr_t)c->w0 & 15) || ((uintptr_t)c->w1 & 15) || ((uintptr_t)c->x & 15) || ((size_t)K * 2) % 16)
+        return MS_OK;
+    const int K8 = K / 8;
+    const size_t xbytes = (size_t)T * K * 2;
+    if (xbytes > 96 * 1024) return MS_OK; /* keep >= 2 blocks an SM; longer rows take the other forms */
+    const int nsm = b->gpu.n_sm > 0 ? b->gpu.n_sm : 132;
+    const int rpw_cap = 64; /* bounds the partials in shared memory */
+    const int red_units = GB_WARPS * rpw_cap * S * T / 4;
+    const size_t smem = xbytes + (size_t)16 * red_units + (size_t)16 * GB_WARPS * S * GB_D * 32;
+    int bps = 0;
+    MS_TRY(cu_occupancy(b, gb_kern[c->mode][T - 1], GB_THREADS, smem, &bps, err));
+    if (bps <= 0) return MS_OK;
+    const int64_t warps = (int64_t)bps * nsm * GB_WARPS;
+    int best_ks = 0, best_rpw = 0;
+    int64_t best_cost = 0;
+    for (int ks = 1; ks <= GB_WARPS; ks *= 2) {
+        int kc = (K8 + ks - 1) / ks;
+        kc = (kc + 31) / 32 * 32; /* whole 512-byte runs */
+        if (ks > 1 && (kc < 64 || (int64_t)kc * (ks - 1) >= K8)) break;
+        const int64_t rpw = ((int64_t)N * ks + warps - 1) / warps;
+        if (rpw > rpw_cap) continue;
+        const int64_t cost = rpw * (int64_t)(kc < K8 ? kc : K8);
+        if (!best_ks || cost * 16 < best_cost * 15) best_ks = ks, best_rpw = (int)rpw, best_cost = cost;
+    }
+    if (!best_ks) return MS_OK;
+    const int ks = best_ks, rpw = best_rpw, rows_pb = (GB_WARPS / ks) * rpw;
+    gb_args a;
+    memset(&a, 0, sizeof a);
+    a.w0 = c->w0, a.w1 = c->w1 ? c->w1 : c->w0, a.bias = c->bias, a.x = c->x, a.y = c->y;
+    a.y_type = c->y_type, a.ldy = c->ldy, a.N = N, a.K = K, a.ks = ks, a.rpw = rpw;
+    a.kc = (K8 + ks - 1) / ks;
+    a.kc = (a.kc + 31) / 32 * 32;
+    a.early = c->weights_quiet && cu_knob(CU_KNOB_BF16_STREAM_EARLY);
+    a.red_units = red_units;
+    const dim3 grid((unsigned)((N + rows_pb - 1) / rows_pb));
+    CK(gb_go(c->mode, T, grid, smem, cu_of(b)->stream, a));
+    __atomic_fetch_add(&gvb_launches, 1, __ATOMIC_RELAXED);
+    *launched = 1;
+    return MS_OK;
+}
