@@ -649,39 +649,53 @@ static char *fp4_push(const char *v) { return env_push("MS_CU_GEMV_FP4", v); }
 /* Puts back what fp4_push returned (and frees it). */
 static void fp4_pop(char *prev) { env_pop("MS_CU_GEMV_FP4", prev); }
 
-static void w8_linear_case(int64_t N, int64_t K, int bias, ms_dtype ydt, int wide, int nan) {
-    lpair L = mk_linear(MS_WFMT_NVFP4, 0, N, K, bias);
-    int64_t xs[2] = {1, K}, ys[2] = {1, N};
-    float *x = rand_vec((size_t)K, 1.f);
+/* One linear through a form the knob `var` selects: with var = on the form's launch counter must move
+ * exactly when `want`, with var = off it must not, and the first result is held to the CPU (and, finite,
+ * to the second) within tol of the largest output. x: random, every element scaled by 2^-20 .. 2^10 with
+ * wide, a NaN in its last row with nan (that row's outputs must all be NaN, the others right). */
+typedef struct {
+    const char *var, *on, *off, *name; /* the knob, its two values, the form's name in messages */
+    long long (*launches)(void);       /* the form's launch counter */
+} form_knob;
+
+static void form_linear_case(const form_knob *fk, ms_wfmt fmt, int64_t T, int64_t N, int64_t K, int bias, ms_dtype ydt,
+                             int wide, int nan, int want, double tol) {
+    lpair L = mk_linear(fmt, fmt == MS_WFMT_PLAIN ? MS_BF16 : 0, N, K, bias);
+    int64_t xs[2] = {T, K}, ys[2] = {T, N};
+    float *x = rand_vec((size_t)(T * K), 1.f);
     if (wide)
-        for (int64_t i = 0; i < K; i++) x[i] = ldexpf(x[i], (int)(rnd_u32() % 31u) - 20);
-    if (nan) x[K / 3] = NAN;
+        for (int64_t i = 0; i < T * K; i++) x[i] = ldexpf(x[i], (int)(rnd_u32() % 31u) - 20);
+    if (nan) x[(T - 1) * K + K / 3] = NAN;
     pair X = act(2, xs, x);
     const ms_dtype gdt = ydt == MS_F32 ? MS_F32 : 0;
     pair Y = {mk(GPU, gdt, 2, ys, NULL), mk(CPU, 0, 2, ys, NULL)};
     ms_tensor Y2 = mk(GPU, gdt, 2, ys, NULL);
-    char *saved = fp4_push("w8");
-    const long long n0 = ms_cuda_w8_launches();
+    char *saved = env_push(fk->var, fk->on);
+    const long long n0 = fk->launches();
     R(GPU->ops->linear(GPU, &L.g, &X.g, &Y.g, &E));
-    const int ran = ms_cuda_w8_launches() > n0, want = w8_expected();
-    CHECK_MSG(ran == want, "NVFP4 linear N=%lld K=%lld: FP8 wgmma form %s", (long long)N, (long long)K,
-              want ? "did not run" : "ran where it should not");
-    setenv("MS_CU_GEMV_FP4", "v2", 1); /* the caller's value comes back with fp4_pop below */
-    const long long n1 = ms_cuda_w8_launches();
+    const int ran = fk->launches() > n0;
+    CHECK_MSG(ran == want, "%s linear T=%lld N=%lld K=%lld: %s %s", ms_wfmt_name(fmt, MS_BF16), (long long)T,
+              (long long)N, (long long)K, fk->name, want ? "did not run" : "ran where it should not");
+    setenv(fk->var, fk->off, 1); /* the caller's value comes back with env_pop below */
+    const long long n1 = fk->launches();
     R(GPU->ops->linear(GPU, &L.g, &X.g, &Y2, &E));
-    CHECK_MSG(ms_cuda_w8_launches() == n1, "MS_CU_GEMV_FP4=v2 still launched the FP8 wgmma form");
-    fp4_pop(saved);
+    CHECK_MSG(fk->launches() == n1, "%s=%s still launched the %s", fk->var, fk->off, fk->name);
+    env_pop(fk->var, saved);
     R(CPU->ops->linear(CPU, &L.c, &X.c, &Y.c, &E));
     float *a = get(GPU, &Y.g), *b = get(GPU, &Y2), *r = get(CPU, &Y.c);
+    const int64_t good = nan ? (T - 1) * N : T * N; /* outputs from rows without a NaN */
     if (nan) {
         int bad = 0;
-        for (int64_t i = 0; i < N; i++) bad += !isnan(a[i]);
-        CHECK_MSG(bad == 0, "NVFP4 linear with a NaN in x: %d of %lld outputs not NaN", bad, (long long)N);
-    } else {
-        const double tol = ydt == MS_F32 ? 2e-3 : 1e-2;
-        const double e1 = rel_err(a, r, (size_t)N), e2 = rel_err(a, b, (size_t)N);
-        CHECK_MSG(e1 <= tol && e2 <= tol, "NVFP4 linear N=%lld K=%lld bias=%d y=%s wide=%d: rel err %.3g vs CPU, %.3g vs mma.sync",
-                  (long long)N, (long long)K, bias, ms_dtype_name(ydt), wide, e1, e2);
+        for (int64_t i = good; i < T * N; i++) bad += !isnan(a[i]);
+        CHECK_MSG(bad == 0, "%s linear with a NaN in x row %lld: %d of %lld outputs not NaN", ms_wfmt_name(fmt, MS_BF16),
+                  (long long)(T - 1), bad, (long long)N);
+    }
+    if (good > 0) {
+        const double e1 = rel_err(a, r, (size_t)good), e2 = nan ? 0 : rel_err(a, b, (size_t)good);
+        CHECK_MSG(e1 <= tol && e2 <= tol,
+                  "%s linear T=%lld N=%lld K=%lld bias=%d y=%s wide=%d: rel err %.3g vs CPU, %.3g with %s=%s",
+                  ms_wfmt_name(fmt, MS_BF16), (long long)T, (long long)N, (long long)K, bias, ms_dtype_name(ydt), wide, e1,
+                  e2, fk->var, fk->off);
     }
     free(a);
     free(b);
@@ -691,6 +705,12 @@ static void w8_linear_case(int64_t N, int64_t K, int bias, ms_dtype ydt, int wid
     pfree(&Y);
     free(x);
     free_linear(&L);
+}
+
+static const form_knob W8_FORM = {"MS_CU_GEMV_FP4", "w8", "v2", "FP8 wgmma form", ms_cuda_w8_launches};
+
+static void w8_linear_case(int64_t N, int64_t K, int bias, ms_dtype ydt, int wide, int nan) {
+    form_linear_case(&W8_FORM, MS_WFMT_NVFP4, 1, N, K, bias, ydt, wide, nan, w8_expected(), ydt == MS_F32 ? 2e-3 : 1e-2);
 }
 
 static void test_linear_w8(void) {
@@ -720,52 +740,10 @@ static void test_linear_w8(void) {
  * run (3112), K split over 2..8 warps (few rows, long K: 40 x 12288, 33 x 40000), several rows a warp
  * (20000 x 512), GLM-4.5-Air's o_proj (4096 x 12288); T = 5 and the knob at 0 must not take it. A NaN
  * in one row of x makes that row's outputs NaN and leaves the other row's right. */
+static const form_knob GVB_FORM = {"MS_CU_BF16_STREAM_MAX_T", "4", "0", "streaming bf16 GEMV", ms_cuda_gvb_launches};
+
 static void bf16_stream_case(int64_t T, int64_t N, int64_t K, int bias, ms_dtype ydt, int nan) {
-    lpair L = mk_linear(MS_WFMT_PLAIN, MS_BF16, N, K, bias);
-    int64_t xs[2] = {T, K}, ys[2] = {T, N};
-    float *x = rand_vec((size_t)(T * K), 1.f);
-    if (nan) x[(T - 1) * K + K / 3] = NAN;
-    pair X = act(2, xs, x);
-    const ms_dtype gdt = ydt == MS_F32 ? MS_F32 : 0;
-    pair Y = {mk(GPU, gdt, 2, ys, NULL), mk(CPU, 0, 2, ys, NULL)};
-    ms_tensor Y2 = mk(GPU, gdt, 2, ys, NULL);
-    char *saved = env_push("MS_CU_BF16_STREAM_MAX_T", "4");
-    const long long n0 = ms_cuda_gvb_launches();
-    R(GPU->ops->linear(GPU, &L.g, &X.g, &Y.g, &E));
-    const int ran = ms_cuda_gvb_launches() > n0, want = T <= 4;
-    CHECK_MSG(ran == want, "bf16 linear T=%lld N=%lld K=%lld: streaming form %s", (long long)T, (long long)N,
-              (long long)K, want ? "did not run" : "ran beyond 4 rows");
-    setenv("MS_CU_BF16_STREAM_MAX_T", "0", 1);
-    const long long n1 = ms_cuda_gvb_launches();
-    R(GPU->ops->linear(GPU, &L.g, &X.g, &Y2, &E));
-    CHECK_MSG(ms_cuda_gvb_launches() == n1, "MS_CU_BF16_STREAM_MAX_T=0 still launched the streaming form");
-    env_pop("MS_CU_BF16_STREAM_MAX_T", saved);
-    R(CPU->ops->linear(CPU, &L.c, &X.c, &Y.c, &E));
-    float *a = get(GPU, &Y.g), *b = get(GPU, &Y2), *r = get(CPU, &Y.c);
-    if (nan) {
-        int bad = 0;
-        for (int64_t i = 0; i < N; i++) bad += !isnan(a[(T - 1) * N + i]);
-        CHECK_MSG(bad == 0, "bf16 linear with a NaN in x row %lld: %d of %lld outputs not NaN", (long long)(T - 1), bad,
-                  (long long)N);
-        if (T > 1) {
-            const double e = rel_err(a, r, (size_t)((T - 1) * N));
-            CHECK_MSG(e <= (ydt == MS_F32 ? 1e-4 : 1e-2), "bf16 linear, the rows without NaN: rel err %.3g", e);
-        }
-    } else {
-        const double tol = ydt == MS_F32 ? 1e-4 : 1e-2;
-        const double e1 = rel_err(a, r, (size_t)(T * N)), e2 = rel_err(a, b, (size_t)(T * N));
-        CHECK_MSG(e1 <= tol && e2 <= tol,
-                  "bf16 linear T=%lld N=%lld K=%lld bias=%d y=%s: rel err %.3g vs CPU, %.3g vs the other GPU form",
-                  (long long)T, (long long)N, (long long)K, bias, ms_dtype_name(ydt), e1, e2);
-    }
-    free(a);
-    free(b);
-    free(r);
-    fr(GPU, &Y2);
-    pfree(&X);
-    pfree(&Y);
-    free(x);
-    free_linear(&L);
+    form_linear_case(&GVB_FORM, MS_WFMT_PLAIN, T, N, K, bias, ydt, 0, nan, T <= 4, ydt == MS_F32 ? 1e-4 : 1e-2);
 }
 
 static void test_linear_bf16_stream(void) {
