@@ -7,9 +7,12 @@
  * (splitting K for narrow outputs, then a reduction kernel) and starts only after the previous kernel
  * has fully completed (it carries no PDL attribute); gemv_mma's form reads 64 bytes of 16 rows per warp
  * step. Here every warp streams whole 512-byte runs of one row at a time through a shared-memory ring,
- * GB_D - 1 steps (3.5 KB a warp, ~100 KB an SM) ahead of its math, so HBM sees long sequential reads and enough bytes in flight, and the
- * multiply-adds run on CUDA cores (25-30 instructions per 16 weight bytes at one row, about a quarter
- * of the issue rate at full bandwidth: the tensor cores would only add fragment shuffling).
+ * GB_D - 1 steps (3.5 KB a warp, ~110 KB an SM) ahead of its math, so HBM sees long sequential reads
+ * and enough bytes in flight, and the multiply-adds run on CUDA cores (~35 instructions per 16 weight
+ * bytes at one row, well under the issue rate at full bandwidth: tensor cores would only add fragment
+ * shuffling). Holding the steps in registers instead (version 1 in bench/NOTES.md) capped the depth at
+ * 4 steps and the kernel at ~2.9 TB/s. H200, ncu: the lm_head streams at 4.38 TB/s (91% of the DRAM
+ * peak), GLM-4.5-Air's 117 MB q|k|v at 3.6 (ramp and tail of a 32 us kernel).
  *
  * Work split. A block is GB_WARPS warps over (GB_WARPS / ks) row groups x ks K shares; warp (rg, kq)
  * streams rows r0 .. r0 + rpw - 1 over 16-byte chunks [kq * kc, (kq + 1) * kc) of K. The host picks
@@ -49,14 +52,6 @@ struct gb_args {
                 * griddepcontrol.wait */
     int red_units; /* 16-byte units of shared memory for the partials (before the rings) */
 };
-
-__device__ __forceinline__ void gb_cp16(void *smem, const void *gmem, int src_bytes) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void gb_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-/* all but the newest N of the thread's cp.async groups have landed */
-template <int N> __device__ __forceinline__ void gb_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 /* fp32 value of the low / high bf16 of a packed pair (exact) */
 __device__ __forceinline__ float gb_lo(uint32_t v) { return __uint_as_float(v << 16); }
@@ -106,8 +101,8 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
         const bool ok = li < nrow && lj * 32 + lane < kc;
 #pragma unroll
         for (int s = 0; s < S; s++)
-            gb_cp16(ring + (s * GB_D + stage) * 32, ok ? lp + (s ? d1 : 0) : (const uint4 *)a.w0, ok ? 16 : 0);
-        gb_commit();
+            cu_cp16(cu_saddr(ring + (s * GB_D + stage) * 32), ok ? lp + (s ? d1 : 0) : (const uint4 *)a.w0, ok);
+        cu_cp_commit();
         lp += 32;
         if (++lj == spr) lj = 0, li++, lp += skip;
     };
@@ -135,7 +130,7 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
 #pragma unroll
         for (int u = 0; u < GB_D; u++) {
             if (s0 + u >= nsteps) break; /* warp-uniform */
-            gb_wait<GB_D - 2>();         /* step s0 + u landed (GB_D - 1 groups were in flight) */
+            cu_cp_wait<GB_D - 2>();         /* step s0 + u landed (GB_D - 1 groups were in flight) */
             uint4 v[S];
 #pragma unroll
             for (int s = 0; s < S; s++) v[s] = ring[(s * GB_D + u) * 32];
@@ -165,7 +160,7 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
             }
         }
     }
-    gb_wait<0>(); /* no copy outlives the block */
+    cu_cp_wait<0>(); /* no copy outlives the block */
     __syncthreads();
     /* t-major, so consecutive threads write consecutive outputs */
     for (int i = threadIdx.x; i < NT * rows_pb; i += GB_THREADS) {
