@@ -7,9 +7,11 @@
  * attention. (Agreement with transformers is the fixture conformance test's job.)
  *
  * `test_forward_cache cuda` runs the same checks on the GPU (bf16 activations, so the tolerance is
- * TOL_GPU; skipped with a message when there is none) with decode steps recorded as CUDA graphs,
- * plus graph steps (decode, and speculative verification of 4 tokens per sequence) against the same
- * steps run op by op, and graph decode with Programmatic Dependent Launch on against off (bitwise). */
+ * TOL_GPU; skipped with a message when there is none): decode-vs-recompute and chunked-vs-one-shot
+ * replay the one-shot run's expert and index choices (so they run op by op: a replaying forward takes
+ * no graphs), the batched checks run with decode graphs, and graph steps (decode, and speculative
+ * verification of 4 tokens per sequence) are checked against the same steps run op by op, and graph
+ * decode with Programmatic Dependent Launch on against off (bitwise). */
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "model/arch.h"
@@ -293,10 +295,10 @@ static ms_forward *mkfwd_g(ms_model *m, int max_tokens, int graphs) {
 static ms_forward *mkfwd(ms_model *m, int max_tokens) { return mkfwd_g(m, max_tokens, 1); }
 
 /* A forward that records its steps' discrete choices into rec, or replays rep's (model.h, ms_decisions;
- * either may be NULL). */
+ * either may be NULL). Such a forward runs every step op by op (no graphs). */
 static ms_forward *mkfwd_d(ms_model *m, int max_tokens, ms_decisions *rec, const ms_decisions *rep) {
     ms_forward_opts o = {.max_tokens = max_tokens, .n_pages = NPAGES, .page_size = PS, .moe_runner = "auto",
-                         .graphs = 1, .record = rec, .replay = rep};
+                         .record = rec, .replay = rep};
     ms_forward *f = NULL;
     if (ms_forward_create(m, B, &o, &f, &E) != MS_OK) fprintf(stderr, "    create: %s\n", E.msg);
     return f;
@@ -312,7 +314,9 @@ static int dec_alloc(const ms_model *m, int n, ms_decisions *d) {
 /* *out (re)made as tokens [t0, t0 + n) of all. */
 static void dec_slice(const ms_model *m, const ms_decisions *all, int t0, int n, ms_decisions *out) {
     ms_decisions_free(out);
-    CHECK(dec_alloc(m, n, out) == MS_OK);
+    const int rc = dec_alloc(m, n, out);
+    CHECK(rc == MS_OK);
+    if (rc != MS_OK) return;
     for (int L = 0; L < all->n_layers; L++) {
         memcpy(out->expert_ids + (size_t)L * n * all->topk, all->expert_ids + ((size_t)L * all->n_tokens + t0) * all->topk,
                sizeof(int32_t) * (size_t)n * all->topk);
@@ -358,7 +362,11 @@ static void check_model(ms_model *m, const char *name) {
     CHECK(dec_alloc(m, SEQ, &all) == MS_OK);
     ms_forward *f = mkfwd_d(m, 32, &all, NULL);
     CHECK(f != NULL);
-    if (!f) return;
+    if (!f) {
+        ms_decisions_free(&all);
+        free(full), free(inc), free(chk), free(full2), free(both);
+        return;
+    }
     seq_part p = {ids, PAGES_A, 0, SEQ};
     CHECK(step(f, &p, 1, full) == MS_OK);
     ms_forward_free(f);

@@ -64,6 +64,10 @@ typedef __nv_bfloat16 bf16;
  * only after our previous kernel has fully completed (plain stream order); one of ours launched after
  * them may start early only if they trigger, and it still waits for their completion.
  *
+ * The one exception: the streaming bf16 GEMV (gemv_bf16.cu) copies its first weight stages into shared
+ * memory before its wait, only when cu_impl.weights_quiet says no device work in flight writes weights;
+ * what the previous kernel writes (x) it still reads after the wait, and it writes nothing before it.
+ *
  * Why trigger right after the wait: the next kernel can launch only once all our blocks passed the
  * trigger, i.e. after our own wait returned, i.e. after the previous grid completed. So at most two
  * grids are resident (the running one and the next one parked at its wait), and the parked blocks only
@@ -160,7 +164,9 @@ typedef struct cu_impl {
     struct { const void *k; int threads; size_t smem; int bps; } occ_memo[32];
     int n_occ_memo;
     uint64_t epoch; /* bumped when a scratch buffer moves (recorded graphs hold its old address) */
-    /* 1 while no device work in flight writes placed weights: placement and stacking copy synchronously,
+    /* 1 while no device work in flight writes placed weights: placement copies synchronously, stacking's
+     * device copies (legacy stream) are complete when it returns because it then frees the parts' memory
+     * (cudaFree synchronises the device),
      * the dummy-weight generators (dummy.cu) launch kernels and clear it, and the next stream
      * synchronisation (cu_sync, cu_upload, cu_download) sets it again. Lets a decode kernel read its
      * weights before griddepcontrol.wait (gemv_bf16.cu). */
@@ -251,8 +257,9 @@ typedef struct cu_gvb_call {
     void *y;
     int y_type, ldy;
 } cu_gvb_call;
-/* Runs c on the backend stream when the form applies (1 <= T <= MS_CU_BF16_STREAM_MAX_T <= 4, K % 8 == 0,
- * 16-byte aligned weights and x, x of at most 96 KB) and sets *launched = 1; otherwise leaves
+/* Runs c on the backend stream when the form applies (mode 0 or 1, 1 <= T <= MS_CU_BF16_STREAM_MAX_T <= 4,
+ * K % 8 == 0, 16-byte aligned weights and x, x of at most 96 KB, a block that fits an SM, and a K split
+ * that keeps every warp at <= 64 rows in one resident wave) and sets *launched = 1; otherwise leaves
  * *launched = 0 and does nothing (the caller takes another form). MS_OK unless a CUDA call failed. */
 int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err);
 /* Grouped tensor-core GEMM (bf16 x bf16, fp32 accumulate) dequantizing weight tiles in shared memory,

@@ -209,14 +209,15 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     *launched = 0;
     const int T = c->T, N = c->N, K = c->K, S = c->mode == 1 ? 2 : 1;
     const int max_t = cu_knob(CU_KNOB_BF16_STREAM_MAX_T);
-    if (T < 1 || T > max_t || T > GB_MAX_T || N <= 0 || K <= 0 || K % 8 || (c->mode == 1 && (!c->w1 || c->bias)) ||
+    if ((c->mode != 0 && c->mode != 1) || T < 1 || T > max_t || T > GB_MAX_T || N <= 0 || K <= 0 || K % 8 ||
+        (c->mode == 1 && (!c->w1 || c->bias)) ||
         (c->mode == 1 && c->y_type != MS_BF16))
         return MS_OK;
     if (((uintptr_t)c->w0 & 15) || ((uintptr_t)c->w1 & 15) || ((uintptr_t)c->x & 15) || ((size_t)K * 2) % 16)
         return MS_OK;
     const int K8 = K / 8;
     const size_t xbytes = (size_t)T * K * 2;
-    if (xbytes > 96 * 1024) return MS_OK; /* keep >= 2 blocks an SM; longer rows take the other forms */
+    if (xbytes > 96 * 1024) return MS_OK; /* longer rows take the other forms (at 96 KB one block an SM) */
     const int nsm = b->gpu.n_sm > 0 ? b->gpu.n_sm : 132;
     const int rpw_cap = 64; /* bounds the partials in shared memory */
     const int red_units = GB_WARPS * rpw_cap * S * T / 4;
