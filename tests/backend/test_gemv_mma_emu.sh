@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The tensor-core GEMV (src/backend/cuda/gemv_mma.cu) checked without a GPU: its kernel and launch code
-# are compiled for the host with the CUDA-only lines swapped for tests/backend/gemv_mma_emu/emu.h
+# The tensor-core GEMV (src/backend/cuda/gemv_mma.cu with its device pieces in gemv_mma.cuh) checked
+# without a GPU: its kernel and launch code (header and source concatenated) are compiled for the
+# host with the CUDA-only lines swapped for tests/backend/gemv_mma_emu/emu.h
 # (each CUDA thread a host thread, mma.sync rebuilt from the PTX ISA fragment tables, exactness of the
 # in-register dequantization asserted) under the address and undefined-behaviour sanitizers, then
 # compared with a float64 reference (tests/backend/gemv_mma_emu/main.cpp). The GPU itself is covered
@@ -10,13 +11,15 @@ cd "$(dirname "$0")/../.."
 OUTDIR=${MS_BUILD:-build}/gemv_mma_emu
 mkdir -p "$OUTDIR"
 fail() { echo "FAIL $1"; echo "## test_gemv_mma_emu: 0 passed, 1 failed"; exit 1; }
-sed -e 's|^#include "backend/cuda/cuda_internal.cuh"$|#include "emu.h"|' \
+cat src/backend/cuda/gemv_mma.cuh src/backend/cuda/gemv_mma.cu |
+  sed -e 's|^#include "backend/cuda/cuda_internal.cuh"$|#include "emu.h"|' \
+    -e '/^#include "backend\/cuda\/gemv_mma.cuh"$/d' \
     -e '/^extern "C" {$/,/^}$/d' \
     -e '/\/\* ---- PTX wrappers ---- \*\//,/\/\* ---- exact decoders/{/\/\* ---- exact decoders/!d}' \
     -e 's|extern __shared__ uint4 gm_smem\[\];|uint4 *gm_smem = EB->smem;|' \
     -e 's|return cu_launch(k_gmma<F, M, NT>, grid, threads, smem, st, a);|emu_launch(k_gmma<F, M, NT>, grid, threads, smem, a); return cudaGetLastError();|' \
     -e 's|cudaFuncSetAttribute(k_gmma<F, M, NT>,|cudaFuncSetAttribute(0,|' \
-    src/backend/cuda/gemv_mma.cu >"$OUTDIR/gm_emu.cpp" || fail "rewriting gemv_mma.cu"
+    >"$OUTDIR/gm_emu.cpp" || fail "rewriting gemv_mma.cu"
 for gone in 'asm' '<<<' 'extern __shared__' '#include "backend/cuda/cuda_internal.cuh"'; do
   grep -q -- "$gone" "$OUTDIR/gm_emu.cpp" && fail "gemv_mma.cu changed shape: '$gone' is still there after the rewrite (update this script)"
 done

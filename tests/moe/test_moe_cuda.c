@@ -338,6 +338,7 @@ static void test_nvfp4_w8(void) {
     const char *f = getenv("MS_CU_GEMV_FP4");
     char *saved = f ? strdup(f) : NULL;
     setenv("MS_CU_GEMV_FP4", "w8", 1);
+    setenv("MS_CU_MOE_FUSED", "0", 1); /* one-token calls would take the fused kernel first */
 #ifdef MS_HAVE_CUDA
     const long long n0 = ms_cuda_w8_launches();
 #endif
@@ -350,6 +351,59 @@ static void test_nvfp4_w8(void) {
     if (saved) setenv("MS_CU_GEMV_FP4", saved, 1);
     else unsetenv("MS_CU_GEMV_FP4");
     free(saved);
+    unsetenv("MS_CU_MOE_FUSED");
+}
+
+/* The fused one-token kernel (moe_fused.cu) through the decode runner: NVFP4 with hidden and
+ * intermediate multiples of 128, 16 experts, top-1/3/9 (9 = GLM-4.5-Air's 8 + the folded shared
+ * expert), random and partial routing (ids -1, possibly all of them), each call twice in a row (the
+ * phase counters must be back at zero for the second), both forms (MS_CU_MOE_FUSED 1: three groups a
+ * block; 2: one), more slots than its grid has groups for one phase and fewer; the launch counter says it ran exactly
+ * for T = 1 and that MS_CU_MOE_FUSED=0 and I % 128 != 0 keep the two-kernel form. */
+static void fused_shapes(int H, int I, int want) {
+    layer L;
+    const int n = 16;
+    make_layer(&L, MS_WFMT_NVFP4, n, H, I);
+    ms_moe_shape s = {1, H, I, n, 9, MS_WFMT_NVFP4, MS_BF16};
+    const ms_moe_runner *cpu_r = NULL, *gr = NULL;
+    R(ms_moe_resolve(CPU, "cpu", &s, &cpu_r, &E));
+    R(ms_moe_resolve(GPU, "decode", &s, &gr, &E));
+    if (!cpu_r || !gr) { free_layer(&L); return; }
+    if (cpu_r->prepare) R(cpu_r->prepare(CPU, &L.ec, &E));
+    if (gr->prepare) R(gr->prepare(GPU, &L.eg, &E));
+#ifdef MS_HAVE_CUDA
+    long long n0 = ms_cuda_moe_fused_launches();
+#endif
+    const char *form[2] = {"1", "2"};
+    for (int d = 0; d < 2; d++) {
+        setenv("MS_CU_MOE_FUSED", form[d], 1);
+        const int topks[3] = {1, 3, 9};
+        for (int i = 0; i < 3; i++)
+            for (int rep = 0; rep < 2; rep++) {
+                run_case(&L, cpu_r, gr, 1, topks[i], 0);
+                run_case(&L, cpu_r, gr, 1, topks[i], 3);
+            }
+    }
+#ifdef MS_HAVE_CUDA
+    CHECK_MSG((ms_cuda_moe_fused_launches() - n0 == 24) == want, "H=%d I=%d: fused MoE kernel launched %lld times (want %s)",
+              H, I, ms_cuda_moe_fused_launches() - n0, want ? "24" : "none");
+    n0 = ms_cuda_moe_fused_launches();
+#endif
+    run_case(&L, cpu_r, gr, 3, 3, 0); /* more than one token: the two-kernel form */
+    setenv("MS_CU_MOE_FUSED", "0", 1);
+    run_case(&L, cpu_r, gr, 1, 9, 0);
+#ifdef MS_HAVE_CUDA
+    CHECK_MSG(ms_cuda_moe_fused_launches() == n0, "fused MoE kernel launched for T = 3 or with MS_CU_MOE_FUSED=0");
+#endif
+    unsetenv("MS_CU_MOE_FUSED");
+    free_layer(&L);
+}
+static void test_nvfp4_fused(void) {
+    const int want = GPU->gpu.cc_major >= 8;
+    fused_shapes(256, 384, want);
+    fused_shapes(1024, 128, want);
+    fused_shapes(128, 1280, want); /* one gate/up super-step per row: warps 1-3 and 5-7 have none */
+    fused_shapes(384, 96, 0);      /* I % 128 != 0: not covered */
 }
 static void test_bf16_odd(void) { fmt_case(MS_WFMT_PLAIN, 72, 40); }
 static void test_fp8_odd(void) { fmt_case(MS_WFMT_FP8, 80, 56); }
@@ -403,6 +457,7 @@ int main(void) {
     RUN(test_fp8);
     RUN(test_nvfp4);
     RUN(test_nvfp4_w8);
+    RUN(test_nvfp4_fused);
     RUN(test_bf16_odd);
     RUN(test_fp8_odd);
     RUN(test_nvfp4_odd);

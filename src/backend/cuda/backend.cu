@@ -84,11 +84,15 @@ int cu_occupancy(ms_backend *b, const void *kern, int threads, size_t smem, int 
         if (ci->occ_memo[i].k == kern && ci->occ_memo[i].threads == threads && ci->occ_memo[i].smem == smem)
             return *bps = ci->occ_memo[i].bps, MS_OK;
     *bps = 0;
-    if (smem > (size_t)ci->max_smem_optin) return MS_OK;
+    /* the kernel's static shared memory counts against the same per-block limit */
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, kern));
+    const size_t dyn_max = (size_t)ci->max_smem_optin > fa.sharedSizeBytes ? ci->max_smem_optin - fa.sharedSizeBytes : 0;
+    if (smem > dyn_max) return MS_OK;
     /* the limit goes to the device maximum, not to smem: a later call of the same kernel with less shared
      * memory must not lower it under what an earlier (remembered) size launches with */
-    if (smem > 48 * 1024)
-        CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, ci->max_smem_optin));
+    if (smem + fa.sharedSizeBytes > 48 * 1024)
+        CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn_max));
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(bps, kern, threads, smem));
     if (ci->n_occ_memo < (int)(sizeof ci->occ_memo / sizeof ci->occ_memo[0])) {
         ci->occ_memo[ci->n_occ_memo].k = kern, ci->occ_memo[ci->n_occ_memo].threads = threads;
@@ -967,6 +971,22 @@ extern "C" int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err)
         }
     }
     if ((rc = cu_gw_probe(b, &c->have_wgmma, err)) != MS_OK) goto fail;
+    {
+        void *sync = NULL;
+        cudaError_t e3 = cudaMalloc(&sync, 64);
+        if (e3 == cudaSuccess) e3 = cudaMemset(sync, 0, 64);
+        if (e3 != cudaSuccess) {
+            if (sync) cudaFree(sync);
+            rc = ms_errf(err, MS_ERR_RUNTIME, "cuda backend: allocating the MoE counters failed on GPU %d: %s", device,
+                         cudaGetErrorString(e3));
+            goto fail;
+        }
+        if ((rc = cu_own(b, sync, err)) != MS_OK) {
+            cudaFree(sync);
+            goto fail;
+        }
+        c->moe_sync = (unsigned *)sync;
+    }
     *out = b;
     return MS_OK;
 fail:

@@ -171,6 +171,9 @@ typedef struct cu_impl {
      * synchronisation (cu_sync, cu_upload, cu_download) sets it again. Lets a decode kernel read its
      * weights before griddepcontrol.wait (gemv_bf16.cu). */
     int weights_quiet;
+    /* [2] device counters of the fused MoE kernel's phase boundary (moe_fused.cu), zero between its
+     * launches; allocated at creation */
+    unsigned *moe_sync;
 } cu_impl;
 
 static inline cu_impl *cu_of(const ms_backend *b) { return (cu_impl *)b->impl; }
@@ -204,8 +207,8 @@ int cu_gemm(ms_backend *b, int M, int N, int K, const void *A, int64_t lda, int 
 /* Resident blocks an SM (*bps) of kernel kern launched with `threads` threads and smem bytes of dynamic
  * shared memory, from the occupancy calculator, remembered per backend (cu_impl.occ_memo: decode calls
  * repeat a few shapes, and eager steps should not pay driver queries per launch). Raises the kernel's
- * shared-memory limit to the device's maximum on first sight of a size > 48 KB. *bps = 0: it does not
- * fit an SM. */
+ * dynamic shared-memory limit to the device's per-block maximum less the kernel's static shared memory
+ * on first sight of a total > 48 KB. *bps = 0: it does not fit an SM. */
 int cu_occupancy(ms_backend *b, const void *kern, int threads, size_t smem, int *bps, ms_err *err);
 
 /* Internal linear used by the router and runners: same as the backend's linear op. */
@@ -242,6 +245,27 @@ int cu_gemv_mma(ms_backend *b, const cu_gemv_call *c, ms_err *err);
  * rows_total != 1, K not a multiple of 128, scales not 4-byte aligned, x not 16-byte aligned, mode 1
  * without its up weight, or K too large for shared memory (K * 8.25 bytes). */
 int cu_gemv_w8(ms_backend *b, const cu_gemv_call *c, int *launched, ms_err *err);
+
+/* ---- the one-token MoE in one kernel (moe_fused.cu) ---- */
+typedef struct cu_moe_fused_call {
+    const cu_wdesc *G, *U, *D; /* device tables [n experts]: gate, up ([I, H]) and down ([H, I]) */
+    cu_wdesc gate_h, down_h;   /* host copies of entry 0: format and shapes stand for every expert's */
+    int up_fmt;                /* format of the up weights */
+    const int32_t *ids;        /* device [nslot] expert ids of the token (-1: held by another rank) */
+    const float *wts;          /* device [nslot] their weights */
+    int nslot;
+    const bf16 *x; /* device [H] the token */
+    bf16 *h;       /* device [nslot, I] workspace */
+    void *out;     /* device [H] result, out_type (MS_BF16 or MS_F32) */
+    int out_type;
+} cu_moe_fused_call;
+/* out = Σ_s wts[s] · down_{ids[s]}(silu(gate_{ids[s]}·x) * (up_{ids[s]}·x)) over the slots with
+ * ids[s] >= 0 (h rounded to bf16 as the two-kernel form rounds it), queued on the backend stream as
+ * one kernel. Sets *launched = 0 and queues nothing when it does not cover the call: MS_CU_MOE_FUSED
+ * is 0, compute capability < 8.0, any of the three formats is not NVFP4, H or I not a multiple of 128,
+ * nslot outside 1..16, x or h not 16-byte aligned, entry 0's rows or scales misaligned (the other
+ * entries are taken to match), or the staging does not fit shared memory. */
+int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_err *err);
 
 /* One call of the streaming bf16 GEMV (gemv_bf16.cu): y[t, n] = x[t, :] · w0[n, :] (+ bias[n]) in mode 0,
  * silu(x[t, :] · w0[n, :]) * (x[t, :] · w1[n, :]) in mode 1, for t < T, n < N. Weights [N, K] row-major

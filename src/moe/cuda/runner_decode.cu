@@ -3,7 +3,9 @@
  * writes silu(gate)*up; a second pass does the same for down; then the fp32 combine. Memory-bound by
  * design: the bytes read are the selected experts' weights. Tokens are read in place (no permuted
  * copy of x). rows_total = T is passed to the GEMV as a hint for sizing its shared-memory token
- * staging (an expert usually gets at most one row per token; more rows only take more passes). */
+ * staging (an expert usually gets at most one row per token; more rows only take more passes).
+ * One token with NVFP4 experts takes the fused kernel instead (cu_moe_fused: all of it in one launch,
+ * no permutation), when it covers the shapes. */
 #include "moe/cuda/moe_cuda.cuh"
 
 static size_t decode_ws(const ms_backend *b, const ms_moe_shape *s) {
@@ -19,6 +21,15 @@ static int decode_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, co
     if (s.n_tokens == 0) return MS_OK;
     moe_cu_ws w;
     MS_TRY(moe_cu_ws_carve(&s, 0, workspace, ws_bytes, &w, err));
+    if (s.n_tokens == 1) {
+        const cu_moe_fused_call fc = {.G = p->gate_d, .U = p->up_d, .D = p->down_d, .gate_h = p->gate_h,
+                                      .down_h = p->down_h, .up_fmt = p->up_h.fmt, .ids = ids_d, .wts = w_d,
+                                      .nslot = topk, .x = (const bf16 *)x->data, .h = w.h, .out = out->data,
+                                      .out_type = out->dtype};
+        int launched = 0;
+        MS_TRY(cu_moe_fused(b, &fc, &launched, err));
+        if (launched) return MS_OK;
+    }
     MS_TRY(moe_cu_route_permute(b, &w, ids_d, (const bf16 *)x->data, 0, err));
     int slots = w.E < w.P ? w.E : w.P;
     const cu_gemv_call gate_up = {.mode = 1, .n_groups = slots, .W0 = p->gate_d, .W1 = p->up_d, .w0 = p->gate_h,

@@ -30,6 +30,7 @@ extern "C" {
 }
 #define __global__
 #define __device__
+#define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 struct alignas(16) uint4 { unsigned x, y, z, w; };

@@ -1,0 +1,408 @@
+/* moe_fused.cu - the whole routed MoE of one token in one kernel (decode at batch 1): for each of its
+ * slots (the router's top-k experts, plus a folded shared expert), h = silu(x·gateᵀ) * (x·upᵀ), then
+ * out = Σ_slot weight · (h·downᵀ), NVFP4 weights streamed from HBM once.
+ *
+ * Why one kernel. The two-kernel form (gate/up, then down, then the combine kernel, after a routing
+ * permutation kernel) measured 29.9 + 19.4 + 5.5 + 3.2 us per GLM-4.5-Air layer on the H200 for 87.6
+ * MB of weights (1.8 TB/s): each boundary drains the GPU, the down kernel cannot read a byte before the
+ * last gate/up block has finished, and both kernels run several waves of short-lived blocks whose
+ * prologues (x staging, first loads) and K-split reductions are paid per block. Here a persistent grid
+ * of co-resident blocks streams gate/up rows, then down rows, through one cp.async ring per warp that
+ * never stops: a warp's ring copies run up to 5 super-steps ahead across item boundaries and
+ * across the phase boundary, so the first down rows are in flight while the last gate/up rows are
+ * still being multiplied. The combine is the down phase's epilogue (a fixed-order sum), and the slot
+ * table is read straight from the router's ids (no permutation kernel).
+ *
+ * Work. Phase A items are (valid slot v, 16 rows of the intermediate): 8 warps per item, warps 0-3 the
+ * gate rows and 4-7 the up rows, warp w taking super-steps j = (w & 3) + 4i of K = hidden (the K split
+ * and reduction order of k_gmma with ksplit 4, so h has the same bits as the two-kernel form); warp 0
+ * writes h[v, rows] as bf16. Phase B items are 16 rows of the output: the item's super-steps over all
+ * valid slots (slot-major, nv x I/128 of them) are dealt round robin to the 8 warps; each super-step's
+ * product is scaled by its slot's weight · 256 · scale2 and added to the warp's sum; warp 0 adds the 8
+ * sums in warp order and writes out. Items go to blocks round robin (block c takes c, c + grid, ...).
+ *
+ * Phase boundary. Every block adds 1 to sync[0] after its phase A (h stores fenced first); thread 0 of
+ * each block spins until sync[0] reaches the grid size, then the block stages all of h (nv x I bf16,
+ * L2 loads) in shared memory. The grid is no larger than the blocks that fit on the GPU at once
+ * (occupancy), so every block that the spin waits for is running or will run. The last block to leave
+ * resets sync (sync[1] counts leavers); the next launch on the stream starts after this one completes.
+ * A spin that outlives ~2^31 polls traps (the kernel fails with an error instead of hanging).
+ *
+ * Requirements (host): NVFP4 gate/up/down, hidden and intermediate multiples of 128 (8-byte aligned
+ * scale rows for the ring's copies), at most MF_MAXS slots, shared memory for max(x, h) staging. */
+#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/gemv_mma.cuh"
+
+#include <string.h>
+
+#define MF_WARPS 8  /* warps per group: one item at a time */
+#define MF_MAXS 16  /* slots at most */
+
+/* A valid slot's weights (rows of 16-byte units; scales e4m3 per 16 k) and factors. */
+struct mf_slot {
+    const uint8_t *w[3], *s[3]; /* gate, up, down */
+    float post[2];              /* 256 * scale2 of gate, up (the 2^-8 folded into the decoded weights) */
+    float c;                    /* router weight * 256 * scale2 of down */
+};
+
+struct mf_args {
+    const cu_wdesc *G, *U, *D; /* device tables indexed by expert id */
+    const int32_t *ids;        /* [nslot], -1 = held elsewhere (skipped) */
+    const float *wts;          /* [nslot] */
+    int nslot, H, I;
+    const bf16 *x; /* [H] */
+    bf16 *h;       /* [nslot, I] workspace (row v = valid slot v) */
+    void *out;     /* [H], out_type */
+    int out_type;
+    unsigned *sync;        /* [2], zero between launches */
+    int red_off, ring_off; /* byte offsets of the reduction buffers and the rings in dynamic shared memory */
+};
+
+typedef gm_fmt<5> mf_F;
+
+/* x unit (8 bf16 at k 8u..8u+7) re-paired for the nvfp4 step: (k 0,4), (1,5), (2,6), (3,7). */
+__device__ __forceinline__ uint4 mf_pair(uint4 v) {
+    return make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
+                      __byte_perm(v.y, v.w, 0x7632));
+}
+
+/* One super-step of one token (gm_step<5, 1>'s arithmetic) into two accumulators, even and odd 32-k
+ * words alternating, so that consecutive mma.sync do not wait on each other's results. */
+__device__ __forceinline__ void mf_step(float (&a0)[4], float (&a1)[4], const gm_raw &r, const uint4 *xs, int jl,
+                                        int ti) {
+    uint32_t s2[2][2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) gm_fp4_scale2(r.sc[h], s2[h][0], s2[h][1]);
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        uint32_t A[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint32_t wq = q == 0 ? r.w[h].x : q == 1 ? r.w[h].y : q == 2 ? r.w[h].z : r.w[h].w;
+            gm_fp4x8_v2(wq, s2[h][q >> 1], A[h]);
+        }
+        const int c = 4 * ti + q; /* x unit of word q of the lane's chunk, swizzled as gm_step reads it */
+        const uint4 X = xs[jl * 16 + ((c ^ (c >> 3)) ^ ((jl & 1) << 1))];
+        float(&acc)[4] = (q & 1) ? a1 : a0;
+        gm_mma(acc, A[0][0], A[1][0], A[0][1], A[1][1], X.x, X.y);
+        gm_mma(acc, A[0][2], A[1][2], A[0][3], A[1][3], X.z, X.w);
+    }
+}
+
+/* A warp's position in its stream of super-steps: phase A items of its group, then phase B items. */
+struct mf_pos {
+    int phase;    /* 0 A, 1 B, 2 done */
+    int item, i;  /* item, and step i of the warp's n steps in it */
+    int n;
+    int v, j;     /* slot (valid index) and super-step in the weight row */
+    size_t roff;  /* byte offset of row g in the weight matrix (row g + 8: + 8 * row bytes) */
+};
+
+/* Steps of warp w in an item of the phase (F: phase B's super-steps per item). */
+__device__ __forceinline__ int mf_steps(int phase, int w, int nssA, int F) {
+    if (phase == 0) return nssA > (w & 3) ? (nssA - (w & 3) + 3) >> 2 : 0;
+    return F > w ? (F - w + MF_WARPS - 1) / MF_WARPS : 0;
+}
+
+/* Sets p's slot, super-step and row offset for its (phase, item, i), the first step of an item. */
+__device__ __forceinline__ void mf_enter(mf_pos &p, int w, int gi, int H, int I, int mtA) {
+    if (p.phase == 0) {
+        p.v = p.item / mtA;
+        p.j = w & 3;
+        p.roff = (size_t)((p.item - p.v * mtA) * 16 + gi) * (size_t)(H / 2);
+    } else {
+        const int nssB = I / 128;
+        p.v = w / nssB;
+        p.j = w - p.v * nssB;
+        p.roff = (size_t)(p.item * 16 + gi) * (size_t)(I / 2);
+    }
+}
+
+/* From p's (phase, item) on, the first item that gives this warp a step (entered), else phase 2. */
+__device__ __forceinline__ void mf_settle(mf_pos &p, int w, int gi, int grp0, int ngrp, int itemsA, int itemsB,
+                                          int nssA, int F, int H, int I, int mtA) {
+    for (;;) {
+        if (p.phase == 2) return;
+        if (p.item >= (p.phase == 0 ? itemsA : itemsB)) {
+            p.phase++;
+            p.item = grp0;
+            p.n = mf_steps(p.phase, w, nssA, F);
+            continue;
+        }
+        if (p.n > 0) break;
+        p.item += ngrp;
+    }
+    p.i = 0;
+    mf_enter(p, w, gi, H, I, mtA);
+}
+
+/* Moves p to its next step: within an item by increments (no division on the way), else to the
+ * group's next item that gives this warp a step, in phase A then B, else to phase 2. */
+__device__ __forceinline__ void mf_next(mf_pos &p, int w, int gi, int grp0, int ngrp, int itemsA, int itemsB, int nssA,
+                                        int F, int H, int I, int mtA) {
+    if (++p.i < p.n) {
+        if (p.phase == 0) {
+            p.j += 4;
+        } else {
+            const int nssB = I / 128;
+            p.j += MF_WARPS;
+            while (p.j >= nssB) p.j -= nssB, p.v++;
+        }
+        return;
+    }
+    p.item += ngrp;
+    mf_settle(p, w, gi, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
+}
+
+/* Queues the ring copies of p's super-step into stage st. */
+__device__ __forceinline__ void mf_put(uint8_t *st, const mf_pos &p, const mf_slot *sl, int w, int gi, int ti,
+                                       int lane, int H, int I) {
+    const int m = p.phase == 0 ? (w >> 2) : 2;
+    const size_t rb = p.phase == 0 ? (size_t)(H / 2) : (size_t)(I / 2);
+    const uint8_t *wrow[2] = {sl[p.v].w[m] + p.roff, sl[p.v].w[m] + p.roff + 8 * rb};
+    const uint8_t *s0 = sl[p.v].s[m] + (p.roff >> 3); /* scale row bytes = row bytes / 8 */
+    const void *srow[2] = {s0, s0 + rb};
+    gm_ring_put(st, wrow, srow, p.j, gi, ti, lane);
+}
+
+/* Spins until *p >= target (acquire); traps after ~2^31 polls. */
+__device__ __forceinline__ void mf_wait_count(const unsigned *p, unsigned target) {
+    for (unsigned n = 0;; n++) {
+        unsigned v;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+        if (v >= target) return;
+        if (n > (1u << 31)) __trap();
+        __nanosleep(64);
+    }
+}
+
+/* Barrier of one group's 8 warps (named barrier 1 + group; __syncthreads is barrier 0). */
+__device__ __forceinline__ void mf_group_sync(int grp) {
+    asm volatile("bar.sync %0, %1;" ::"r"(grp + 1), "r"(MF_WARPS * 32) : "memory");
+}
+
+/* NG groups of 8 warps a block share the staged x and h; D ring stages per warp, D - 1 super-steps
+ * (1.1 KB each) in flight. */
+template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) void k_moe_fused(mf_args a) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
+    extern __shared__ uint4 mf_smem[];
+    __shared__ mf_slot sl[MF_MAXS];
+    __shared__ int s_valid[MF_MAXS];
+    __shared__ int s_nv;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, ti = lane & 3;
+    const int grp = warp / MF_WARPS, w = warp - grp * MF_WARPS;
+    const int grp0 = blockIdx.x * NG + grp, ngrp = gridDim.x * NG;
+    const int H = a.H, I = a.I, nssA = H / 128, nssB = I / 128, mtA = I / 16, mtB = H / 16;
+    uint4 *xs = mf_smem;
+    float *red = (float *)((uint8_t *)mf_smem + a.red_off) + grp * (2 * 7 * 4 * 32); /* [2][7][4][32] */
+    uint8_t *ring = (uint8_t *)mf_smem + a.ring_off + (size_t)warp * D * GM_STG;
+
+    /* the slot table: one thread per slot reads its id and descriptors; then the valid ones compacted */
+    if (threadIdx.x < a.nslot) {
+        const int s = threadIdx.x, id = a.ids[s];
+        s_valid[s] = id >= 0;
+        if (id >= 0) {
+            const cu_wdesc g = a.G[id], u = a.U[id], d = a.D[id];
+            mf_slot &o = sl[s];
+            o.w[0] = (const uint8_t *)g.w, o.w[1] = (const uint8_t *)u.w, o.w[2] = (const uint8_t *)d.w;
+            o.s[0] = (const uint8_t *)g.scale, o.s[1] = (const uint8_t *)u.scale, o.s[2] = (const uint8_t *)d.scale;
+            o.post[0] = 256.f * g.scale2, o.post[1] = 256.f * u.scale2;
+            o.c = a.wts[s] * 256.f * d.scale2;
+        }
+    }
+    /* phase A's x, staged while the descriptors load: swizzled (gm_swz), units re-paired */
+    for (int u = threadIdx.x; u < nssA * mf_F::UPS; u += blockDim.x)
+        xs[gm_swz(u)] = mf_pair(__ldcg((const uint4 *)a.x + u));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int nv = 0;
+        for (int s = 0; s < a.nslot; s++)
+            if (s_valid[s]) sl[nv++] = sl[s];
+        s_nv = nv;
+    }
+    __syncthreads();
+    const int nv = s_nv, itemsA = nv * mtA, itemsB = mtB, F = nv * nssB;
+
+    /* the producer walk starts D - 1 super-steps ahead of the consumer */
+    mf_pos P;
+    P.phase = 0, P.item = grp0, P.n = mf_steps(0, w, nssA, F);
+    mf_settle(P, w, gi, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
+#pragma unroll
+    for (int p = 0; p < D - 1; p++) {
+        if (P.phase < 2) {
+            mf_put(ring + p * GM_STG, P, sl, w, gi, ti, lane, H, I);
+            mf_next(P, w, gi, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
+        }
+        gm_cp_commit();
+    }
+    int cs = 0;  /* ring stage of the consumer's next super-step; the producer refills the one before it */
+    int par = 0; /* reduction buffer parity (items so far) */
+    const int rsB = mf_F::rstride(nssB);
+
+    /* one consumed super-step: wait for its stage, refill the stage freed last step, multiply */
+    auto step = [&](float (&a0)[4], float (&a1)[4], const uint4 *x, int j) {
+        gm_cp_wait<D - 2>();
+        __syncwarp();
+        gm_raw cur;
+        gm_ring_get(cur, ring + cs * GM_STG, gi, ti, lane);
+        if (P.phase < 2) {
+            mf_put(ring + (cs == 0 ? D - 1 : cs - 1) * GM_STG, P, sl, w, gi, ti, lane, H, I);
+            mf_next(P, w, gi, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
+        }
+        gm_cp_commit();
+        mf_step(a0, a1, cur, x, j, ti);
+        cs = cs == D - 1 ? 0 : cs + 1;
+    };
+    /* partial sums of the group's warps meet in its warp 0 in warp order; s: warps from which on the
+     * partials go to `up` (phase A: 4, the up rows) */
+    auto reduce = [&](float (&acc)[4], float (&up)[4], int s) {
+        float *rb = red + par * (7 * 4 * 32);
+        if (w > 0)
+#pragma unroll
+            for (int q = 0; q < 4; q++) rb[((w - 1) * 4 + q) * 32 + lane] = acc[q];
+        mf_group_sync(grp);
+#pragma unroll
+        for (int q = 0; q < 4; q++) up[q] = 0.f;
+        if (w == 0)
+            for (int k2 = 1; k2 < MF_WARPS; k2++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const float v = rb[((k2 - 1) * 4 + q) * 32 + lane];
+                    if (k2 >= s) up[q] += v;
+                    else acc[q] += v;
+                }
+        par ^= 1;
+    };
+
+    /* ---- phase A: h = silu(gate) * up ---- */
+    for (int item = grp0; item < itemsA; item += ngrp) {
+        const int v = item / mtA, m0 = (item - v * mtA) * 16;
+        float a0[4] = {0.f, 0.f, 0.f, 0.f}, a1[4] = {0.f, 0.f, 0.f, 0.f};
+        const int n = mf_steps(0, w, nssA, F);
+        for (int i = 0; i < n; i++) step(a0, a1, xs, (w & 3) + 4 * i);
+#pragma unroll
+        for (int q = 0; q < 4; q++) a0[q] += a1[q];
+        float up[4];
+        reduce(a0, up, 4);
+        if (w == 0 && ti == 0) {
+            /* token 0 is c0 (row g) and c2 (row g + 8) of lanes t = 0 */
+#pragma unroll
+            for (int q = 0; q < 4; q += 2) {
+                const int r = m0 + gi + 8 * (q >> 1);
+                const float g = a0[q] * sl[v].post[0];
+                a.h[(size_t)v * I + r] = __float2bfloat16_rn(cu_silu(g) * (up[q] * sl[v].post[1]));
+            }
+            __threadfence();
+        }
+    }
+
+    /* ---- phase boundary: every block's h is stored and visible ---- */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        atomicAdd(&a.sync[0], 1u);
+        mf_wait_count(&a.sync[0], gridDim.x);
+    }
+    __syncthreads();
+    for (int u = threadIdx.x; u < nv * nssB * mf_F::UPS; u += blockDim.x) {
+        const int v = u / (nssB * mf_F::UPS), k8 = u - v * (nssB * mf_F::UPS);
+        xs[v * rsB + gm_swz(k8)] = mf_pair(__ldcg((const uint4 *)(a.h + (size_t)v * I) + k8));
+    }
+    __syncthreads();
+
+    /* ---- phase B: out = Σ_slot c_slot · (h_slot · downᵀ) ---- */
+    for (int item = grp0; item < itemsB; item += ngrp) {
+        const int m0 = item * 16;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        const int n = mf_steps(1, w, nssA, F);
+        int v = w / nssB, j = w - v * nssB;
+        for (int i = 0; i < n; i++) {
+            float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
+            step(d0, d1, xs + v * rsB, j);
+            const float c = sl[v].c;
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[q] = fmaf(c, d0[q] + d1[q], acc[q]);
+            j += MF_WARPS;
+            while (j >= nssB) j -= nssB, v++;
+        }
+        float unused[4];
+        reduce(acc, unused, MF_WARPS);
+        if (w == 0 && ti == 0) {
+#pragma unroll
+            for (int q = 0; q < 4; q += 2) cu_st(a.out, a.out_type, (size_t)(m0 + gi + 8 * (q >> 1)), acc[q]);
+        }
+    }
+    gm_cp_wait_all(); /* no ring copy outlives the block */
+    __syncthreads();
+
+    /* the last block out resets the counters for the next launch */
+    if (threadIdx.x == 0 && atomicAdd(&a.sync[1], 1u) == gridDim.x - 1) {
+        atomicExch(&a.sync[0], 0u);
+        atomicExch(&a.sync[1], 0u);
+    }
+}
+
+static long long mf_launches; /* ms_cuda_moe_fused_launches; updated atomically */
+
+/* Contract in backend_cuda.h. */
+extern "C" long long ms_cuda_moe_fused_launches(void) { return __atomic_load_n(&mf_launches, __ATOMIC_RELAXED); }
+
+/* The kernel's forms, in the order tried: groups of 8 warps a block and ring depth. Three groups with
+ * 6-stage rings (24 warps an SM sharing one staged x and h) fit GLM-5's shapes (~225 KB); fewer stages,
+ * then fewer groups, for larger h. MS_CU_MOE_FUSED=2 takes the last (one group a block, several blocks
+ * an SM, each staging its own h: the first version, for A/B runs). */
+static const struct {
+    const void *kern;
+    cudaError_t (*go)(dim3, size_t, cudaStream_t, const mf_args &);
+    int ng, d;
+} mf_forms[] = {
+#define MF_FORM(NG, D)                                                                                            \
+    {(const void *)k_moe_fused<NG, D>,                                                                            \
+     [](dim3 g, size_t sm, cudaStream_t st, const mf_args &a) {                                                   \
+         return cu_launch(k_moe_fused<NG, D>, g, dim3(NG * MF_WARPS * 32), sm, st, a);                            \
+     },                                                                                                           \
+     NG, D}
+    MF_FORM(3, 6), MF_FORM(3, 4), MF_FORM(2, 6), MF_FORM(1, 6),
+#undef MF_FORM
+};
+
+/* Contract in cuda_internal.cuh. Grid: as many blocks as fit on the GPU at once (occupancy: every block
+ * the phase boundary waits for must be resident), capped by the larger phase's items over the groups a
+ * block. Shared memory: max(x, h) staging + 2 x 7 reduction partials a group + the warps' rings. */
+int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_err *err) {
+    *launched = 0;
+    const cu_wdesc &g = c->gate_h, &d = c->down_h;
+    const int H = g.k, I = g.n, knob = cu_knob(CU_KNOB_MOE_FUSED);
+    if (!knob || b->gpu.cc_major < 8 || !cu_of(b)->moe_sync) return MS_OK;
+    if (g.fmt != MS_WFMT_NVFP4 || d.fmt != MS_WFMT_NVFP4 || c->up_fmt != MS_WFMT_NVFP4 || d.n != H || d.k != I)
+        return MS_OK;
+    if (H <= 0 || I <= 0 || H % 128 || I % 128 || c->nslot < 1 || c->nslot > MF_MAXS) return MS_OK;
+    if (((uintptr_t)c->x & 15) || ((uintptr_t)c->h & 15) || ((uintptr_t)g.w & 15) || ((uintptr_t)g.scale & 7) ||
+        ((uintptr_t)d.w & 15) || ((uintptr_t)d.scale & 7) || (c->out_type != MS_BF16 && c->out_type != MS_F32))
+        return MS_OK;
+    const int rsA = mf_F::rstride(H / 128), rsB = mf_F::rstride(I / 128);
+    const int x_units = rsA > c->nslot * rsB ? rsA : c->nslot * rsB;
+    const int nforms = (int)(sizeof mf_forms / sizeof mf_forms[0]);
+    for (int f = knob == 2 ? nforms - 1 : 0; f < nforms; f++) {
+        const size_t red_off = (size_t)x_units * 16;
+        const size_t ring_off = red_off + (size_t)mf_forms[f].ng * 2 * 7 * 4 * 32 * sizeof(float);
+        const size_t smem = ring_off + (size_t)mf_forms[f].ng * MF_WARPS * mf_forms[f].d * GM_STG;
+        int bps = 0;
+        MS_TRY(cu_occupancy(b, mf_forms[f].kern, mf_forms[f].ng * MF_WARPS * 32, smem, &bps, err));
+        if (bps <= 0) continue;
+        const int nsm = b->gpu.n_sm > 0 ? b->gpu.n_sm : 132;
+        const int itemsA = c->nslot * (I / 16), itemsB = H / 16, most = itemsA > itemsB ? itemsA : itemsB;
+        int grid = bps * nsm;
+        if (grid > (most + mf_forms[f].ng - 1) / mf_forms[f].ng) grid = (most + mf_forms[f].ng - 1) / mf_forms[f].ng;
+        mf_args a;
+        memset(&a, 0, sizeof a);
+        a.G = c->G, a.U = c->U, a.D = c->D, a.ids = c->ids, a.wts = c->wts, a.nslot = c->nslot, a.H = H, a.I = I;
+        a.x = c->x, a.h = c->h, a.out = c->out, a.out_type = c->out_type, a.sync = cu_of(b)->moe_sync;
+        a.red_off = (int)red_off, a.ring_off = (int)ring_off;
+        CK(mf_forms[f].go(dim3(grid), smem, cu_of(b)->stream, a));
+        __atomic_fetch_add(&mf_launches, 1, __ATOMIC_RELAXED);
+        *launched = 1;
+        return MS_OK;
+    }
+    return MS_OK;
+}
