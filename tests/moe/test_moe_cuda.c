@@ -357,8 +357,9 @@ static void test_nvfp4_w8(void) {
 /* The fused one-token kernel (moe_fused.cu) through the decode runner: NVFP4 with hidden and
  * intermediate multiples of 128, 16 experts, top-1/3/9 (9 = GLM-4.5-Air's 8 + the folded shared
  * expert), random and partial routing (ids -1, possibly all of them), each call twice in a row (the
- * phase counters must be back at zero for the second), both forms (MS_CU_MOE_FUSED 1: three groups a
- * block; 2: one), more slots than its grid has groups for one phase and fewer; the launch counter says it ran exactly
+ * phase counters must be back at zero for the second), the chosen form (MS_CU_MOE_FUSED=1) and each
+ * form forced (2..6: one, two or three groups of warps a block, two ring depths), more slots than its
+ * grid has groups for one phase and fewer; the launch counter says it ran exactly
  * for T = 1 and that MS_CU_MOE_FUSED=0 and I % 128 != 0 keep the two-kernel form. */
 static void fused_shapes(int H, int I, int want) {
     layer L;
@@ -374,8 +375,8 @@ static void fused_shapes(int H, int I, int want) {
 #ifdef MS_HAVE_CUDA
     long long n0 = ms_cuda_moe_fused_launches();
 #endif
-    const char *form[2] = {"1", "2"};
-    for (int d = 0; d < 2; d++) {
+    const char *form[6] = {"1", "2", "3", "4", "5", "6"};
+    for (int d = 0; d < 6; d++) {
         setenv("MS_CU_MOE_FUSED", form[d], 1);
         const int topks[3] = {1, 3, 9};
         for (int i = 0; i < 3; i++)
@@ -385,8 +386,8 @@ static void fused_shapes(int H, int I, int want) {
             }
     }
 #ifdef MS_HAVE_CUDA
-    CHECK_MSG((ms_cuda_moe_fused_launches() - n0 == 24) == want, "H=%d I=%d: fused MoE kernel launched %lld times (want %s)",
-              H, I, ms_cuda_moe_fused_launches() - n0, want ? "24" : "none");
+    CHECK_MSG((ms_cuda_moe_fused_launches() - n0 == 72) == want, "H=%d I=%d: fused MoE kernel launched %lld times (want %s)",
+              H, I, ms_cuda_moe_fused_launches() - n0, want ? "72" : "none");
     n0 = ms_cuda_moe_fused_launches();
 #endif
     run_case(&L, cpu_r, gr, 3, 3, 0); /* more than one token: the two-kernel form */

@@ -85,10 +85,11 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
     [CU_KNOB_BF16_STREAM_EARLY] = {"MS_CU_BF16_STREAM_EARLY", KN_INT, 1, 0, 1, NULL, 1,
                                    "1: the streaming bf16 GEMV copies its first weights before waiting for the previous "
                                    "kernel (PDL), when no device work in flight writes weights; 0: after"},
-    [CU_KNOB_MOE_FUSED] = {"MS_CU_MOE_FUSED", KN_INT, 1, 0, 2, NULL, 0,
+    [CU_KNOB_MOE_FUSED] = {"MS_CU_MOE_FUSED", KN_INT, 1, 0, 6, NULL, 0,
                            "1: a one-token MoE call with NVFP4 experts (hidden and intermediate multiples of 128) "
-                           "runs as one persistent kernel (moe_fused.cu: gate/up, down and the weighted sum); 2: "
-                           "its one-group-a-block form; 0: the decode runner's two grouped GEMVs and combine"},
+                           "runs as one persistent kernel (moe_fused.cu: gate/up, down and the weighted sum), form "
+                           "chosen by a cost model; 2..6: form 0..4 forced (when it fits); 0: the decode runner's "
+                           "two grouped GEMVs and combine"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */

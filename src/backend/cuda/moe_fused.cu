@@ -96,6 +96,7 @@ struct mf_pos {
     int n;
     int v, j;     /* slot (valid index) and super-step in the weight row */
     size_t roff;  /* byte offset of row g in the weight matrix (row g + 8: + 8 * row bytes) */
+    const uint8_t *wb, *sb; /* row g of slot v's weight and scales (kept in registers: no table read a step) */
 };
 
 /* Steps of warp w in an item of the phase (F: phase B's super-steps per item). */
@@ -104,8 +105,15 @@ __device__ __forceinline__ int mf_steps(int phase, int w, int nssA, int F) {
     return F > w ? (F - w + MF_WARPS - 1) / MF_WARPS : 0;
 }
 
-/* Sets p's slot, super-step and row offset for its (phase, item, i), the first step of an item. */
-__device__ __forceinline__ void mf_enter(mf_pos &p, int w, int gi, int H, int I, int mtA) {
+/* Points p's row pointers at slot p.v's matrix (phase A: gate for warps 0-3, up for 4-7; B: down). */
+__device__ __forceinline__ void mf_rows(mf_pos &p, const mf_slot *sl, int w) {
+    const int m = p.phase == 0 ? (w >> 2) : 2;
+    p.wb = sl[p.v].w[m] + p.roff;
+    p.sb = sl[p.v].s[m] + (p.roff >> 3); /* scale row bytes = row bytes / 8 */
+}
+
+/* Sets p's slot, super-step, row offset and pointers for its (phase, item), at the item's first step. */
+__device__ __forceinline__ void mf_enter(mf_pos &p, const mf_slot *sl, int w, int gi, int H, int I, int mtA) {
     if (p.phase == 0) {
         p.v = p.item / mtA;
         p.j = w & 3;
@@ -116,11 +124,12 @@ __device__ __forceinline__ void mf_enter(mf_pos &p, int w, int gi, int H, int I,
         p.j = w - p.v * nssB;
         p.roff = (size_t)(p.item * 16 + gi) * (size_t)(I / 2);
     }
+    mf_rows(p, sl, w);
 }
 
 /* From p's (phase, item) on, the first item that gives this warp a step (entered), else phase 2. */
-__device__ __forceinline__ void mf_settle(mf_pos &p, int w, int gi, int grp0, int ngrp, int itemsA, int itemsB,
-                                          int nssA, int F, int H, int I, int mtA) {
+__device__ __forceinline__ void mf_settle(mf_pos &p, const mf_slot *sl, int w, int gi, int grp0, int ngrp, int itemsA,
+                                          int itemsB, int nssA, int F, int H, int I, int mtA) {
     for (;;) {
         if (p.phase == 2) return;
         if (p.item >= (p.phase == 0 ? itemsA : itemsB)) {
@@ -133,35 +142,33 @@ __device__ __forceinline__ void mf_settle(mf_pos &p, int w, int gi, int grp0, in
         p.item += ngrp;
     }
     p.i = 0;
-    mf_enter(p, w, gi, H, I, mtA);
+    mf_enter(p, sl, w, gi, H, I, mtA);
 }
 
 /* Moves p to its next step: within an item by increments (no division on the way), else to the
  * group's next item that gives this warp a step, in phase A then B, else to phase 2. */
-__device__ __forceinline__ void mf_next(mf_pos &p, int w, int gi, int grp0, int ngrp, int itemsA, int itemsB, int nssA,
-                                        int F, int H, int I, int mtA) {
+__device__ __forceinline__ void mf_next(mf_pos &p, const mf_slot *sl, int w, int gi, int grp0, int ngrp, int itemsA,
+                                        int itemsB, int nssA, int F, int H, int I, int mtA) {
     if (++p.i < p.n) {
         if (p.phase == 0) {
             p.j += 4;
         } else {
-            const int nssB = I / 128;
+            const int nssB = I / 128, v0 = p.v;
             p.j += MF_WARPS;
             while (p.j >= nssB) p.j -= nssB, p.v++;
+            if (p.v != v0) mf_rows(p, sl, w);
         }
         return;
     }
     p.item += ngrp;
-    mf_settle(p, w, gi, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
+    mf_settle(p, sl, w, gi, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
 }
 
 /* Queues the ring copies of p's super-step into stage st. */
-__device__ __forceinline__ void mf_put(uint8_t *st, const mf_pos &p, const mf_slot *sl, int w, int gi, int ti,
-                                       int lane, int H, int I) {
-    const int m = p.phase == 0 ? (w >> 2) : 2;
+__device__ __forceinline__ void mf_put(uint8_t *st, const mf_pos &p, int gi, int ti, int lane, int H, int I) {
     const size_t rb = p.phase == 0 ? (size_t)(H / 2) : (size_t)(I / 2);
-    const uint8_t *wrow[2] = {sl[p.v].w[m] + p.roff, sl[p.v].w[m] + p.roff + 8 * rb};
-    const uint8_t *s0 = sl[p.v].s[m] + (p.roff >> 3); /* scale row bytes = row bytes / 8 */
-    const void *srow[2] = {s0, s0 + rb};
+    const uint8_t *wrow[2] = {p.wb, p.wb + 8 * rb};
+    const void *srow[2] = {p.sb, p.sb + rb};
     gm_ring_put(st, wrow, srow, p.j, gi, ti, lane);
 }
 
@@ -227,12 +234,12 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
     /* the producer walk starts D - 1 super-steps ahead of the consumer */
     mf_pos P;
     P.phase = 0, P.item = grp0, P.n = mf_steps(0, w, nssA, F);
-    mf_settle(P, w, gi, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
+    mf_settle(P, sl, w, gi, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
 #pragma unroll
     for (int p = 0; p < D - 1; p++) {
         if (P.phase < 2) {
-            mf_put(ring + p * GM_STG, P, sl, w, gi, ti, lane, H, I);
-            mf_next(P, w, gi, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
+            mf_put(ring + p * GM_STG, P, gi, ti, lane, H, I);
+            mf_next(P, sl, w, gi, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
         }
         gm_cp_commit();
     }
@@ -247,8 +254,8 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
         gm_raw cur;
         gm_ring_get(cur, ring + cs * GM_STG, gi, ti, lane);
         if (P.phase < 2) {
-            mf_put(ring + (cs == 0 ? D - 1 : cs - 1) * GM_STG, P, sl, w, gi, ti, lane, H, I);
-            mf_next(P, w, gi, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
+            mf_put(ring + (cs == 0 ? D - 1 : cs - 1) * GM_STG, P, gi, ti, lane, H, I);
+            mf_next(P, sl, w, gi, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
         }
         gm_cp_commit();
         mf_step(a0, a1, cur, x, j, ti);
@@ -347,10 +354,9 @@ static long long mf_launches; /* ms_cuda_moe_fused_launches; updated atomically 
 /* Contract in backend_cuda.h. */
 extern "C" long long ms_cuda_moe_fused_launches(void) { return __atomic_load_n(&mf_launches, __ATOMIC_RELAXED); }
 
-/* The kernel's forms, in the order tried: groups of 8 warps a block and ring depth. Three groups with
- * 6-stage rings (24 warps an SM sharing one staged x and h) fit GLM-5's shapes (~225 KB); fewer stages,
- * then fewer groups, for larger h. MS_CU_MOE_FUSED=2 takes the last (one group a block, several blocks
- * an SM, each staging its own h: the first version, for A/B runs). */
+/* The kernel's forms: groups of 8 warps a block, ring depth. More groups a block share one staged x
+ * and h (GLM-5's h is 37 KB), one group a block lets several blocks share an SM and start on SMs the
+ * previous kernel still partly holds. */
 static const struct {
     const void *kern;
     cudaError_t (*go)(dim3, size_t, cudaStream_t, const mf_args &);
@@ -362,13 +368,17 @@ static const struct {
          return cu_launch(k_moe_fused<NG, D>, g, dim3(NG * MF_WARPS * 32), sm, st, a);                            \
      },                                                                                                           \
      NG, D}
-    MF_FORM(3, 6), MF_FORM(3, 4), MF_FORM(2, 6), MF_FORM(1, 6),
+    MF_FORM(1, 6), MF_FORM(1, 4), MF_FORM(2, 6), MF_FORM(3, 6), MF_FORM(3, 4),
 #undef MF_FORM
 };
 
 /* Contract in cuda_internal.cuh. Grid: as many blocks as fit on the GPU at once (occupancy: every block
  * the phase boundary waits for must be resident), capped by the larger phase's items over the groups a
- * block. Shared memory: max(x, h) staging + 2 x 7 reduction partials a group + the warps' rings. */
+ * block. Shared memory: max(x, h) staging + 2 x 7 reduction partials a group + the warps' rings. Form
+ * (MS_CU_MOE_FUSED=1): the least (rounds of phase A items x a warp's steps in one + the same for B) x
+ * warps an SM, i.e. the busiest warp's steps if the SM's issue rate is what they share (measured on the
+ * H200, session 10: Air's 792 + 256 items prefer one group a block at 2 blocks an SM, GLM-5's 1152 +
+ * 384 three groups a block); MS_CU_MOE_FUSED=2+f forces form f. */
 int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_err *err) {
     *launched = 0;
     const cu_wdesc &g = c->gate_h, &d = c->down_h;
@@ -382,27 +392,36 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
         return MS_OK;
     const int rsA = mf_F::rstride(H / 128), rsB = mf_F::rstride(I / 128);
     const int x_units = rsA > c->nslot * rsB ? rsA : c->nslot * rsB;
-    const int nforms = (int)(sizeof mf_forms / sizeof mf_forms[0]);
-    for (int f = knob == 2 ? nforms - 1 : 0; f < nforms; f++) {
+    const int nforms = (int)(sizeof mf_forms / sizeof mf_forms[0]), nsm = b->gpu.n_sm > 0 ? b->gpu.n_sm : 132;
+    const int itemsA = c->nslot * (I / 16), itemsB = H / 16, most = itemsA > itemsB ? itemsA : itemsB;
+    const int64_t sA = (H / 128 + 3) / 4, sB = ((int64_t)c->nslot * (I / 128) + MF_WARPS - 1) / MF_WARPS;
+    int best = -1, best_grid = 0;
+    size_t best_smem = 0, best_red = 0;
+    int64_t best_cost = 0;
+    for (int f = 0; f < nforms; f++) {
+        if (knob >= 2 && f != knob - 2) continue;
+        const int ng = mf_forms[f].ng;
         const size_t red_off = (size_t)x_units * 16;
-        const size_t ring_off = red_off + (size_t)mf_forms[f].ng * 2 * 7 * 4 * 32 * sizeof(float);
-        const size_t smem = ring_off + (size_t)mf_forms[f].ng * MF_WARPS * mf_forms[f].d * GM_STG;
+        const size_t smem = red_off + (size_t)ng * 2 * 7 * 4 * 32 * sizeof(float) +
+                            (size_t)ng * MF_WARPS * mf_forms[f].d * GM_STG;
         int bps = 0;
-        MS_TRY(cu_occupancy(b, mf_forms[f].kern, mf_forms[f].ng * MF_WARPS * 32, smem, &bps, err));
+        MS_TRY(cu_occupancy(b, mf_forms[f].kern, ng * MF_WARPS * 32, smem, &bps, err));
         if (bps <= 0) continue;
-        const int nsm = b->gpu.n_sm > 0 ? b->gpu.n_sm : 132;
-        const int itemsA = c->nslot * (I / 16), itemsB = H / 16, most = itemsA > itemsB ? itemsA : itemsB;
         int grid = bps * nsm;
-        if (grid > (most + mf_forms[f].ng - 1) / mf_forms[f].ng) grid = (most + mf_forms[f].ng - 1) / mf_forms[f].ng;
-        mf_args a;
-        memset(&a, 0, sizeof a);
-        a.G = c->G, a.U = c->U, a.D = c->D, a.ids = c->ids, a.wts = c->wts, a.nslot = c->nslot, a.H = H, a.I = I;
-        a.x = c->x, a.h = c->h, a.out = c->out, a.out_type = c->out_type, a.sync = cu_of(b)->moe_sync;
-        a.red_off = (int)red_off, a.ring_off = (int)ring_off;
-        CK(mf_forms[f].go(dim3(grid), smem, cu_of(b)->stream, a));
-        __atomic_fetch_add(&mf_launches, 1, __ATOMIC_RELAXED);
-        *launched = 1;
-        return MS_OK;
+        if (grid > (most + ng - 1) / ng) grid = (most + ng - 1) / ng;
+        const int64_t groups = (int64_t)grid * ng, per_sm = (int64_t)((grid + nsm - 1) / nsm) * ng * MF_WARPS;
+        const int64_t cost = (((itemsA + groups - 1) / groups) * sA + ((itemsB + groups - 1) / groups) * sB) * per_sm;
+        if (best < 0 || cost < best_cost) best = f, best_cost = cost, best_grid = grid, best_smem = smem, best_red = red_off;
     }
+    if (best < 0) return MS_OK;
+    mf_args a;
+    memset(&a, 0, sizeof a);
+    a.G = c->G, a.U = c->U, a.D = c->D, a.ids = c->ids, a.wts = c->wts, a.nslot = c->nslot, a.H = H, a.I = I;
+    a.x = c->x, a.h = c->h, a.out = c->out, a.out_type = c->out_type, a.sync = cu_of(b)->moe_sync;
+    a.red_off = (int)best_red;
+    a.ring_off = (int)(best_red + (size_t)mf_forms[best].ng * 2 * 7 * 4 * 32 * sizeof(float));
+    CK(mf_forms[best].go(dim3(best_grid), best_smem, cu_of(b)->stream, a));
+    __atomic_fetch_add(&mf_launches, 1, __ATOMIC_RELAXED);
+    *launched = 1;
     return MS_OK;
 }
