@@ -2,31 +2,43 @@
  * slots (the router's top-k experts, plus a folded shared expert), h = silu(x·gateᵀ) * (x·upᵀ), then
  * out = Σ_slot weight · (h·downᵀ), NVFP4 weights streamed from HBM once.
  *
- * Why one kernel. The two-kernel form (gate/up, then down, then the combine kernel, after a routing
- * permutation kernel) measured 29.9 + 19.4 + 5.5 + 3.2 us per GLM-4.5-Air layer on the H200 for 87.6
- * MB of weights (1.8 TB/s): each boundary drains the GPU, the down kernel cannot read a byte before the
- * last gate/up block has finished, and both kernels run several waves of short-lived blocks whose
- * prologues (x staging, first loads) and K-split reductions are paid per block. Here a persistent grid
- * of co-resident blocks streams gate/up rows, then down rows, through one cp.async ring per warp that
- * never stops: a warp's ring copies run up to 5 super-steps ahead across item boundaries and
- * across the phase boundary, so the first down rows are in flight while the last gate/up rows are
- * still being multiplied. The combine is the down phase's epilogue (a fixed-order sum), and the slot
- * table is read straight from the router's ids (no permutation kernel).
+ * Why one kernel. The two-kernel form (a routing permutation kernel, gate/up, down, then the combine
+ * kernel) measured 3.2 + 30.3 + 19.4 + 5.5 us per GLM-4.5-Air layer on the H200 (ncu) for 87.6 MB of
+ * weights: each boundary drains the GPU, the down kernel cannot read a byte before the last gate/up
+ * block has finished, and both kernels run waves of short-lived blocks whose prologues (x staging,
+ * first loads) and K-split reductions are paid per block. Here a persistent grid of co-resident blocks
+ * streams gate/up rows, then down rows, through one cp.async ring per warp that never stops: a warp's
+ * ring copies run up to D - 1 super-steps ahead across item boundaries and across the phase boundary,
+ * so the first down rows are in flight while the last gate/up rows are still being multiplied. The
+ * combine is the down phase's epilogue (a fixed-order sum), and the slot table is read straight from
+ * the router's ids (no permutation kernel).
  *
- * Work. Phase A items are (valid slot v, 16 rows of the intermediate): 8 warps per item, warps 0-3 the
- * gate rows and 4-7 the up rows, warp w taking super-steps j = (w & 3) + 4i of K = hidden (the K split
- * and reduction order of k_gmma with ksplit 4, so h has the same bits as the two-kernel form); warp 0
- * writes h[v, rows] as bf16. Phase B items are 16 rows of the output: the item's super-steps over all
- * valid slots (slot-major, nv x I/128 of them) are dealt round robin to the 8 warps; each super-step's
- * product is scaled by its slot's weight · 256 · scale2 and added to the warp's sum; warp 0 adds the 8
- * sums in warp order and writes out. Items go to blocks round robin (block c takes c, c + grid, ...).
+ * Work. A block holds NG groups of 8 warps; groups take items round robin (group q of block c is
+ * group c * NG + q of all, and takes items g, g + groups, ...). Phase A items are (valid slot v, 16 rows
+ * of the intermediate): warps 0-3 of the group take the gate rows and 4-7 the up rows, warp w taking
+ * super-steps j = (w & 3) + 4i of K = hidden (k_gmma's K split with ksplit 4); the partials meet in
+ * warp 0 in warp order, which writes h[v, rows] as bf16. Phase B items are 16 rows of the output: the
+ * item's super-steps over all valid slots (slot-major, nv x I/128 of them) are dealt round robin to the
+ * 8 warps; each super-step's product is scaled by its slot's weight · 256 · scale2 and added to the
+ * warp's sum; warp 0 adds the 8 sums in warp order and writes out. A super-step is gm_step's nvfp4
+ * arithmetic (mf_step) into two accumulators, so consecutive mma.sync do not wait on each other; sums
+ * therefore differ from the two-kernel form in rounding order only. A warp's walk (mf_pos) advances by
+ * increments; the row pointers stay in registers.
  *
  * Phase boundary. Every block adds 1 to sync[0] after its phase A (h stores fenced first); thread 0 of
  * each block spins until sync[0] reaches the grid size, then the block stages all of h (nv x I bf16,
- * L2 loads) in shared memory. The grid is no larger than the blocks that fit on the GPU at once
- * (occupancy), so every block that the spin waits for is running or will run. The last block to leave
- * resets sync (sync[1] counts leavers); the next launch on the stream starts after this one completes.
- * A spin that outlives ~2^31 polls traps (the kernel fails with an error instead of hanging).
+ * L2 loads) in shared memory for its groups. The grid is no larger than the blocks that fit on the GPU
+ * at once (occupancy), so every block that the spin waits for is running or will run. The last block to
+ * leave resets sync (sync[1] counts leavers); the next launch on the stream starts after this one
+ * completes. A spin that outlives ~2^31 polls traps (the kernel fails with an error instead of
+ * hanging). sync is per backend (cu_impl.moe_sync): one launch in flight per backend stream.
+ *
+ * Forms and measurements (H200, session 10; bench/NOTES.md): the busiest warp's super-steps decide,
+ * since the kernel is issue-bound (~265 instructions per KB of weights at 2.1-2.5 instructions per
+ * cycle an SM): Air (792 + 256 items) runs best with one group a block, 2 blocks an SM; GLM-5 (1152 +
+ * 384) with three groups a block (one 37 KB h staging for 24 warps). Air b1 step 6.50 -> 6.05 ms, GLM-5
+ * x12 3.22 -> 3.13 ms; the kernel alone (ncu) 47.3 us for Air's 87.6 MB (one group a block), 84.4 us
+ * for GLM-5's 181 MB (three), against 58.5 us for the four kernels it replaces at Air's shapes.
  *
  * Requirements (host): NVFP4 gate/up/down, hidden and intermediate multiples of 128 (8-byte aligned
  * scale rows for the ring's copies), at most MF_MAXS slots, shared memory for max(x, h) staging. */
