@@ -223,6 +223,24 @@ static void run_case(layer *L, const ms_moe_runner *cpu_r, const ms_moe_runner *
     for (int i = 0; i < 5; i++) { GPU->ops->free(GPU, tg[i]); CPU->ops->free(CPU, tc[i]); }
 }
 
+/* Makes a layer of n experts (fmt, H, I) and resolves and prepares the CPU runner and the CUDA runner
+ * `name` for calls of T tokens, top-k; 0 (layer freed) when either is missing. */
+static int layer_and_runners(layer *L, ms_wfmt fmt, int n, int H, int I, int T, int topk, const char *name,
+                             const ms_moe_runner **cpu_r, const ms_moe_runner **gr) {
+    make_layer(L, fmt, n, H, I);
+    ms_moe_shape s = {T, H, I, n, topk, fmt, MS_BF16};
+    *cpu_r = *gr = NULL;
+    R(ms_moe_resolve(CPU, "cpu", &s, cpu_r, &E));
+    R(ms_moe_resolve(GPU, name, &s, gr, &E));
+    if (!*cpu_r || !*gr) {
+        free_layer(L);
+        return 0;
+    }
+    if ((*cpu_r)->prepare) R((*cpu_r)->prepare(CPU, &L->ec, &E));
+    if ((*gr)->prepare) R((*gr)->prepare(GPU, &L->eg, &E));
+    return 1;
+}
+
 static const char *const RUNNERS[3] = {"naive", "grouped", "decode"};
 
 static void fmt_case(ms_wfmt fmt, int H, int I) {
@@ -264,15 +282,8 @@ static void fmt_case(ms_wfmt fmt, int H, int I) {
  * with MS_CU_GW_N=256 for the wgmma kernel's wide block. */
 static void prefill_case(ms_wfmt fmt, int H, int I, int full) {
     layer L;
-    int n = 16;
-    make_layer(&L, fmt, n, H, I);
-    ms_moe_shape s = {2048, H, I, n, 4, fmt, MS_BF16};
-    const ms_moe_runner *cpu_r = NULL, *gr = NULL;
-    R(ms_moe_resolve(CPU, "cpu", &s, &cpu_r, &E));
-    R(ms_moe_resolve(GPU, "grouped", &s, &gr, &E));
-    if (!cpu_r || !gr) { free_layer(&L); return; }
-    if (cpu_r->prepare) R(cpu_r->prepare(CPU, &L.ec, &E));
-    if (gr->prepare) R(gr->prepare(GPU, &L.eg, &E));
+    const ms_moe_runner *cpu_r, *gr;
+    if (!layer_and_runners(&L, fmt, 16, H, I, 2048, 4, "grouped", &cpu_r, &gr)) return;
 #ifdef MS_HAVE_CUDA
     /* which kernel ran: FP8/NVFP4 on sm_90 take the wgmma form (when the build has it, as the H200 builds
      * do: CUDA_ARCHS carries sm_90a) for the grouped runner's GEMMs it covers; nothing else does */
@@ -363,15 +374,8 @@ static void test_nvfp4_w8(void) {
  * for T = 1 and that MS_CU_MOE_FUSED=0 and I % 128 != 0 keep the two-kernel form. */
 static void fused_shapes(int H, int I, int want) {
     layer L;
-    const int n = 16;
-    make_layer(&L, MS_WFMT_NVFP4, n, H, I);
-    ms_moe_shape s = {1, H, I, n, 9, MS_WFMT_NVFP4, MS_BF16};
-    const ms_moe_runner *cpu_r = NULL, *gr = NULL;
-    R(ms_moe_resolve(CPU, "cpu", &s, &cpu_r, &E));
-    R(ms_moe_resolve(GPU, "decode", &s, &gr, &E));
-    if (!cpu_r || !gr) { free_layer(&L); return; }
-    if (cpu_r->prepare) R(cpu_r->prepare(CPU, &L.ec, &E));
-    if (gr->prepare) R(gr->prepare(GPU, &L.eg, &E));
+    const ms_moe_runner *cpu_r, *gr;
+    if (!layer_and_runners(&L, MS_WFMT_NVFP4, 16, H, I, 1, 9, "decode", &cpu_r, &gr)) return;
 #ifdef MS_HAVE_CUDA
     long long n0 = ms_cuda_moe_fused_launches();
 #endif

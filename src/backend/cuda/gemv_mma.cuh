@@ -158,6 +158,29 @@ __device__ __forceinline__ void gm_ring_get(gm_raw &r, const uint8_t *st, int gi
     }
 }
 
+/* The nvfp4 v2 decode's pieces (gm_step's FMT >= 3 path; moe_fused.cu's step). Word q of row h's
+ * (g / g + 8) 16-byte chunk: k 8q..8q+7 of the lane's 32, as pairs (i, i + 4). */
+__device__ __forceinline__ uint32_t gm_word(const gm_raw &r, int h, int q) {
+    return q == 0 ? r.w[h].x : q == 1 ? r.w[h].y : q == 2 ? r.w[h].z : r.w[h].w;
+}
+/* Both rows' scale bytes -> s2[row][16-k group], the bf16x2 factors of gm_fp4x8_v2. */
+__device__ __forceinline__ void gm_fp4_scales_v2(const gm_raw &r, uint32_t (&s2)[2][2]) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) gm_fp4_scale2(r.sc[h], s2[h][0], s2[h][1]);
+}
+/* Word q of both rows -> A[row], the fragment registers of one mma pair. */
+__device__ __forceinline__ void gm_fp4_rows_v2(const gm_raw &r, int q, const uint32_t (&s2)[2][2], uint32_t (&A)[2][4]) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) gm_fp4x8_v2(gm_word(r, h, q), s2[h][q >> 1], A[h]);
+}
+/* Unit of x (k 8q..8q+7 of lane t's chunk) in super-step jl of a staged row: gm_swz(16 jl + 4 t + q)
+ * spelled so that the lane's part is loop invariant (with c = 4 t + q < 16, gm_swz(16 jl + c) =
+ * 16 jl + (c ^ (c >> 3) ^ 2 (jl & 1))). */
+__device__ __forceinline__ int gm_xunit_v2(int jl, int ti, int q) {
+    const int c = 4 * ti + q;
+    return jl * 16 + ((c ^ (c >> 3)) ^ ((jl & 1) << 1));
+}
+
 /* Accumulates super-step jl of the staged slice (xs, row stride rs units) into acc. */
 template <int FMT, int NT>
 __device__ __forceinline__ void gm_step(float (&acc)[NT][4], const gm_raw &r, const uint4 *xs, int rs, int jl, int gi,
@@ -204,21 +227,17 @@ __device__ __forceinline__ void gm_step(float (&acc)[NT][4], const gm_raw &r, co
          * and step 2q+1 takes i = 2, 3. FMT 3 (MS_CU_GEMV_FP4=v2) decodes the same values with fewer
          * ALU instructions: both scale bytes of a row at once, the nibbles through gm_fp4x8_v2. */
         uint32_t s2[2][2]; /* FMT >= 3: [row g / g+8][16-k group] */
-        if (FMT >= 3) {
-#pragma unroll
-            for (int h = 0; h < 2; h++) gm_fp4_scale2(r.sc[h], s2[h][0], s2[h][1]);
-        }
+        if (FMT >= 3) gm_fp4_scales_v2(r, s2);
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             uint32_t A[2][4];
+            if (FMT >= 3) {
+                gm_fp4_rows_v2(r, q, s2, A);
+            } else {
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const uint32_t wq = q == 0 ? r.w[h].x : q == 1 ? r.w[h].y : q == 2 ? r.w[h].z : r.w[h].w;
-                if (FMT >= 3) {
-                    gm_fp4x8_v2(wq, s2[h][q >> 1], A[h]);
-                } else {
+                for (int h = 0; h < 2; h++) {
                     const uint32_t sb = q < 2 ? (r.sc[h] & 0xffu) : (r.sc[h] >> 8); /* 16-k group q/2 */
-                    gm_fp4x8(wq, gm_fp4_scale(sb), A[h]);
+                    gm_fp4x8(gm_word(r, h, q), gm_fp4_scale(sb), A[h]);
                 }
             }
 #pragma unroll
@@ -227,11 +246,8 @@ __device__ __forceinline__ void gm_step(float (&acc)[NT][4], const gm_raw &r, co
                  * next word's decode can be scheduled across the mma) */
                 if ((FMT < 3 || nt > 0) && nt >= ntiles) break;
                 const int row = min(nt * 8 + gi, nr - 1);
-                /* x k 8q..8q+7. FMT >= 3 spells gm_swz(ubase + q) so that the lane's part is loop
-                 * invariant: with c = 4 ti + q < 16, gm_swz(16 jl + c) = 16 jl + (c ^ (c >> 3) ^ 2 (jl & 1)) */
-                const int c = 4 * ti + q;
-                const uint4 X = FMT >= 3 ? xs[row * rs + jl * 16 + ((c ^ (c >> 3)) ^ ((jl & 1) << 1))]
-                                         : xs[row * rs + gm_swz(ubase + q)];
+                /* x k 8q..8q+7 (FMT >= 3: the same unit, spelled loop-invariantly) */
+                const uint4 X = FMT >= 3 ? xs[row * rs + gm_xunit_v2(jl, ti, q)] : xs[row * rs + gm_swz(ubase + q)];
                 if (FMT >= 3) { /* staged as (k 0,4), (1,5), (2,6), (3,7) already (gm_xpair) */
                     gm_mma(acc[nt], A[0][0], A[1][0], A[0][1], A[1][1], X.x, X.y);
                     gm_mma(acc[nt], A[0][2], A[1][2], A[0][3], A[1][3], X.z, X.w);

@@ -83,18 +83,12 @@ __device__ __forceinline__ uint4 mf_pair(uint4 v) {
 __device__ __forceinline__ void mf_step(float (&a0)[4], float (&a1)[4], const gm_raw &r, const uint4 *xs, int jl,
                                         int ti) {
     uint32_t s2[2][2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) gm_fp4_scale2(r.sc[h], s2[h][0], s2[h][1]);
+    gm_fp4_scales_v2(r, s2);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         uint32_t A[2][4];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const uint32_t wq = q == 0 ? r.w[h].x : q == 1 ? r.w[h].y : q == 2 ? r.w[h].z : r.w[h].w;
-            gm_fp4x8_v2(wq, s2[h][q >> 1], A[h]);
-        }
-        const int c = 4 * ti + q; /* x unit of word q of the lane's chunk, swizzled as gm_step reads it */
-        const uint4 X = xs[jl * 16 + ((c ^ (c >> 3)) ^ ((jl & 1) << 1))];
+        gm_fp4_rows_v2(r, q, s2, A);
+        const uint4 X = xs[gm_xunit_v2(jl, ti, q)];
         float(&acc)[4] = (q & 1) ? a1 : a0;
         gm_mma(acc, A[0][0], A[1][0], A[0][1], A[1][1], X.x, X.y);
         gm_mma(acc, A[0][2], A[1][2], A[0][3], A[1][3], X.z, X.w);
