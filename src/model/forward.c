@@ -282,6 +282,7 @@ static int fold_shared(ms_forward *f, ms_err *err) {
         x->gate[e->n] = l->sh_gate;
         x->up[e->n] = l->sh_up;
         x->down[e->n] = l->sh_down;
+        x->shared_last = 1;
     }
     return MS_OK;
 }
@@ -466,14 +467,18 @@ static int mlp(ms_forward *f, int L, int T, ms_err *err) {
         MS_TRY(op->remap_ids(f->b, f->ids.data, (int64_t)T * k, f->m->shard.e0, f->m->shard.ne, err));
     ms_moe_shape s = moe_shape(f->m, T);
     if (f->fold && f->fold[L].n && T <= FOLD_MAX_TOKENS) {
-        /* the shared expert rides along as expert n with weight 1 (transformers adds it unscaled) */
+        /* the shared expert rides along as expert n with weight 1 (transformers adds it unscaled): the
+         * runner adds it itself when it can, else it is appended to every token's ids */
         const int n = f->fold[L].n - 1;
-        MS_TRY(op->moe_append(f->b, f->ids.data, f->rw.data, T, k, n, 1.0f, f->ids2.data, f->rw2.data, err));
         s.n_experts++;
         s.topk++;
         const ms_moe_runner *r = ms_moe_pick(f->b, f->forced, &s);
-        FW_PROF(f, "moe_experts", r->run(f->b, &f->fold[L], &a, f->ids2.data, f->rw2.data, k + 1, &delta,
-                                         f->moe_ws.data, ms_tensor_nbytes(&f->moe_ws), err), err);
+        const int self = (r->caps & MS_MOE_CAP_SHARED_LAST) != 0;
+        if (!self)
+            MS_TRY(op->moe_append(f->b, f->ids.data, f->rw.data, T, k, n, 1.0f, f->ids2.data, f->rw2.data, err));
+        FW_PROF(f, "moe_experts",
+                r->run(f->b, &f->fold[L], &a, self ? f->ids.data : f->ids2.data, self ? f->rw.data : f->rw2.data,
+                       self ? k : k + 1, &delta, f->moe_ws.data, ms_tensor_nbytes(&f->moe_ws), err), err);
         FW_TRY_CHECK(f, &delta, "moe_experts + shared expert", err);
         return MS_OK;
     }

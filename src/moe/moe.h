@@ -18,6 +18,10 @@ typedef struct ms_experts {
     ms_linear *up;   /* [n], each [I, H] */
     ms_linear *down; /* [n], each [H, I] */
     void *prepared;  /* runner/backend-private form (e.g. device pointer tables); may be NULL */
+    /* 1: expert n - 1 is a shared expert that every token also uses with weight 1 (a folded shared
+     * expert). A runner with MS_MOE_CAP_SHARED_LAST is then given the router's top-k only and adds it
+     * itself; the others are given ids with it appended as column k (ms_backend_ops.moe_append). */
+    int shared_last;
 } ms_experts;
 
 /* What a runner can do beyond computing the routed MoE of a shape it supports (capability flags;
@@ -27,6 +31,7 @@ enum {
     MS_MOE_CAP_PARTIAL = 1u << 1,     /* takes id -1 for an expert held by another rank (expert parallelism) */
     MS_MOE_CAP_FEW_TOKENS = 1u << 2,  /* made for decode-sized calls (auto prefers it up to the threshold) */
     MS_MOE_CAP_MANY_TOKENS = 1u << 3, /* made for prefill-sized calls (auto prefers it above the threshold) */
+    MS_MOE_CAP_SHARED_LAST = 1u << 4, /* adds ms_experts.shared_last's expert itself (ids without it) */
 };
 
 /* What a runner is asked to do in one call (for supports/workspace/auto choice). */

@@ -181,7 +181,11 @@ static void make_routing(int pattern, int T, int topk, int n, int32_t *ids, floa
     }
 }
 
-static void run_case(layer *L, const ms_moe_runner *cpu_r, const ms_moe_runner *gr, int T, int topk, int pattern) {
+/* shared: expert n - 1 is a folded shared expert (ms_experts.shared_last on the GPU runner, which gets
+ * the top-k ids only; the CPU runner gets it appended as column topk with weight 1), routing over the
+ * other n - 1 experts. */
+static void run_case_sh(layer *L, const ms_moe_runner *cpu_r, const ms_moe_runner *gr, int T, int topk, int pattern,
+                        int shared) {
     int H = L->H, n = L->n;
     float *xf = malloc(sizeof(float) * (size_t)T * H);
     uint16_t *xb = malloc(2 * (size_t)T * H);
@@ -189,20 +193,28 @@ static void run_case(layer *L, const ms_moe_runner *cpu_r, const ms_moe_runner *
         xb[i] = ms_f32_to_bf16(rnd_f() * 2.f);
         xf[i] = ms_bf16_to_f32(xb[i]);
     }
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * topk);
-    float *w = malloc(sizeof(float) * (size_t)T * topk);
-    make_routing(pattern, T, topk, n, ids, w);
-    ms_moe_shape s = {T, H, L->I, n, topk, L->fmt, MS_BF16};
+    const int kc = topk + (shared ? 1 : 0); /* the CPU runner's columns */
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)T * topk), *idc = malloc(sizeof(int32_t) * (size_t)T * kc);
+    float *w = malloc(sizeof(float) * (size_t)T * topk), *wcp = malloc(sizeof(float) * (size_t)T * kc);
+    make_routing(pattern, T, topk, shared ? n - 1 : n, ids, w);
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < kc; j++) {
+            idc[t * kc + j] = j < topk ? ids[t * topk + j] : n - 1;
+            wcp[t * kc + j] = j < topk ? w[t * topk + j] : 1.f;
+        }
+    L->eg.shared_last = shared;
+    ms_moe_shape s = {T, H, L->I, n, kc, L->fmt, MS_BF16};
     ms_tensor xg = upload(GPU, MS_BF16, T, H, xb), xc = upload(CPU, MS_F32, T, H, xf);
-    ms_tensor ig = upload(GPU, MS_I32, T, topk, ids), ic = upload(CPU, MS_I32, T, topk, ids);
-    ms_tensor wg = upload(GPU, MS_F32, T, topk, w), wc = upload(CPU, MS_F32, T, topk, w);
+    ms_tensor ig = upload(GPU, MS_I32, T, topk, ids), ic = upload(CPU, MS_I32, T, kc, idc);
+    ms_tensor wg = upload(GPU, MS_F32, T, topk, w), wc = upload(CPU, MS_F32, T, kc, wcp);
     ms_tensor og = upload(GPU, MS_BF16, T, H, NULL), oc = upload(CPU, MS_F32, T, H, NULL);
     size_t wsg = gr->workspace_size(GPU, &s), wsc = cpu_r->workspace_size(CPU, &s);
     ms_tensor Wg = upload(GPU, MS_U8, 1, (int64_t)wsg + 1, NULL), Wc = upload(CPU, MS_U8, 1, (int64_t)wsc + 1, NULL);
     char why[256] = "";
     CHECK_MSG(gr->supports(GPU, &s, why, sizeof why), "%s: %s", gr->name, why);
     R(gr->run(GPU, &L->eg, &xg, ig.data, wg.data, topk, &og, Wg.data, wsg, &E));
-    R(cpu_r->run(CPU, &L->ec, &xc, ic.data, wc.data, topk, &oc, Wc.data, wsc, &E));
+    R(cpu_r->run(CPU, &L->ec, &xc, ic.data, wc.data, kc, &oc, Wc.data, wsc, &E));
+    L->eg.shared_last = 0;
     uint16_t *ob = malloc(2 * (size_t)T * H);
     float *orf = malloc(4 * (size_t)T * H);
     R(GPU->ops->sync(GPU, &E));
@@ -216,11 +228,15 @@ static void run_case(layer *L, const ms_moe_runner *cpu_r, const ms_moe_runner *
         if (fabs(a - orf[i]) > md) md = fabs(a - orf[i]);
         if (fabs(orf[i]) > mr) mr = fabs(orf[i]);
     }
-    CHECK_MSG(nan == 0 && md / mr <= 2e-2, "%s fmt=%s T=%d topk=%d pattern=%d H=%d I=%d: rel err %.3g, %d non-finite",
-              gr->name, ms_wfmt_name(L->fmt, MS_BF16), T, topk, pattern, H, L->I, md / mr, nan);
-    free(ob); free(orf); free(xf); free(xb); free(ids); free(w);
+    CHECK_MSG(nan == 0 && md / mr <= 2e-2,
+              "%s fmt=%s T=%d topk=%d pattern=%d shared=%d H=%d I=%d: rel err %.3g, %d non-finite", gr->name,
+              ms_wfmt_name(L->fmt, MS_BF16), T, topk, pattern, shared, H, L->I, md / mr, nan);
+    free(ob); free(orf); free(xf); free(xb); free(ids); free(w); free(idc); free(wcp);
     ms_tensor *tg[5] = {&xg, &ig, &wg, &og, &Wg}, *tc[5] = {&xc, &ic, &wc, &oc, &Wc};
     for (int i = 0; i < 5; i++) { GPU->ops->free(GPU, tg[i]); CPU->ops->free(CPU, tc[i]); }
+}
+static void run_case(layer *L, const ms_moe_runner *cpu_r, const ms_moe_runner *gr, int T, int topk, int pattern) {
+    run_case_sh(L, cpu_r, gr, T, topk, pattern, 0);
 }
 
 /* Makes a layer of n experts (fmt, H, I) and resolves and prepares the CPU runner and the CUDA runner
@@ -370,7 +386,8 @@ static void test_nvfp4_w8(void) {
  * expert), random and partial routing (ids -1, possibly all of them), each call twice in a row (the
  * phase counters must be back at zero for the second), the chosen form (MS_CU_MOE_FUSED=1) and each
  * form forced (2..6: one, two or three groups of warps a block, two ring depths), more slots than its
- * grid has groups for one phase and fewer; the launch counter says it ran exactly
+ * grid has groups for one phase and fewer, a folded shared expert (ms_experts.shared_last: the
+ * kernel's extra slot at T = 1, appended by the runner above); the launch counter says it ran exactly
  * for T = 1 and that MS_CU_MOE_FUSED=0 and I % 128 != 0 keep the two-kernel form. */
 static void fused_shapes(int H, int I, int want) {
     layer L;
@@ -389,14 +406,23 @@ static void fused_shapes(int H, int I, int want) {
                 run_case(&L, cpu_r, gr, 1, topks[i], 3);
             }
     }
+    /* a folded shared expert (expert 15) as the kernel's extra slot, with and without ids -1 */
+    unsetenv("MS_CU_MOE_FUSED");
+    for (int i = 0; i < 3; i++) {
+        run_case_sh(&L, cpu_r, gr, 1, i == 2 ? 8 : 2 * i + 1, 0, 1);
+        run_case_sh(&L, cpu_r, gr, 1, i == 2 ? 8 : 2 * i + 1, 3, 1);
+    }
 #ifdef MS_HAVE_CUDA
-    CHECK_MSG((ms_cuda_moe_fused_launches() - n0 == 72) == want, "H=%d I=%d: fused MoE kernel launched %lld times (want %s)",
-              H, I, ms_cuda_moe_fused_launches() - n0, want ? "72" : "none");
+    CHECK_MSG((ms_cuda_moe_fused_launches() - n0 == 78) == want, "H=%d I=%d: fused MoE kernel launched %lld times (want %s)",
+              H, I, ms_cuda_moe_fused_launches() - n0, want ? "78" : "none");
     n0 = ms_cuda_moe_fused_launches();
 #endif
     run_case(&L, cpu_r, gr, 3, 3, 0); /* more than one token: the two-kernel form */
+    run_case_sh(&L, cpu_r, gr, 3, 8, 0, 1); /* ... with the shared expert appended by the runner */
+    run_case_sh(&L, cpu_r, gr, 5, 3, 3, 1);
     setenv("MS_CU_MOE_FUSED", "0", 1);
     run_case(&L, cpu_r, gr, 1, 9, 0);
+    run_case_sh(&L, cpu_r, gr, 1, 8, 0, 1);
 #ifdef MS_HAVE_CUDA
     CHECK_MSG(ms_cuda_moe_fused_launches() == n0, "fused MoE kernel launched for T = 3 or with MS_CU_MOE_FUSED=0");
 #endif

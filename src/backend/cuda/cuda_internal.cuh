@@ -254,16 +254,18 @@ typedef struct cu_moe_fused_call {
     const int32_t *ids;        /* device [nslot] expert ids of the token (-1: held by another rank) */
     const float *wts;          /* device [nslot] their weights */
     int nslot;
+    int extra_slot;            /* 0: none; e + 1: one more slot, expert e with weight 1 (a folded shared
+                                  expert; zero, the designated initialisers' default, means absent) */
     const bf16 *x; /* device [H] the token */
     bf16 *h;       /* device [nslot, I] workspace */
     void *out;     /* device [H] result, out_type (MS_BF16 or MS_F32) */
     int out_type;
 } cu_moe_fused_call;
 /* out = Σ_s wts[s] · down_{ids[s]}(silu(gate_{ids[s]}·x) * (up_{ids[s]}·x)) over the slots with
- * ids[s] >= 0 (h rounded to bf16 as the two-kernel form rounds it), queued on the backend stream as
- * one kernel. Sets *launched = 0 and queues nothing when it does not cover the call: MS_CU_MOE_FUSED
+ * ids[s] >= 0, plus expert extra_slot - 1 with weight 1 when extra_slot > 0 (h rounded to bf16 as the
+ * two-kernel form rounds it), queued on the backend stream as one kernel. Sets *launched = 0 and queues nothing when it does not cover the call: MS_CU_MOE_FUSED
  * is 0, compute capability < 8.0, any of the three formats is not NVFP4, H or I not a multiple of 128,
- * nslot outside 1..16, x or h not 16-byte aligned, entry 0's rows or scales misaligned (the other
+ * nslot (with the extra slot) outside 1..16, x or h not 16-byte aligned, entry 0's rows or scales misaligned (the other
  * entries are taken to match), or the staging does not fit shared memory. */
 int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_err *err);
 

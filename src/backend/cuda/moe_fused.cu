@@ -61,7 +61,7 @@ struct mf_args {
     const cu_wdesc *G, *U, *D; /* device tables indexed by expert id */
     const int32_t *ids;        /* [nslot], -1 = held elsewhere (skipped) */
     const float *wts;          /* [nslot] */
-    int nslot, H, I;
+    int nslot, extra_id, H, I; /* extra_id >= 0: slot nslot is that expert with weight 1 */
     const bf16 *x; /* [H] */
     bf16 *h;       /* [nslot, I] workspace (row v = valid slot v) */
     void *out;     /* [H], out_type */
@@ -212,8 +212,9 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
     uint8_t *ring = (uint8_t *)mf_smem + a.ring_off + (size_t)warp * D * GM_STG;
 
     /* the slot table: one thread per slot reads its id and descriptors; then the valid ones compacted */
-    if (threadIdx.x < a.nslot) {
-        const int s = threadIdx.x, id = a.ids[s];
+    const int ns = a.nslot + (a.extra_id >= 0);
+    if (threadIdx.x < ns) {
+        const int s = threadIdx.x, id = s < a.nslot ? a.ids[s] : a.extra_id;
         s_valid[s] = id >= 0;
         if (id >= 0) {
             const cu_wdesc g = a.G[id], u = a.U[id], d = a.D[id];
@@ -221,7 +222,7 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
             o.w[0] = (const uint8_t *)g.w, o.w[1] = (const uint8_t *)u.w, o.w[2] = (const uint8_t *)d.w;
             o.s[0] = (const uint8_t *)g.scale, o.s[1] = (const uint8_t *)u.scale, o.s[2] = (const uint8_t *)d.scale;
             o.post[0] = 256.f * g.scale2, o.post[1] = 256.f * u.scale2;
-            o.c = a.wts[s] * 256.f * d.scale2;
+            o.c = (s < a.nslot ? a.wts[s] : 1.f) * 256.f * d.scale2;
         }
     }
     /* phase A's x, staged while the descriptors load: swizzled (gm_swz), units re-paired */
@@ -230,7 +231,7 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
     __syncthreads();
     if (threadIdx.x == 0) {
         int nv = 0;
-        for (int s = 0; s < a.nslot; s++)
+        for (int s = 0; s < ns; s++)
             if (s_valid[s]) sl[nv++] = sl[s];
         s_nv = nv;
     }
@@ -392,15 +393,16 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
     if (!knob || b->gpu.cc_major < 8 || !cu_of(b)->moe_sync) return MS_OK;
     if (g.fmt != MS_WFMT_NVFP4 || d.fmt != MS_WFMT_NVFP4 || c->up_fmt != MS_WFMT_NVFP4 || d.n != H || d.k != I)
         return MS_OK;
-    if (H <= 0 || I <= 0 || H % 128 || I % 128 || c->nslot < 1 || c->nslot > MF_MAXS) return MS_OK;
+    const int ns = c->nslot + (c->extra_slot > 0);
+    if (H <= 0 || I <= 0 || H % 128 || I % 128 || c->nslot < 0 || ns < 1 || ns > MF_MAXS) return MS_OK;
     if (((uintptr_t)c->x & 15) || ((uintptr_t)c->h & 15) || ((uintptr_t)g.w & 15) || ((uintptr_t)g.scale & 7) ||
         ((uintptr_t)d.w & 15) || ((uintptr_t)d.scale & 7) || (c->out_type != MS_BF16 && c->out_type != MS_F32))
         return MS_OK;
     const int rsA = mf_F::rstride(H / 128), rsB = mf_F::rstride(I / 128);
-    const int x_units = rsA > c->nslot * rsB ? rsA : c->nslot * rsB;
+    const int x_units = rsA > ns * rsB ? rsA : ns * rsB;
     const int nforms = (int)(sizeof mf_forms / sizeof mf_forms[0]), nsm = b->gpu.n_sm > 0 ? b->gpu.n_sm : 132;
-    const int itemsA = c->nslot * (I / 16), itemsB = H / 16, most = itemsA > itemsB ? itemsA : itemsB;
-    const int64_t sA = (H / 128 + 3) / 4, sB = ((int64_t)c->nslot * (I / 128) + MF_WARPS - 1) / MF_WARPS;
+    const int itemsA = ns * (I / 16), itemsB = H / 16, most = itemsA > itemsB ? itemsA : itemsB;
+    const int64_t sA = (H / 128 + 3) / 4, sB = ((int64_t)ns * (I / 128) + MF_WARPS - 1) / MF_WARPS;
     int best = -1, best_grid = 0;
     size_t best_smem = 0, best_red = 0;
     int64_t best_cost = 0;
@@ -423,6 +425,7 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
     mf_args a;
     memset(&a, 0, sizeof a);
     a.G = c->G, a.U = c->U, a.D = c->D, a.ids = c->ids, a.wts = c->wts, a.nslot = c->nslot, a.H = H, a.I = I;
+    a.extra_id = c->extra_slot - 1;
     a.x = c->x, a.h = c->h, a.out = c->out, a.out_type = c->out_type, a.sync = cu_of(b)->moe_sync;
     a.red_off = (int)best_red;
     a.ring_off = (int)(best_red + (size_t)mf_forms[best].ng * 2 * 7 * 4 * 32 * sizeof(float));

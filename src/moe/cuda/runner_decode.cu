@@ -5,30 +5,49 @@
  * copy of x). rows_total = T is passed to the GEMV as a hint for sizing its shared-memory token
  * staging (an expert usually gets at most one row per token; more rows only take more passes).
  * One token with NVFP4 experts takes the fused kernel instead (cu_moe_fused: all of it in one launch,
- * no permutation), when it covers the shapes. */
+ * no permutation), when it covers the shapes. A folded shared expert (ms_experts.shared_last) is a
+ * slot of the fused kernel, or appended to the ids here (MS_MOE_CAP_SHARED_LAST: the forward's append
+ * kernel is not needed). */
 #include "moe/cuda/moe_cuda.cuh"
+
+/* Bytes past the shared stages' workspace for the appended ids and weights of a shared_last call. */
+static size_t shared_ids_bytes(const ms_moe_shape *s) {
+    return 2 * (((size_t)s->n_tokens * s->topk * 4 + 255) & ~(size_t)255) + 256;
+}
 
 static size_t decode_ws(const ms_backend *b, const ms_moe_shape *s) {
     (void)b;
-    return moe_cu_ws_size(s, 0);
+    return moe_cu_ws_size(s, 0) + shared_ids_bytes(s);
 }
 
 static int decode_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, const int32_t *ids_d, const float *w_d,
                       int topk, ms_tensor *out, void *workspace, size_t ws_bytes, ms_err *err) {
     ms_moe_shape s;
     const moe_cu_prep *p;
-    MS_TRY(moe_cu_check(b, e, x, topk, out, &s, &p, err));
+    const int shared = e->shared_last ? 1 : 0; /* expert n - 1 for every token, weight 1, not in ids */
+    MS_TRY(moe_cu_check(b, e, x, topk + shared, out, &s, &p, err));
     if (s.n_tokens == 0) return MS_OK;
     moe_cu_ws w;
     MS_TRY(moe_cu_ws_carve(&s, 0, workspace, ws_bytes, &w, err));
     if (s.n_tokens == 1) {
         const cu_moe_fused_call fc = {.G = p->gate_d, .U = p->up_d, .D = p->down_d, .gate_h = p->gate_h,
                                       .down_h = p->down_h, .up_fmt = p->up_h.fmt, .ids = ids_d, .wts = w_d,
-                                      .nslot = topk, .x = (const bf16 *)x->data, .h = w.h, .out = out->data,
-                                      .out_type = out->dtype};
+                                      .nslot = topk, .extra_slot = shared ? e->n : 0, .x = (const bf16 *)x->data,
+                                      .h = w.h, .out = out->data, .out_type = out->dtype};
         int launched = 0;
         MS_TRY(cu_moe_fused(b, &fc, &launched, err));
         if (launched) return MS_OK;
+    }
+    if (shared) { /* the shared expert as column topk of every token, in the workspace's tail */
+        const size_t base = moe_cu_ws_size(&s, 0), ids_bytes = ((size_t)s.n_tokens * s.topk * 4 + 255) & ~(size_t)255;
+        if (ws_bytes < base + shared_ids_bytes(&s))
+            return ms_errf(err, MS_ERR_NOMEM, "moe decode: workspace of %zu bytes is smaller than the %zu needed",
+                           ws_bytes, base + shared_ids_bytes(&s));
+        char *tail = (char *)(((uintptr_t)workspace + base + 255) & ~(uintptr_t)255);
+        int32_t *ids2 = (int32_t *)tail;
+        float *w2 = (float *)(tail + ids_bytes);
+        MS_TRY(b->ops->moe_append(b, ids_d, w_d, s.n_tokens, topk, e->n - 1, 1.0f, ids2, w2, err));
+        ids_d = ids2, w_d = w2;
     }
     MS_TRY(moe_cu_route_permute(b, &w, ids_d, (const bf16 *)x->data, 0, err));
     int slots = w.E < w.P ? w.E : w.P;
@@ -45,5 +64,6 @@ static int decode_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, co
 }
 
 extern "C" const ms_moe_runner ms_moe_runner_decode = {
-    "decode", "cuda", moe_cu_supports, decode_ws, moe_cu_prepare, decode_run, MS_MOE_CAP_GRAPHS | MS_MOE_CAP_FEW_TOKENS | MS_MOE_CAP_PARTIAL,
+    "decode", "cuda", moe_cu_supports, decode_ws, moe_cu_prepare, decode_run,
+    MS_MOE_CAP_GRAPHS | MS_MOE_CAP_FEW_TOKENS | MS_MOE_CAP_PARTIAL | MS_MOE_CAP_SHARED_LAST,
 };
