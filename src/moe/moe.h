@@ -2,7 +2,9 @@
  *
  * Routing (backend router op) produces per token the top-k expert ids and weights; a runner then
  * computes out[t] = sum_k w[t,k] * expert_{ids[t,k]}(x[t]) with SwiGLU experts
- * (down(silu(gate(x)) * up(x))). The shared expert is not part of the runner (the forward adds it).
+ * (down(silu(gate(x)) * up(x))). A shared expert is either run by the forward beside the runner, or
+ * folded in as expert n - 1 of a layer's ms_experts (shared_last), which the runner adds for every
+ * token itself (MS_MOE_CAP_SHARED_LAST) or receives appended to the ids.
  * Runners declare what they support; `auto` picks among those that do; a forced runner that cannot
  * run fails at start-up with a sentence naming the GPU, compute capability, reason and the runners
  * that can. */
