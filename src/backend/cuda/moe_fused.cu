@@ -31,7 +31,10 @@
  * at once (occupancy), so every block that the spin waits for is running or will run. The last block to
  * leave resets sync (sync[1] counts leavers); the next launch on the stream starts after this one
  * completes. A spin that outlives ~2^31 polls traps (the kernel fails with an error instead of
- * hanging). sync is per backend (cu_impl.moe_sync): one launch in flight per backend stream.
+ * hanging). sync is per backend (cu_impl.moe_sync): one launch in flight per backend stream. The
+ * residency argument takes the device's SM count as available: under MPS with an SM limit it may not
+ * be, and the spin would end in the trap (MS_CU_MOE_FUSED=0 then; a cooperative launch, which would
+ * fail instead, is not used yet).
  *
  * Forms and measurements (H200, session 10; bench/NOTES.md): the busiest warp's super-steps decide,
  * since the kernel is issue-bound (~265 instructions per KB of weights at 2.1-2.5 instructions per
