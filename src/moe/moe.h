@@ -53,7 +53,9 @@ typedef struct ms_moe_runner {
     size_t (*workspace_size)(const ms_backend *b, const ms_moe_shape *s);
     /* One-time preparation of a layer's experts after placement (may be NULL). */
     int (*prepare)(ms_backend *b, ms_experts *e, ms_err *err);
-    /* out [T,H] = routed MoE of x [T,H] (overwrites out). ids_d/w_d [T,topk] from the router. */
+    /* out [T,H] = routed MoE of x [T,H] (overwrites out). ids_d/w_d [T,topk] from the router. With
+     * e->shared_last and MS_MOE_CAP_SHARED_LAST, topk excludes the shared expert (the caller sizes the
+     * workspace with workspace_size of the shape that counts it: topk + 1). */
     int (*run)(ms_backend *b, const ms_experts *e, const ms_tensor *x, const int32_t *ids_d, const float *w_d,
                int topk, ms_tensor *out, void *workspace, size_t ws_bytes, ms_err *err);
     unsigned caps; /* MS_MOE_CAP_* */

@@ -974,7 +974,8 @@ extern "C" int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err)
     {
         void *sync = NULL;
         cudaError_t e3 = cudaMalloc(&sync, 64);
-        if (e3 == cudaSuccess) e3 = cudaMemset(sync, 0, 64);
+        if (e3 == cudaSuccess) e3 = cudaMemsetAsync(sync, 0, 64, c->stream);
+        if (e3 == cudaSuccess) e3 = cudaStreamSynchronize(c->stream);
         if (e3 != cudaSuccess) {
             if (sync) cudaFree(sync);
             rc = ms_errf(err, MS_ERR_RUNTIME, "cuda backend: allocating the MoE counters failed on GPU %d: %s", device,

@@ -249,24 +249,28 @@ int cu_gemv_w8(ms_backend *b, const cu_gemv_call *c, int *launched, ms_err *err)
 /* ---- the one-token MoE in one kernel (moe_fused.cu) ---- */
 typedef struct cu_moe_fused_call {
     const cu_wdesc *G, *U, *D; /* device tables [n experts]: gate, up ([I, H]) and down ([H, I]) */
-    cu_wdesc gate_h, down_h;   /* host copies of entry 0: format and shapes stand for every expert's */
-    int up_fmt;                /* format of the up weights */
+    cu_wdesc gate_h, up_h, down_h; /* host copies of entry 0: format, shapes and alignment stand for
+                                      every expert's */
+    int n_experts;             /* entries in the tables; ids outside [0, n_experts) count as -1 */
     const int32_t *ids;        /* device [nslot] expert ids of the token (-1: held by another rank) */
     const float *wts;          /* device [nslot] their weights */
     int nslot;
     int extra_slot;            /* 0: none; e + 1: one more slot, expert e with weight 1 (a folded shared
                                   expert; zero, the designated initialisers' default, means absent) */
     const bf16 *x; /* device [H] the token */
-    bf16 *h;       /* device [nslot, I] workspace */
+    bf16 *h;       /* device [nslot + (extra_slot > 0), I] workspace */
     void *out;     /* device [H] result, out_type (MS_BF16 or MS_F32) */
     int out_type;
 } cu_moe_fused_call;
 /* out = Σ_s wts[s] · down_{ids[s]}(silu(gate_{ids[s]}·x) * (up_{ids[s]}·x)) over the slots with
- * ids[s] >= 0, plus expert extra_slot - 1 with weight 1 when extra_slot > 0 (h rounded to bf16 as the
- * two-kernel form rounds it), queued on the backend stream as one kernel. Sets *launched = 0 and queues nothing when it does not cover the call: MS_CU_MOE_FUSED
- * is 0, compute capability < 8.0, any of the three formats is not NVFP4, H or I not a multiple of 128,
- * nslot (with the extra slot) outside 1..16, x or h not 16-byte aligned, entry 0's rows or scales misaligned (the other
- * entries are taken to match), or the staging does not fit shared memory. */
+ * ids[s] in [0, n_experts), plus expert extra_slot - 1 with weight 1 when extra_slot > 0 (h rounded
+ * to bf16 as the two-kernel form rounds it), queued on the backend stream as one kernel. Sets
+ * *launched = 0 and queues nothing when it does not cover the call: MS_CU_MOE_FUSED is 0, compute
+ * capability < 8.0, the SM count unknown, any of the three formats is not NVFP4, the shapes are not
+ * gate/up [I, H] and down [H, I] with H and I multiples of 128, nslot (with the extra slot) outside
+ * 1..16, out_type not BF16 or F32, x or h not 16-byte aligned, entry 0's rows (16 bytes) or scales
+ * (8 bytes) misaligned (the other entries are taken to match), or the staging does not fit shared
+ * memory. */
 int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_err *err);
 
 /* One call of the streaming bf16 GEMV (gemv_bf16.cu): y[t, n] = x[t, :] · w0[n, :] (+ bias[n]) in mode 0,

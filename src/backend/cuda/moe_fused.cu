@@ -65,8 +65,9 @@ struct mf_args {
     const int32_t *ids;        /* [nslot], -1 = held elsewhere (skipped) */
     const float *wts;          /* [nslot] */
     int nslot, extra_id, H, I; /* extra_id >= 0: slot nslot is that expert with weight 1 */
+    int n_experts;             /* table entries; ids outside [0, n_experts) are skipped like -1 */
     const bf16 *x; /* [H] */
-    bf16 *h;       /* [nslot, I] workspace (row v = valid slot v) */
+    bf16 *h;       /* [nslot + 1 with an extra slot, I] workspace (row v = valid slot v) */
     void *out;     /* [H], out_type */
     int out_type;
     unsigned *sync;        /* [2], zero between launches */
@@ -218,8 +219,8 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
     const int ns = a.nslot + (a.extra_id >= 0);
     if (threadIdx.x < ns) {
         const int s = threadIdx.x, id = s < a.nslot ? a.ids[s] : a.extra_id;
-        s_valid[s] = id >= 0;
-        if (id >= 0) {
+        s_valid[s] = id >= 0 && id < a.n_experts;
+        if (id >= 0 && id < a.n_experts) {
             const cu_wdesc g = a.G[id], u = a.U[id], d = a.D[id];
             mf_slot &o = sl[s];
             o.w[0] = (const uint8_t *)g.w, o.w[1] = (const uint8_t *)u.w, o.w[2] = (const uint8_t *)d.w;
@@ -317,6 +318,7 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
     /* ---- phase boundary: every block's h is stored and visible ---- */
     __syncthreads();
     if (threadIdx.x == 0) {
+        __threadfence(); /* the block's h stores (fenced by their writers, seen through the barrier) first */
         atomicAdd(&a.sync[0], 1u);
         mf_wait_count(&a.sync[0], gridDim.x);
     }
@@ -394,16 +396,18 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
     const cu_wdesc &g = c->gate_h, &d = c->down_h;
     const int H = g.k, I = g.n, knob = cu_knob(CU_KNOB_MOE_FUSED);
     if (!knob || b->gpu.cc_major < 8 || !cu_of(b)->moe_sync) return MS_OK;
-    if (g.fmt != MS_WFMT_NVFP4 || d.fmt != MS_WFMT_NVFP4 || c->up_fmt != MS_WFMT_NVFP4 || d.n != H || d.k != I)
+    const cu_wdesc &u = c->up_h;
+    if (g.fmt != MS_WFMT_NVFP4 || d.fmt != MS_WFMT_NVFP4 || u.fmt != MS_WFMT_NVFP4 || d.n != H || d.k != I ||
+        u.n != I || u.k != H || c->n_experts < 1 || b->gpu.n_sm <= 0)
         return MS_OK;
     const int ns = c->nslot + (c->extra_slot > 0);
     if (H <= 0 || I <= 0 || H % 128 || I % 128 || c->nslot < 0 || ns < 1 || ns > MF_MAXS) return MS_OK;
     if (((uintptr_t)c->x & 15) || ((uintptr_t)c->h & 15) || ((uintptr_t)g.w & 15) || ((uintptr_t)g.scale & 7) ||
-        ((uintptr_t)d.w & 15) || ((uintptr_t)d.scale & 7) || (c->out_type != MS_BF16 && c->out_type != MS_F32))
+        ((uintptr_t)d.w & 15) || ((uintptr_t)d.scale & 7) || ((uintptr_t)u.w & 15) || ((uintptr_t)u.scale & 7) || (c->out_type != MS_BF16 && c->out_type != MS_F32))
         return MS_OK;
     const int rsA = mf_F::rstride(H / 128), rsB = mf_F::rstride(I / 128);
     const int x_units = rsA > ns * rsB ? rsA : ns * rsB;
-    const int nforms = (int)(sizeof mf_forms / sizeof mf_forms[0]), nsm = b->gpu.n_sm > 0 ? b->gpu.n_sm : 132;
+    const int nforms = (int)(sizeof mf_forms / sizeof mf_forms[0]), nsm = b->gpu.n_sm;
     const int itemsA = ns * (I / 16), itemsB = H / 16, most = itemsA > itemsB ? itemsA : itemsB;
     const int64_t sA = (H / 128 + 3) / 4, sB = ((int64_t)ns * (I / 128) + MF_WARPS - 1) / MF_WARPS;
     int best = -1, best_grid = 0;
@@ -428,7 +432,7 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
     mf_args a;
     memset(&a, 0, sizeof a);
     a.G = c->G, a.U = c->U, a.D = c->D, a.ids = c->ids, a.wts = c->wts, a.nslot = c->nslot, a.H = H, a.I = I;
-    a.extra_id = c->extra_slot - 1;
+    a.extra_id = c->extra_slot - 1, a.n_experts = c->n_experts;
     a.x = c->x, a.h = c->h, a.out = c->out, a.out_type = c->out_type, a.sync = cu_of(b)->moe_sync;
     a.red_off = (int)best_red;
     a.ring_off = (int)(best_red + (size_t)mf_forms[best].ng * 2 * 7 * 4 * 32 * sizeof(float));
