@@ -52,6 +52,7 @@
 
 #define MF_WARPS 8  /* warps per group: one item at a time */
 #define MF_MAXS 16  /* slots at most */
+#define MF_RED_FLOATS (2 * 7 * 4 * 32) /* a group's reduction buffers: [parity][warps 1-7][4][lane] */
 
 /* A valid slot's weights (rows of 16-byte units; scales e4m3 per 16 k) and factors. */
 struct mf_slot {
@@ -212,7 +213,7 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
     const int grp0 = blockIdx.x * NG + grp, ngrp = gridDim.x * NG;
     const int H = a.H, I = a.I, nssA = H / 128, nssB = I / 128, mtA = I / 16, mtB = H / 16;
     uint4 *xs = mf_smem;
-    float *red = (float *)((uint8_t *)mf_smem + a.red_off) + grp * (2 * 7 * 4 * 32); /* [2][7][4][32] */
+    float *red = (float *)((uint8_t *)mf_smem + a.red_off) + grp * MF_RED_FLOATS; /* [2][7][4][32] */
     uint8_t *ring = (uint8_t *)mf_smem + a.ring_off + (size_t)warp * D * GM_STG;
 
     /* the slot table: one thread per slot reads its id and descriptors; then the valid ones compacted */
@@ -410,14 +411,14 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
     const int nforms = (int)(sizeof mf_forms / sizeof mf_forms[0]), nsm = b->gpu.n_sm;
     const int itemsA = ns * (I / 16), itemsB = H / 16, most = itemsA > itemsB ? itemsA : itemsB;
     const int64_t sA = (H / 128 + 3) / 4, sB = ((int64_t)ns * (I / 128) + MF_WARPS - 1) / MF_WARPS;
+    const size_t red_off = (size_t)x_units * 16; /* then each group's reduction buffers, then the rings */
     int best = -1, best_grid = 0;
-    size_t best_smem = 0, best_red = 0;
+    size_t best_smem = 0;
     int64_t best_cost = 0;
     for (int f = 0; f < nforms; f++) {
         if (knob >= 2 && f != knob - 2) continue;
         const int ng = mf_forms[f].ng;
-        const size_t red_off = (size_t)x_units * 16;
-        const size_t smem = red_off + (size_t)ng * 2 * 7 * 4 * 32 * sizeof(float) +
+        const size_t smem = red_off + (size_t)ng * MF_RED_FLOATS * sizeof(float) +
                             (size_t)ng * MF_WARPS * mf_forms[f].d * GM_STG;
         int bps = 0;
         MS_TRY(cu_occupancy(b, mf_forms[f].kern, ng * MF_WARPS * 32, smem, &bps, err));
@@ -426,7 +427,7 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
         if (grid > (most + ng - 1) / ng) grid = (most + ng - 1) / ng;
         const int64_t groups = (int64_t)grid * ng, per_sm = (int64_t)((grid + nsm - 1) / nsm) * ng * MF_WARPS;
         const int64_t cost = (((itemsA + groups - 1) / groups) * sA + ((itemsB + groups - 1) / groups) * sB) * per_sm;
-        if (best < 0 || cost < best_cost) best = f, best_cost = cost, best_grid = grid, best_smem = smem, best_red = red_off;
+        if (best < 0 || cost < best_cost) best = f, best_cost = cost, best_grid = grid, best_smem = smem;
     }
     if (best < 0) return MS_OK;
     mf_args a;
@@ -434,8 +435,8 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
     a.G = c->G, a.U = c->U, a.D = c->D, a.ids = c->ids, a.wts = c->wts, a.nslot = c->nslot, a.H = H, a.I = I;
     a.extra_id = c->extra_slot - 1, a.n_experts = c->n_experts;
     a.x = c->x, a.h = c->h, a.out = c->out, a.out_type = c->out_type, a.sync = cu_of(b)->moe_sync;
-    a.red_off = (int)best_red;
-    a.ring_off = (int)(best_red + (size_t)mf_forms[best].ng * 2 * 7 * 4 * 32 * sizeof(float));
+    a.red_off = (int)red_off;
+    a.ring_off = (int)(red_off + (size_t)mf_forms[best].ng * MF_RED_FLOATS * sizeof(float));
     CK(mf_forms[best].go(dim3(best_grid), best_smem, cu_of(b)->stream, a));
     __atomic_fetch_add(&mf_launches, 1, __ATOMIC_RELAXED);
     *launched = 1;

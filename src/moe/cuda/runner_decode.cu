@@ -10,10 +10,10 @@
  * kernel is not needed). */
 #include "moe/cuda/moe_cuda.cuh"
 
-/* Bytes past the shared stages' workspace for the appended ids and weights of a shared_last call. */
-static size_t shared_ids_bytes(const ms_moe_shape *s) {
-    return 2 * (((size_t)s->n_tokens * s->topk * 4 + 255) & ~(size_t)255) + 256;
-}
+/* Bytes of one of the appended ids / weights arrays of a shared_last call, rounded to 256. */
+static size_t shared_col_bytes(const ms_moe_shape *s) { return ((size_t)s->n_tokens * s->topk * 4 + 255) & ~(size_t)255; }
+/* Bytes past the shared stages' workspace for both arrays (and the tail's alignment). */
+static size_t shared_ids_bytes(const ms_moe_shape *s) { return 2 * shared_col_bytes(s) + 256; }
 
 static size_t decode_ws(const ms_backend *b, const ms_moe_shape *s) {
     (void)b;
@@ -39,7 +39,7 @@ static int decode_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, co
         if (launched) return MS_OK;
     }
     if (shared) { /* the shared expert as column topk of every token, in the workspace's tail */
-        const size_t base = moe_cu_ws_size(&s, 0), ids_bytes = ((size_t)s.n_tokens * s.topk * 4 + 255) & ~(size_t)255;
+        const size_t base = moe_cu_ws_size(&s, 0), ids_bytes = shared_col_bytes(&s);
         if (ws_bytes < base + shared_ids_bytes(&s))
             return ms_errf(err, MS_ERR_NOMEM, "moe decode: workspace of %zu bytes is smaller than the %zu needed",
                            ws_bytes, base + shared_ids_bytes(&s));
