@@ -48,6 +48,17 @@ typedef struct ms_rope_cfg {
     double theta;
 } ms_rope_cfg;
 
+/* An add_rmsnorm handed to the op that reads its output (norm_linear, norm_router): resid += delta
+ * (delta NULL: resid is only read), out = resid / sqrt(mean(resid²) + eps) * w, one row or more of
+ * [R, H]. The tensors are the caller's. */
+typedef struct ms_norm_in {
+    ms_tensor *resid;
+    const ms_tensor *delta;
+    const ms_tensor *w;
+    float eps;
+    ms_tensor *out;
+} ms_norm_in;
+
 typedef struct ms_backend_ops {
     void (*destroy)(ms_backend *b);
 
@@ -118,6 +129,16 @@ typedef struct ms_backend_ops {
     /* ---- GEMM ---- */
     /* y [T,N] = x [T,K] · Wᵀ (+ bias). y may be act_dtype or F32. Any weight format. */
     int (*linear)(ms_backend *b, const ms_linear *W, const ms_tensor *x, ms_tensor *y, ms_err *err);
+
+    /* Optional fused forms of an add_rmsnorm and the op that reads its output first: n's
+     * add_rmsnorm (n->resid += n->delta, n->out = rmsnorm(n->resid) · n->w; n->out is written too, later
+     * ops read it), then linear(W, n->out, y) / router(n->out, gate, ...). Why: at one row the norm is a
+     * launch of its own that moves almost nothing, ~4 us of a decode step's kernel chain a norm (H200);
+     * the consumer's blocks can compute it themselves. May refuse (MS_ERR_UNSUPPORTED, nothing done):
+     * the caller then runs add_rmsnorm and the op. NULL = never. */
+    int (*norm_linear)(ms_backend *b, const ms_norm_in *n, const ms_linear *W, ms_tensor *y, ms_err *err);
+    int (*norm_router)(ms_backend *b, const ms_norm_in *n, const ms_linear *gate, const ms_tensor *bias,
+                       const ms_route_cfg *rc, int32_t *ids_d, float *w_d, ms_err *err);
 
     /* Optional fused form of silu(x·gateᵀ) * (x·upᵀ) -> out [T, I] (act dtype). May refuse a shape
      * with MS_ERR_UNSUPPORTED; the caller then runs the two linears and silu_mul. NULL = never. */

@@ -65,6 +65,9 @@ typedef struct ms_arch {
      * forward prefers where b can make them (glm4_moe: q|k|v stacked into one linear). A fusion b
      * cannot make is skipped; only a failing backend call is an error. */
     int (*fuse_placed)(struct ms_model *m, struct ms_backend *b, ms_err *err);
+    /* 1: attention()'s first op on f->a is fw_linear_a (or it calls fw_norm_flush before reading f->a),
+     * so the forward may leave the layer's input norm pending (forward_internal.h, f->pend) */
+    int input_norm_pending;
 } ms_arch;
 
 /* The architecture whose model_type is name, or NULL. */

@@ -111,9 +111,9 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
             ms_linear sp = l->a_stack;
             sp.bias.data = NULL;
             qkv = fw_view2(&f->qkv, T, (int64_t)(nh + 2 * nkv) * d);
-            MS_TRY(op->linear(b, &sp, &a, &qkv, err));
+            MS_TRY(fw_linear_a(f, &sp, &a, &qkv, err));
         } else {
-            MS_TRY(op->linear(b, &qp, &a, &q, err));
+            MS_TRY(fw_linear_a(f, &qp, &a, &q, err));
             MS_TRY(op->linear(b, &kp, &a, &k, err));
             MS_TRY(op->linear(b, &vp, &a, &v, err));
         }
@@ -124,7 +124,7 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
         FW_TRY_CHECK(f, &q, "q_proj + bias + rope", err);
         return attend(f, L, T, err);
     }
-    MS_TRY(op->linear(b, &l->q_proj, &a, &q, err));
+    MS_TRY(fw_linear_a(f, &l->q_proj, &a, &q, err));
     FW_TRY_CHECK(f, &q, "q_proj", err);
     MS_TRY(op->linear(b, &l->k_proj, &a, &k, err));
     FW_TRY_CHECK(f, &k, "k_proj", err);
@@ -223,4 +223,5 @@ const ms_arch ms_arch_glm4_moe = {
     .describe = describe,
     .mtp_layer = mtp_layer,
     .fuse_placed = fuse_placed,
+    .input_norm_pending = 1,
 };

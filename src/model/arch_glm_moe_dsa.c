@@ -197,12 +197,12 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
     ms_tensor row = {0}, kI_st = {0};
     if (stacked) {
         row = fw_view2(&f->qkv, T, l->a_stack.n_out);
-        MS_TRY(op->linear(b, &l->a_stack, &a, &row, err));
+        MS_TRY(fw_linear_a(f, &l->a_stack, &a, &row, err));
         kI_st = fw_piece(&row, ql, di);
     }
     /* queries: cq = RMSNorm(a q_a^T); q = cq q_b^T (RoPE on each head's last dr dims comes with the absorb) */
     ms_tensor cq = stacked ? fw_piece(&row, 0, ql) : fw_view2(&f->qa, T, ql);
-    if (!stacked) MS_TRY(op->linear(b, &l->q_a_proj, &a, &cq, err));
+    if (!stacked) MS_TRY(fw_linear_a(f, &l->q_a_proj, &a, &cq, err));
     MS_TRY(op->rmsnorm(b, &cq, &l->q_a_norm, c->rms_norm_eps, &cq, err));
     FW_TRY_CHECK(f, &cq, "q_a", err);
     ms_tensor q = fw_view2(&f->qb, T, (int64_t)nh * (dn + dr));
@@ -336,4 +336,5 @@ const ms_arch ms_arch_glm_moe_dsa = {
     .describe = describe,
     .mtp_layer = mtp_layer,
     .fuse_placed = fuse_placed,
+    .input_norm_pending = 1,
 };

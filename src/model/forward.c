@@ -48,6 +48,40 @@ int fw_optional(int rc, const ms_err *ferr, ms_err *err) {
     return rc;
 }
 
+int fw_norm_flush(ms_forward *f, ms_err *err) {
+    if (!f->pend.on) return MS_OK;
+    f->pend.on = 0;
+    return f->b->ops->add_rmsnorm(f->b, &f->pend.resid, &f->pend.delta, f->pend.w, f->pend.eps, &f->pend.out, err);
+}
+
+int fw_linear_a(ms_forward *f, const ms_linear *W, const ms_tensor *a, ms_tensor *y, ms_err *err) {
+    const ms_backend_ops *op = f->b->ops;
+    if (f->pend.on && op->norm_linear && a->data == f->pend.out.data) {
+        const ms_norm_in n = {&f->pend.resid, &f->pend.delta, f->pend.w, f->pend.eps, &f->pend.out};
+        ms_err ferr = {0};
+        const int rc = fw_optional(op->norm_linear(f->b, &n, W, y, &ferr), &ferr, err);
+        if (rc != MS_ERR_UNSUPPORTED) {
+            f->pend.on = 0;
+            return rc;
+        }
+    }
+    MS_TRY(fw_norm_flush(f, err));
+    return op->linear(f->b, W, a, y, err);
+}
+
+/* resid += delta; out = rmsnorm(resid) * w, now or left pending for the op that reads out (f->pend) when
+ * fold says so. */
+static int fw_add_norm(ms_forward *f, int fold, ms_tensor *resid, const ms_tensor *delta, const ms_tensor *w,
+                       ms_tensor *out, ms_err *err) {
+    MS_ASSERT(!f->pend.on);
+    if (!fold) return f->b->ops->add_rmsnorm(f->b, resid, delta, w, f->m->cfg.rms_norm_eps, out, err);
+    f->pend.on = 1;
+    f->pend.resid = *resid, f->pend.delta = *delta, f->pend.out = *out;
+    f->pend.w = w;
+    f->pend.eps = f->m->cfg.rms_norm_eps;
+    return MS_OK;
+}
+
 int fw_check(ms_forward *f, const ms_tensor *t, const char *op, int logit_rows, ms_err *err) {
     int64_t bad = -1;
     MS_TRY(f->b->ops->find_nonfinite(f->b, t, &bad, err));
@@ -445,6 +479,7 @@ static int mlp(ms_forward *f, int L, int T, ms_err *err) {
     const int H = c->hidden_size;
     ms_tensor delta = fw_view2(&f->delta, T, H);
     if (!l->is_moe) {
+        MS_TRY(fw_norm_flush(f, err));
         FW_PROF(f, "dense_mlp", swiglu(f, &l->gate_proj, &l->up_proj, &l->down_proj, T, &delta, err), err);
         return MS_OK;
     }
@@ -452,8 +487,21 @@ static int mlp(ms_forward *f, int L, int T, ms_err *err) {
     ms_tensor a = fw_view2(&f->a, T, H);
     ms_route_cfg rc = {c->n_routed_experts, k, c->n_group > 0 ? c->n_group : 1, c->topk_group > 0 ? c->topk_group : 1,
                        c->norm_topk_prob, c->routed_scaling_factor};
-    FW_PROF(f, "router", op->router(f->b, &a, &l->router, l->router_bias.data ? &l->router_bias : NULL, &rc, f->ids.data,
-                                    f->rw.data, err), err);
+    const ms_tensor *rbias = l->router_bias.data ? &l->router_bias : NULL;
+    int routed = MS_ERR_UNSUPPORTED;
+    if (f->pend.on && op->norm_router && a.data == f->pend.out.data) { /* the pending norm folded in */
+        const ms_norm_in n = {&f->pend.resid, &f->pend.delta, f->pend.w, f->pend.eps, &f->pend.out};
+        ms_err ferr = {0};
+        routed = fw_optional(op->norm_router(f->b, &n, &l->router, rbias, &rc, f->ids.data, f->rw.data, &ferr), &ferr, err);
+        if (routed != MS_ERR_UNSUPPORTED) {
+            f->pend.on = 0;
+            MS_TRY(routed);
+        }
+    }
+    if (routed == MS_ERR_UNSUPPORTED) {
+        MS_TRY(fw_norm_flush(f, err));
+        FW_PROF(f, "router", op->router(f->b, &a, &l->router, rbias, &rc, f->ids.data, f->rw.data, err), err);
+    }
     MS_TRY(fw_decide_experts(f, L, T, &rc, err));
     if (f->routed && !f->routing_paused && L < c->num_layers) {
         MS_TRY(op->download(f->b, f->h_ids, f->ids.data, sizeof(int32_t) * (size_t)T * (size_t)k, err));
@@ -685,6 +733,10 @@ static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, i
     FW_TRY_CHECK(f, &x, "embed", err);
     if (f->o.check_numerics == 2) MS_TRY(step_check(f, NULL, 0, err));
     f->topk_valid = 0;
+    f->pend.on = 0;
+    /* one-token steps leave the residual add + norm to the op that reads it (f->pend), unless a check or
+     * a per-layer callback reads the residual or the normed rows in between */
+    const int fold = T == 1 && (op->norm_linear || op->norm_router) && !f->o.check_numerics && !f->o.on_layer;
     for (int L = 0; L < c->num_layers; L++) {
         const ms_layer *l = &f->m->layers[L];
         f->layer = L;
@@ -693,13 +745,16 @@ static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, i
         if (L == 0) FW_PROF(f, "norms", op->rmsnorm(f->b, &x, &l->attn_norm, c->rms_norm_eps, &a, err), err);
         FW_TRY_CHECK(f, &a, "input_layernorm", err);
         FW_PROF(f, "attention", c->arch->attention(f, L, T, err), err);
+        MS_TRY(fw_norm_flush(f, err)); /* none left: the attention's first op took it */
         FW_PROF(f, "collectives", tp_sum(f, &delta, err), err);
-        FW_PROF(f, "norms", op->add_rmsnorm(f->b, &x, &delta, &l->ffn_norm, c->rms_norm_eps, &a, err), err);
+        FW_PROF(f, "norms", fw_add_norm(f, fold, &x, &delta, &l->ffn_norm, &a, err), err);
         FW_TRY_CHECK(f, &a, "post_attention_layernorm", err);
         MS_TRY(mlp(f, L, T, err));
+        MS_TRY(fw_norm_flush(f, err)); /* none left: mlp's first op took it */
         FW_PROF(f, "collectives", tp_sum(f, &delta, err), err);
         if (L + 1 < c->num_layers)
-            FW_PROF(f, "norms", op->add_rmsnorm(f->b, &x, &delta, &f->m->layers[L + 1].attn_norm, c->rms_norm_eps, &a, err),
+            FW_PROF(f, "norms",
+                    fw_add_norm(f, fold && c->arch->input_norm_pending, &x, &delta, &f->m->layers[L + 1].attn_norm, &a, err),
                     err);
         else
             MS_TRY(op->add(f->b, &x, &delta, err));

@@ -107,6 +107,17 @@ struct ms_forward {
     int layer;
     int split;      /* a communicator is given: the split code paths run (also with one rank) */
     int topk_valid; /* DSA: f->topk holds a sparse selection made by the last full indexer layer */
+    /* A residual add + RMSNorm not run yet (one-token steps, fw_pend): resid += delta, out =
+     * rmsnorm(resid) * w, with out = f->a. The next op that reads f->a runs it, folded into itself where
+     * the backend can (fw_linear_a, the router in mlp: backend.h norm_linear / norm_router), or first
+     * (fw_norm_flush). Why: at one token the norm kernel moves almost nothing but is a link of ~4 us in
+     * the step's chain of kernels; the consumer's blocks compute it for ~1 us. */
+    struct {
+        int on;
+        ms_tensor resid, delta, out;
+        const ms_tensor *w;
+        float eps;
+    } pend;
 };
 
 /* Layers with a KV cache: the decoder layers, plus the MTP layer (index cfg.num_layers) when on. */
@@ -131,6 +142,12 @@ int fw_check(ms_forward *f, const ms_tensor *t, const char *op, int logit_rows, 
  * copied into err (when not NULL). Why: a refusal is not an error of the step, and a stale message
  * must not outlive it. */
 int fw_optional(int rc, const ms_err *ferr, ms_err *err);
+
+/* y = W·a where a (f->a) may hold the pending norm f->pend: folded into the projection when the backend
+ * can (norm_linear), else run first. The architectures' attention calls this for its first read of a. */
+int fw_linear_a(ms_forward *f, const ms_linear *W, const ms_tensor *a, ms_tensor *y, ms_err *err);
+/* Runs the pending norm f->pend, if any (MS_OK when there is none). */
+int fw_norm_flush(ms_forward *f, ms_err *err);
 
 /* Record / replay of this step's DSA selection of layer L in f->topk (no-op without the options). */
 int fw_decide_index(ms_forward *f, int L, int T, ms_err *err);

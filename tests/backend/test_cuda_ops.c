@@ -1594,6 +1594,137 @@ static void test_router_decode(void) {
     env_pop("MS_CU_ROUTER", saved);
 }
 
+#ifdef MS_HAVE_CUDA
+/* The residual add + RMSNorm folded into the op that reads it (backend.h norm_linear / norm_router) on
+ * one row, against the CPU's add_rmsnorm and linear / router on the same inputs: resid exactly (one
+ * fp32 add), the normed row a (the GPU's fp32 sum of squares runs in another order, so an element may
+ * round 1 bf16 ulp the other way: within 1e-2 of the largest), y within 1e-2. Every case runs twice on
+ * the same tensors: the second call must find the blocks' counter back at 0 (resid then holds
+ * resid + 2 delta, which only the last block of each launch writes). A refused case (MS_CU_NORM_FOLD=0,
+ * a row past the fold's limit, the streaming GEMV off) must say MS_ERR_UNSUPPORTED and change nothing. */
+typedef struct {
+    pair R, D, A; /* resid, delta (F32 on both), the normed row (bf16 on the GPU) */
+    wpair W;
+    float *r, *d, *w;
+} nf_in;
+
+static nf_in nf_make(int64_t K) {
+    nf_in n;
+    int64_t xs[2] = {1, K}, ws[1] = {K};
+    n.r = rand_vec((size_t)K, 3.f), n.d = rand_vec((size_t)K, 1.f), n.w = rand_vec((size_t)K, 1.f);
+    n.R = P2(MS_F32, MS_F32, 2, xs, n.r), n.D = P2(MS_F32, MS_F32, 2, xs, n.d), n.A = out_act(2, xs);
+    n.W = wten(MS_BF16, 1, ws, n.w);
+    return n;
+}
+static void nf_free(nf_in *n) {
+    pfree(&n->R); pfree(&n->D); pfree(&n->A); wfree(&n->W);
+    free(n->r); free(n->d); free(n->w);
+}
+/* the GPU's and the CPU's norm inputs of n */
+static ms_norm_in nf_gpu(nf_in *n) { ms_norm_in v = {&n->R.g, &n->D.g, &n->W.g, 1e-5f, &n->A.g}; return v; }
+static ms_norm_in nf_cpu(nf_in *n) { ms_norm_in v = {&n->R.c, &n->D.c, &n->W.c, 1e-5f, &n->A.c}; return v; }
+
+static void norm_linear_case(int64_t N, int64_t K, int bias, ms_dtype ydt, int want) {
+    lpair L = mk_linear(MS_WFMT_PLAIN, MS_BF16, N, K, bias);
+    nf_in n = nf_make(K);
+    int64_t ys[2] = {1, N};
+    pair Y = {mk(GPU, ydt == MS_F32 ? MS_F32 : 0, 2, ys, NULL), mk(CPU, 0, 2, ys, NULL)};
+    const ms_norm_in ng = nf_gpu(&n), nc = nf_cpu(&n);
+    const long long n0 = ms_cuda_gvb_launches();
+    for (int rep = 0; rep < 2; rep++) {
+        ms_err fe = {0};
+        const int rc = GPU->ops->norm_linear(GPU, &ng, &L.g, &Y.g, &fe);
+        CHECK_MSG(rc == (want ? MS_OK : MS_ERR_UNSUPPORTED), "norm_linear N=%lld K=%lld: rc %d (%s)", (long long)N,
+                  (long long)K, rc, fe.msg);
+        if (want) {
+            R(CPU->ops->add_rmsnorm(CPU, &n.R.c, &n.D.c, &n.W.c, nc.eps, &n.A.c, &E));
+            R(CPU->ops->linear(CPU, &L.c, &n.A.c, &Y.c, &E));
+            CMP(n.A.g, n.A.c, 1e-2);
+            CMP(Y.g, Y.c, 1e-2);
+        }
+        CMP(n.R.g, n.R.c, 0); /* refused: both untouched */
+    }
+    CHECK_MSG(ms_cuda_gvb_launches() - n0 == (want ? 2 : 0), "norm_linear N=%lld K=%lld: %lld launches",
+              (long long)N, (long long)K, ms_cuda_gvb_launches() - n0);
+    pfree(&Y);
+    nf_free(&n);
+    free_linear(&L);
+}
+
+/* The router's picks from the GPU's normed row are held to the CPU router's on that same row (bf16,
+ * as the router reads it), so that only the logits' summation order differs, as in router_case_h. */
+static void norm_router_case(int E_, int topk, int ng, int tg, int H, int want) {
+    lpair G = mk_router_gate(E_, H, ng, 0);
+    nf_in n = nf_make(H);
+    int64_t xs[2] = {1, H}, bs[1] = {E_};
+    float *bias = rand_vec((size_t)E_, 0.3f);
+    wpair B = wten(MS_F32, 1, bs, bias);
+    ms_route_cfg rc = {E_, topk, ng, tg, 1, 2.5f};
+    int32_t z[32] = {0};
+    ms_tensor ig = mk_i32(GPU, topk, z), ic = mk_i32(CPU, topk, z), wg = mk_i32(GPU, topk, z), wc = mk_i32(CPU, topk, z);
+    const ms_norm_in nrg = nf_gpu(&n);
+    for (int rep = 0; rep < 2; rep++) {
+        ms_err fe = {0};
+        const int rc2 = GPU->ops->norm_router(GPU, &nrg, &G.g, &B.g, &rc, ig.data, wg.data, &fe);
+        CHECK_MSG(rc2 == (want ? MS_OK : MS_ERR_UNSUPPORTED), "norm_router E=%d H=%d: rc %d (%s)", E_, H, rc2, fe.msg);
+        if (!want) {
+            CMP(n.R.g, n.R.c, 0);
+            continue;
+        }
+        R(CPU->ops->add_rmsnorm(CPU, &n.R.c, &n.D.c, &n.W.c, 1e-5f, &n.A.c, &E));
+        CMP(n.R.g, n.R.c, 0);
+        CMP(n.A.g, n.A.c, 1e-2);
+        float *ag = get(GPU, &n.A.g);
+        ms_tensor X = mk(CPU, 0, 2, xs, ag);
+        R(CPU->ops->router(CPU, &X, &G.c, &B.c, &rc, ic.data, wc.data, &E));
+        int32_t idg[32], idc[32];
+        float wgh[32], wch[32];
+        R(GPU->ops->download(GPU, idg, ig.data, (size_t)topk * 4, &E));
+        R(CPU->ops->download(CPU, idc, ic.data, (size_t)topk * 4, &E));
+        R(GPU->ops->download(GPU, wgh, wg.data, (size_t)topk * 4, &E));
+        R(CPU->ops->download(CPU, wch, wc.data, (size_t)topk * 4, &E));
+        for (int k = 0; k < topk; k++) {
+            int found = -1;
+            for (int k2 = 0; k2 < topk; k2++)
+                if (idc[k2] == idg[k]) found = k2;
+            CHECK_MSG(found >= 0, "norm_router E=%d H=%d rep %d: expert %d not chosen by cpu", E_, H, rep, idg[k]);
+            if (found >= 0) CHECK_CLOSE(wgh[k], wch[found], 1e-4 * 2.5);
+        }
+        fr(CPU, &X);
+        free(ag);
+    }
+    fr(GPU, &ig); fr(CPU, &ic); fr(GPU, &wg); fr(CPU, &wc);
+    wfree(&B);
+    free(bias);
+    nf_free(&n);
+    free_linear(&G);
+}
+
+static void test_norm_fold(void) {
+    char *saved = env_push("MS_CU_BF16_STREAM_MAX_T", "4"), *fold = env_push("MS_CU_NORM_FOLD", NULL);
+    norm_linear_case(14336, 4096, 1, MS_BF16, 1); /* GLM-4.5-Air's q|k|v */
+    norm_linear_case(2752, 6144, 0, MS_BF16, 1);  /* GLM-5's q_a|idx_k|kv_a */
+    norm_linear_case(168, 136, 1, MS_BF16, 1);    /* the test models' hidden sizes */
+    norm_linear_case(97, 112, 0, MS_F32, 1);
+    norm_linear_case(5, 8, 1, MS_F32, 1);         /* one 16-byte unit */
+    norm_linear_case(300, 8192, 0, MS_F32, 1);    /* the longest row the fold takes (4 units a thread) */
+    norm_linear_case(300, 8200, 0, MS_F32, 0);    /* one unit past it */
+    setenv("MS_CU_NORM_FOLD", "0", 1);
+    norm_linear_case(168, 136, 1, MS_BF16, 0);
+    norm_router_case(128, 8, 1, 1, 136, 0);
+    unsetenv("MS_CU_NORM_FOLD");
+    setenv("MS_CU_BF16_STREAM_MAX_T", "0", 1);
+    norm_linear_case(168, 136, 1, MS_BF16, 0);
+    env_pop("MS_CU_BF16_STREAM_MAX_T", saved);
+    norm_router_case(128, 8, 1, 1, 4096, 1); /* GLM-4.5-Air */
+    norm_router_case(256, 8, 8, 4, 6144, 1); /* GLM-5 */
+    norm_router_case(160, 6, 8, 3, 520, 1);  /* a hidden size no multiple of the router's 512-k slice */
+    norm_router_case(64, 4, 1, 1, 136, 1);
+    norm_router_case(64, 4, 1, 1, 8200, 0);
+    env_pop("MS_CU_NORM_FOLD", fold);
+}
+#endif
+
 static void test_router(void) {
     /* 9 tokens: GEMV + routing kernel; up to 8: the fused kernel (experts not a multiple of its 8
      * warps included, 256 experts as GLM-5) */
@@ -1904,6 +2035,9 @@ int main(void) {
     RUN(test_indexer);
     RUN(test_router);
     RUN(test_router_decode);
+#ifdef MS_HAVE_CUDA
+    RUN(test_norm_fold);
+#endif
     RUN(test_mla_kv_prep);
     RUN(test_idx_k_prep);
     RUN(test_odd_fixture_shapes);

@@ -635,6 +635,14 @@ static void route_fn(void *p, int64_t b, int64_t e, int wk) {
     free(heap);
 }
 
+/* 1 when cpu_router can route with rc */
+static int cpu_route_ok(const ms_route_cfg *rc) {
+    const int E = rc->n_experts;
+    return !(rc->topk < 1 || rc->topk > E || rc->n_group < 1 || E % rc->n_group || rc->topk_group < 1 ||
+             rc->topk_group > rc->n_group || (rc->n_group > 1 && E / rc->n_group < 2) ||
+             (int64_t)rc->topk_group * (E / rc->n_group) < rc->topk);
+}
+
 static int cpu_router(ms_backend *b, const ms_tensor *x, const ms_linear *gate, const ms_tensor *bias,
                       const ms_route_cfg *rc, int32_t *ids, float *w, ms_err *err) {
     check_f32(x);
@@ -642,9 +650,7 @@ static int cpu_router(ms_backend *b, const ms_tensor *x, const ms_linear *gate, 
     int64_t H, T = rows_of(x, &H);
     const int E = rc->n_experts;
     MS_ASSERT(gate->n_out == E && gate->n_in == H);
-    if (rc->topk < 1 || rc->topk > E || rc->n_group < 1 || E % rc->n_group ||
-        rc->topk_group < 1 || rc->topk_group > rc->n_group || (rc->n_group > 1 && E / rc->n_group < 2) ||
-        (int64_t)rc->topk_group * (E / rc->n_group) < rc->topk)
+    if (!cpu_route_ok(rc))
         return ms_errf(err, MS_ERR_UNSUPPORTED,
                        "router %s: unsupported routing (experts %d, top-k %d, n_group %d, topk_group %d)",
                        gate->name ? gate->name : "", E, rc->topk, rc->n_group, rc->topk_group);
@@ -705,6 +711,19 @@ static int cpu_argmax(ms_backend *b, const ms_tensor *logits, int32_t *out, ms_e
     return MS_OK;
 }
 
+/* backend.h norm_linear / norm_router: add_rmsnorm, then the op (a CPU has no launch to save; having
+ * them runs the forward's pending-norm path, fw_linear_a and the router's, in the exact CPU tests) */
+static int cpu_norm_linear(ms_backend *b, const ms_norm_in *n, const ms_linear *W, ms_tensor *y, ms_err *err) {
+    MS_TRY(cpu_add_rmsnorm(b, n->resid, n->delta, n->w, n->eps, n->out, err));
+    return cpu_linear(b, W, n->out, y, err);
+}
+static int cpu_norm_router(ms_backend *b, const ms_norm_in *n, const ms_linear *gate, const ms_tensor *bias,
+                           const ms_route_cfg *rc, int32_t *ids, float *w, ms_err *err) {
+    if (!cpu_route_ok(rc)) return ms_errf(err, MS_ERR_UNSUPPORTED, "norm_router: routing the router refuses");
+    MS_TRY(cpu_add_rmsnorm(b, n->resid, n->delta, n->w, n->eps, n->out, err));
+    return cpu_router(b, n->out, gate, bias, rc, ids, w, err);
+}
+
 static const ms_backend_ops cpu_ops = {
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
@@ -739,6 +758,8 @@ static const ms_backend_ops cpu_ops = {
     .mla_v_up = cpu_mla_v_up,
     .indexer_topk = cpu_indexer_topk,
     .router = cpu_router,
+    .norm_linear = cpu_norm_linear,
+    .norm_router = cpu_norm_router,
     .find_nonfinite = cpu_find_nonfinite,
     .nonfinite_flag = cpu_nonfinite_flag,
     .argmax = cpu_argmax,

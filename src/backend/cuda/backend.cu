@@ -801,7 +801,7 @@ static int cu_router(ms_backend *b, const ms_tensor *x, const ms_linear *gate, c
     if (!cu_knob(CU_KNOB_ROUTER_UNFUSED)) {
         int done = 0;
         MS_TRY(cu_router_fused(b, x, gate, bias ? bias->data : NULL, bias ? bias->dtype : 0, rc, (int)T, (float *)lg,
-                               ids_d, w_d, &done, err));
+                               ids_d, w_d, NULL, &done, err));
         if (done) return MS_OK;
     }
     ms_tensor y = ms_tensor_2d(MS_F32, T, E);
@@ -810,6 +810,69 @@ static int cu_router(ms_backend *b, const ms_tensor *x, const ms_linear *gate, c
     MS_TRY(cu_linear(b, gate, x, &y, err));
     return cu_route(b, (const float *)lg, bias ? bias->data : NULL, bias ? bias->dtype : 0, rc, (int)T, ids_d, w_d,
                     err);
+}
+
+/* ---- norms folded into the op that reads them (norm_linear, norm_router) ---- */
+
+/* cu_norm_in of n for one row of width K when the folded form applies (F32 resid and delta, bf16 w and
+ * out, 16-byte aligned, K % 8 == 0 and at most CU_NORM_U 8-element units a thread of a 256-thread
+ * block); 0 otherwise. */
+static int cu_norm_of(ms_backend *b, const ms_norm_in *n, int64_t K, cu_norm_in *o) {
+    const ms_tensor *r = n->resid, *d = n->delta;
+    if (!cu_knob(CU_KNOB_NORM_FOLD) || !cu_of(b)->norm_sync || r->dtype != MS_F32 || n->w->dtype != MS_BF16 || n->out->dtype != MS_BF16 ||
+        (d && d->dtype != MS_F32) || K % 8 || K / 8 > CU_NORM_U * 256 ||
+        ms_tensor_numel(r) != K || ms_tensor_numel(n->w) != K || ms_tensor_numel(n->out) != K ||
+        (d && ms_tensor_numel(d) != K))
+        return 0;
+    if (((uintptr_t)r->data | (uintptr_t)n->w->data | (uintptr_t)n->out->data | (uintptr_t)(d ? d->data : NULL)) & 15)
+        return 0;
+    o->resid = (float *)r->data;
+    o->delta = d ? (const float *)d->data : NULL;
+    o->w = (const bf16 *)n->w->data;
+    o->out = (bf16 *)n->out->data;
+    o->eps = n->eps;
+    o->H = (int)K;
+    o->done = cu_of(b)->norm_sync;
+    return 1;
+}
+
+/* backend.h norm_linear: the streaming bf16 GEMV at one row computes the norm in its blocks
+ * (gemv_bf16.cu); other weights and shapes refuse. */
+static int cu_norm_linear(ms_backend *b, const ms_norm_in *n, const ms_linear *W, ms_tensor *y, ms_err *err) {
+    CU_ENTER(b);
+    cu_wdesc d;
+    MS_TRY(cu_wdesc_of(W, &d, err));
+    cu_norm_in nin;
+    if (d.fmt == MS_WFMT_PLAIN && d.dtype == MS_BF16 && ms_tensor_numel(y) == d.n &&
+        (y->dtype == MS_BF16 || y->dtype == MS_F32) && cu_norm_of(b, n, d.k, &nin)) {
+        const cu_gvb_call g = {.mode = 0, .T = 1, .N = d.n, .K = d.k, .norm = &nin,
+                               .weights_quiet = cu_of(b)->weights_quiet, .w0 = (const bf16 *)d.w,
+                               .bias = W->bias.data ? (const float *)W->bias.data : NULL, .x = nin.out,
+                               .y = y->data, .y_type = y->dtype, .ldy = d.n};
+        int done = 0;
+        MS_TRY(cu_gemv_bf16(b, &g, &done, err));
+        if (done) return MS_OK;
+    }
+    return ms_errf(err, MS_ERR_UNSUPPORTED, "norm_linear: not for %s", W->name ? W->name : "this linear");
+}
+
+/* backend.h norm_router: the K-split router at one row computes the norm in its blocks (elementwise.cu). */
+static int cu_norm_router(ms_backend *b, const ms_norm_in *n, const ms_linear *gate, const ms_tensor *bias,
+                          const ms_route_cfg *rc, int32_t *ids_d, float *w_d, ms_err *err) {
+    CU_ENTER(b);
+    cu_norm_in nin;
+    const int E = rc->n_experts;
+    if (gate->n_out == E && rc->topk > 0 && rc->topk <= E && rc->n_group > 0 && E % rc->n_group == 0 &&
+        rc->topk_group > 0 && rc->topk_group <= rc->n_group && !cu_knob(CU_KNOB_ROUTER_UNFUSED) &&
+        cu_norm_of(b, n, gate->n_in, &nin)) {
+        void *lg;
+        MS_TRY(cu_scratch(b, SCR_TMP2, (size_t)E * 4, &lg, err));
+        int done = 0;
+        MS_TRY(cu_router_fused(b, n->out, gate, bias ? bias->data : NULL, bias ? bias->dtype : 0, rc, 1, (float *)lg, ids_d,
+                               w_d, &nin, &done, err));
+        if (done) return MS_OK;
+    }
+    return ms_errf(err, MS_ERR_UNSUPPORTED, "norm_router: not for this router");
 }
 
 /* ---- absorbed MLA projections ---- */
@@ -912,6 +975,8 @@ static void cu_ops_init(void) {
     cu_ops.mem_epoch = cu_mem_epoch;
     cu_ops.host_pin = cu_host_pin;
     cu_ops.linear_swiglu = cu_linear_swiglu;
+    cu_ops.norm_linear = cu_norm_linear;
+    cu_ops.norm_router = cu_norm_router;
     cu_ops.gqa_prep = cu_op_gqa_prep;
     cu_ops.mla_kv_prep = cu_op_mla_kv_prep;
     cu_ops.idx_k_prep = cu_op_idx_k_prep;
@@ -987,6 +1052,7 @@ extern "C" int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err)
             goto fail;
         }
         c->moe_sync = (unsigned *)sync;
+        c->norm_sync = (unsigned *)sync + 8; /* its own 32 bytes of the 64 */
     }
     *out = b;
     return MS_OK;

@@ -174,6 +174,9 @@ typedef struct cu_impl {
     /* [2] device counters of the fused MoE kernel's phase boundary (moe_fused.cu), zero between its
      * launches; allocated at creation */
     unsigned *moe_sync;
+    /* device counter of the fused input norms (cu_norm_in.done; in moe_sync's allocation, past the MoE's
+     * counters), zero between launches */
+    unsigned *norm_sync;
 } cu_impl;
 
 static inline cu_impl *cu_of(const ms_backend *b) { return (cu_impl *)b->impl; }
@@ -277,8 +280,28 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
  * silu(x[t, :] · w0[n, :]) * (x[t, :] · w1[n, :]) in mode 1, for t < T, n < N. Weights [N, K] row-major
  * bf16, x [T, K] bf16 contiguous, y [T, ldy] of y_type (BF16 or F32; mode 1: BF16); bias F32 or NULL
  * (mode 0 only). Device pointers, all owned by the caller. */
+/* A row's RMSNorm folded into the kernel that reads its output (decode at one row: backend.h's
+ * norm_linear / norm_router): s = resid + delta (delta NULL: s = resid), x = bf16(s / rms(s) * w), with
+ * k_rmsnorm_f32's formula. Every block of the consuming kernel computes x for itself from L2 (the row is
+ * 16-24 KB), which costs less than the separate norm kernel it replaces (~4 us a norm in a decode step's
+ * chain of kernels, H200). Block `first` stores x to out (later ops read it); when delta is set, the
+ * last block to have read resid (counted in *done, which it puts back to 0) stores s back into resid:
+ * every block reads resid, so no block may write it earlier. H % 8 == 0, H <= 8 * CU_NORM_U * threads,
+ * resid, delta and out 16-byte aligned, w 16-byte aligned. */
+#define CU_NORM_U 4 /* 8-element units of the row a thread holds */
+typedef struct cu_norm_in {
+    float *resid;
+    const float *delta;
+    const bf16 *w;
+    bf16 *out;
+    float eps;
+    int H;
+    unsigned *done;
+} cu_norm_in;
+
 typedef struct cu_gvb_call {
     int mode, T, N, K;
+    const cu_norm_in *norm; /* T = 1, K = norm->H: x is computed from it (x below unused), else NULL */
     int weights_quiet; /* 1: no device work in flight writes w0/w1 (cu_impl.weights_quiet when they are
                         * placed weights), so they may be read before the previous kernel completes */
     const bf16 *w0, *w1;
@@ -414,9 +437,11 @@ int cu_copy_rope_part(ms_backend *b, const bf16 *q, bf16 *out, int T, int nh, in
 /* Router GEMV and noaux_tc routing in one launch for small decode batches (elementwise.cu): the same
  * result as cu_linear into lg [T][E] fp32 followed by cu_route, up to the GEMV's summation order. Sets
  * *launched = 0 and does nothing unless T <= 8, the gate is plain bf16 without a bias, x is bf16 and
- * K is a multiple of 8 with 16-byte aligned rows. */
+ * K is a multiple of 8 with 16-byte aligned rows. norm != NULL (T = 1, norm->H = K, the K-split form
+ * only, else nothing is launched): x is not read but computed from norm (cu_norm_in). */
 int cu_router_fused(ms_backend *b, const ms_tensor *x, const ms_linear *gate, const void *bias, int bias_t,
-                    const ms_route_cfg *rc, int T, float *lg, int32_t *ids, float *w, int *launched, ms_err *err);
+                    const ms_route_cfg *rc, int T, float *lg, int32_t *ids, float *w, const cu_norm_in *norm,
+                    int *launched, ms_err *err);
 /* MoE routing of T tokens from router logits [T, n_experts] (F32) with an optional score-correction
  * bias (dtype bias_t, NULL = none) as rc describes: ids [T, topk] expert ids and w [T, topk] weights
  * (device memory), the contract of the router op after its linear (backend/backend.h). */

@@ -3,10 +3,12 @@
  * group-limited top-k + normalize + scale). Statistics and products run in fp32; each output is
  * rounded once to its dtype. */
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/norm_stage.cuh"
 #include "backend/cuda/route_regs.cuh"
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 static inline cudaStream_t stream_of(ms_backend *b) { return cu_of(b)->stream; }
 static int64_t last_dim(const ms_tensor *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
@@ -1042,11 +1044,13 @@ __device__ unsigned int g_rs_done;
  * slice order (so the logits do not depend on which block finishes last) into lg [T][E], puts the
  * token's scores in shared memory and routes the T tokens, one warp each, with route_token_regs (or
  * route_token, as k_route, past its limits). Why: the one-warp-per-expert form (k_router_fused)
- * runs E/8 blocks that each walk all of K with the x loads in the dependent chain: ~17 us for 1 MB. */
+ * runs E/8 blocks that each walk all of K with the x loads in the dependent chain: ~17 us for 1 MB.
+ * has_norm (T = 1): the block computes its x slice from the residual row (cu_norm_stage: the whole row's
+ * sum of squares, from L2) instead of reading x, in place of the norm kernel before the router. */
 __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, const bf16 *W, int T, int K, float *lg,
                                                                 const void *bias, int bt, int E, int topk, int n_group,
                                                                 int topk_group, int norm, float scale, int32_t *ids,
-                                                                float *wout) {
+                                                                float *wout, cu_norm_in nin, int has_norm) {
     cu_pdl_wait();
     cu_pdl_trigger();
     extern __shared__ uint4 rssm[]; /* x slice [T][RS_KS / 8] units; later the routing scratch */
@@ -1062,19 +1066,23 @@ __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, c
         const int c = u * 32 + lane;
         wv[u] = e < E && c < nc ? __ldg((const uint4 *)(W + (size_t)e * K + k0) + c) : make_uint4(0, 0, 0, 0);
     }
-    /* the x slice: T * nc <= RF_MAXT * RS_KS / 8 = 2 units per thread, both loads in flight at once */
-    uint4 xv[2];
+    if (has_norm) { /* T = 1: the slice computed from the residual row (cu_norm_in) */
+        cu_norm_stage(nin, rssm, k0 / 8, k0 / 8 + nc, gridDim.x * gridDim.y, blockIdx.x == 0 && blockIdx.y == 0);
+    } else {
+        /* the x slice: T * nc <= RF_MAXT * RS_KS / 8 = 2 units per thread, both loads in flight at once */
+        uint4 xv[2];
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int i = threadIdx.x + h * RS_WARPS * 32, t = i / nc, c = i - t * nc;
-        if (i < T * nc) xv[h] = __ldg((const uint4 *)(x + (size_t)t * K + k0) + c);
-    }
+        for (int h = 0; h < 2; h++) {
+            const int i = threadIdx.x + h * RS_WARPS * 32, t = i / nc, c = i - t * nc;
+            if (i < T * nc) xv[h] = __ldg((const uint4 *)(x + (size_t)t * K + k0) + c);
+        }
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int i = threadIdx.x + h * RS_WARPS * 32, t = i / nc, c = i - t * nc;
-        if (i < T * nc) rssm[t * (RS_KS / 8) + c] = xv[h];
+        for (int h = 0; h < 2; h++) {
+            const int i = threadIdx.x + h * RS_WARPS * 32, t = i / nc, c = i - t * nc;
+            if (i < T * nc) rssm[t * (RS_KS / 8) + c] = xv[h];
+        }
+        __syncthreads();
     }
-    __syncthreads();
     if (e < E) {
         float acc[RF_MAXT];
 #pragma unroll
@@ -1144,12 +1152,17 @@ __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, c
 
 /* Contract in cuda_internal.cuh. */
 int cu_router_fused(ms_backend *b, const ms_tensor *x, const ms_linear *gate, const void *bias, int bias_t,
-                    const ms_route_cfg *rc, int T, float *lg, int32_t *ids, float *w, int *launched, ms_err *err) {
+                    const ms_route_cfg *rc, int T, float *lg, int32_t *ids, float *w, const cu_norm_in *nrm,
+                    int *launched, ms_err *err) {
     *launched = 0;
     const int64_t K = gate->n_in;
     if (T < 1 || T > RF_MAXT || gate->fmt != MS_WFMT_PLAIN || gate->w.dtype != MS_BF16 || gate->bias.data ||
         x->dtype != MS_BF16 || K % 8 || ((uintptr_t)gate->w.data | (uintptr_t)x->data) % 16 || K > (1 << 24))
         return MS_OK;
+    if (nrm && (T != 1 || nrm->H != K || K / 8 > CU_NORM_U * RS_WARPS * 32)) return MS_OK;
+    cu_norm_in nin;
+    memset(&nin, 0, sizeof nin);
+    if (nrm) nin = *nrm;
     const int E = rc->n_experts;
     const size_t sm = sizeof(float) * RF_WARPS * (2 * (size_t)E + 2 * (size_t)rc->n_group);
     if (sm > 48 * 1024) return MS_OK;
@@ -1160,10 +1173,11 @@ int cu_router_fused(ms_backend *b, const ms_tensor *x, const ms_linear *gate, co
         dim3 grid((E + RS_WARPS - 1) / RS_WARPS, (unsigned)nks);
         CK(cu_launch(k_router_split, grid, RS_WARPS * 32, ssm, stream_of(b), 
                      (const bf16 *)x->data, (const bf16 *)gate->w.data, T, (int)K, lg, bias, bias_t, E, rc->topk, rc->n_group,
-                     rc->topk_group, rc->norm_topk_prob, rc->routed_scaling_factor, ids, w));
+                     rc->topk_group, rc->norm_topk_prob, rc->routed_scaling_factor, ids, w, nin, nrm != NULL));
         *launched = 1;
         return MS_OK;
     }
+    if (nrm) return MS_OK; /* the one-warp-per-expert form reads x */
     CK(cu_launch(k_router_fused, (E + RF_WARPS - 1) / RF_WARPS, RF_WARPS * 32, sm, stream_of(b), 
                  (const bf16 *)x->data, (const bf16 *)gate->w.data, T, (int)K, lg, bias, bias_t, E, rc->topk, rc->n_group,
                  rc->topk_group, rc->norm_topk_prob, rc->routed_scaling_factor, ids, w));

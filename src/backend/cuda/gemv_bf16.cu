@@ -28,8 +28,13 @@
  * under PDL (cuda_internal.cuh) thus has its first loads in flight while the previous kernel (a norm,
  * attention) still runs. x, which the previous kernel writes, is read only after the wait, and nothing
  * is written to global memory before it, so the wait-first argument of cuda_internal.cuh still holds
- * for everything but those weight reads. */
+ * for everything but those weight reads.
+ *
+ * Folded input norm (cu_gvb_call.norm, one row): instead of reading x, every block computes it from the
+ * residual row with cu_norm_stage after the wait, while its first weight steps are already in flight;
+ * this replaces the norm kernel before the q|k|v (or q_a|kv_a) projection and its link in the chain. */
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/norm_stage.cuh"
 
 #include <string.h>
 
@@ -51,6 +56,8 @@ struct gb_args {
     int early; /* the weights are not written by device work in flight: their first steps are copied before
                 * griddepcontrol.wait */
     int red_units; /* 16-byte units of shared memory for the partials (before the rings) */
+    int has_norm;  /* NT = 1: x is computed from nin (cu_norm_stage), not read */
+    cu_norm_in nin;
 };
 
 /* fp32 value of the low / high bf16 of a packed pair (exact) */
@@ -117,8 +124,12 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
         for (int u = 0; u < GB_D - 1; u++) put(u);
     }
 
-    for (int i = threadIdx.x; i < NT * K8; i += GB_THREADS) gb_smem[i] = __ldcg((const uint4 *)a.x + i);
-    __syncthreads();
+    if (NT == 1 && a.has_norm) {
+        cu_norm_stage(a.nin, gb_smem, 0, K8, gridDim.x, blockIdx.x == 0);
+    } else {
+        for (int i = threadIdx.x; i < NT * K8; i += GB_THREADS) gb_smem[i] = __ldcg((const uint4 *)a.x + i);
+        __syncthreads();
+    }
 
     float acc[S][NT][2];
 #pragma unroll
@@ -213,8 +224,10 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
         (c->mode == 1 && (!c->w1 || c->bias)) ||
         (c->mode == 1 && c->y_type != MS_BF16))
         return MS_OK;
-    if (((uintptr_t)c->w0 & 15) || ((uintptr_t)c->w1 & 15) || ((uintptr_t)c->x & 15) || ((size_t)K * 2) % 16)
+    if (((uintptr_t)c->w0 & 15) || ((uintptr_t)c->w1 & 15) || (!c->norm && ((uintptr_t)c->x & 15)) ||
+        ((size_t)K * 2) % 16)
         return MS_OK;
+    if (c->norm && (T != 1 || c->norm->H != K || K / 8 > CU_NORM_U * GB_THREADS)) return MS_OK;
     const int K8 = K / 8;
     const size_t xbytes = (size_t)T * K * 2;
     if (xbytes > 96 * 1024) return MS_OK; /* longer rows take the other forms (at 96 KB one block an SM) */
@@ -247,6 +260,7 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     a.kc = (a.kc + 31) / 32 * 32;
     a.early = c->weights_quiet && cu_knob(CU_KNOB_BF16_STREAM_EARLY);
     a.red_units = red_units;
+    if (c->norm) a.has_norm = 1, a.nin = *c->norm;
     const dim3 grid((unsigned)((N + rows_pb - 1) / rows_pb));
     CK(gb_go(c->mode, T, grid, smem, cu_of(b)->stream, a));
     __atomic_fetch_add(&gvb_launches, 1, __ATOMIC_RELAXED);
