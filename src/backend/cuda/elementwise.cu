@@ -1045,12 +1045,13 @@ __device__ unsigned int g_rs_done;
  * token's scores in shared memory and routes the T tokens, one warp each, with route_token_regs (or
  * route_token, as k_route, past its limits). Why: the one-warp-per-expert form (k_router_fused)
  * runs E/8 blocks that each walk all of K with the x loads in the dependent chain: ~17 us for 1 MB.
- * has_norm (T = 1): the block computes its x slice from the residual row (cu_norm_stage: the whole row's
+ * NORM (T = 1): the block computes its x slice from the residual row (cu_norm_stage: the whole row's
  * sum of squares, from L2) instead of reading x, in place of the norm kernel before the router. */
+template <int NORM>
 __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, const bf16 *W, int T, int K, float *lg,
                                                                 const void *bias, int bt, int E, int topk, int n_group,
                                                                 int topk_group, int norm, float scale, int32_t *ids,
-                                                                float *wout, cu_norm_in nin, int has_norm) {
+                                                                float *wout, cu_norm_in nin) {
     cu_pdl_wait();
     cu_pdl_trigger();
     extern __shared__ uint4 rssm[]; /* x slice [T][RS_KS / 8] units; later the routing scratch */
@@ -1066,7 +1067,7 @@ __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, c
         const int c = u * 32 + lane;
         wv[u] = e < E && c < nc ? __ldg((const uint4 *)(W + (size_t)e * K + k0) + c) : make_uint4(0, 0, 0, 0);
     }
-    if (has_norm) { /* T = 1: the slice computed from the residual row (cu_norm_in) */
+    if (NORM) { /* T = 1: the slice computed from the residual row (cu_norm_in) */
         cu_norm_stage(nin, rssm, k0 / 8, k0 / 8 + nc, gridDim.x * gridDim.y, blockIdx.x == 0 && blockIdx.y == 0);
     } else {
         /* the x slice: T * nc <= RF_MAXT * RS_KS / 8 = 2 units per thread, both loads in flight at once */
@@ -1171,9 +1172,9 @@ int cu_router_fused(ms_backend *b, const ms_tensor *x, const ms_linear *gate, co
         /* shared memory: the x slice, then the routing scratch of 8 warps (sm, <= 48 KB as checked) */
         const size_t xsm = (size_t)T * RS_KS * sizeof(bf16), ssm = xsm > sm ? xsm : sm;
         dim3 grid((E + RS_WARPS - 1) / RS_WARPS, (unsigned)nks);
-        CK(cu_launch(k_router_split, grid, RS_WARPS * 32, ssm, stream_of(b), 
+        CK(cu_launch(nrm ? k_router_split<1> : k_router_split<0>, grid, RS_WARPS * 32, ssm, stream_of(b),
                      (const bf16 *)x->data, (const bf16 *)gate->w.data, T, (int)K, lg, bias, bias_t, E, rc->topk, rc->n_group,
-                     rc->topk_group, rc->norm_topk_prob, rc->routed_scaling_factor, ids, w, nin, nrm != NULL));
+                     rc->topk_group, rc->norm_topk_prob, rc->routed_scaling_factor, ids, w, nin));
         *launched = 1;
         return MS_OK;
     }

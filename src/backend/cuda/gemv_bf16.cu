@@ -56,8 +56,7 @@ struct gb_args {
     int early; /* the weights are not written by device work in flight: their first steps are copied before
                 * griddepcontrol.wait */
     int red_units; /* 16-byte units of shared memory for the partials (before the rings) */
-    int has_norm;  /* NT = 1: x is computed from nin (cu_norm_stage), not read */
-    cu_norm_in nin;
+    cu_norm_in nin; /* MODE 2: x is computed from it (cu_norm_stage), not read */
 };
 
 /* fp32 value of the low / high bf16 of a packed pair (exact) */
@@ -76,8 +75,10 @@ __device__ __forceinline__ void gb_dot8(float (&acc)[2], const uint4 &w, const u
     acc[1] = fmaf(gb_hi(w.w), gb_hi(xv.w), acc[1]);
 }
 
-/* Shared memory: x as NT rows of K/8 16-byte units, the partials red[row of block][kq][stream][t] (red_units),
- * then each warp's weight ring [stream][stage][lane] of 16-byte units. */
+/* MODE 0: y = x·Wᵀ (+ bias); 1: silu(x·w0ᵀ) * (x·w1ᵀ); 2 (NT = 1): as 0 with x computed from a.nin (its own
+ * instance, so that the other forms carry none of its code). Shared memory: x as NT rows of K/8 16-byte
+ * units, the partials red[row of block][kq][stream][t] (red_units), then each warp's weight ring
+ * [stream][stage][lane] of 16-byte units. */
 template <int NT, int MODE>
 __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a) {
     extern __shared__ uint4 gb_smem[];
@@ -124,7 +125,7 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
         for (int u = 0; u < GB_D - 1; u++) put(u);
     }
 
-    if (NT == 1 && a.has_norm) {
+    if (MODE == 2) {
         cu_norm_stage(a.nin, gb_smem, 0, K8, gridDim.x, blockIdx.x == 0);
     } else {
         for (int i = threadIdx.x; i < NT * K8; i += GB_THREADS) gb_smem[i] = __ldcg((const uint4 *)a.x + i);
@@ -208,7 +209,8 @@ static cudaError_t gb_go(int mode, int T, dim3 grid, size_t smem, cudaStream_t s
     case 4: return cu_launch(k_gvb<1, 1>, grid, dim3(GB_THREADS), smem, st, a);
     case 5: return cu_launch(k_gvb<2, 1>, grid, dim3(GB_THREADS), smem, st, a);
     case 6: return cu_launch(k_gvb<3, 1>, grid, dim3(GB_THREADS), smem, st, a);
-    default: return cu_launch(k_gvb<4, 1>, grid, dim3(GB_THREADS), smem, st, a);
+    case 7: return cu_launch(k_gvb<4, 1>, grid, dim3(GB_THREADS), smem, st, a);
+    default: return cu_launch(k_gvb<1, 2>, grid, dim3(GB_THREADS), smem, st, a);
     }
 }
 
@@ -236,7 +238,8 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     const int red_units = GB_WARPS * rpw_cap * S * T / 4;
     const size_t smem = xbytes + (size_t)16 * red_units + (size_t)16 * GB_WARPS * S * GB_D * 32;
     int bps = 0;
-    MS_TRY(cu_occupancy(b, gb_kern[c->mode][T - 1], GB_THREADS, smem, &bps, err));
+    const void *kern = c->norm ? (const void *)k_gvb<1, 2> : gb_kern[c->mode][T - 1];
+    MS_TRY(cu_occupancy(b, kern, GB_THREADS, smem, &bps, err));
     if (bps <= 0) return MS_OK;
     const int64_t warps = (int64_t)bps * nsm * GB_WARPS;
     int best_ks = 0, best_rpw = 0;
@@ -260,9 +263,9 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     a.kc = (a.kc + 31) / 32 * 32;
     a.early = c->weights_quiet && cu_knob(CU_KNOB_BF16_STREAM_EARLY);
     a.red_units = red_units;
-    if (c->norm) a.has_norm = 1, a.nin = *c->norm;
+    if (c->norm) a.nin = *c->norm;
     const dim3 grid((unsigned)((N + rows_pb - 1) / rows_pb));
-    CK(gb_go(c->mode, T, grid, smem, cu_of(b)->stream, a));
+    CK(gb_go(c->norm ? 2 : c->mode, T, grid, smem, cu_of(b)->stream, a));
     __atomic_fetch_add(&gvb_launches, 1, __ATOMIC_RELAXED);
     *launched = 1;
     return MS_OK;

@@ -1,7 +1,8 @@
 /* norm_stage.cuh - cu_norm_stage, the block part of a row's RMSNorm folded into the kernel that reads
  * it (cu_norm_in in cuda_internal.cuh): the streaming bf16 GEMV (gemv_bf16.cu) and the decode router
- * (elementwise.cu) include it. Not inlined: it runs once a block, before the kernel's main loop, and
- * its 32 registers of row values would otherwise count against the loop's budget. */
+ * (elementwise.cu) include it, each in a kernel instance of its own (k_gvb<1, 2>, k_router_split<1>),
+ * so that the forms without it keep their code and registers: a call in k_gvb's other forms cost them
+ * ~17% (H200, session 13: lm_head 0.283 -> 0.331 ms), so it is inlined. */
 #ifndef MS_BACKEND_CUDA_NORM_STAGE_CUH
 #define MS_BACKEND_CUDA_NORM_STAGE_CUH
 
@@ -11,16 +12,18 @@
  * u1 - u0); nblocks: the blocks of the launch that call this (each exactly once), first: this block stores
  * out. All threads of the block call it after griddepcontrol.wait; it ends in a barrier, after which xs
  * is complete. Uses 34 floats of static shared memory. */
-static __device__ __noinline__ void cu_norm_stage(const cu_norm_in n, uint4 *xs, int u0, int u1, unsigned nblocks, bool first) {
+static __device__ __forceinline__ void cu_norm_stage(const cu_norm_in n, uint4 *xs, int u0, int u1, unsigned nblocks, bool first) {
     __shared__ float red[34];
     const int U = n.H >> 3, tid = threadIdx.x, nt = blockDim.x;
     const int warp = tid >> 5, lane = tid & 31;
     float4 s[CU_NORM_U][2];
+    uint4 wv[CU_NORM_U];
     float acc = 0.f;
 #pragma unroll
     for (int i = 0; i < CU_NORM_U; i++) {
         const int u = tid + i * nt;
         if (u < U) {
+            wv[i] = __ldg((const uint4 *)n.w + u); /* in flight with the row's loads */
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 float4 a = __ldcg((const float4 *)n.resid + 2 * u + h);
@@ -56,8 +59,7 @@ static __device__ __noinline__ void cu_norm_stage(const cu_norm_in n, uint4 *xs,
     for (int i = 0; i < CU_NORM_U; i++) {
         const int u = tid + i * nt;
         if (u < U) {
-            const uint4 wv = __ldg((const uint4 *)n.w + u);
-            const uint32_t wr[4] = {wv.x, wv.y, wv.z, wv.w};
+            const uint32_t wr[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
             uint32_t o[4];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
