@@ -1601,7 +1601,8 @@ static void test_router_decode(void) {
  * round 1 bf16 ulp the other way: within 1e-2 of the largest), y within 1e-2. Every case runs twice on
  * the same tensors: the second call must find the blocks' counter back at 0 (resid then holds
  * resid + 2 delta, which only the last block of each launch writes). A refused case (MS_CU_NORM_FOLD=0,
- * a row past the fold's limit, the streaming GEMV off) must say MS_ERR_UNSUPPORTED and change nothing. */
+ * 2 for a projection, 3 for the router, a row past the fold's limit, the streaming GEMV off) must say
+ * MS_ERR_UNSUPPORTED and change nothing. */
 typedef struct {
     pair R, D, A; /* resid, delta (F32 on both), the normed row (bf16 on the GPU) */
     wpair W;
@@ -1711,6 +1712,12 @@ static void test_norm_fold(void) {
     norm_linear_case(300, 8200, 0, MS_F32, 0);    /* one unit past it */
     setenv("MS_CU_NORM_FOLD", "0", 1);
     norm_linear_case(168, 136, 1, MS_BF16, 0);
+    norm_router_case(128, 8, 1, 1, 136, 0);
+    setenv("MS_CU_NORM_FOLD", "2", 1); /* the router only */
+    norm_linear_case(168, 136, 1, MS_BF16, 0);
+    norm_router_case(128, 8, 1, 1, 136, 1);
+    setenv("MS_CU_NORM_FOLD", "3", 1); /* projections only */
+    norm_linear_case(168, 136, 1, MS_BF16, 1);
     norm_router_case(128, 8, 1, 1, 136, 0);
     unsetenv("MS_CU_NORM_FOLD");
     setenv("MS_CU_BF16_STREAM_MAX_T", "0", 1);

@@ -9,15 +9,20 @@ set -u
 cd "$(dirname "$0")/../.."
 OUTDIR=${MS_BUILD:-build}/route_emu
 mkdir -p "$OUTDIR"
-# k_router_split's section of elementwise.cu, its CUDA-only lines swapped for split.cpp's shims
-awk '/^\/\* ---- router GEMV split over K/{f=1} f&&/^\/\* Contract in cuda_internal.cuh. \*\//{exit} f' \
-    src/backend/cuda/elementwise.cu |
+# cu_norm_stage (norm_stage.cuh: the folded norm of k_router_split<1>), then k_router_split's section of
+# elementwise.cu, their CUDA-only lines swapped for split.cpp's shims (the block's shared memory: one
+# static array, the blocks running one after another)
+{ awk '/^static __device__ __forceinline__ void cu_norm_stage/{f=1} f; f&&/^}/{exit}' src/backend/cuda/norm_stage.cuh |
+    sed -e 's/^static __device__ __forceinline__ void/static void/' -e 's/__shared__ float red\[34\];/static float red[34];/'
+  awk '/^\/\* ---- router GEMV split over K/{f=1} f&&/^\/\* Contract in cuda_internal.cuh. \*\//{exit} f' \
+    src/backend/cuda/elementwise.cu; } |
   sed -e '/into L2 for the last block/d' -e '/prefetch.global.L2/d' \
       -e 's|extern __shared__ uint4 rssm\[\];|uint4 *rssm = EMU_SMEM;|' -e 's|__shared__ bool last;|static bool last;|' \
       >"$OUTDIR/rs_emu.cpp" || { echo "FAIL cutting k_router_split"; echo "## test_route_emu: 0 passed, 1 failed"; exit 1; }
 for gone in 'asm' '__shared__'; do
   grep -q -- "$gone" "$OUTDIR/rs_emu.cpp" && { echo "FAIL elementwise.cu changed shape: '$gone' left in k_router_split's section (update this script)"; echo "## test_route_emu: 0 passed, 1 failed"; exit 1; }
 done
+grep -q 'static void cu_norm_stage' "$OUTDIR/rs_emu.cpp" || { echo "FAIL cu_norm_stage not found in norm_stage.cuh"; echo "## test_route_emu: 0 passed, 1 failed"; exit 1; }
 grep -q 'void k_router_split' "$OUTDIR/rs_emu.cpp" || { echo "FAIL k_router_split not found in elementwise.cu"; echo "## test_route_emu: 0 passed, 1 failed"; exit 1; }
 CXX=${CXX:-g++}
 flags="-std=c++20 -O1 -g -Isrc -I$OUTDIR -Itests/backend/route_emu -pthread"

@@ -814,12 +814,13 @@ static int cu_router(ms_backend *b, const ms_tensor *x, const ms_linear *gate, c
 
 /* ---- norms folded into the op that reads them (norm_linear, norm_router) ---- */
 
-/* cu_norm_in of n for one row of width K when the folded form applies (F32 resid and delta, bf16 w and
- * out, 16-byte aligned, K % 8 == 0 and at most CU_NORM_U 8-element units a thread of a 256-thread
- * block); 0 otherwise. */
-static int cu_norm_of(ms_backend *b, const ms_norm_in *n, int64_t K, cu_norm_in *o) {
+/* cu_norm_in of n for one row of width K when the folded form applies (MS_CU_NORM_FOLD allows it for
+ * the router (router = 1) or a projection, F32 resid and delta, bf16 w and out, 16-byte aligned,
+ * K % 8 == 0 and at most CU_NORM_U 8-element units a thread of a 256-thread block); 0 otherwise. */
+static int cu_norm_of(ms_backend *b, const ms_norm_in *n, int64_t K, int router, cu_norm_in *o) {
     const ms_tensor *r = n->resid, *d = n->delta;
-    if (!cu_knob(CU_KNOB_NORM_FOLD) || !cu_of(b)->norm_sync || r->dtype != MS_F32 || n->w->dtype != MS_BF16 || n->out->dtype != MS_BF16 ||
+    const int fold = cu_knob(CU_KNOB_NORM_FOLD); /* 1 both, 2 the router only, 3 projections only */
+    if (!fold || fold == (router ? 3 : 2) || !cu_of(b)->norm_sync || r->dtype != MS_F32 || n->w->dtype != MS_BF16 || n->out->dtype != MS_BF16 ||
         (d && d->dtype != MS_F32) || K % 8 || K / 8 > CU_NORM_U * 256 ||
         ms_tensor_numel(r) != K || ms_tensor_numel(n->w) != K || ms_tensor_numel(n->out) != K ||
         (d && ms_tensor_numel(d) != K))
@@ -844,7 +845,7 @@ static int cu_norm_linear(ms_backend *b, const ms_norm_in *n, const ms_linear *W
     MS_TRY(cu_wdesc_of(W, &d, err));
     cu_norm_in nin;
     if (d.fmt == MS_WFMT_PLAIN && d.dtype == MS_BF16 && ms_tensor_numel(y) == d.n &&
-        (y->dtype == MS_BF16 || y->dtype == MS_F32) && cu_norm_of(b, n, d.k, &nin)) {
+        (y->dtype == MS_BF16 || y->dtype == MS_F32) && cu_norm_of(b, n, d.k, 0, &nin)) {
         const cu_gvb_call g = {.mode = 0, .T = 1, .N = d.n, .K = d.k, .norm = &nin,
                                .weights_quiet = cu_of(b)->weights_quiet, .w0 = (const bf16 *)d.w,
                                .bias = W->bias.data ? (const float *)W->bias.data : NULL, .x = nin.out,
@@ -864,7 +865,7 @@ static int cu_norm_router(ms_backend *b, const ms_norm_in *n, const ms_linear *g
     const int E = rc->n_experts;
     if (gate->n_out == E && rc->topk > 0 && rc->topk <= E && rc->n_group > 0 && E % rc->n_group == 0 &&
         rc->topk_group > 0 && rc->topk_group <= rc->n_group && !cu_knob(CU_KNOB_ROUTER_UNFUSED) &&
-        cu_norm_of(b, n, gate->n_in, &nin)) {
+        cu_norm_of(b, n, gate->n_in, 1, &nin)) {
         void *lg;
         MS_TRY(cu_scratch(b, SCR_TMP2, (size_t)E * 4, &lg, err));
         int done = 0;

@@ -154,6 +154,14 @@ int main() {
         if (bad) n_fail++;
         else n_pass++;
     }
+    /* k_router_split<1>: the residual add + RMSNorm folded in (one token): GLM-4.5-Air, GLM-5, a hidden
+     * size of partial slices, one 16-byte unit */
+    const int fc[][6] = {{128, 4096, 8, 1, 1, 0}, {256, 6144, 8, 8, 4, 0}, {160, 1000, 6, 8, 3, 2}, {20, 8, 4, 1, 1, 0}};
+    for (auto &c : fc) {
+        const int bad = split_case(1, c[0], c[1], c[2], c[3], c[4], 1, 1, c[5], R, 1);
+        if (bad) n_fail++;
+        else n_pass++;
+    }
     printf("## test_route_emu: %d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

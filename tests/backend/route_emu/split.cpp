@@ -5,7 +5,10 @@
  * barrier, warp collectives per warp), blocks run one after another so the last one to finish is the
  * last launched. Checked: the logits against a float64 reference (relative 1e-5), and the ids and
  * weights, bit for bit, against the CPU's routing rules (main.cpp's cpu_route) applied to the kernel's
- * own logits; shapes with partial slices, 1..8 tokens, groups, no bias, exact ties. */
+ * own logits; shapes with partial slices, 1..8 tokens, groups, no bias, exact ties. k_router_split<1>
+ * (one token, its x computed from a residual row by cu_norm_stage, norm_stage.cuh) also: the residual
+ * written back as resid + delta exactly by one block, the normed row within 1 bf16 ulp of a float64
+ * RMSNorm, the blocks' counter back at 0, and the logits and picks as above from that row. */
 #include <atomic>
 #include <memory>
 
@@ -14,6 +17,23 @@ static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
 struct bf16 { uint16_t v; };
 struct __nv_bfloat162 { bf16 x, y; };
 struct float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline bf16 bf_rn(float f) { /* round to nearest even, as __float2bfloat16_rn (no NaN here) */
+    uint32_t u = __float_as_uint(f);
+    return bf16{(uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}
+static inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return __nv_bfloat162{bf_rn(a), bf_rn(b)}; }
+#define CU_NORM_U 4
+struct cu_norm_in { /* cuda_internal.cuh's */
+    float *resid;
+    const float *delta;
+    const bf16 *w;
+    bf16 *out;
+    float eps;
+    int H;
+    unsigned *done;
+};
 static inline float bfv(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 static inline float2 __bfloat1622float2(__nv_bfloat162 v) { return float2{bfv(v.x.v), bfv(v.y.v)}; }
 struct dim3 { unsigned x, y, z; };
@@ -50,8 +70,10 @@ static thread_local uint4 *EMU_SMEM;
 using std::min;
 #include "rs_emu.cpp"
 
-/* One launch as cu_router_fused makes it; returns the failures found. */
-static int split_case(int T, int E, int K, int topk, int ng, int tg, int norm, int with_bias, int tie, std::mt19937 &R) {
+/* One launch as cu_router_fused makes it (fold: k_router_split<1> at T = 1, x from a residual row);
+ * returns the failures found. */
+static int split_case(int T, int E, int K, int topk, int ng, int tg, int norm, int with_bias, int tie, std::mt19937 &R,
+                      int fold = 0) {
     std::uniform_real_distribution<float> U(-1.f, 1.f);
     const int gsz = E / ng;
     std::vector<uint16_t> W((size_t)E * K), X((size_t)T * K);
@@ -68,6 +90,22 @@ static int split_case(int T, int E, int K, int topk, int ng, int tg, int norm, i
         bias[e] = src == e ? U(R) * 0.3f : bias[src];
     }
     for (auto &v : X) { float f = U(R) * 2.f; uint32_t u; memcpy(&u, &f, 4); v = (uint16_t)(u >> 16); }
+    std::vector<float> res(K), del(K), res0;
+    std::vector<uint16_t> nw(K);
+    unsigned done = 0;
+    cu_norm_in nin = {};
+    if (fold) {
+        for (int k = 0; k < K; k++) {
+            res[k] = U(R) * 3.f, del[k] = U(R);
+            const float f = U(R);
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            nw[k] = (uint16_t)(u >> 16);
+        }
+        res0 = res;
+        std::fill(X.begin(), X.end(), (uint16_t)0xffff); /* the kernel writes the normed row here */
+        nin = cu_norm_in{res.data(), del.data(), (const bf16 *)nw.data(), (bf16 *)X.data(), 1e-5f, K, &done};
+    }
     const int nks = (K + RS_KS - 1) / RS_KS;
     const size_t xsm = (size_t)T * RS_KS * 2, sm = sizeof(float) * RF_WARPS * (2 * (size_t)E + 2 * ng);
     const size_t ssm = xsm > sm ? xsm : sm;
@@ -87,13 +125,36 @@ static int split_case(int T, int E, int K, int topk, int ng, int tg, int norm, i
                     blockDim = dim3{RS_WARPS * 32, 1, 1};
                     gridDim = dim3{(unsigned)((E + RS_WARPS - 1) / RS_WARPS), (unsigned)nks, 1};
                     EMU_SMEM = smem.data();
-                    k_router_split((const bf16 *)X.data(), (const bf16 *)W.data(), T, K, lg.data(),
-                                   with_bias ? (const void *)bias.data() : nullptr, MS_F32, E, topk, ng, tg, norm, 2.5f,
-                                   ids.data(), wout.data());
+                    if (fold)
+                        k_router_split<1>((const bf16 *)X.data(), (const bf16 *)W.data(), T, K, lg.data(),
+                                          with_bias ? (const void *)bias.data() : nullptr, MS_F32, E, topk, ng, tg, norm,
+                                          2.5f, ids.data(), wout.data(), nin);
+                    else
+                        k_router_split<0>((const bf16 *)X.data(), (const bf16 *)W.data(), T, K, lg.data(),
+                                          with_bias ? (const void *)bias.data() : nullptr, MS_F32, E, topk, ng, tg, norm,
+                                          2.5f, ids.data(), wout.data(), nin);
                 });
             for (auto &t : th) t.join();
         }
     int bad = 0;
+    if (fold) {
+        double ss = 0;
+        for (int k = 0; k < K; k++) {
+            const float s = res0[k] + del[k];
+            ss += (double)s * s;
+            if (res[k] != s && !bad++) printf("FAIL fold K=%d: resid[%d] %g, not %g\n", K, k, res[k], s);
+        }
+        const double inv = 1.0 / sqrt(ss / K + 1e-5);
+        for (int k = 0; k < K; k++) {
+            const double ref = (double)(res0[k] + del[k]) * inv * bfv(nw[k]), got = bfv(X[k]);
+            if (!(fabs(got - ref) <= fabs(ref) / 128 + 1e-30)) {
+                printf("FAIL fold K=%d: x[%d] %g, float64 RMSNorm %g\n", K, k, got, ref);
+                bad++;
+                break;
+            }
+        }
+        if (done != 0) { printf("FAIL fold: the norm's block count was not reset (%u)\n", done); bad++; }
+    }
     if (g_rs_done != 0) { printf("FAIL the block count was not reset (%u)\n", g_rs_done); bad++; g_rs_done = 0; }
     double md = 0, mr = 0;
     for (int t = 0; t < T; t++)
