@@ -1702,7 +1702,7 @@ static void norm_router_case(int E_, int topk, int ng, int tg, int H, int want) 
 }
 
 static void test_norm_fold(void) {
-    char *saved = env_push("MS_CU_BF16_STREAM_MAX_T", "4"), *fold = env_push("MS_CU_NORM_FOLD", NULL);
+    char *saved = env_push("MS_CU_BF16_STREAM_MAX_T", "4"), *fold = env_push("MS_CU_NORM_FOLD", "1");
     norm_linear_case(14336, 4096, 1, MS_BF16, 1); /* GLM-4.5-Air's q|k|v */
     norm_linear_case(2752, 6144, 0, MS_BF16, 1);  /* GLM-5's q_a|idx_k|kv_a */
     norm_linear_case(168, 136, 1, MS_BF16, 1);    /* the test models' hidden sizes */
@@ -1719,7 +1719,10 @@ static void test_norm_fold(void) {
     setenv("MS_CU_NORM_FOLD", "3", 1); /* projections only */
     norm_linear_case(168, 136, 1, MS_BF16, 1);
     norm_router_case(128, 8, 1, 1, 136, 0);
-    unsetenv("MS_CU_NORM_FOLD");
+    unsetenv("MS_CU_NORM_FOLD"); /* the default: the router only */
+    norm_linear_case(168, 136, 1, MS_BF16, 0);
+    norm_router_case(128, 8, 1, 1, 136, 1);
+    setenv("MS_CU_NORM_FOLD", "1", 1);
     setenv("MS_CU_BF16_STREAM_MAX_T", "0", 1);
     norm_linear_case(168, 136, 1, MS_BF16, 0);
     env_pop("MS_CU_BF16_STREAM_MAX_T", saved);
