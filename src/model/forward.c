@@ -472,6 +472,25 @@ static int swiglu(ms_forward *f, const ms_linear *gate, const ms_linear *up, con
     return MS_OK;
 }
 
+/* The router of layer l on a (f->a) into f->ids / f->rw, with the pending norm (f->pend) folded in where
+ * the backend can (norm_router), else run first. */
+static int route(ms_forward *f, const ms_layer *l, const ms_tensor *a, const ms_route_cfg *rc, ms_err *err) {
+    const ms_backend_ops *op = f->b->ops;
+    const ms_tensor *rbias = l->router_bias.data ? &l->router_bias : NULL;
+    if (f->pend.on && op->norm_router && a->data == f->pend.out.data) {
+        const ms_norm_in n = {&f->pend.resid, &f->pend.delta, f->pend.w, f->pend.eps, &f->pend.out};
+        ms_err ferr = {0};
+        const int rc2 = fw_optional(op->norm_router(f->b, &n, &l->router, rbias, rc, f->ids.data, f->rw.data, &ferr), &ferr,
+                                    err);
+        if (rc2 != MS_ERR_UNSUPPORTED) {
+            f->pend.on = 0;
+            return rc2;
+        }
+    }
+    MS_TRY(fw_norm_flush(f, err));
+    return op->router(f->b, a, &l->router, rbias, rc, f->ids.data, f->rw.data, err);
+}
+
 static int mlp(ms_forward *f, int L, int T, ms_err *err) {
     const ms_config *c = &f->m->cfg;
     const ms_layer *l = &f->m->layers[L];
@@ -487,21 +506,7 @@ static int mlp(ms_forward *f, int L, int T, ms_err *err) {
     ms_tensor a = fw_view2(&f->a, T, H);
     ms_route_cfg rc = {c->n_routed_experts, k, c->n_group > 0 ? c->n_group : 1, c->topk_group > 0 ? c->topk_group : 1,
                        c->norm_topk_prob, c->routed_scaling_factor};
-    const ms_tensor *rbias = l->router_bias.data ? &l->router_bias : NULL;
-    int routed = MS_ERR_UNSUPPORTED;
-    if (f->pend.on && op->norm_router && a.data == f->pend.out.data) { /* the pending norm folded in */
-        const ms_norm_in n = {&f->pend.resid, &f->pend.delta, f->pend.w, f->pend.eps, &f->pend.out};
-        ms_err ferr = {0};
-        routed = fw_optional(op->norm_router(f->b, &n, &l->router, rbias, &rc, f->ids.data, f->rw.data, &ferr), &ferr, err);
-        if (routed != MS_ERR_UNSUPPORTED) {
-            f->pend.on = 0;
-            MS_TRY(routed);
-        }
-    }
-    if (routed == MS_ERR_UNSUPPORTED) {
-        MS_TRY(fw_norm_flush(f, err));
-        FW_PROF(f, "router", op->router(f->b, &a, &l->router, rbias, &rc, f->ids.data, f->rw.data, err), err);
-    }
+    FW_PROF(f, "router", route(f, l, &a, &rc, err), err);
     MS_TRY(fw_decide_experts(f, L, T, &rc, err));
     if (f->routed && !f->routing_paused && L < c->num_layers) {
         MS_TRY(op->download(f->b, f->h_ids, f->ids.data, sizeof(int32_t) * (size_t)T * (size_t)k, err));
