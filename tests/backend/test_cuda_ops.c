@@ -1601,8 +1601,8 @@ static void test_router_decode(void) {
  * round 1 bf16 ulp the other way: within 1e-2 of the largest), y within 1e-2. Every case runs twice on
  * the same tensors: the second call must find the blocks' counter back at 0 (resid then holds
  * resid + 2 delta, which only the last block of each launch writes). A refused case (MS_CU_NORM_FOLD=0,
- * 2 for a projection, 3 for the router, a row past the fold's limit, the streaming GEMV off) must say
- * MS_ERR_UNSUPPORTED and change nothing. */
+ * 2 for a projection, 3 for the router, a row past the fold's limit, the streaming GEMV off, a router of
+ * more blocks than SMs) must say MS_ERR_UNSUPPORTED and change nothing. */
 typedef struct {
     pair R, D, A; /* resid, delta (F32 on both), the normed row (bf16 on the GPU) */
     wpair W;
@@ -1655,6 +1655,8 @@ static void norm_linear_case(int64_t N, int64_t K, int bias, ms_dtype ydt, int w
 /* The router's picks from the GPU's normed row are held to the CPU router's on that same row (bf16,
  * as the router reads it), so that only the logits' summation order differs, as in router_case_h. */
 static void norm_router_case(int E_, int topk, int ng, int tg, int H, int want) {
+    /* the folded form runs only where its (E / 8) x (H / 512) blocks are at most one an SM */
+    if ((int64_t)((E_ + 7) / 8) * ((H + 511) / 512) > GPU->gpu.n_sm) want = 0;
     lpair G = mk_router_gate(E_, H, ng, 0);
     nf_in n = nf_make(H);
     int64_t xs[2] = {1, H}, bs[1] = {E_};
@@ -1726,8 +1728,9 @@ static void test_norm_fold(void) {
     setenv("MS_CU_BF16_STREAM_MAX_T", "0", 1);
     norm_linear_case(168, 136, 1, MS_BF16, 0);
     env_pop("MS_CU_BF16_STREAM_MAX_T", saved);
-    norm_router_case(128, 8, 1, 1, 4096, 1); /* GLM-4.5-Air */
-    norm_router_case(256, 8, 8, 4, 6144, 1); /* GLM-5 */
+    norm_router_case(128, 8, 1, 1, 4096, 1); /* GLM-4.5-Air: 16 x 8 blocks */
+    norm_router_case(256, 8, 8, 4, 6144, 1); /* GLM-5: 32 x 12 blocks, refused where they outnumber the SMs */
+    norm_router_case(256, 8, 8, 4, 1024, 1); /* 32 x 2 */
     norm_router_case(160, 6, 8, 3, 520, 1);  /* a hidden size no multiple of the router's 512-k slice */
     norm_router_case(64, 4, 1, 1, 136, 1);
     norm_router_case(64, 4, 1, 1, 8200, 0);

@@ -438,7 +438,8 @@ int cu_copy_rope_part(ms_backend *b, const bf16 *q, bf16 *out, int T, int nh, in
  * result as cu_linear into lg [T][E] fp32 followed by cu_route, up to the GEMV's summation order. Sets
  * *launched = 0 and does nothing unless T <= 8, the gate is plain bf16 without a bias, x is bf16 and
  * K is a multiple of 8 with 16-byte aligned rows. norm != NULL (T = 1, norm->H = K, the K-split form
- * only, else nothing is launched): x is not read but computed from norm (cu_norm_in). */
+ * of at most one block an SM only, else nothing is launched): x is not read but computed from norm
+ * (cu_norm_in). */
 int cu_router_fused(ms_backend *b, const ms_tensor *x, const ms_linear *gate, const void *bias, int bias_t,
                     const ms_route_cfg *rc, int T, float *lg, int32_t *ids, float *w, const cu_norm_in *norm,
                     int *launched, ms_err *err);

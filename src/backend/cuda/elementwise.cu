@@ -1172,6 +1172,10 @@ int cu_router_fused(ms_backend *b, const ms_tensor *x, const ms_linear *gate, co
         /* shared memory: the x slice, then the routing scratch of 8 warps (sm, <= 48 KB as checked) */
         const size_t xsm = (size_t)T * RS_KS * sizeof(bf16), ssm = xsm > sm ? xsm : sm;
         dim3 grid((E + RS_WARPS - 1) / RS_WARPS, (unsigned)nks);
+        /* each block of the folded form reads the whole residual row from L2: with more blocks than SMs
+         * that costs more than the norm kernel it replaces (H200: GLM-5's 384 blocks measured +0.02 ms a
+         * step, GLM-4.5-Air's 128 -0.05 ms) */
+        if (nrm && (b->gpu.n_sm <= 0 || (int64_t)grid.x * grid.y > b->gpu.n_sm)) return MS_OK;
         CK(cu_launch(nrm ? k_router_split<1> : k_router_split<0>, grid, RS_WARPS * 32, ssm, stream_of(b),
                      (const bf16 *)x->data, (const bf16 *)gate->w.data, T, (int)K, lg, bias, bias_t, E, rc->topk, rc->n_group,
                      rc->topk_group, rc->norm_topk_prob, rc->routed_scaling_factor, ids, w, nin));

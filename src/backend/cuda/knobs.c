@@ -91,10 +91,10 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                            "chosen by a cost model; 2..6: form 0..4 forced (when it fits); 0: the decode runner's "
                            "two grouped GEMVs and combine"},
     [CU_KNOB_NORM_FOLD] = {"MS_CU_NORM_FOLD", KN_INT, 2, 0, 3, NULL, 0,
-                           "at one row, the residual add + RMSNorm before the router (2, the default), before a bf16 "
-                           "projection (3) or both (1) is computed by that kernel's blocks (norm_linear / norm_router); "
-                           "0: its own kernel. Folding into a projection measured slower on the H200 (its 4 blocks an "
-                           "SM each read the 40 KB row from L2)"},
+                           "at one row, the residual add + RMSNorm before the router (2, the default; a router of at "
+                           "most one block an SM), before a bf16 projection (3) or both (1) is computed by that "
+                           "kernel's blocks (norm_linear / norm_router); 0: its own kernel. Folding into a projection "
+                           "measured slower on the H200 (its 4 blocks an SM each read the 40 KB row from L2)"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */
