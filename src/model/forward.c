@@ -750,12 +750,12 @@ static int forward_body(ms_forward *f, const ms_batch *bt, float *logits_host, i
         if (L == 0) FW_PROF(f, "norms", op->rmsnorm(f->b, &x, &l->attn_norm, c->rms_norm_eps, &a, err), err);
         FW_TRY_CHECK(f, &a, "input_layernorm", err);
         FW_PROF(f, "attention", c->arch->attention(f, L, T, err), err);
-        MS_TRY(fw_norm_flush(f, err)); /* none left: the attention's first op took it */
+        MS_ASSERT(!f->pend.on); /* the attention's first op took it (arch.h input_norm_pending) */
         FW_PROF(f, "collectives", tp_sum(f, &delta, err), err);
         FW_PROF(f, "norms", fw_add_norm(f, fold, &x, &delta, &l->ffn_norm, &a, err), err);
         FW_TRY_CHECK(f, &a, "post_attention_layernorm", err);
         MS_TRY(mlp(f, L, T, err));
-        MS_TRY(fw_norm_flush(f, err)); /* none left: mlp's first op took it */
+        MS_ASSERT(!f->pend.on); /* mlp's first op took it */
         FW_PROF(f, "collectives", tp_sum(f, &delta, err), err);
         if (L + 1 < c->num_layers)
             FW_PROF(f, "norms",
@@ -801,6 +801,7 @@ static int mtp_body(ms_forward *f, const ms_batch *bt, int hid_src, float *logit
     f->batch = bt;
     f->layer = Lm;
     f->topk_valid = 0;
+    f->pend.on = 0; /* a main step that failed may have left one; this step's norms run as they come */
     ms_tensor x = fw_view2(&f->x, T, H), a = fw_view2(&f->a, T, H), delta = fw_view2(&f->delta, T, H);
     ms_tensor cat = fw_view2(&f->mcat, T, 2 * (int64_t)H);
     const ms_shard *sh = &f->m->shard;

@@ -107,7 +107,7 @@ struct ms_forward {
     int layer;
     int split;      /* a communicator is given: the split code paths run (also with one rank) */
     int topk_valid; /* DSA: f->topk holds a sparse selection made by the last full indexer layer */
-    /* A residual add + RMSNorm not run yet (one-token steps, fw_pend): resid += delta, out =
+    /* A residual add + RMSNorm not run yet (one-token steps, fw_add_norm): resid += delta, out =
      * rmsnorm(resid) * w, with out = f->a. The next op that reads f->a runs it, folded into itself where
      * the backend can (fw_linear_a, the router in mlp: backend.h norm_linear / norm_router), or first
      * (fw_norm_flush). Why: at one token the norm kernel moves almost nothing but is a link of ~4 us in

@@ -229,7 +229,7 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     if (((uintptr_t)c->w0 & 15) || ((uintptr_t)c->w1 & 15) || (!c->norm && ((uintptr_t)c->x & 15)) ||
         ((size_t)K * 2) % 16)
         return MS_OK;
-    if (c->norm && (T != 1 || c->norm->H != K || K / 8 > CU_NORM_U * GB_THREADS)) return MS_OK;
+    if (c->norm && (c->mode != 0 || T != 1 || c->norm->H != K || K / 8 > CU_NORM_U * GB_THREADS)) return MS_OK;
     const int K8 = K / 8;
     const size_t xbytes = (size_t)T * K * 2;
     if (xbytes > 96 * 1024) return MS_OK; /* longer rows take the other forms (at 96 KB one block an SM) */

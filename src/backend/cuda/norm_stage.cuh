@@ -54,6 +54,7 @@ static __device__ __forceinline__ void cu_norm_stage(const cu_norm_in n, uint4 *
     __syncthreads();
     const float inv = red[32];
     const bool last = red[33] != 0.f;
+    if (last) __threadfence(); /* every block's count seen before this block's writes of resid */
     if (last && tid == 0) *n.done = 0;
 #pragma unroll
     for (int i = 0; i < CU_NORM_U; i++) {
