@@ -54,10 +54,16 @@ int fw_norm_flush(ms_forward *f, ms_err *err) {
     return f->b->ops->add_rmsnorm(f->b, &f->pend.resid, &f->pend.delta, f->pend.w, f->pend.eps, &f->pend.out, err);
 }
 
+/* The pending norm f->pend as a backend op's argument. */
+static ms_norm_in pend_in(ms_forward *f) {
+    const ms_norm_in n = {&f->pend.resid, &f->pend.delta, f->pend.w, f->pend.eps, &f->pend.out};
+    return n;
+}
+
 int fw_linear_a(ms_forward *f, const ms_linear *W, const ms_tensor *a, ms_tensor *y, ms_err *err) {
     const ms_backend_ops *op = f->b->ops;
     if (f->pend.on && op->norm_linear && a->data == f->pend.out.data) {
-        const ms_norm_in n = {&f->pend.resid, &f->pend.delta, f->pend.w, f->pend.eps, &f->pend.out};
+        const ms_norm_in n = pend_in(f);
         ms_err ferr = {0};
         const int rc = fw_optional(op->norm_linear(f->b, &n, W, y, &ferr), &ferr, err);
         if (rc != MS_ERR_UNSUPPORTED) {
@@ -478,7 +484,7 @@ static int route(ms_forward *f, const ms_layer *l, const ms_tensor *a, const ms_
     const ms_backend_ops *op = f->b->ops;
     const ms_tensor *rbias = l->router_bias.data ? &l->router_bias : NULL;
     if (f->pend.on && op->norm_router && a->data == f->pend.out.data) {
-        const ms_norm_in n = {&f->pend.resid, &f->pend.delta, f->pend.w, f->pend.eps, &f->pend.out};
+        const ms_norm_in n = pend_in(f);
         ms_err ferr = {0};
         const int rc2 = fw_optional(op->norm_router(f->b, &n, &l->router, rbias, rc, f->ids.data, f->rw.data, &ferr), &ferr,
                                     err);

@@ -24,16 +24,7 @@ static inline bf16 bf_rn(float f) { /* round to nearest even, as __float2bfloat1
     return bf16{(uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
 }
 static inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return __nv_bfloat162{bf_rn(a), bf_rn(b)}; }
-#define CU_NORM_U 4
-struct cu_norm_in { /* cuda_internal.cuh's */
-    float *resid;
-    const float *delta;
-    const bf16 *w;
-    bf16 *out;
-    float eps;
-    int H;
-    unsigned *done;
-};
+
 static inline float bfv(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 static inline float2 __bfloat1622float2(__nv_bfloat162 v) { return float2{bfv(v.x.v), bfv(v.y.v)}; }
 struct dim3 { unsigned x, y, z; };
