@@ -1303,23 +1303,44 @@ static void test_mla_attn(void) {
     mla_case(3, 48, 6, 0);
 }
 
-static void test_mla_proj(void) {
-    int nh = 3, dn = 24, dr = 8, dv = 20, kvl = 64, T = 5;
+/* The absorbed products against the CPU's: at 1..4 tokens through mla_absorb.cu's kernels (or, for shapes
+ * they refuse, cuBLAS), and with MS_CU_MLA_ABSORB=0 through cuBLAS, for plain and FP8 kv_b. */
+static void mla_proj_case(int T, int nh, int dn, int dr, int dv, int kvl) {
     for (int f = 0; f < 2; f++) {
         lpair L = mk_linear(f ? MS_WFMT_FP8 : MS_WFMT_PLAIN, MS_BF16, nh * (dn + dv), kvl, 0);
         int64_t qs[3] = {T, nh, dn + dr}, os[3] = {T, nh, kvl + dr}, ls[3] = {T, nh, kvl}, vs[2] = {T, nh * dv};
         float *q = rand_vec((size_t)T * nh * (dn + dr), 1.f), *ol = rand_vec((size_t)T * nh * kvl, 1.f);
         pair Q = act(3, qs, q), O = out_act(3, os), OL = act(3, ls, ol), V = out_act(2, vs);
-        R(GPU->ops->mla_absorb_q(GPU, &L.g, &Q.g, nh, dn, dr, dv, NULL, NULL, &O.g, &E));
         R(CPU->ops->mla_absorb_q(CPU, &L.c, &Q.c, nh, dn, dr, dv, NULL, NULL, &O.c, &E));
-        CMP(O.g, O.c, 2e-2);
-        R(GPU->ops->mla_v_up(GPU, &L.g, &OL.g, nh, dn, dv, &V.g, &E));
         R(CPU->ops->mla_v_up(CPU, &L.c, &OL.c, nh, dn, dv, &V.c, &E));
-        CMP(V.g, V.c, 2e-2);
+        char *saved = env_push("MS_CU_MLA_ABSORB", NULL);
+        for (int k = 0; k < 2; k++) {
+            setenv("MS_CU_MLA_ABSORB", k ? "1" : "0", 1);
+            ms_tensor Og = mk(GPU, 0, 3, os, NULL), Vg = mk(GPU, 0, 2, vs, NULL);
+            R(GPU->ops->mla_absorb_q(GPU, &L.g, &Q.g, nh, dn, dr, dv, NULL, NULL, &Og, &E));
+            CMP(Og, O.c, 2e-2);
+            R(GPU->ops->mla_v_up(GPU, &L.g, &OL.g, nh, dn, dv, &Vg, &E));
+            CMP(Vg, V.c, 2e-2);
+            fr(GPU, &Og);
+            fr(GPU, &Vg);
+        }
+        env_pop("MS_CU_MLA_ABSORB", saved);
         pfree(&Q); pfree(&O); pfree(&OL); pfree(&V);
         free(q); free(ol);
         free_linear(&L);
     }
+}
+
+static void test_mla_proj(void) {
+    for (int T = 1; T <= 5; T++) {
+        mla_proj_case(T, 3, 24, 8, 20, 64);    /* small; T = 5 is past the kernels (cuBLAS) */
+        mla_proj_case(T, 8, 192, 64, 256, 512); /* GLM-5's head dims, 8 of its 64 heads */
+        mla_proj_case(T, 2, 20, 8, 12, 136);   /* kvl a multiple of 8 but not of 128: a partly used column block */
+    }
+    mla_proj_case(1, 3, 300, 8, 20, 64);  /* dn past the absorb kernel's 256 rows: cuBLAS absorb, own v_up */
+    mla_proj_case(1, 3, 24, 8, 10, 64);   /* dv not a multiple of 4: cuBLAS v_up */
+    mla_proj_case(1, 3, 24, 8, 20, 36);   /* kvl not a multiple of 8: cuBLAS both */
+    mla_proj_case(1, 2, 24, 8, 20, 1032); /* kvl past v_up's 1024 */
 }
 
 /* The absorbed query with its rope part rotated by the op against the GPU's rope op on q followed by the

@@ -892,6 +892,10 @@ static int cu_mla_absorb_q(ms_backend *b, const ms_linear *kv_b, const ms_tensor
     if (T == 0) return MS_OK;
     const bf16 *W;
     MS_TRY(cu_weight_bf16(b, kv_b, 1, &W, err));
+    int done = 0;
+    MS_TRY(cu_mla_absorb_small(b, kv_b, W, (const bf16 *)q->data, (int)T, nh, dn, dr, dv, kvl, pos_d, rc,
+                               (bf16 *)out->data, &done, err));
+    if (done) return MS_OK;
     cu_impl *c = cu_of(b);
     float alpha = 1.f, beta = 0.f;
     CKB(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, kvl, (int)T, dn, &alpha, W, CUDA_R_16BF, kvl,
@@ -914,6 +918,10 @@ static int cu_mla_v_up(ms_backend *b, const ms_linear *kv_b, const ms_tensor *o_
     if (T == 0) return MS_OK;
     const bf16 *W;
     MS_TRY(cu_weight_bf16(b, kv_b, 1, &W, err));
+    int done = 0;
+    MS_TRY(cu_mla_v_up_small(b, kv_b, W, (const bf16 *)o_lat->data, (int)T, nh, dn, dv, kvl, (bf16 *)out->data, &done,
+                             err));
+    if (done) return MS_OK;
     cu_impl *c = cu_of(b);
     float alpha = 1.f, beta = 0.f;
     CKB(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, dv, (int)T, kvl, &alpha, W + (size_t)dn * kvl,

@@ -425,6 +425,18 @@ int cu_op_indexer_topk(ms_backend *b, const ms_tensor *qI, const ms_tensor *w, c
                        const ms_attn_meta *m, int topk, int32_t *out, ms_err *err);
 
 /* ---- elementwise helpers (elementwise.cu) ---- */
+/* One rotary pair (a, c) at position p with inverse frequency f: the float32 angle p * f as
+ * transformers computes it. Every kernel that rotates goes through here, so the fused forms give the
+ * rope op's bits. */
+__device__ __forceinline__ void rope_pair(float a, float c, float p, float f, float *o0, float *o1) {
+    float sn, cs;
+    sincosf(p * f, &sn, &cs);
+    *o0 = a * cs - c * sn;
+    *o1 = c * cs + a * sn;
+}
+/* The device table of rc->rot_dim / 2 inverse frequencies theta^(-2j / rot_dim) (float32), made on
+ * first use per (theta, rot_dim) and owned by the backend. */
+int cu_rope_table(ms_backend *b, const ms_rope_cfg *rc, const float **out, ms_err *err);
 /* n elements of src (dtype st) -> dst (dtype dt), F32/BF16/F16, on the stream. */
 int cu_convert(ms_backend *b, const void *src, int st, void *dst, int dt, size_t n, ms_err *err);
 /* y [rows, n] (dtype yt) += bias [n] (F32) broadcast over rows. */
@@ -434,6 +446,18 @@ int cu_add_bias(ms_backend *b, void *y, int yt, const float *bias, int64_t rows,
  * part, else MS_ERR_INVALID): the copy is rotated at positions pos_d[T] as the rope op would rotate q. */
 int cu_copy_rope_part(ms_backend *b, const bf16 *q, bf16 *out, int T, int nh, int dn, int dr, int kvl,
                       const int32_t *pos_d, const ms_rope_cfg *rc, ms_err *err);
+/* The absorbed MLA products at a few tokens (mla_absorb.cu). W: kv_b's bf16 form [nh (dn + dv)][kvl]
+ * (cu_weight_bf16 of kv_b). absorb: out [T][nh][kvl + dr] = per head q_nope · W_UK, then the rope part of
+ * q [T][nh][dn + dr] copied, rotated at pos_d when rc has rotary columns (rc's columns are q's; outside
+ * the rope part: MS_ERR_INVALID). v_up: out [T][nh dv] = per head ol [T][nh][kvl] · W_UVᵀ. Both set
+ * *done = 1 when they launched, and leave *done = 0 without doing anything when the call is not theirs
+ * (T outside 1..4, MS_CU_MLA_ABSORB=0, kvl not a multiple of 8, dn > 256 (absorb), kvl > 1024 or dv not a
+ * multiple of 4 (v_up), misaligned W or ol), so the caller then runs its general form. */
+int cu_mla_absorb_small(ms_backend *b, const ms_linear *kv_b, const bf16 *W, const bf16 *q, int T, int nh, int dn,
+                        int dr, int dv, int kvl, const int32_t *pos_d, const ms_rope_cfg *rc, bf16 *out, int *done,
+                        ms_err *err);
+int cu_mla_v_up_small(ms_backend *b, const ms_linear *kv_b, const bf16 *W, const bf16 *ol, int T, int nh, int dn,
+                      int dv, int kvl, bf16 *out, int *done, ms_err *err);
 /* Router GEMV and noaux_tc routing in one launch for small decode batches (elementwise.cu): the same
  * result as cu_linear into lg [T][E] fp32 followed by cu_route, up to the GEMV's summation order. Sets
  * *launched = 0 and does nothing unless T <= 8, the gate is plain bf16 without a bias, x is bf16 and

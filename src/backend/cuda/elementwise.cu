@@ -380,16 +380,6 @@ int cu_op_scale(ms_backend *b, ms_tensor *x, float alpha, ms_err *err) {
 
 /* ---- RoPE ---- */
 
-/* One rotary pair (a, c) at position p with inverse frequency f: the float32 angle p * f as
- * transformers computes it. Every kernel that rotates goes through here, so the fused forms give the
- * rope op's bits. */
-__device__ __forceinline__ void rope_pair(float a, float c, float p, float f, float *o0, float *o1) {
-    float sn, cs;
-    sincosf(p * f, &sn, &cs);
-    *o0 = a * cs - c * sn;
-    *o1 = c * cs + a * sn;
-}
-
 __global__ void k_rope(void *x, int xt, int nh, int d, const int32_t *pos, const float *inv_freq, int rot_off,
                        int rot_dim, int interleaved) {
     cu_pdl_wait();
@@ -408,7 +398,8 @@ __global__ void k_rope(void *x, int xt, int nh, int d, const int32_t *pos, const
     }
 }
 
-static int rope_table(ms_backend *b, const ms_rope_cfg *rc, const float **out, ms_err *err) {
+/* Contract in cuda_internal.cuh. */
+int cu_rope_table(ms_backend *b, const ms_rope_cfg *rc, const float **out, ms_err *err) {
     cu_impl *c = cu_of(b);
     for (int i = 0; i < c->n_rope; i++)
         if (c->rope[i].theta == rc->theta && c->rope[i].rot_dim == rc->rot_dim) {
@@ -450,7 +441,7 @@ int cu_op_rope(ms_backend *b, ms_tensor *x, const int32_t *pos_d, const ms_rope_
     MS_ASSERT(rc->rot_dim % 2 == 0 && rc->rot_off >= 0 && rc->rot_off + rc->rot_dim <= d);
     if (T == 0 || rc->rot_dim == 0) return MS_OK;
     const float *inv = NULL;
-    MS_TRY(rope_table(b, rc, &inv, err));
+    MS_TRY(cu_rope_table(b, rc, &inv, err));
     /* a token's rotations over several blocks: one block per token left a one-token step's 64 MLA
      * heads (2048 rotations, an accurate sincosf each) on one SM for 6.5 us */
     const int per_tok = (int)((nh * (int64_t)(rc->rot_dim / 2) + 255) / 256);
@@ -498,7 +489,7 @@ int cu_copy_rope_part(ms_backend *b, const bf16 *q, bf16 *out, int T, int nh, in
     const size_t tot = (size_t)T * nh * (dr - rot_dim / 2);
     if (!tot) return MS_OK;
     const float *inv = NULL;
-    if (rot_dim) MS_TRY(rope_table(b, rc, &inv, err));
+    if (rot_dim) MS_TRY(cu_rope_table(b, rc, &inv, err));
     CK(cu_launch(k_copy_rope, grid_for(tot), 256, 0, stream_of(b), q, out, T, nh, dn, dr, kvl, pos_d, inv, rot_off,
                  rot_dim, rc ? rc->interleaved : 0));
     return MS_OK;
@@ -599,7 +590,7 @@ int cu_op_gqa_prep(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_ten
     }
     if (T == 0) return MS_OK;
     const float *inv = NULL;
-    if (rot_dim) MS_TRY(rope_table(b, rc, &inv, err));
+    if (rot_dim) MS_TRY(cu_rope_table(b, rc, &inv, err));
     dim3 grid((unsigned)T, (unsigned)((nh + 2 * nkv + GP_HPB - 1) / GP_HPB));
     CK(cu_launch(k_gqa_prep, grid, 256, sizeof(float) * (size_t)rot_dim, stream_of(b), io,
                  f32_or_null(bq, (int64_t)nh * d), f32_or_null(bk, (int64_t)nkv * d),
@@ -659,7 +650,7 @@ int cu_op_mla_kv_prep(ms_backend *b, ms_tensor *kva, int kvl, const ms_tensor *w
         return ms_errf(err, MS_ERR_UNSUPPORTED, "mla_kv_prep: needs bf16 rows of kv_lora_rank + rope dims with RoPE on the last ones");
     if (T == 0) return MS_OK;
     const float *inv = NULL;
-    if (dr) MS_TRY(rope_table(b, rc, &inv, err));
+    if (dr) MS_TRY(cu_rope_table(b, rc, &inv, err));
     const int64_t S = ms_tensor_numel(cache) / W;
     CK(cu_launch(k_mla_kv_prep, (unsigned)T, 256, 0, stream_of(b), (bf16 *)kva->data, kvl, dr, w->data, w->dtype, eps, pos_d, inv,
                  rc->interleaved, (bf16 *)cache->data, S, slot_d));
@@ -721,7 +712,7 @@ int cu_op_idx_k_prep(ms_backend *b, ms_tensor *x, const ms_tensor *w, const ms_t
                        "idx_k_prep: needs float keys, norm weight/bias and cache rows of the key width %lld", (long long)D);
     if (T == 0) return MS_OK;
     const float *inv = NULL;
-    if (rc->rot_dim) MS_TRY(rope_table(b, rc, &inv, err));
+    if (rc->rot_dim) MS_TRY(cu_rope_table(b, rc, &inv, err));
     CK(cu_launch(k_idx_k_prep, (unsigned)T, ln_threads(D), 0, stream_of(b), x->data, x->dtype, D, w->data, w->dtype,
                  with_bias ? bias->data : NULL, with_bias ? bias->dtype : 0, eps, pos_d, inv, rc->rot_off, rc->rot_dim,
                  rc->interleaved, cache->data, cache->dtype, C / D, slot_d));

@@ -95,6 +95,9 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                            "most one block an SM), before a bf16 projection (3) or both (1) is computed by that "
                            "kernel's blocks (norm_linear / norm_router); 0: its own kernel. Folding into a projection "
                            "measured slower on the H200 (its 4 blocks an SM each read the 40 KB row from L2)"},
+    [CU_KNOB_MLA_ABSORB] = {"MS_CU_MLA_ABSORB", KN_INT, 1, 0, 1, NULL, 0,
+                            "1: the absorbed MLA products (q_nope W_UK with the rope part, o_lat W_UV^T) of at most 4 "
+                            "tokens run as streaming kernels of ours (mla_absorb.cu, PDL); 0: cuBLAS's batched GEMM"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */
