@@ -59,6 +59,29 @@ typedef struct ms_norm_in {
     ms_tensor *out;
 } ms_norm_in;
 
+/* The one-row preparations between an MLA layer's input projections and the products that read them
+ * (mla_prep): cq [T, ql] = RMSNorm(cq) * q_norm (q_eps), in place; the latent kva as mla_kv_prep (kvl,
+ * kv_norm, kv_eps, kv_rope, kv_cache); with kI != NULL the indexer key as idx_k_prep (kI_w, kI_b may be
+ * NULL, kI_eps, kI_rope, kI_cache). Positions and cache slots pos_d / slot_d [T] serve both stores. The
+ * tensors are the caller's. */
+typedef struct ms_mla_prep {
+    ms_tensor *cq;
+    const ms_tensor *q_norm;
+    float q_eps;
+    ms_tensor *kva;
+    int kvl;
+    const ms_tensor *kv_norm;
+    float kv_eps;
+    const ms_rope_cfg *kv_rope;
+    ms_tensor *kv_cache;
+    ms_tensor *kI;
+    const ms_tensor *kI_w, *kI_b;
+    float kI_eps;
+    const ms_rope_cfg *kI_rope;
+    ms_tensor *kI_cache;
+    const int32_t *pos_d, *slot_d;
+} ms_mla_prep;
+
 typedef struct ms_backend_ops {
     void (*destroy)(ms_backend *b);
 
@@ -173,6 +196,13 @@ typedef struct ms_backend_ops {
      * done) for a shape the backend cannot take; the caller then runs the three ops. */
     int (*idx_k_prep)(ms_backend *b, ms_tensor *x, const ms_tensor *w, const ms_tensor *bias, float eps,
                       const int32_t *pos_d, const ms_rope_cfg *rc, ms_tensor *cache, const int32_t *slot_d, ms_err *err);
+
+    /* Optional: rmsnorm of p->cq, mla_kv_prep of p->kva and (p->kI) idx_k_prep of p->kI in one launch
+     * (ms_mla_prep), each as its op gives it up to the order of its fp32 sums. Why: at a one-token step
+     * these are three single-block kernels of a dependent chain, ~4-6 us each (H200, session 14), for a
+     * few KB. MS_ERR_UNSUPPORTED (nothing done) when a part's shape is one its op would refuse or the
+     * parts' row counts differ; the caller then runs the ops. */
+    int (*mla_prep)(ms_backend *b, const ms_mla_prep *p, ms_err *err);
 
     /* ---- KV cache and attention ---- */
     /* cache [S, W] row slot_d[t] = x [T, W] row t (converting dtype). */

@@ -141,25 +141,33 @@ static int alloc(ms_forward *f, ms_err *err) {
     return MS_OK;
 }
 
+/* The indexer key's RoPE (its first qk_rope_head_dim columns). */
+static ms_rope_cfg idx_rope(const ms_config *c) {
+    return (ms_rope_cfg){0, c->qk_rope_head_dim, c->indexer_rope_interleave, c->rope_theta};
+}
+
 /* Indexer of a full layer: caches this step's keys; when selection is sparse, writes f->topk. kI_in:
- * this step's keys already projected (the layer's a_stack), or NULL to project them here. */
-static int indexer(ms_forward *f, int L, int T, const ms_tensor *cq, const ms_tensor *kI_in, int dense, ms_err *err) {
+ * this step's keys already projected (the layer's a_stack), or NULL to project them here; kI_ready: they
+ * are also normalised, rotated and stored (mla_prep did it). */
+static int indexer(ms_forward *f, int L, int T, const ms_tensor *cq, const ms_tensor *kI_in, int kI_ready, int dense,
+                   ms_err *err) {
     const ms_config *c = &f->m->cfg;
     const ms_layer *l = &f->m->layers[L];
     const ms_backend_ops *op = f->b->ops;
     ms_backend *b = f->b;
-    const int nih = c->index_n_heads, di = c->index_head_dim, dr = c->qk_rope_head_dim;
-    ms_rope_cfg rc = {0, dr, c->indexer_rope_interleave, c->rope_theta};
+    const int nih = c->index_n_heads, di = c->index_head_dim;
+    ms_rope_cfg rc = idx_rope(c);
     ms_tensor a = fw_view2(&f->a, T, c->hidden_size);
     ms_tensor kI = kI_in ? *kI_in : fw_view2(&f->kI, T, di), kI3 = fw_view3(&kI, T, 1, di);
     if (!kI_in) MS_TRY(op->linear(b, &l->idx_wk, &a, &kI, err));
     const ms_tensor *kb = l->idx_k_norm_b.data ? &l->idx_k_norm_b : NULL;
     /* LayerNorm, RoPE and the cache store in one launch where the backend has it */
     ms_err ferr = {0};
-    int fused = op->idx_k_prep ? fw_optional(op->idx_k_prep(b, &kI, &l->idx_k_norm_w, kb, 1e-6f, f->meta.positions_d, &rc,
-                                                            &f->vc[L], f->meta.slot_mapping_d, &ferr),
-                                             &ferr, err)
-                               : MS_ERR_UNSUPPORTED;
+    int fused = kI_in && kI_ready ? MS_OK
+                : op->idx_k_prep  ? fw_optional(op->idx_k_prep(b, &kI, &l->idx_k_norm_w, kb, 1e-6f, f->meta.positions_d,
+                                                               &rc, &f->vc[L], f->meta.slot_mapping_d, &ferr),
+                                                &ferr, err)
+                                  : MS_ERR_UNSUPPORTED;
     if (fused == MS_OK) {
         FW_TRY_CHECK(f, &kI, "indexer_k", err);
     } else if (fused == MS_ERR_UNSUPPORTED) { /* NULL, or a shape it refused without doing anything */
@@ -203,18 +211,35 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
     /* queries: cq = RMSNorm(a q_a^T); q = cq q_b^T (RoPE on each head's last dr dims comes with the absorb) */
     ms_tensor cq = stacked ? fw_piece(&row, 0, ql) : fw_view2(&f->qa, T, ql);
     if (!stacked) MS_TRY(fw_linear_a(f, &l->q_a_proj, &a, &cq, err));
-    MS_TRY(op->rmsnorm(b, &cq, &l->q_a_norm, c->rms_norm_eps, &cq, err));
+    ms_tensor kva = stacked ? fw_piece(&row, ql + di, kvl + dr) : fw_view2(&f->kva, T, kvl + dr),
+              kva3 = fw_view3(&kva, T, 1, kvl + dr);
+    ms_rope_cfg rk = {kvl, dr, c->rope_interleave, c->rope_theta}, ri = idx_rope(c);
+    /* a one-token step: the q_a norm, the latent's and the indexer key's preparation in one launch
+     * where the backend has it (prepped) */
+    int prepped = 0;
+    if (stacked && op->mla_prep) {
+        const ms_mla_prep p = {.cq = &cq, .q_norm = &l->q_a_norm, .q_eps = c->rms_norm_eps, .kva = &kva, .kvl = kvl,
+                               .kv_norm = &l->kv_a_norm, .kv_eps = c->rms_norm_eps, .kv_rope = &rk, .kv_cache = &f->kc[L],
+                               .kI = c->indexer_full[L] ? &kI_st : NULL, .kI_w = &l->idx_k_norm_w,
+                               .kI_b = l->idx_k_norm_b.data ? &l->idx_k_norm_b : NULL, .kI_eps = 1e-6f,
+                               .kI_rope = &ri, .kI_cache = &f->vc[L], .pos_d = f->meta.positions_d,
+                               .slot_d = f->meta.slot_mapping_d};
+        ms_err perr = {0};
+        const int rc = fw_optional(op->mla_prep(b, &p, &perr), &perr, err);
+        if (rc != MS_OK && rc != MS_ERR_UNSUPPORTED) return rc;
+        prepped = rc == MS_OK;
+    }
+    if (!prepped) MS_TRY(op->rmsnorm(b, &cq, &l->q_a_norm, c->rms_norm_eps, &cq, err));
     FW_TRY_CHECK(f, &cq, "q_a", err);
     ms_tensor q = fw_view2(&f->qb, T, (int64_t)nh * (dn + dr));
     MS_TRY(op->linear(b, &l->q_b_proj, &cq, &q, err));
     FW_TRY_CHECK(f, &q, "q_b", err);
     /* latent: [RMSNorm(c) ; RoPE(k_rope)] stored per token */
-    ms_tensor kva = stacked ? fw_piece(&row, ql + di, kvl + dr) : fw_view2(&f->kva, T, kvl + dr),
-              kva3 = fw_view3(&kva, T, 1, kvl + dr);
     ms_tensor cl = fw_view2(&f->c, T, kvl);
     if (!stacked) MS_TRY(op->linear(b, &l->kv_a_proj, &a, &kva, err));
-    ms_rope_cfg rk = {kvl, dr, c->rope_interleave, c->rope_theta};
-    if (op->mla_kv_prep && dr <= 1024) { /* norm, RoPE and the cache store in one launch */
+    if (prepped) {
+        FW_TRY_CHECK(f, &kva, "kv_a", err);
+    } else if (op->mla_kv_prep && dr <= 1024) { /* norm, RoPE and the cache store in one launch */
         MS_TRY(op->mla_kv_prep(b, &kva, kvl, &l->kv_a_norm, c->rms_norm_eps, f->meta.positions_d, &rk, &f->kc[L],
                                f->meta.slot_mapping_d, err));
         FW_TRY_CHECK(f, &kva, "kv_a", err);
@@ -235,7 +260,7 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
     /* key selection */
     const int dense = f->meta.max_ctx <= c->index_topk;
     if (c->indexer_full[L]) {
-        FW_PROF(f, "indexer (in attention)", indexer(f, L, T, &cq, stacked ? &kI_st : NULL, dense, err), err);
+        FW_PROF(f, "indexer (in attention)", indexer(f, L, T, &cq, stacked ? &kI_st : NULL, prepped, dense, err), err);
         f->topk_valid = !dense;
         if (!dense) MS_TRY(fw_decide_index(f, L, T, err));
     }

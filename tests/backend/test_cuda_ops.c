@@ -361,6 +361,63 @@ static void mla_kv_prep_case(int kvl, int dr, int interleaved) {
     free(x); free(w); free(c0);
 }
 
+/* mla_prep (the q_a norm, the latent and the indexer key of T tokens in one launch) against the CPU's
+ * separate ops: rmsnorm; copy_cols, rmsnorm, set_cols, rope, kv_store; layernorm, rope, kv_store. A part
+ * its op would refuse makes the whole call refused with nothing done. */
+static void mla_prep_case(int T, int ql, int kvl, int dr, int di, int with_idx) {
+    const int W = kvl + dr, S = 2 * T + 3;
+    int64_t sq[2] = {T, ql}, skv[2] = {T, W}, sn[2] = {T, kvl}, sc[2] = {S, W}, sx[2] = {T, di}, sxc[2] = {S, di},
+            swq[1] = {ql}, swk[1] = {kvl}, swi[1] = {di};
+    float *q = rand_vec((size_t)T * ql, 3.f), *kv = rand_vec((size_t)T * W, 3.f), *ki = rand_vec((size_t)T * di, 3.f),
+          *wq = rand_vec((size_t)ql, 1.f), *wk = rand_vec((size_t)kvl, 1.f), *wi = rand_vec((size_t)di, 1.f),
+          *bi = rand_vec((size_t)di, 0.5f), *c0 = rand_vec((size_t)S * W, 1.f), *c1 = rand_vec((size_t)S * di, 1.f);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)T), *slot = malloc(sizeof(int32_t) * (size_t)T);
+    for (int t = 0; t < T; t++) pos[t] = 3 + 41 * t, slot[t] = S - 1 - 2 * t;
+    ms_tensor pg = mk_i32(GPU, T, pos), pc = mk_i32(CPU, T, pos), slg = mk_i32(GPU, T, slot), slc = mk_i32(CPU, T, slot);
+    pair Q = act(2, sq, q), KV = act(2, skv, kv), N = act(2, sn, kv), KC = act(2, sc, c0), KI = act(2, sx, ki),
+         IC = act(2, sxc, c1), WQ = act(1, swq, wq), WK = act(1, swk, wk), WI = act(1, swi, wi), BI = act(1, swi, bi);
+    ms_rope_cfg rk = {kvl, dr, 0, 1e6}, ri = {0, dr < di ? dr : di, 1, 1e6};
+    ms_mla_prep p = {.cq = &Q.g, .q_norm = &WQ.g, .q_eps = 1e-5f, .kva = &KV.g, .kvl = kvl, .kv_norm = &WK.g,
+                     .kv_eps = 1e-6f, .kv_rope = &rk, .kv_cache = &KC.g, .kI = with_idx ? &KI.g : NULL, .kI_w = &WI.g,
+                     .kI_b = &BI.g, .kI_eps = 1e-6f, .kI_rope = &ri, .kI_cache = &IC.g, .pos_d = pg.data,
+                     .slot_d = slg.data};
+    /* refused: the latent's rotation not on its last dr columns (nothing written) */
+    ms_rope_cfg bad = {kvl - 2, dr, 0, 1e6};
+    p.kv_rope = &bad;
+    CHECK(GPU->ops->mla_prep(GPU, &p, &E) == MS_ERR_UNSUPPORTED);
+    CMP(Q.g, Q.c, 0);
+    p.kv_rope = &rk;
+    R(GPU->ops->mla_prep(GPU, &p, &E));
+    R(CPU->ops->rmsnorm(CPU, &Q.c, &WQ.c, 1e-5f, &Q.c, &E));
+    ms_tensor x3 = ms_tensor_reshape(&KV.c, 3, (int64_t[]){T, 1, W});
+    R(CPU->ops->copy_cols(CPU, &KV.c, 0, kvl, &N.c, &E));
+    R(CPU->ops->rmsnorm(CPU, &N.c, &WK.c, 1e-6f, &N.c, &E));
+    R(CPU->ops->set_cols(CPU, &N.c, 0, &KV.c, &E));
+    R(CPU->ops->rope(CPU, &x3, pc.data, &rk, &E));
+    R(CPU->ops->kv_store(CPU, &KC.c, &KV.c, slc.data, &E));
+    CMP(Q.g, Q.c, 2e-2);
+    CMP(KV.g, KV.c, 2e-2);
+    CMP(KC.g, KC.c, 2e-2);
+    if (with_idx) {
+        ms_tensor i3 = ms_tensor_reshape(&KI.c, 3, (int64_t[]){T, 1, di});
+        R(CPU->ops->layernorm(CPU, &KI.c, &WI.c, &BI.c, 1e-6f, &KI.c, &E));
+        R(CPU->ops->rope(CPU, &i3, pc.data, &ri, &E));
+        R(CPU->ops->kv_store(CPU, &IC.c, &KI.c, slc.data, &E));
+    }
+    CMP(KI.g, KI.c, 2e-2); /* untouched without the indexer part */
+    CMP(IC.g, IC.c, 2e-2);
+    pfree(&Q); pfree(&KV); pfree(&N); pfree(&KC); pfree(&KI); pfree(&IC); pfree(&WQ); pfree(&WK); pfree(&WI); pfree(&BI);
+    fr(GPU, &pg); fr(CPU, &pc); fr(GPU, &slg); fr(CPU, &slc);
+    free(q); free(kv); free(ki); free(wq); free(wk); free(wi); free(bi); free(c0); free(c1); free(pos); free(slot);
+}
+
+static void test_mla_prep(void) {
+    mla_prep_case(1, 2048, 512, 64, 128, 1); /* GLM-5's decode step */
+    mla_prep_case(1, 2048, 512, 64, 128, 0); /* a layer without its own indexer */
+    mla_prep_case(3, 64, 64, 16, 32, 1);     /* the fixtures' dims, several tokens */
+    mla_prep_case(2, 40, 24, 8, 20, 1);      /* widths of no tile size */
+}
+
 static void test_mla_kv_prep(void) {
     mla_kv_prep_case(512, 64, 0); /* GLM-5 */
     mla_kv_prep_case(512, 64, 1); /* interleaved pairs (DeepSeek-style checkpoints) */
@@ -2074,6 +2131,7 @@ int main(void) {
 #endif
     RUN(test_mla_kv_prep);
     RUN(test_idx_k_prep);
+    RUN(test_mla_prep);
     RUN(test_odd_fixture_shapes);
     RUN(test_checks);
     ms_backend_destroy(GPU);

@@ -989,6 +989,7 @@ static void cu_ops_init(void) {
     cu_ops.gqa_prep = cu_op_gqa_prep;
     cu_ops.mla_kv_prep = cu_op_mla_kv_prep;
     cu_ops.idx_k_prep = cu_op_idx_k_prep;
+    cu_ops.mla_prep = cu_op_mla_prep;
     cu_ops.host_unpin = cu_host_unpin;
     cu_ops.dummy_tensor = ms_cuda_dummy_tensor;
     cu_ops.dummy_linear = ms_cuda_dummy_linear;

@@ -411,6 +411,7 @@ int cu_op_mla_kv_prep(ms_backend *b, ms_tensor *kva, int kvl, const ms_tensor *w
                       const ms_rope_cfg *rc, ms_tensor *cache, const int32_t *slot_d, ms_err *err);
 int cu_op_idx_k_prep(ms_backend *b, ms_tensor *x, const ms_tensor *w, const ms_tensor *bias, float eps,
                      const int32_t *pos_d, const ms_rope_cfg *rc, ms_tensor *cache, const int32_t *slot_d, ms_err *err);
+int cu_op_mla_prep(ms_backend *b, const ms_mla_prep *p, ms_err *err);
 int cu_op_gqa_prep(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_tensor *v, const ms_tensor *bq,
                    const ms_tensor *bk, const ms_tensor *bv, const int32_t *pos_d, const ms_rope_cfg *rc,
                    ms_tensor *kcache, ms_tensor *vcache, const int32_t *slot_d, const ms_tensor *qkv, ms_err *err);

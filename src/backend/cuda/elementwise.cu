@@ -3,6 +3,7 @@
  * group-limited top-k + normalize + scale). Statistics and products run in fp32; each output is
  * rounded once to its dtype. */
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/knobs.h"
 #include "backend/cuda/norm_stage.cuh"
 #include "backend/cuda/route_regs.cuh"
 
@@ -162,6 +163,21 @@ __device__ __forceinline__ float ln_value(float xv, float mean, float inv, const
 /* Threads per row of a layernorm launch (the sum order of ln_stats depends on it). */
 static int ln_threads(int64_t D) { return D >= 1024 ? 512 : D >= 256 ? 256 : 128; }
 
+/* out[base + c] = x[base + c] / sqrt(mean(x²) + eps) * w[c] over the block, c < D (one rounding to ot). */
+__device__ __forceinline__ void rms_row(const void *x, int xt, size_t base, int64_t D, const void *w, int wt, float eps,
+                                        void *out, int ot, float *sh) {
+    float acc = 0.f;
+    for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+        float v = cu_ld(x, xt, base + c);
+        acc += v * v;
+    }
+    float ms = block_sum(acc, sh) / (float)D;
+    float inv = 1.f / sqrtf(ms + eps);
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < D; c += blockDim.x)
+        cu_st(out, ot, base + c, cu_ld(x, xt, base + c) * inv * cu_ld(w, wt, c));
+}
+
 /* mode 0: rmsnorm; 1: resid += delta then rmsnorm(resid); 2: layernorm (with bias). */
 __global__ void k_norm(int mode, void *x, int xt, const void *delta, int dt, const void *w, int wt, const void *bias,
                        int bt, float eps, void *out, int ot, int64_t D) {
@@ -169,7 +185,6 @@ __global__ void k_norm(int mode, void *x, int xt, const void *delta, int dt, con
     cu_pdl_trigger();
     __shared__ float sh[32];
     size_t base = (size_t)blockIdx.x * D;
-    float acc = 0.f;
     if (mode == 1 && delta) {
         for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
             cu_st(x, xt, base + c, cu_ld(x, xt, base + c) + cu_ld(delta, dt, base + c));
@@ -184,15 +199,7 @@ __global__ void k_norm(int mode, void *x, int xt, const void *delta, int dt, con
             cu_st(out, ot, base + c, ln_value(cu_ld(x, xt, base + c), mean, inv, w, wt, bias, bt, c));
         return;
     }
-    for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
-        float v = cu_ld(x, xt, base + c);
-        acc += v * v;
-    }
-    float ms = block_sum(acc, sh) / (float)D;
-    float inv = 1.f / sqrtf(ms + eps);
-    __syncthreads();
-    for (int64_t c = threadIdx.x; c < D; c += blockDim.x)
-        cu_st(out, ot, base + c, cu_ld(x, xt, base + c) * inv * cu_ld(w, wt, c));
+    rms_row(x, xt, base, D, w, wt, eps, out, ot, sh);
 }
 
 /* The forward's common case in one pass: a float32 residual row (plus a float32 delta, written
@@ -606,12 +613,10 @@ int cu_op_gqa_prep(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_ten
  * as k_norm), the last dr rotated as k_rope (fp32 angle p * inv_freq[j]), both written back into the
  * row and into the token's latent-cache row. Why: five launches (copy out, norm, copy back, RoPE,
  * store) per MLA layer that together move ~1 KB per token. */
-__global__ void k_mla_kv_prep(bf16 *kva, int kvl, int dr, const void *w, int wt, float eps, const int32_t *pos,
-                              const float *inv, int interleaved, bf16 *cache, int64_t S, const int32_t *slot) {
-    cu_pdl_wait();
-    cu_pdl_trigger();
-    __shared__ float sh[32];
-    const int t = blockIdx.x, W = kvl + dr;
+__device__ __forceinline__ void mla_kv_row(int t, bf16 *kva, int kvl, int dr, const void *w, int wt, float eps,
+                                           const int32_t *pos, const float *inv, int interleaved, bf16 *cache, int64_t S,
+                                           const int32_t *slot, float *sh) {
+    const int W = kvl + dr;
     bf16 *row = kva + (size_t)t * W;
     float acc = 0.f;
     for (int c = threadIdx.x; c < kvl; c += blockDim.x) {
@@ -640,14 +645,29 @@ __global__ void k_mla_kv_prep(bf16 *kva, int kvl, int dr, const void *w, int wt,
         if (dst) dst[c] = o;
     }
 }
+__global__ void k_mla_kv_prep(bf16 *kva, int kvl, int dr, const void *w, int wt, float eps, const int32_t *pos,
+                              const float *inv, int interleaved, bf16 *cache, int64_t S, const int32_t *slot) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
+    __shared__ float sh[32];
+    mla_kv_row(blockIdx.x, kva, kvl, dr, w, wt, eps, pos, inv, interleaved, cache, S, slot, sh);
+}
 
-int cu_op_mla_kv_prep(ms_backend *b, ms_tensor *kva, int kvl, const ms_tensor *w, float eps, const int32_t *pos_d,
-                      const ms_rope_cfg *rc, ms_tensor *cache, const int32_t *slot_d, ms_err *err) {
-    const int64_t W = last_dim(kva), T = W ? ms_tensor_numel(kva) / W : 0;
-    const int dr = (int)(W - kvl);
+/* mla_kv_prep's shape rules: MS_OK, or MS_ERR_UNSUPPORTED with the reason. */
+static int kv_prep_check(const ms_tensor *kva, int kvl, const ms_tensor *w, const ms_rope_cfg *rc, const ms_tensor *cache,
+                         ms_err *err) {
+    const int64_t W = last_dim(kva), dr = W - kvl;
     if (kva->dtype != MS_BF16 || cache->dtype != MS_BF16 || last_dim(cache) != W || dr < 0 || dr % 2 ||
         ms_tensor_numel(w) != kvl || !rc || rc->rot_off != kvl || rc->rot_dim != dr)
         return ms_errf(err, MS_ERR_UNSUPPORTED, "mla_kv_prep: needs bf16 rows of kv_lora_rank + rope dims with RoPE on the last ones");
+    return MS_OK;
+}
+
+int cu_op_mla_kv_prep(ms_backend *b, ms_tensor *kva, int kvl, const ms_tensor *w, float eps, const int32_t *pos_d,
+                      const ms_rope_cfg *rc, ms_tensor *cache, const int32_t *slot_d, ms_err *err) {
+    MS_TRY(kv_prep_check(kva, kvl, w, rc, cache, err));
+    const int64_t W = last_dim(kva), T = W ? ms_tensor_numel(kva) / W : 0;
+    const int dr = (int)(W - kvl);
     if (T == 0) return MS_OK;
     const float *inv = NULL;
     if (dr) MS_TRY(cu_rope_table(b, rc, &inv, err));
@@ -663,13 +683,10 @@ int cu_op_mla_kv_prep(ms_backend *b, ms_tensor *kva, int kvl, const ms_tensor *w
  * ln_stats sum order, rounded once into x), then the rotary pairs rotated from those rounded values
  * exactly as k_rope, each column stored into the token's cache row as k_kv_store would (re-read from x,
  * converted to the cache dtype). Why: three launches per indexer layer that move ~256 bytes a token. */
-__global__ void k_idx_k_prep(void *x, int xt, int64_t D, const void *w, int wt, const void *bias, int bt, float eps,
-                             const int32_t *pos, const float *inv, int rot_off, int rot_dim, int interleaved,
-                             void *cache, int ct, int64_t S, const int32_t *slot) {
-    cu_pdl_wait();
-    cu_pdl_trigger();
-    __shared__ float sh[32];
-    const int t = blockIdx.x;
+__device__ __forceinline__ void idx_k_row(int t, void *x, int xt, int64_t D, const void *w, int wt, const void *bias,
+                                          int bt, float eps, const int32_t *pos, const float *inv, int rot_off,
+                                          int rot_dim, int interleaved, void *cache, int ct, int64_t S,
+                                          const int32_t *slot, float *sh) {
     const size_t base = (size_t)t * D;
     float mean, rs;
     ln_stats(x, xt, base, D, eps, sh, &mean, &rs);
@@ -696,11 +713,20 @@ __global__ void k_idx_k_prep(void *x, int xt, int64_t D, const void *w, int wt, 
         }
     }
 }
+__global__ void k_idx_k_prep(void *x, int xt, int64_t D, const void *w, int wt, const void *bias, int bt, float eps,
+                             const int32_t *pos, const float *inv, int rot_off, int rot_dim, int interleaved,
+                             void *cache, int ct, int64_t S, const int32_t *slot) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
+    __shared__ float sh[32];
+    idx_k_row(blockIdx.x, x, xt, D, w, wt, bias, bt, eps, pos, inv, rot_off, rot_dim, interleaved, cache, ct, S, slot, sh);
+}
 
 static int float_dtype(const ms_tensor *t) { return t->dtype == MS_F32 || t->dtype == MS_BF16 || t->dtype == MS_F16; }
 
-int cu_op_idx_k_prep(ms_backend *b, ms_tensor *x, const ms_tensor *w, const ms_tensor *bias, float eps,
-                     const int32_t *pos_d, const ms_rope_cfg *rc, ms_tensor *cache, const int32_t *slot_d, ms_err *err) {
+/* idx_k_prep's shape rules: MS_OK, or MS_ERR_UNSUPPORTED with the reason. */
+static int idx_prep_check(const ms_tensor *x, const ms_tensor *w, const ms_tensor *bias, const ms_rope_cfg *rc,
+                          const ms_tensor *cache, ms_err *err) {
     const int64_t D = last_dim(x), T = D > 0 ? ms_tensor_numel(x) / D : 0, C = ms_tensor_numel(cache);
     const int with_bias = bias && bias->data;
     if (D < 1 || !rc || rc->rot_dim < 0 || rc->rot_dim % 2 || rc->rot_off < 0 || rc->rot_off + rc->rot_dim > D)
@@ -710,12 +736,99 @@ int cu_op_idx_k_prep(ms_backend *b, ms_tensor *x, const ms_tensor *w, const ms_t
         ms_tensor_numel(w) != D || (with_bias && ms_tensor_numel(bias) != D) || C % D || T > 0x7fffffff)
         return ms_errf(err, MS_ERR_UNSUPPORTED,
                        "idx_k_prep: needs float keys, norm weight/bias and cache rows of the key width %lld", (long long)D);
+    return MS_OK;
+}
+
+int cu_op_idx_k_prep(ms_backend *b, ms_tensor *x, const ms_tensor *w, const ms_tensor *bias, float eps,
+                     const int32_t *pos_d, const ms_rope_cfg *rc, ms_tensor *cache, const int32_t *slot_d, ms_err *err) {
+    MS_TRY(idx_prep_check(x, w, bias, rc, cache, err));
+    const int64_t D = last_dim(x), T = ms_tensor_numel(x) / D, C = ms_tensor_numel(cache);
+    const int with_bias = bias && bias->data;
     if (T == 0) return MS_OK;
     const float *inv = NULL;
     if (rc->rot_dim) MS_TRY(cu_rope_table(b, rc, &inv, err));
     CK(cu_launch(k_idx_k_prep, (unsigned)T, ln_threads(D), 0, stream_of(b), x->data, x->dtype, D, w->data, w->dtype,
                  with_bias ? bias->data : NULL, with_bias ? bias->dtype : 0, eps, pos_d, inv, rc->rot_off, rc->rot_dim,
                  rc->interleaved, cache->data, cache->dtype, C / D, slot_d));
+    return MS_OK;
+}
+
+/* ---- the MLA layer's three one-row preparations in one launch ---- */
+
+struct mp_args {
+    void *cq;
+    int cqt;
+    int64_t ql;
+    const void *qw;
+    int qwt;
+    float qeps;
+    bf16 *kva;
+    int kvl, dr;
+    const void *kvw;
+    int kvwt;
+    float kveps;
+    const float *kvinv;
+    int kvil;
+    bf16 *kvc;
+    int64_t kvS;
+    void *ki; /* NULL: no indexer key */
+    int kit;
+    int64_t kiD;
+    const void *kiw, *kib;
+    int kiwt, kibt;
+    float kieps;
+    const float *kiinv;
+    int kirot_off, kirot_dim, kiil;
+    void *kic;
+    int kict;
+    int64_t kiS;
+    const int32_t *pos, *slot;
+};
+
+/* Block (t, part): part 0 the q_a norm of token t (rms_row), 1 its latent (mla_kv_row), 2 its indexer
+ * key (idx_k_row): the three kernels' bodies, side by side in one grid. */
+__global__ void k_mla_prep(mp_args a) {
+    cu_pdl_wait();
+    cu_pdl_trigger();
+    __shared__ float sh[32];
+    const int t = blockIdx.x;
+    if (blockIdx.y == 0)
+        rms_row(a.cq, a.cqt, (size_t)t * (size_t)a.ql, a.ql, a.qw, a.qwt, a.qeps, a.cq, a.cqt, sh);
+    else if (blockIdx.y == 1)
+        mla_kv_row(t, a.kva, a.kvl, a.dr, a.kvw, a.kvwt, a.kveps, a.pos, a.kvinv, a.kvil, a.kvc, a.kvS, a.slot, sh);
+    else
+        idx_k_row(t, a.ki, a.kit, a.kiD, a.kiw, a.kiwt, a.kib, a.kibt, a.kieps, a.pos, a.kiinv, a.kirot_off, a.kirot_dim,
+                  a.kiil, a.kic, a.kict, a.kiS, a.slot, sh);
+}
+
+/* backend.h mla_prep. */
+int cu_op_mla_prep(ms_backend *b, const ms_mla_prep *p, ms_err *err) {
+    if (!cu_knob(CU_KNOB_MLA_PREP)) return ms_errf(err, MS_ERR_UNSUPPORTED, "mla_prep: off (MS_CU_MLA_PREP=0)");
+    const int64_t ql = last_dim(p->cq), T = ql > 0 ? ms_tensor_numel(p->cq) / ql : 0;
+    MS_TRY(kv_prep_check(p->kva, p->kvl, p->kv_norm, p->kv_rope, p->kv_cache, err));
+    if (p->kI) MS_TRY(idx_prep_check(p->kI, p->kI_w, p->kI_b, p->kI_rope, p->kI_cache, err));
+    const int64_t W = last_dim(p->kva), D = p->kI ? last_dim(p->kI) : 0;
+    if (ql < 1 || !float_dtype(p->cq) || !float_dtype(p->q_norm) || ms_tensor_numel(p->q_norm) != ql ||
+        ms_tensor_numel(p->kva) != T * W || (p->kI && ms_tensor_numel(p->kI) != T * D) || T > 0x7fffffff)
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "mla_prep: the parts' rows differ (q_a %lld wide) or a norm does not fit",
+                       (long long)ql);
+    if (T == 0) return MS_OK;
+    mp_args a = {};
+    a.cq = p->cq->data, a.cqt = p->cq->dtype, a.ql = ql, a.qw = p->q_norm->data, a.qwt = p->q_norm->dtype, a.qeps = p->q_eps;
+    a.kva = (bf16 *)p->kva->data, a.kvl = p->kvl, a.dr = (int)(W - p->kvl), a.kvw = p->kv_norm->data;
+    a.kvwt = p->kv_norm->dtype, a.kveps = p->kv_eps, a.kvil = p->kv_rope->interleaved;
+    a.kvc = (bf16 *)p->kv_cache->data, a.kvS = ms_tensor_numel(p->kv_cache) / W;
+    if (a.dr) MS_TRY(cu_rope_table(b, p->kv_rope, &a.kvinv, err));
+    if (p->kI) {
+        const int with_bias = p->kI_b && p->kI_b->data;
+        a.ki = p->kI->data, a.kit = p->kI->dtype, a.kiD = D, a.kiw = p->kI_w->data, a.kiwt = p->kI_w->dtype;
+        a.kib = with_bias ? p->kI_b->data : NULL, a.kibt = with_bias ? p->kI_b->dtype : 0, a.kieps = p->kI_eps;
+        a.kirot_off = p->kI_rope->rot_off, a.kirot_dim = p->kI_rope->rot_dim, a.kiil = p->kI_rope->interleaved;
+        a.kic = p->kI_cache->data, a.kict = p->kI_cache->dtype, a.kiS = ms_tensor_numel(p->kI_cache) / D;
+        if (a.kirot_dim) MS_TRY(cu_rope_table(b, p->kI_rope, &a.kiinv, err));
+    }
+    a.pos = p->pos_d, a.slot = p->slot_d;
+    CK(cu_launch(k_mla_prep, dim3((unsigned)T, p->kI ? 3u : 2u), 256, 0, stream_of(b), a));
     return MS_OK;
 }
 

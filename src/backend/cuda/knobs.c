@@ -98,6 +98,9 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
     [CU_KNOB_MLA_ABSORB] = {"MS_CU_MLA_ABSORB", KN_INT, 1, 0, 1, NULL, 0,
                             "1: the absorbed MLA products (q_nope W_UK with the rope part, o_lat W_UV^T) of at most 4 "
                             "tokens run as streaming kernels of ours (mla_absorb.cu, PDL); 0: cuBLAS's batched GEMM"},
+    [CU_KNOB_MLA_PREP] = {"MS_CU_MLA_PREP", KN_INT, 1, 0, 1, NULL, 0,
+                          "1: an MLA layer's q_a norm, latent preparation and indexer-key preparation run as one "
+                          "launch (mla_prep); 0: three"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */
