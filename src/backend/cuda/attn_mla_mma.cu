@@ -89,6 +89,7 @@ struct mm_args {
     int topk_n, max_blocks, page_size;
     int n_split;
     float *part; /* n_split > 1: [T][nh][n_split][DV + 2] */
+    unsigned *gsync; /* n_split > 1: NULL, or [2 T] counters (cu_impl.attn_sync): the grid merges the partials itself */
 };
 
 /* Shared row stride (elements) for a row of dk: dk + 8 or dk + 16, whichever is an odd number of
@@ -107,6 +108,39 @@ static size_t mm_smem(int dk, int hb) {
  * two warps of a 64-head block's tile, 128 for the four of a 16-head block). Orders their
  * shared-memory accesses like __syncthreads does for the block. */
 __device__ __forceinline__ void mm_pair_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+
+/* The token's blocks merge its partials themselves (a.gsync; the host sets it only when the whole grid
+ * is resident at once): each block counts itself in once its partial stores are fenced, thread 0 spins
+ * until all gridDim.y x gridDim.z blocks of token t have, then the block merges heads x 128-column
+ * chunks u = b, b + nb, ... (b its index among them) with cu_combine_head; the last block to leave
+ * resets the two counters for the next launch. Why: the separate combine kernel cost GLM-5 ~5 us a layer
+ * of the dependent chain at batch 1 (H200, session 14), for a merge of ~1 us of L2 reads. A spin that
+ * outlives ~2^31 polls traps instead of hanging. */
+template <int DV> __device__ __forceinline__ void mm_grid_combine(const mm_args &a, int t) {
+    __shared__ float s_e[AC_MAX_SPLIT];
+    __shared__ float s_inv;
+    unsigned *cnt = a.gsync + 2 * t;
+    const unsigned nb = gridDim.y * gridDim.z;
+    __syncthreads(); /* every thread's partial stores are issued */
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(cnt, 1u);
+        for (unsigned n = 0;; n++) {
+            unsigned v;
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(cnt) : "memory");
+            if (v >= nb) break;
+            if (n > (1u << 31)) __trap();
+            __nanosleep(32);
+        }
+    }
+    __syncthreads();
+    const int chunk = blockDim.x, nc = (DV + chunk - 1) / chunk;
+    for (int u = blockIdx.y * gridDim.z + blockIdx.z; u < a.nh * nc; u += nb) {
+        cu_combine_head(a.part, a.n_split, DV, a.nh, a.out, t, u / nc, (u % nc) * chunk, DV, s_e, &s_inv);
+        __syncthreads();
+    }
+    if (threadIdx.x == 0 && atomicAdd(cnt + 1, 1u) == nb - 1) cnt[0] = 0, cnt[1] = 0;
+}
 
 template <int DK, int DV, int HB>
 __global__ __launch_bounds__(mm_form<HB>::THREADS, 1) void k_mla_mma(mm_args a) {
@@ -309,7 +343,7 @@ __global__ __launch_bounds__(mm_form<HB>::THREADS, 1) void k_mla_mma(mm_args a) 
         }
     }
     cu_cp_wait<0>(); /* an empty key range still committed Q's copies */
-    if (!active) return;
+    if (!active && !a.gsync) return;
 
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -319,7 +353,7 @@ __global__ __launch_bounds__(mm_form<HB>::THREADS, 1) void k_mla_mma(mm_args a) 
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int h = h0 + hw * 16 + gq + 8 * hf;
-        if (h >= a.nh) continue;
+        if (!active || h >= a.nh) continue;
         const size_t row = (size_t)t * a.nh + h;
         if (a.part) {
             float *p = a.part + (row * a.n_split + blockIdx.z) * (DV + 2);
@@ -339,11 +373,18 @@ __global__ __launch_bounds__(mm_form<HB>::THREADS, 1) void k_mla_mma(mm_args a) 
                     __floats2bfloat162_rn(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
         }
     }
+    if (a.gsync) mm_grid_combine<DV>(a, t);
 }
 
-template <int DK, int DV, int HB> static int mm_launch(ms_backend *b, const mm_args *a, dim3 grid, ms_err *err) {
+template <int DK, int DV, int HB> static int mm_launch(ms_backend *b, mm_args *a, dim3 grid, ms_err *err) {
     const size_t sm = mm_smem(DK, HB);
     CK(cudaFuncSetAttribute(k_mla_mma<DK, DV, HB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    a->gsync = NULL;
+    if (a->n_split > 1 && grid.x <= CU_ATTN_SYNC_T && cu_of(b)->attn_sync && cu_knob(CU_KNOB_ATTN_GRID_COMBINE)) {
+        int bps = 0;
+        MS_TRY(cu_occupancy(b, (const void *)k_mla_mma<DK, DV, HB>, mm_form<HB>::THREADS, sm, &bps, err));
+        if ((int64_t)grid.x * grid.y * grid.z <= (int64_t)bps * b->gpu.n_sm) a->gsync = cu_of(b)->attn_sync;
+    }
     CK(cu_launch(k_mla_mma<DK, DV, HB>, grid, mm_form<HB>::THREADS, sm, cu_of(b)->stream, *a));
     return MS_OK;
 }
@@ -428,5 +469,5 @@ int cu_attn_mla_mma(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, 
         else if (D == 160) MS_TRY((mm_launch<160, 128, 16>(b, &a, grid, err)));
         else MS_TRY((mm_launch<80, 64, 16>(b, &a, grid, err)));
     }
-    return cu_attn_combine(b, a.part, a.n_split, T, nh, kvl, (bf16 *)out->data, err);
+    return a.gsync ? MS_OK : cu_attn_combine(b, a.part, a.n_split, T, nh, kvl, (bf16 *)out->data, err);
 }
