@@ -2123,6 +2123,11 @@ int main(void) {
     RUN(test_stack_linears);
     RUN(test_attn_gqa);
     RUN(test_attn_gqa_batches);
+    { /* the split GQA launches again with the separate combine kernel instead of the grid's own merge */
+        char *gc = env_push("MS_CU_ATTN_GRID_COMBINE", "0");
+        RUN(test_attn_gqa_batches);
+        env_pop("MS_CU_ATTN_GRID_COMBINE", gc);
+    }
     RUN(test_mla_attn);
     RUN(test_attn_impls);
     RUN(test_mla_proj);

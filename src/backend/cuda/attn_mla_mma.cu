@@ -109,39 +109,6 @@ static size_t mm_smem(int dk, int hb) {
  * shared-memory accesses like __syncthreads does for the block. */
 __device__ __forceinline__ void mm_pair_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
-/* The token's blocks merge its partials themselves (a.gsync; the host sets it only when the whole grid
- * is resident at once): each block counts itself in once its partial stores are fenced, thread 0 spins
- * until all gridDim.y x gridDim.z blocks of token t have, then the block merges heads x 128-column
- * chunks u = b, b + nb, ... (b its index among them) with cu_combine_head; the last block to leave
- * resets the two counters for the next launch. Why: the separate combine kernel cost GLM-5 ~5 us a layer
- * of the dependent chain at batch 1 (H200, session 14), for a merge of ~1 us of L2 reads. A spin that
- * outlives ~2^31 polls traps instead of hanging. */
-template <int DV> __device__ __forceinline__ void mm_grid_combine(const mm_args &a, int t) {
-    __shared__ float s_e[AC_MAX_SPLIT];
-    __shared__ float s_inv;
-    unsigned *cnt = a.gsync + 2 * t;
-    const unsigned nb = gridDim.y * gridDim.z;
-    __syncthreads(); /* every thread's partial stores are issued */
-    if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(cnt, 1u);
-        for (unsigned n = 0;; n++) {
-            unsigned v;
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(cnt) : "memory");
-            if (v >= nb) break;
-            if (n > (1u << 31)) __trap();
-            __nanosleep(32);
-        }
-    }
-    __syncthreads();
-    const int chunk = blockDim.x, nc = (DV + chunk - 1) / chunk;
-    for (int u = blockIdx.y * gridDim.z + blockIdx.z; u < a.nh * nc; u += nb) {
-        cu_combine_head(a.part, a.n_split, DV, a.nh, a.out, t, u / nc, (u % nc) * chunk, DV, s_e, &s_inv);
-        __syncthreads();
-    }
-    if (threadIdx.x == 0 && atomicAdd(cnt + 1, 1u) == nb - 1) cnt[0] = 0, cnt[1] = 0;
-}
-
 template <int DK, int DV, int HB>
 __global__ __launch_bounds__(mm_form<HB>::THREADS, 1) void k_mla_mma(mm_args a) {
     cu_pdl_wait();
@@ -373,7 +340,11 @@ __global__ __launch_bounds__(mm_form<HB>::THREADS, 1) void k_mla_mma(mm_args a) 
                     __floats2bfloat162_rn(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
         }
     }
-    if (a.gsync) mm_grid_combine<DV>(a, t);
+    /* a resident grid merges its own partials (the separate combine kernel cost GLM-5 ~5 us a layer of
+     * the dependent chain at batch 1, H200 session 14, for ~1 us of L2 reads) */
+    if (a.gsync)
+        cu_grid_combine(a.part, a.n_split, DV, a.nh, a.out, a.gsync + 2 * t, gridDim.y * gridDim.z,
+                        blockIdx.y * gridDim.z + blockIdx.z, t, 1);
 }
 
 template <int DK, int DV, int HB> static int mm_launch(ms_backend *b, mm_args *a, dim3 grid, ms_err *err) {

@@ -389,6 +389,38 @@ static __device__ __forceinline__ void cu_combine_head(const float *part, int n_
         out[((size_t)t * nh + h) * Dv + c] = __float2bfloat16_rn(o * inv);
     }
 }
+/* The in-kernel merge of a split-K attention grid whose blocks are all resident at once: the nb blocks
+ * that share counters cnt[0..1] (cu_impl.attn_sync; zero between launches) hold the partials of tokens
+ * t0 .. t0 + ntok - 1 (all nh heads between them); this block is number bi of them. Each block counts
+ * itself in once its partial stores are fenced, thread 0 spins until all nb have, then the block merges
+ * (token, head, column chunk of blockDim.x) units bi, bi + nb, ... with cu_combine_head; the last block to
+ * leave resets the counters. Called by every thread of the block, after its partial stores. A spin that
+ * outlives ~2^31 polls traps instead of hanging. */
+static __device__ __forceinline__ void cu_grid_combine(const float *part, int n_split, int Dv, int nh, bf16 *out,
+                                                       unsigned *cnt, unsigned nb, unsigned bi, int t0, int ntok) {
+    __shared__ float s_e[AC_MAX_SPLIT];
+    __shared__ float s_inv;
+    __syncthreads(); /* every thread's partial stores are issued */
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(cnt, 1u);
+        for (unsigned n = 0;; n++) {
+            unsigned v;
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(cnt) : "memory");
+            if (v >= nb) break;
+            if (n > (1u << 31)) __trap();
+            __nanosleep(32);
+        }
+    }
+    __syncthreads();
+    const int chunk = blockDim.x, nc = (Dv + chunk - 1) / chunk, per_tok = nh * nc;
+    for (int u = (int)bi; u < ntok * per_tok; u += (int)nb) {
+        const int ti = u / per_tok, r = u - ti * per_tok;
+        cu_combine_head(part, n_split, Dv, nh, out, t0 + ti, r / nc, (r % nc) * chunk, Dv, s_e, &s_inv);
+        __syncthreads();
+    }
+    if (threadIdx.x == 0 && atomicAdd(cnt + 1, 1u) == nb - 1) cnt[0] = 0, cnt[1] = 0;
+}
 /* Merges the n_split partials of every (token, head) into out [T][nh][Dv] (nothing when n_split <= 1). */
 int cu_attn_combine(ms_backend *b, const float *part, int n_split, int T, int nh, int Dv, bf16 *out, ms_err *err);
 /* Paged causal GQA on tensor cores (attn_mma.cu), the fast path of attn_gqa: q [T][nh][d], caches
