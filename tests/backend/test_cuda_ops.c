@@ -1163,21 +1163,17 @@ static int mla_forms_case(const char *name, const ms_attn_call *c, const ms_attn
         if (!strcmp((*ip)->backend, "cuda") && !strcmp((*ip)->name, "mma")) mma = *ip;
     char why[256] = "";
     if (!mma || !ms_attn_ok(mma, GPU, sh, why, sizeof why)) return 0;
-    char *saved = env_push("MS_CU_MLA_HEADS", getenv("MS_CU_MLA_HEADS")),
-         *gc = env_push("MS_CU_ATTN_GRID_COMBINE", getenv("MS_CU_ATTN_GRID_COMBINE"));
+    char *saved = env_push("MS_CU_MLA_HEADS", getenv("MS_CU_MLA_HEADS"));
     static const char *forms[2] = {"64", "16"};
     int ran = 0;
-    for (int g = 1; g >= 0; g--) /* split ranges merged by the grid itself, then by the combine kernel */
-        for (int f = 0; f < 2; f++) {
-            setenv("MS_CU_MLA_HEADS", forms[f], 1);
-            setenv("MS_CU_ATTN_GRID_COMBINE", g ? "1" : "0", 1);
-            char label[96];
-            snprintf(label, sizeof label, "mma, MS_CU_MLA_HEADS=%s, MS_CU_ATTN_GRID_COMBINE=%d", forms[f], g);
-            run_vs_ref(mma, c, ref, rows, dv, name, label);
-            ran++;
-        }
+    for (int f = 0; f < 2; f++) {
+        setenv("MS_CU_MLA_HEADS", forms[f], 1);
+        char label[64];
+        snprintf(label, sizeof label, "mma, MS_CU_MLA_HEADS=%s", forms[f]);
+        run_vs_ref(mma, c, ref, rows, dv, name, label);
+        ran++;
+    }
     env_pop("MS_CU_MLA_HEADS", saved);
-    env_pop("MS_CU_ATTN_GRID_COMBINE", gc);
     return ran;
 }
 
@@ -1214,7 +1210,7 @@ static void mla_batch_case(const char *name, int nh, int kvl, int dr, int topk, 
     const int want = kvl == 64 || kvl == 128 || kvl == 512 ? 4 : 3;
     CHECK_MSG(ran >= want, "%s: only %d CUDA implementations ran (%d expected)", name, ran, want);
     const int forms = mla_forms_case(name, &c, &sh, ref, (size_t)T * nh, kvl);
-    CHECK_MSG(forms == (want == 4 ? 4 : 0), "%s: the mma kernel ran in %d block forms x merges", name, forms);
+    CHECK_MSG(forms == (want == 4 ? 2 : 0), "%s: the mma kernel ran in %d block forms", name, forms);
     fr(GPU, &og0);
     free(ref);
     fr(CPU, &oc);
@@ -2123,11 +2119,6 @@ int main(void) {
     RUN(test_stack_linears);
     RUN(test_attn_gqa);
     RUN(test_attn_gqa_batches);
-    { /* the split GQA launches again with the separate combine kernel instead of the grid's own merge */
-        char *gc = env_push("MS_CU_ATTN_GRID_COMBINE", "0");
-        RUN(test_attn_gqa_batches);
-        env_pop("MS_CU_ATTN_GRID_COMBINE", gc);
-    }
     RUN(test_mla_attn);
     RUN(test_attn_impls);
     RUN(test_mla_proj);

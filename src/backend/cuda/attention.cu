@@ -193,13 +193,41 @@ __global__ __launch_bounds__(AT_THREADS) void k_attn(at_args a) {
  * sums its columns over the ranges with independent loads. The first form recomputed exp per column
  * and range and walked the ranges serially: 14 us for GLM-5's 64 heads x 512 at 33 ranges. A range
  * whose max is -inf (no key) is skipped, whatever its partial row holds. */
+#define AC_MAX_SPLIT 64
 __global__ void k_attn_combine(const float *part, int n_split, int Dv, int nh, bf16 *out) {
     cu_pdl_wait();
     cu_pdl_trigger();
     __shared__ float s_e[AC_MAX_SPLIT];
     __shared__ float s_inv;
-    cu_combine_head(part, n_split, Dv, nh, out, blockIdx.x, blockIdx.y, blockIdx.z * blockDim.x, gridDim.z * blockDim.x, s_e,
-                    &s_inv);
+    const int t = blockIdx.x, h = blockIdx.y;
+    const float *p = part + ((size_t)t * nh + h) * n_split * (Dv + 2);
+    if (threadIdx.x < 32) {
+        const int z0 = threadIdx.x, z1 = threadIdx.x + 32;
+        const float m0 = z0 < n_split ? p[(size_t)z0 * (Dv + 2) + Dv] : -INFINITY;
+        const float m1 = z1 < n_split ? p[(size_t)z1 * (Dv + 2) + Dv] : -INFINITY;
+        float M = fmaxf(m0, m1);
+#pragma unroll
+        for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        const float e0 = m0 == -INFINITY ? 0.f : expf(m0 - M), e1 = m1 == -INFINITY ? 0.f : expf(m1 - M);
+        float L = (e0 > 0.f ? p[(size_t)z0 * (Dv + 2) + Dv + 1] * e0 : 0.f) +
+                  (e1 > 0.f ? p[(size_t)z1 * (Dv + 2) + Dv + 1] * e1 : 0.f);
+#pragma unroll
+        for (int o = 16; o; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+        s_e[z0] = e0;
+        s_e[z1] = e1;
+        if (threadIdx.x == 0) s_inv = L > 0.f ? 1.f / L : 0.f;
+    }
+    __syncthreads();
+    const float inv = s_inv;
+    for (int c = blockIdx.z * blockDim.x + threadIdx.x; c < Dv; c += gridDim.z * blockDim.x) {
+        float o = 0.f;
+#pragma unroll 8
+        for (int z = 0; z < n_split; z++) {
+            const float e = s_e[z];
+            if (e > 0.f) o += p[(size_t)z * (Dv + 2) + c] * e;
+        }
+        out[((size_t)t * nh + h) * Dv + c] = __float2bfloat16_rn(o * inv);
+    }
 }
 
 static size_t at_smem(int R, int Dk, int Dv, int gqa) {

@@ -89,7 +89,6 @@ struct mm_args {
     int topk_n, max_blocks, page_size;
     int n_split;
     float *part; /* n_split > 1: [T][nh][n_split][DV + 2] */
-    unsigned *gsync; /* n_split > 1: NULL, or [2 T] counters (cu_impl.attn_sync): the grid merges the partials itself */
 };
 
 /* Shared row stride (elements) for a row of dk: dk + 8 or dk + 16, whichever is an odd number of
@@ -310,7 +309,7 @@ __global__ __launch_bounds__(mm_form<HB>::THREADS, 1) void k_mla_mma(mm_args a) 
         }
     }
     cu_cp_wait<0>(); /* an empty key range still committed Q's copies */
-    if (!active && !a.gsync) return;
+    if (!active) return;
 
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -320,7 +319,7 @@ __global__ __launch_bounds__(mm_form<HB>::THREADS, 1) void k_mla_mma(mm_args a) 
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int h = h0 + hw * 16 + gq + 8 * hf;
-        if (!active || h >= a.nh) continue;
+        if (h >= a.nh) continue;
         const size_t row = (size_t)t * a.nh + h;
         if (a.part) {
             float *p = a.part + (row * a.n_split + blockIdx.z) * (DV + 2);
@@ -340,22 +339,11 @@ __global__ __launch_bounds__(mm_form<HB>::THREADS, 1) void k_mla_mma(mm_args a) 
                     __floats2bfloat162_rn(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
         }
     }
-    /* a resident grid merges its own partials (the separate combine kernel cost GLM-5 ~5 us a layer of
-     * the dependent chain at batch 1, H200 session 14, for ~1 us of L2 reads) */
-    if (a.gsync)
-        cu_grid_combine(a.part, a.n_split, DV, a.nh, a.out, a.gsync + 2 * t, gridDim.y * gridDim.z,
-                        blockIdx.y * gridDim.z + blockIdx.z, t, 1);
 }
 
-template <int DK, int DV, int HB> static int mm_launch(ms_backend *b, mm_args *a, dim3 grid, ms_err *err) {
+template <int DK, int DV, int HB> static int mm_launch(ms_backend *b, const mm_args *a, dim3 grid, ms_err *err) {
     const size_t sm = mm_smem(DK, HB);
     CK(cudaFuncSetAttribute(k_mla_mma<DK, DV, HB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    a->gsync = NULL;
-    if (a->n_split > 1 && grid.x <= CU_ATTN_SYNC_T && cu_of(b)->attn_sync && cu_knob(CU_KNOB_ATTN_GRID_COMBINE)) {
-        int bps = 0;
-        MS_TRY(cu_occupancy(b, (const void *)k_mla_mma<DK, DV, HB>, mm_form<HB>::THREADS, sm, &bps, err));
-        if ((int64_t)grid.x * grid.y * grid.z <= (int64_t)bps * b->gpu.n_sm) a->gsync = cu_of(b)->attn_sync;
-    }
     CK(cu_launch(k_mla_mma<DK, DV, HB>, grid, mm_form<HB>::THREADS, sm, cu_of(b)->stream, *a));
     return MS_OK;
 }
@@ -440,5 +428,5 @@ int cu_attn_mla_mma(ms_backend *b, const ms_tensor *q, const ms_tensor *latent, 
         else if (D == 160) MS_TRY((mm_launch<160, 128, 16>(b, &a, grid, err)));
         else MS_TRY((mm_launch<80, 64, 16>(b, &a, grid, err)));
     }
-    return a.gsync ? MS_OK : cu_attn_combine(b, a.part, a.n_split, T, nh, kvl, (bf16 *)out->data, err);
+    return cu_attn_combine(b, a.part, a.n_split, T, nh, kvl, (bf16 *)out->data, err);
 }

@@ -57,7 +57,6 @@ struct am_args {
     int max_blocks, page_size;
     int n_split;
     float *part; /* n_split > 1: [T][nh][n_split][D + 2] */
-    unsigned *gsync; /* n_split > 1: NULL, or [2 gridDim.x] counters (cu_impl.attn_sync): the grid merges the partials itself */
 };
 
 /* First block of sequence s (see the header): ceil((seq_start[s] + s*(tpb-1)) / tpb). */
@@ -236,25 +235,11 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a) {
                     __floats2bfloat162_rn(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
         }
     }
-    /* a resident grid merges its own partials: the blocks of one token group (same x) meet (the group is
-     * found again from sh_seq rather than kept in registers through the walk) */
-    if (a.gsync) {
-        const int gx = (int)gridDim.x - 1 - (int)blockIdx.x, gs = sh_seq;
-        const int gt = a.seq_start[gs] + (gx - am_first_block(a.seq_start, gs, a.tpb)) * a.tpb;
-        cu_grid_combine(a.part, a.n_split, D, a.nh, a.out, a.gsync + 2 * gx, gridDim.y * gridDim.z,
-                        blockIdx.y * gridDim.z + blockIdx.z, gt, min(a.tpb, a.seq_start[gs + 1] - gt));
-    }
 }
 
-template <int D> static int am_launch(ms_backend *b, am_args *a, dim3 grid, ms_err *err) {
+template <int D> static int am_launch(ms_backend *b, const am_args *a, dim3 grid, ms_err *err) {
     const size_t sm = am_smem_bytes<D>();
     CK(cudaFuncSetAttribute(k_attn_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    a->gsync = NULL;
-    if (a->n_split > 1 && grid.x <= CU_ATTN_SYNC_T && cu_of(b)->attn_sync && cu_knob(CU_KNOB_ATTN_GRID_COMBINE)) {
-        int bps = 0;
-        MS_TRY(cu_occupancy(b, (const void *)k_attn_mma<D>, AM_THREADS, sm, &bps, err));
-        if ((int64_t)grid.x * grid.y * grid.z <= (int64_t)bps * b->gpu.n_sm) a->gsync = cu_of(b)->attn_sync;
-    }
     CK(cu_launch(k_attn_mma<D>, grid, AM_THREADS, sm, cu_of(b)->stream, *a));
     return MS_OK;
 }
@@ -296,7 +281,7 @@ int cu_attn_gqa_mma(ms_backend *b, const bf16 *q, const bf16 *kc, const bf16 *vc
     dim3 grid((unsigned)gx, (unsigned)(nkv * a.n_chunks), (unsigned)a.n_split);
     if (d == 64) MS_TRY(am_launch<64>(b, &a, grid, err));
     else MS_TRY(am_launch<128>(b, &a, grid, err));
-    if (!a.gsync) MS_TRY(cu_attn_combine(b, a.part, a.n_split, T, nh, d, out, err));
+    MS_TRY(cu_attn_combine(b, a.part, a.n_split, T, nh, d, out, err));
     *launched = 1;
     return MS_OK;
 }

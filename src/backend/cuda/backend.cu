@@ -1048,9 +1048,8 @@ extern "C" int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err)
     if ((rc = cu_gw_probe(b, &c->have_wgmma, err)) != MS_OK) goto fail;
     {
         void *sync = NULL;
-        const size_t nsync = 64 + 2 * CU_ATTN_SYNC_T * sizeof(unsigned);
-        cudaError_t e3 = cudaMalloc(&sync, nsync);
-        if (e3 == cudaSuccess) e3 = cudaMemsetAsync(sync, 0, nsync, c->stream);
+        cudaError_t e3 = cudaMalloc(&sync, 64);
+        if (e3 == cudaSuccess) e3 = cudaMemsetAsync(sync, 0, 64, c->stream);
         if (e3 == cudaSuccess) e3 = cudaStreamSynchronize(c->stream);
         if (e3 != cudaSuccess) {
             if (sync) cudaFree(sync);
@@ -1064,7 +1063,6 @@ extern "C" int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err)
         }
         c->moe_sync = (unsigned *)sync;
         c->norm_sync = (unsigned *)sync + 8; /* its own 32 bytes of the 64 */
-        c->attn_sync = (unsigned *)sync + 16;
     }
     *out = b;
     return MS_OK;

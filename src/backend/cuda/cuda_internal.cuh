@@ -119,7 +119,6 @@ static inline cudaError_t cu_launch(void (*kernel)(KArgs...), dim3 grid, dim3 bl
     return e;
 }
 
-#define CU_ATTN_SYNC_T 64 /* tokens the split attention's in-kernel combine has counters for */
 #define MS_CU_N_SCRATCH 5
 enum { SCR_DEQ = 0, SCR_TMP = 1, SCR_TMP2 = 2, SCR_HOST = 3, SCR_ATTN = 4 /* split-K attention partials */ };
 
@@ -178,10 +177,6 @@ typedef struct cu_impl {
     /* device counter of the fused input norms (cu_norm_in.done; in moe_sync's allocation, past the MoE's
      * counters), zero between launches */
     unsigned *norm_sync;
-    /* [2 CU_ATTN_SYNC_T] device counters of the split attention's in-kernel combine (arrivals and
-     * leavers per token, cu_attn_grid_combine), past norm_sync in the same allocation; zero between
-     * launches */
-    unsigned *attn_sync;
 } cu_impl;
 
 static inline cu_impl *cu_of(const ms_backend *b) { return (cu_impl *)b->impl; }
@@ -349,78 +344,6 @@ int cu_gw_probe(ms_backend *b, int *have, ms_err *err);
  * range's running max m (natural log domain of the scaled scores; -inf when it saw no key) and sum l. */
 int cu_attn_split(ms_backend *b, int64_t blocks, int tiles, int per_sm, int T, int nh, int Dv, int allow_split,
                   int *n_split, float **part, ms_err *err);
-/* At most this many split-K ranges (k_attn_combine keeps one factor per range in shared memory). */
-#define AC_MAX_SPLIT 64
-/* The merge of the n_split (<= AC_MAX_SPLIT) partials of token t, head h (layout of cu_attn_split) into
- * columns c0, c0 + cs, ... < Dv of out [T][nh][Dv] (bf16), out = sum_z O_z e^(m_z - M) / L, by all threads
- * of the calling block (at least 32): warp 0 turns the ranges' (max, sum) pairs into per-range factors
- * exp(m_z - M) in s_e [AC_MAX_SPLIT] and 1/L in *s_inv (shared memory), a barrier, then every thread sums
- * its columns over the ranges with independent loads (L2, so partials other blocks of the same grid
- * wrote are seen). A range whose max is -inf (no key) is skipped, whatever its row holds. Ends without a
- * barrier: a caller that calls it again syncs first. */
-static __device__ __forceinline__ void cu_combine_head(const float *part, int n_split, int Dv, int nh, bf16 *out, int t,
-                                                       int h, int c0, int cs, float *s_e, float *s_inv) {
-    const float *p = part + ((size_t)t * nh + h) * n_split * (Dv + 2);
-    if (threadIdx.x < 32) {
-        const int z0 = threadIdx.x, z1 = threadIdx.x + 32;
-        const float m0 = z0 < n_split ? __ldcg(p + (size_t)z0 * (Dv + 2) + Dv) : -INFINITY;
-        const float m1 = z1 < n_split ? __ldcg(p + (size_t)z1 * (Dv + 2) + Dv) : -INFINITY;
-        float M = fmaxf(m0, m1);
-#pragma unroll
-        for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-        const float e0 = m0 == -INFINITY ? 0.f : expf(m0 - M), e1 = m1 == -INFINITY ? 0.f : expf(m1 - M);
-        float L = (e0 > 0.f ? __ldcg(p + (size_t)z0 * (Dv + 2) + Dv + 1) * e0 : 0.f) +
-                  (e1 > 0.f ? __ldcg(p + (size_t)z1 * (Dv + 2) + Dv + 1) * e1 : 0.f);
-#pragma unroll
-        for (int o = 16; o; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-        s_e[z0] = e0;
-        s_e[z1] = e1;
-        if (threadIdx.x == 0) *s_inv = L > 0.f ? 1.f / L : 0.f;
-    }
-    __syncthreads();
-    const float inv = *s_inv;
-    for (int c = c0 + threadIdx.x; c < Dv; c += cs) {
-        float o = 0.f;
-#pragma unroll 8
-        for (int z = 0; z < n_split; z++) {
-            const float e = s_e[z];
-            if (e > 0.f) o += __ldcg(p + (size_t)z * (Dv + 2) + c) * e;
-        }
-        out[((size_t)t * nh + h) * Dv + c] = __float2bfloat16_rn(o * inv);
-    }
-}
-/* The in-kernel merge of a split-K attention grid whose blocks are all resident at once: the nb blocks
- * that share counters cnt[0..1] (cu_impl.attn_sync; zero between launches) hold the partials of tokens
- * t0 .. t0 + ntok - 1 (all nh heads between them); this block is number bi of them. Each block counts
- * itself in once its partial stores are fenced, thread 0 spins until all nb have, then the block merges
- * (token, head, column chunk of blockDim.x) units bi, bi + nb, ... with cu_combine_head; the last block to
- * leave resets the counters. Called by every thread of the block, after its partial stores. A spin that
- * outlives ~2^31 polls traps instead of hanging. */
-static __device__ __forceinline__ void cu_grid_combine(const float *part, int n_split, int Dv, int nh, bf16 *out,
-                                                       unsigned *cnt, unsigned nb, unsigned bi, int t0, int ntok) {
-    __shared__ float s_e[AC_MAX_SPLIT];
-    __shared__ float s_inv;
-    __syncthreads(); /* every thread's partial stores are issued */
-    if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(cnt, 1u);
-        for (unsigned n = 0;; n++) {
-            unsigned v;
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(cnt) : "memory");
-            if (v >= nb) break;
-            if (n > (1u << 31)) __trap();
-            __nanosleep(32);
-        }
-    }
-    __syncthreads();
-    const int chunk = blockDim.x, nc = (Dv + chunk - 1) / chunk, per_tok = nh * nc;
-    for (int u = (int)bi; u < ntok * per_tok; u += (int)nb) {
-        const int ti = u / per_tok, r = u - ti * per_tok;
-        cu_combine_head(part, n_split, Dv, nh, out, t0 + ti, r / nc, (r % nc) * chunk, Dv, s_e, &s_inv);
-        __syncthreads();
-    }
-    if (threadIdx.x == 0 && atomicAdd(cnt + 1, 1u) == nb - 1) cnt[0] = 0, cnt[1] = 0;
-}
 /* Merges the n_split partials of every (token, head) into out [T][nh][Dv] (nothing when n_split <= 1). */
 int cu_attn_combine(ms_backend *b, const float *part, int n_split, int T, int nh, int Dv, bf16 *out, ms_err *err);
 /* Paged causal GQA on tensor cores (attn_mma.cu), the fast path of attn_gqa: q [T][nh][d], caches

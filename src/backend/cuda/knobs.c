@@ -101,10 +101,6 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
     [CU_KNOB_MLA_PREP] = {"MS_CU_MLA_PREP", KN_INT, 1, 0, 1, NULL, 0,
                           "1: an MLA layer's q_a norm, latent preparation and indexer-key preparation run as one "
                           "launch (mla_prep); 0: three"},
-    [CU_KNOB_ATTN_GRID_COMBINE] = {"MS_CU_ATTN_GRID_COMBINE", KN_INT, 1, 0, 1, NULL, 0,
-                                   "1: a split-K attention launch (MLA or GQA on tensor cores) whose whole grid is "
-                                   "resident merges its partials itself (the blocks of a token group meet at a counter); "
-                                   "0: the separate combine kernel"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */
