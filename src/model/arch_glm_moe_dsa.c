@@ -217,7 +217,7 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
     /* a one-token step: the q_a norm, the latent's and the indexer key's preparation in one launch
      * where the backend has it (prepped) */
     int prepped = 0;
-    if (stacked && op->mla_prep) {
+    if (stacked && op->mla_prep && dr <= 1024) { /* the separate latent prep's condition */
         const ms_mla_prep p = {.cq = &cq, .q_norm = &l->q_a_norm, .q_eps = c->rms_norm_eps, .kva = &kva, .kvl = kvl,
                                .kv_norm = &l->kv_a_norm, .kv_eps = c->rms_norm_eps, .kv_rope = &rk, .kv_cache = &f->kc[L],
                                .kI = c->indexer_full[L] ? &kI_st : NULL, .kI_w = &l->idx_k_norm_w,

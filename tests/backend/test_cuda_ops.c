@@ -364,6 +364,7 @@ static void mla_kv_prep_case(int kvl, int dr, int interleaved) {
 /* mla_prep (the q_a norm, the latent and the indexer key of T tokens in one launch) against the CPU's
  * separate ops: rmsnorm; copy_cols, rmsnorm, set_cols, rope, kv_store; layernorm, rope, kv_store. A part
  * its op would refuse makes the whole call refused with nothing done. */
+/* with_idx: 0 no indexer part, 1 with its LayerNorm bias, 2 without one. */
 static void mla_prep_case(int T, int ql, int kvl, int dr, int di, int with_idx) {
     const int W = kvl + dr, S = 2 * T + 3;
     int64_t sq[2] = {T, ql}, skv[2] = {T, W}, sn[2] = {T, kvl}, sc[2] = {S, W}, sx[2] = {T, di}, sxc[2] = {S, di},
@@ -379,7 +380,7 @@ static void mla_prep_case(int T, int ql, int kvl, int dr, int di, int with_idx) 
     ms_rope_cfg rk = {kvl, dr, 0, 1e6}, ri = {0, dr < di ? dr : di, 1, 1e6};
     ms_mla_prep p = {.cq = &Q.g, .q_norm = &WQ.g, .q_eps = 1e-5f, .kva = &KV.g, .kvl = kvl, .kv_norm = &WK.g,
                      .kv_eps = 1e-6f, .kv_rope = &rk, .kv_cache = &KC.g, .kI = with_idx ? &KI.g : NULL, .kI_w = &WI.g,
-                     .kI_b = &BI.g, .kI_eps = 1e-6f, .kI_rope = &ri, .kI_cache = &IC.g, .pos_d = pg.data,
+                     .kI_b = with_idx == 2 ? NULL : &BI.g, .kI_eps = 1e-6f, .kI_rope = &ri, .kI_cache = &IC.g, .pos_d = pg.data,
                      .slot_d = slg.data};
     /* refused: the latent's rotation not on its last dr columns (nothing written) */
     ms_rope_cfg bad = {kvl - 2, dr, 0, 1e6};
@@ -400,7 +401,7 @@ static void mla_prep_case(int T, int ql, int kvl, int dr, int di, int with_idx) 
     CMP(KC.g, KC.c, 2e-2);
     if (with_idx) {
         ms_tensor i3 = ms_tensor_reshape(&KI.c, 3, (int64_t[]){T, 1, di});
-        R(CPU->ops->layernorm(CPU, &KI.c, &WI.c, &BI.c, 1e-6f, &KI.c, &E));
+        R(CPU->ops->layernorm(CPU, &KI.c, &WI.c, with_idx == 2 ? NULL : &BI.c, 1e-6f, &KI.c, &E));
         R(CPU->ops->rope(CPU, &i3, pc.data, &ri, &E));
         R(CPU->ops->kv_store(CPU, &IC.c, &KI.c, slc.data, &E));
     }
@@ -416,6 +417,7 @@ static void test_mla_prep(void) {
     mla_prep_case(1, 2048, 512, 64, 128, 0); /* a layer without its own indexer */
     mla_prep_case(3, 64, 64, 16, 32, 1);     /* the fixtures' dims, several tokens */
     mla_prep_case(2, 40, 24, 8, 20, 1);      /* widths of no tile size */
+    mla_prep_case(2, 64, 64, 16, 32, 2);     /* an indexer key norm without a bias */
 }
 
 static void test_mla_kv_prep(void) {

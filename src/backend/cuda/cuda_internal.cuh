@@ -64,9 +64,10 @@ typedef __nv_bfloat16 bf16;
  * only after our previous kernel has fully completed (plain stream order); one of ours launched after
  * them may start early only if they trigger, and it still waits for their completion.
  *
- * The one exception: the streaming bf16 GEMV (gemv_bf16.cu) copies its first weight stages into shared
- * memory before its wait, only when cu_impl.weights_quiet says no device work in flight writes weights;
- * what the previous kernel writes (x) it still reads after the wait, and it writes nothing before it.
+ * The one exception: the streaming bf16 GEMV (gemv_bf16.cu) and the absorbed MLA products (mla_absorb.cu)
+ * load their first weights before their wait, only when cu_impl.weights_quiet says no device work in
+ * flight writes weights; what the previous kernel writes (x) they still read after the wait, and they
+ * write nothing before it.
  *
  * Why trigger right after the wait: the next kernel can launch only once all our blocks passed the
  * trigger, i.e. after our own wait returned, i.e. after the previous grid completed. So at most two
@@ -169,7 +170,7 @@ typedef struct cu_impl {
      * (cudaFree synchronises the device),
      * the dummy-weight generators (dummy.cu) launch kernels and clear it, and the next stream
      * synchronisation (cu_sync, cu_upload, cu_download) sets it again. Lets a decode kernel read its
-     * weights before griddepcontrol.wait (gemv_bf16.cu). */
+     * weights before griddepcontrol.wait (gemv_bf16.cu, mla_absorb.cu). */
     int weights_quiet;
     /* [2] device counters of the fused MoE kernel's phase boundary (moe_fused.cu), zero between its
      * launches; allocated at creation */
@@ -436,7 +437,9 @@ __device__ __forceinline__ void rope_pair(float a, float c, float p, float f, fl
     *o1 = c * cs + a * sn;
 }
 /* The device table of rc->rot_dim / 2 inverse frequencies theta^(-2j / rot_dim) (float32), made on
- * first use per (theta, rot_dim) and owned by the backend. */
+ * first use per (theta, rot_dim) and owned by the backend. The backend keeps 8 tables: a call that adds
+ * a 9th frees the oldest (after synchronising the stream, with a new graph epoch), so a pointer from an
+ * earlier call is valid only until a later call adds a table. */
 int cu_rope_table(ms_backend *b, const ms_rope_cfg *rc, const float **out, ms_err *err);
 /* n elements of src (dtype st) -> dst (dtype dt), F32/BF16/F16, on the stream. */
 int cu_convert(ms_backend *b, const void *src, int st, void *dst, int dt, size_t n, ms_err *err);

@@ -808,7 +808,7 @@ int cu_op_mla_prep(ms_backend *b, const ms_mla_prep *p, ms_err *err) {
     MS_TRY(kv_prep_check(p->kva, p->kvl, p->kv_norm, p->kv_rope, p->kv_cache, err));
     if (p->kI) MS_TRY(idx_prep_check(p->kI, p->kI_w, p->kI_b, p->kI_rope, p->kI_cache, err));
     const int64_t W = last_dim(p->kva), D = p->kI ? last_dim(p->kI) : 0;
-    if (ql < 1 || !float_dtype(p->cq) || !float_dtype(p->q_norm) || ms_tensor_numel(p->q_norm) != ql ||
+    if (ql < 1 || W < 1 || !float_dtype(p->cq) || !float_dtype(p->q_norm) || ms_tensor_numel(p->q_norm) != ql ||
         ms_tensor_numel(p->kva) != T * W || (p->kI && ms_tensor_numel(p->kI) != T * D) || T > 0x7fffffff)
         return ms_errf(err, MS_ERR_UNSUPPORTED, "mla_prep: the parts' rows differ (q_a %lld wide) or a norm does not fit",
                        (long long)ql);
@@ -826,6 +826,9 @@ int cu_op_mla_prep(ms_backend *b, const ms_mla_prep *p, ms_err *err) {
         a.kirot_off = p->kI_rope->rot_off, a.kirot_dim = p->kI_rope->rot_dim, a.kiil = p->kI_rope->interleaved;
         a.kic = p->kI_cache->data, a.kict = p->kI_cache->dtype, a.kiS = ms_tensor_numel(p->kI_cache) / D;
         if (a.kirot_dim) MS_TRY(cu_rope_table(b, p->kI_rope, &a.kiinv, err));
+        /* the second table's lookup may have evicted the first from the backend's cache: look it up
+         * again (it is then the newest, so the second stays) */
+        if (a.dr) MS_TRY(cu_rope_table(b, p->kv_rope, &a.kvinv, err));
     }
     a.pos = p->pos_d, a.slot = p->slot_d;
     CK(cu_launch(k_mla_prep, dim3((unsigned)T, p->kI ? 3u : 2u), 256, 0, stream_of(b), a));

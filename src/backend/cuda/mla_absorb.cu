@@ -59,6 +59,7 @@ __device__ __forceinline__ void ma_q_load(uint4 (&w)[MA_MAX_DN / MA_SLICES], con
     }
 }
 
+/* Block (head, 128-column block) of q_abs for NT tokens, and the rope part (file comment). */
 template <int NT>
 __global__ __launch_bounds__(256) void k_absorb_q(ma_q_args a) {
     __shared__ float xs[NT][MA_MAX_DN];
@@ -155,6 +156,7 @@ __device__ __forceinline__ void ma_v_load(uint4 (&w)[MV_ROWS][MV_CH], const bf16
         }
 }
 
+/* MV_ROWS output rows of one head a warp, for NT tokens (file comment). */
 template <int NT>
 __global__ __launch_bounds__(256) void k_v_up(ma_v_args a) {
     const int lane = threadIdx.x & 31;
@@ -216,7 +218,7 @@ int cu_mla_absorb_small(ms_backend *b, const ms_linear *kv_b, const bf16 *W, con
                         int dr, int dv, int kvl, const int32_t *pos_d, const ms_rope_cfg *rc, bf16 *out, int *done,
                         ms_err *err) {
     *done = 0;
-    if (T < 1 || T > MA_MAX_T || !cu_knob(CU_KNOB_MLA_ABSORB) || dn < 1 || dn > MA_MAX_DN || kvl % 8 ||
+    if (T < 1 || T > MA_MAX_T || !cu_knob(CU_KNOB_MLA_ABSORB) || nh < 1 || dn < 1 || dn > MA_MAX_DN || kvl < 8 || kvl % 8 ||
         ((uintptr_t)W & 15))
         return MS_OK;
     ma_q_args a = {W, q, out, nh, dn, dr, dv, kvl, pos_d, NULL, 0, 0, 0, ma_early(b, kv_b)};
@@ -245,7 +247,8 @@ int cu_mla_absorb_small(ms_backend *b, const ms_linear *kv_b, const bf16 *W, con
 int cu_mla_v_up_small(ms_backend *b, const ms_linear *kv_b, const bf16 *W, const bf16 *ol, int T, int nh, int dn,
                       int dv, int kvl, bf16 *out, int *done, ms_err *err) {
     *done = 0;
-    if (T < 1 || T > MA_MAX_T || !cu_knob(CU_KNOB_MLA_ABSORB) || kvl % 8 || kvl > 32 * 8 * MV_CH || dv % MV_ROWS ||
+    if (T < 1 || T > MA_MAX_T || !cu_knob(CU_KNOB_MLA_ABSORB) || nh < 1 || dv < MV_ROWS || kvl < 8 || kvl % 8 ||
+        kvl > 32 * 8 * MV_CH || dv % MV_ROWS ||
         ((uintptr_t)W & 15) || ((uintptr_t)ol & 15))
         return MS_OK;
     const ma_v_args a = {W, ol, out, nh, dn, dv, kvl, ma_early(b, kv_b)};
