@@ -436,6 +436,28 @@ __device__ __forceinline__ void rope_pair(float a, float c, float p, float f, fl
     *o0 = a * cs - c * sn;
     *o1 = c * cs + a * sn;
 }
+/* Unit j of the absorbed MLA query's rope part (dr columns of one head, src -> dst): j < rot_dim / 2
+ * rotates pair j of the rotary columns rot_off.. (inv NULL or rot_dim 0: none) at position pos[t] (read
+ * only then), the rest
+ * copy pass-through column j - rot_dim / 2 (skipping the rotary ones). k_copy_rope and k_absorb_q both
+ * write the rope part through here, so either gives the rope op's bits. */
+__device__ __forceinline__ void cu_rope_part_unit(const bf16 *src, bf16 *dst, int j, const int32_t *pos, int t,
+                                                  const float *inv, int rot_off, int rot_dim, int interleaved) {
+    const int half = inv ? rot_dim / 2 : 0, rot = inv ? rot_dim : 0;
+    if (j < half) {
+        const int i0 = rot_off + (interleaved ? 2 * j : j), i1 = rot_off + (interleaved ? 2 * j + 1 : j + half);
+        float o0, o1;
+        rope_pair(__bfloat162float(src[i0]), __bfloat162float(src[i1]), (float)pos[t], inv[j], &o0, &o1);
+        dst[i0] = __float2bfloat16_rn(o0);
+        dst[i1] = __float2bfloat16_rn(o1);
+    } else {
+        const int e = j - half, c = e < rot_off ? e : e + rot;
+        dst[c] = src[c];
+    }
+}
+/* fp32 value of the low / high bf16 of a packed pair (exact) */
+__device__ __forceinline__ float cu_bf_lo(uint32_t v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float cu_bf_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 /* The device table of rc->rot_dim / 2 inverse frequencies theta^(-2j / rot_dim) (float32), made on
  * first use per (theta, rot_dim) and owned by the backend. The backend keeps 8 tables: a call that adds
  * a 9th frees the oldest (after synchronising the stream, with a new graph epoch), so a pointer from an

@@ -474,16 +474,7 @@ __global__ void k_copy_rope(const bf16 *q, bf16 *out, int T, int nh, int dn, int
         const int j = (int)(i % per);
         const bf16 *src = q + th * (dn + dr) + dn;
         bf16 *dst = out + th * (kvl + dr) + kvl;
-        if (j < half) {
-            const int i0 = rot_off + (interleaved ? 2 * j : j), i1 = rot_off + (interleaved ? 2 * j + 1 : j + half);
-            float o0, o1;
-            rope_pair(__bfloat162float(src[i0]), __bfloat162float(src[i1]), (float)pos[th / nh], inv[j], &o0, &o1);
-            dst[i0] = __float2bfloat16_rn(o0);
-            dst[i1] = __float2bfloat16_rn(o1);
-        } else {
-            const int e = j - half, c = e < rot_off ? e : e + rot_dim;
-            dst[c] = src[c];
-        }
+        cu_rope_part_unit(src, dst, j, pos, (int)(th / nh), inv, rot_off, rot_dim, interleaved);
     }
 }
 

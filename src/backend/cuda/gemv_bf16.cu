@@ -59,20 +59,17 @@ struct gb_args {
     cu_norm_in nin; /* MODE 2: x is computed from it (cu_norm_stage), not read */
 };
 
-/* fp32 value of the low / high bf16 of a packed pair (exact) */
-__device__ __forceinline__ float gb_lo(uint32_t v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float gb_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 
 /* acc[0] += products of the even elements, acc[1] of the odd ones, of 8 weights w and 8 x values xv */
 __device__ __forceinline__ void gb_dot8(float (&acc)[2], const uint4 &w, const uint4 &xv) {
-    acc[0] = fmaf(gb_lo(w.x), gb_lo(xv.x), acc[0]);
-    acc[1] = fmaf(gb_hi(w.x), gb_hi(xv.x), acc[1]);
-    acc[0] = fmaf(gb_lo(w.y), gb_lo(xv.y), acc[0]);
-    acc[1] = fmaf(gb_hi(w.y), gb_hi(xv.y), acc[1]);
-    acc[0] = fmaf(gb_lo(w.z), gb_lo(xv.z), acc[0]);
-    acc[1] = fmaf(gb_hi(w.z), gb_hi(xv.z), acc[1]);
-    acc[0] = fmaf(gb_lo(w.w), gb_lo(xv.w), acc[0]);
-    acc[1] = fmaf(gb_hi(w.w), gb_hi(xv.w), acc[1]);
+    acc[0] = fmaf(cu_bf_lo(w.x), cu_bf_lo(xv.x), acc[0]);
+    acc[1] = fmaf(cu_bf_hi(w.x), cu_bf_hi(xv.x), acc[1]);
+    acc[0] = fmaf(cu_bf_lo(w.y), cu_bf_lo(xv.y), acc[0]);
+    acc[1] = fmaf(cu_bf_hi(w.y), cu_bf_hi(xv.y), acc[1]);
+    acc[0] = fmaf(cu_bf_lo(w.z), cu_bf_lo(xv.z), acc[0]);
+    acc[1] = fmaf(cu_bf_hi(w.z), cu_bf_hi(xv.z), acc[1]);
+    acc[0] = fmaf(cu_bf_lo(w.w), cu_bf_lo(xv.w), acc[0]);
+    acc[1] = fmaf(cu_bf_hi(w.w), cu_bf_hi(xv.w), acc[1]);
 }
 
 /* MODE 0: y = x·Wᵀ (+ bias); 1: silu(x·w0ᵀ) * (x·w1ᵀ); 2 (NT = 1): as 0 with x computed from a.nin (its own

@@ -46,9 +46,6 @@ struct ma_q_args {
     int early;                         /* weight loads may precede griddepcontrol.wait */
 };
 
-__device__ __forceinline__ float ma_lo(uint32_t v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float ma_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
-
 /* Slice rs's rows of W_UK at the thread's 8 columns (zero past dn or kvl). */
 __device__ __forceinline__ void ma_q_load(uint4 (&w)[MA_MAX_DN / MA_SLICES], const ma_q_args &a, const bf16 *wh,
                                           int rs, bool cv) {
@@ -94,8 +91,8 @@ __global__ __launch_bounds__(256) void k_absorb_q(ma_q_args a) {
                 const float x = xs[t][i];
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    acc[t][2 * e] = fmaf(ma_lo(u[e]), x, acc[t][2 * e]);
-                    acc[t][2 * e + 1] = fmaf(ma_hi(u[e]), x, acc[t][2 * e + 1]);
+                    acc[t][2 * e] = fmaf(cu_bf_lo(u[e]), x, acc[t][2 * e]);
+                    acc[t][2 * e + 1] = fmaf(cu_bf_hi(u[e]), x, acc[t][2 * e + 1]);
                 }
             }
         }
@@ -117,22 +114,13 @@ __global__ __launch_bounds__(256) void k_absorb_q(ma_q_args a) {
         a.out[(size_t)t * ldo + (size_t)h * (a.kvl + a.dr) + oc] = __float2bfloat16_rn(s);
     }
     if (blockIdx.y != 0 || a.dr == 0) return;
-    /* the rope part: one unit per rotary pair or pass-through column (k_copy_rope's arithmetic) */
-    const int half = a.inv ? a.rot_dim / 2 : 0, rot = a.inv ? a.rot_dim : 0, per = a.dr - half;
+    /* the rope part: one unit per rotary pair or pass-through column (k_copy_rope's) */
+    const int per = a.dr - (a.inv ? a.rot_dim / 2 : 0);
     for (int u = threadIdx.x; u < NT * per; u += blockDim.x) {
-        const int t = u / per, j = u - t * per;
-        const bf16 *src = a.q + (size_t)t * ldq + (size_t)h * (a.dn + a.dr) + a.dn;
-        bf16 *dst = a.out + (size_t)t * ldo + (size_t)h * (a.kvl + a.dr) + a.kvl;
-        if (j < half) {
-            const int i0 = a.rot_off + (a.interleaved ? 2 * j : j), i1 = a.rot_off + (a.interleaved ? 2 * j + 1 : j + half);
-            float o0, o1;
-            rope_pair(__bfloat162float(src[i0]), __bfloat162float(src[i1]), (float)a.pos[t], a.inv[j], &o0, &o1);
-            dst[i0] = __float2bfloat16_rn(o0);
-            dst[i1] = __float2bfloat16_rn(o1);
-        } else {
-            const int e = j - half, c = e < a.rot_off ? e : e + rot;
-            dst[c] = src[c];
-        }
+        const int t = u / per;
+        cu_rope_part_unit(a.q + (size_t)t * ldq + (size_t)h * (a.dn + a.dr) + a.dn,
+                          a.out + (size_t)t * ldo + (size_t)h * (a.kvl + a.dr) + a.kvl, u - t * per, a.pos, t, a.inv,
+                          a.rot_off, a.rot_dim, a.interleaved);
     }
 }
 
@@ -188,8 +176,8 @@ __global__ __launch_bounds__(256) void k_v_up(ma_v_args a) {
                 const uint32_t wu[4] = {w[r][k].x, w[r][k].y, w[r][k].z, w[r][k].w};
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    acc[r] = fmaf(ma_lo(wu[e]), ma_lo(xu[e]), acc[r]);
-                    acc[r] = fmaf(ma_hi(wu[e]), ma_hi(xu[e]), acc[r]);
+                    acc[r] = fmaf(cu_bf_lo(wu[e]), cu_bf_lo(xu[e]), acc[r]);
+                    acc[r] = fmaf(cu_bf_hi(wu[e]), cu_bf_hi(xu[e]), acc[r]);
                 }
             }
         }
@@ -232,13 +220,8 @@ int cu_mla_absorb_small(ms_backend *b, const ms_linear *kv_b, const bf16 *W, con
         MS_TRY(cu_rope_table(b, rc, &a.inv, err));
     }
     const dim3 grid((unsigned)nh, (unsigned)((kvl + MA_COLS - 1) / MA_COLS));
-    cudaStream_t s = cu_of(b)->stream;
-    switch (T) {
-    case 1: CK(cu_launch(k_absorb_q<1>, grid, 256, 0, s, a)); break;
-    case 2: CK(cu_launch(k_absorb_q<2>, grid, 256, 0, s, a)); break;
-    case 3: CK(cu_launch(k_absorb_q<3>, grid, 256, 0, s, a)); break;
-    default: CK(cu_launch(k_absorb_q<4>, grid, 256, 0, s, a)); break;
-    }
+    static void (*const kern[MA_MAX_T])(ma_q_args) = {k_absorb_q<1>, k_absorb_q<2>, k_absorb_q<3>, k_absorb_q<4>};
+    CK(cu_launch(kern[T - 1], grid, 256, 0, cu_of(b)->stream, a));
     *done = 1;
     return MS_OK;
 }
@@ -254,13 +237,8 @@ int cu_mla_v_up_small(ms_backend *b, const ms_linear *kv_b, const bf16 *W, const
     const ma_v_args a = {W, ol, out, nh, dn, dv, kvl, ma_early(b, kv_b)};
     const int64_t warps = ((int64_t)nh * dv) / MV_ROWS;
     const dim3 grid((unsigned)((warps + 7) / 8));
-    cudaStream_t s = cu_of(b)->stream;
-    switch (T) {
-    case 1: CK(cu_launch(k_v_up<1>, grid, 256, 0, s, a)); break;
-    case 2: CK(cu_launch(k_v_up<2>, grid, 256, 0, s, a)); break;
-    case 3: CK(cu_launch(k_v_up<3>, grid, 256, 0, s, a)); break;
-    default: CK(cu_launch(k_v_up<4>, grid, 256, 0, s, a)); break;
-    }
+    static void (*const kern[MA_MAX_T])(ma_v_args) = {k_v_up<1>, k_v_up<2>, k_v_up<3>, k_v_up<4>};
+    CK(cu_launch(kern[T - 1], grid, 256, 0, cu_of(b)->stream, a));
     *done = 1;
     return MS_OK;
 }
