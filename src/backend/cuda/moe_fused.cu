@@ -75,7 +75,12 @@ struct mf_args {
     int red_off, ring_off; /* byte offsets of the reduction buffers and the rings in dynamic shared memory */
 };
 
-typedef gm_fmt<5> mf_F;
+/* x (and h) staging in shared memory. Unit u of a row (k 8u..8u+7) of super-step jl = u / 16, lane
+ * chunk t = (u % 16) / 4 and word q = u % 4 sits at jl * 16 + q * 4 + t: a lane's four units of a
+ * super-step are 64 bytes apart (immediate offsets from one per-lane pointer that advances by whole
+ * super-steps), and for each q the four chunks t are adjacent, so a warp's load touches 4 distinct
+ * 16-byte units in 4 distinct bank groups. Rows are nss * 16 units long (no padding: one token). */
+__device__ __forceinline__ int mf_xslot(int u) { return (u & ~15) | ((u & 3) << 2) | ((u >> 2) & 3); }
 
 /* x unit (8 bf16 at k 8u..8u+7) re-paired for the nvfp4 step: (k 0,4), (1,5), (2,6), (3,7). */
 __device__ __forceinline__ uint4 mf_pair(uint4 v) {
@@ -84,30 +89,34 @@ __device__ __forceinline__ uint4 mf_pair(uint4 v) {
 }
 
 /* One super-step of one token (gm_step<5, 1>'s arithmetic) into two accumulators, even and odd 32-k
- * words alternating, so that consecutive mma.sync do not wait on each other's results. */
-__device__ __forceinline__ void mf_step(float (&a0)[4], float (&a1)[4], const gm_raw &r, const uint4 *xs, int jl,
-                                        int ti) {
+ * words alternating, so that consecutive mma.sync do not wait on each other's results. xp: the lane's
+ * x units of the super-step (mf_xslot layout; word q at xp + 64 q bytes). */
+__device__ __forceinline__ void mf_step(float (&a0)[4], float (&a1)[4], const gm_raw &r, const uint8_t *xp) {
     uint32_t s2[2][2];
     gm_fp4_scales_v2(r, s2);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         uint32_t A[2][4];
         gm_fp4_rows_v2(r, q, s2, A);
-        const uint4 X = xs[gm_xunit_v2(jl, ti, q)];
+        const uint4 X = *(const uint4 *)(xp + 64 * q);
         float(&acc)[4] = (q & 1) ? a1 : a0;
         gm_mma(acc, A[0][0], A[1][0], A[0][1], A[1][1], X.x, X.y);
         gm_mma(acc, A[0][2], A[1][2], A[0][3], A[1][3], X.z, X.w);
     }
 }
 
-/* A warp's position in its stream of super-steps: phase A items of its group, then phase B items. */
+/* A warp's position in its stream of super-steps: phase A items of its group, then phase B items.
+ * The pointers are the lane's own: its 16-byte chunk of row g (row g + 8 is rb8 further) and the
+ * 8 scale bytes of row g (row g + 8 is rb8 / 8 further) at the current super-step, so that a step
+ * inside an item only adds constants. */
 struct mf_pos {
     int phase;    /* 0 A, 1 B, 2 done */
     int item, i;  /* item, and step i of the warp's n steps in it */
     int n;
     int v, j;     /* slot (valid index) and super-step in the weight row */
-    size_t roff;  /* byte offset of row g in the weight matrix (row g + 8: + 8 * row bytes) */
-    const uint8_t *wb, *sb; /* row g of slot v's weight and scales (kept in registers: no table read a step) */
+    size_t roff;  /* byte offset of row g in the weight matrix */
+    size_t rb8;   /* 8 rows of the phase's matrix in bytes */
+    const uint8_t *wp, *sp;
 };
 
 /* Steps of warp w in an item of the phase (F: phase B's super-steps per item). */
@@ -116,31 +125,34 @@ __device__ __forceinline__ int mf_steps(int phase, int w, int nssA, int F) {
     return F > w ? (F - w + MF_WARPS - 1) / MF_WARPS : 0;
 }
 
-/* Points p's row pointers at slot p.v's matrix (phase A: gate for warps 0-3, up for 4-7; B: down). */
-__device__ __forceinline__ void mf_rows(mf_pos &p, const mf_slot *sl, int w) {
+/* Points p's pointers at super-step p.j of slot p.v's matrix (phase A: gate for warps 0-3, up for
+ * 4-7; B: down). */
+__device__ __forceinline__ void mf_rows(mf_pos &p, const mf_slot *sl, int w, int ti) {
     const int m = p.phase == 0 ? (w >> 2) : 2;
-    p.wb = sl[p.v].w[m] + p.roff;
-    p.sb = sl[p.v].s[m] + (p.roff >> 3); /* scale row bytes = row bytes / 8 */
+    p.wp = sl[p.v].w[m] + p.roff + (size_t)p.j * 64 + ti * 16;
+    p.sp = sl[p.v].s[m] + (p.roff >> 3) + (size_t)p.j * 8; /* scale row bytes = row bytes / 8 */
 }
 
 /* Sets p's slot, super-step, row offset and pointers for its (phase, item), at the item's first step. */
-__device__ __forceinline__ void mf_enter(mf_pos &p, const mf_slot *sl, int w, int gi, int H, int I, int mtA) {
+__device__ __forceinline__ void mf_enter(mf_pos &p, const mf_slot *sl, int w, int gi, int ti, int H, int I, int mtA) {
     if (p.phase == 0) {
         p.v = p.item / mtA;
         p.j = w & 3;
         p.roff = (size_t)((p.item - p.v * mtA) * 16 + gi) * (size_t)(H / 2);
+        p.rb8 = (size_t)8 * (size_t)(H / 2);
     } else {
         const int nssB = I / 128;
         p.v = w / nssB;
         p.j = w - p.v * nssB;
         p.roff = (size_t)(p.item * 16 + gi) * (size_t)(I / 2);
+        p.rb8 = (size_t)8 * (size_t)(I / 2);
     }
-    mf_rows(p, sl, w);
+    mf_rows(p, sl, w, ti);
 }
 
 /* From p's (phase, item) on, the first item that gives this warp a step (entered), else phase 2. */
-__device__ __forceinline__ void mf_settle(mf_pos &p, const mf_slot *sl, int w, int gi, int grp0, int ngrp, int itemsA,
-                                          int itemsB, int nssA, int F, int H, int I, int mtA) {
+__device__ __forceinline__ void mf_settle(mf_pos &p, const mf_slot *sl, int w, int gi, int ti, int grp0, int ngrp,
+                                          int itemsA, int itemsB, int nssA, int F, int H, int I, int mtA) {
     for (;;) {
         if (p.phase == 2) return;
         if (p.item >= (p.phase == 0 ? itemsA : itemsB)) {
@@ -153,34 +165,46 @@ __device__ __forceinline__ void mf_settle(mf_pos &p, const mf_slot *sl, int w, i
         p.item += ngrp;
     }
     p.i = 0;
-    mf_enter(p, sl, w, gi, H, I, mtA);
+    mf_enter(p, sl, w, gi, ti, H, I, mtA);
 }
 
-/* Moves p to its next step: within an item by increments (no division on the way), else to the
- * group's next item that gives this warp a step, in phase A then B, else to phase 2. */
-__device__ __forceinline__ void mf_next(mf_pos &p, const mf_slot *sl, int w, int gi, int grp0, int ngrp, int itemsA,
-                                        int itemsB, int nssA, int F, int H, int I, int mtA) {
+/* Moves p to its next step: within an item by constant increments (phase B re-points at a slot
+ * change), else to the group's next item that gives this warp a step, in phase A then B, else to
+ * phase 2. */
+__device__ __forceinline__ void mf_next(mf_pos &p, const mf_slot *sl, int w, int gi, int ti, int grp0, int ngrp,
+                                        int itemsA, int itemsB, int nssA, int F, int H, int I, int mtA) {
     if (++p.i < p.n) {
         if (p.phase == 0) {
-            p.j += 4;
+            p.wp += 4 * 64;
+            p.sp += 4 * 8;
         } else {
-            const int nssB = I / 128, v0 = p.v;
+            const int nssB = I / 128;
             p.j += MF_WARPS;
-            while (p.j >= nssB) p.j -= nssB, p.v++;
-            if (p.v != v0) mf_rows(p, sl, w);
+            if (p.j < nssB) {
+                p.wp += MF_WARPS * 64;
+                p.sp += MF_WARPS * 8;
+            } else {
+                do p.j -= nssB, p.v++;
+                while (p.j >= nssB);
+                mf_rows(p, sl, w, ti);
+            }
         }
         return;
     }
     p.item += ngrp;
-    mf_settle(p, sl, w, gi, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
+    mf_settle(p, sl, w, gi, ti, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
 }
 
-/* Queues the ring copies of p's super-step into stage st. */
-__device__ __forceinline__ void mf_put(uint8_t *st, const mf_pos &p, int gi, int ti, int lane, int H, int I) {
-    const size_t rb = p.phase == 0 ? (size_t)(H / 2) : (size_t)(I / 2);
-    const uint8_t *wrow[2] = {p.wb, p.wb + 8 * rb};
-    const void *srow[2] = {p.sb, p.sb + rb};
-    gm_ring_put(st, wrow, srow, p.j, gi, ti, lane);
+/* Queues the ring copies of p's super-step into the stage whose lane chunk is at st (stage + 16 lane,
+ * gm_ring_put's layout: the scale bytes of row g at stage + 1024 + 8 gi, copied by lane t = 0). */
+__device__ __forceinline__ void mf_put(uint8_t *st, const mf_pos &p, int gi, int ti) {
+    gm_cp16(st, p.wp, 16);
+    gm_cp16(st + 512, p.wp + p.rb8, 16);
+    if (ti == 0) {
+        uint8_t *ss = st + 1024 - 56 * gi; /* lane 4 gi: stage + 64 gi -> stage + 1024 + 8 gi */
+        gm_cp8(ss, p.sp);
+        gm_cp8(ss + 64, p.sp + (p.rb8 >> 3));
+    }
 }
 
 /* Spins until *p >= target (acquire); traps after ~2^31 polls. */
@@ -213,8 +237,10 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
     const int grp0 = blockIdx.x * NG + grp, ngrp = gridDim.x * NG;
     const int H = a.H, I = a.I, nssA = H / 128, nssB = I / 128, mtA = I / 16, mtB = H / 16;
     uint4 *xs = mf_smem;
+    const uint8_t *xl = (const uint8_t *)mf_smem + 16 * ti; /* the lane's x units (mf_xslot) */
     float *red = (float *)((uint8_t *)mf_smem + a.red_off) + grp * MF_RED_FLOATS; /* [2][7][4][32] */
-    uint8_t *ring = (uint8_t *)mf_smem + a.ring_off + (size_t)warp * D * GM_STG;
+    uint8_t *ring = (uint8_t *)mf_smem + a.ring_off + (size_t)warp * D * GM_STG + 16 * lane; /* lane chunk of stage 0 */
+    uint8_t *const ring_end = ring + (D - 1) * GM_STG;
 
     /* the slot table: one thread per slot reads its id and descriptors; then the valid ones compacted */
     const int ns = a.nslot + (a.extra_id >= 0);
@@ -230,9 +256,8 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
             o.c = (s < a.nslot ? a.wts[s] : 1.f) * 256.f * d.scale2;
         }
     }
-    /* phase A's x, staged while the descriptors load: swizzled (gm_swz), units re-paired */
-    for (int u = threadIdx.x; u < nssA * mf_F::UPS; u += blockDim.x)
-        xs[gm_swz(u)] = mf_pair(__ldcg((const uint4 *)a.x + u));
+    /* phase A's x, staged while the descriptors load: units re-paired, in mf_xslot order */
+    for (int u = threadIdx.x; u < nssA * 16; u += blockDim.x) xs[mf_xslot(u)] = mf_pair(__ldcg((const uint4 *)a.x + u));
     __syncthreads();
     if (threadIdx.x == 0) {
         int nv = 0;
@@ -246,32 +271,40 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
     /* the producer walk starts D - 1 super-steps ahead of the consumer */
     mf_pos P;
     P.phase = 0, P.item = grp0, P.n = mf_steps(0, w, nssA, F);
-    mf_settle(P, sl, w, gi, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
+    mf_settle(P, sl, w, gi, ti, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
 #pragma unroll
     for (int p = 0; p < D - 1; p++) {
         if (P.phase < 2) {
-            mf_put(ring + p * GM_STG, P, gi, ti, lane, H, I);
-            mf_next(P, sl, w, gi, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
+            mf_put(ring + p * GM_STG, P, gi, ti);
+            mf_next(P, sl, w, gi, ti, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
         }
         gm_cp_commit();
     }
-    int cs = 0;  /* ring stage of the consumer's next super-step; the producer refills the one before it */
+    uint8_t *cst = ring;          /* lane chunk of the consumer's next stage */
+    uint8_t *pst = ring_end;      /* ... and of the stage the producer refills (the one consumed last) */
+    const int soff = 1024 + 8 * gi + 2 * ti - 16 * lane; /* lane chunk -> the lane's scale bytes */
     int par = 0; /* reduction buffer parity (items so far) */
-    const int rsB = mf_F::rstride(nssB);
+    const int rsB = nssB * 16;    /* h row stride in units */
 
-    /* one consumed super-step: wait for its stage, refill the stage freed last step, multiply */
-    auto step = [&](float (&a0)[4], float (&a1)[4], const uint4 *x, int j) {
+    /* one consumed super-step: wait for its stage, refill the stage freed last step, multiply; xp:
+     * the lane's x units of the super-step */
+    auto step = [&](float (&a0)[4], float (&a1)[4], const uint8_t *xp) {
         gm_cp_wait<D - 2>();
         __syncwarp();
         gm_raw cur;
-        gm_ring_get(cur, ring + cs * GM_STG, gi, ti, lane);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            cur.w[h] = *(const uint4 *)(cst + h * 512);
+            cur.sc[h] = *(const unsigned short *)(cst + soff + h * 64);
+        }
         if (P.phase < 2) {
-            mf_put(ring + (cs == 0 ? D - 1 : cs - 1) * GM_STG, P, gi, ti, lane, H, I);
-            mf_next(P, sl, w, gi, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
+            mf_put(pst, P, gi, ti);
+            mf_next(P, sl, w, gi, ti, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
         }
         gm_cp_commit();
-        mf_step(a0, a1, cur, x, j, ti);
-        cs = cs == D - 1 ? 0 : cs + 1;
+        mf_step(a0, a1, cur, xp);
+        pst = cst;
+        cst = cst == ring_end ? ring : cst + GM_STG;
     };
     /* partial sums of the group's warps meet in its warp 0 in warp order; s: warps from which on the
      * partials go to `up` (phase A: 4, the up rows) */
@@ -299,7 +332,8 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
         const int v = item / mtA, m0 = (item - v * mtA) * 16;
         float a0[4] = {0.f, 0.f, 0.f, 0.f}, a1[4] = {0.f, 0.f, 0.f, 0.f};
         const int n = mf_steps(0, w, nssA, F);
-        for (int i = 0; i < n; i++) step(a0, a1, xs, (w & 3) + 4 * i);
+        const uint8_t *xp = xl + (w & 3) * 256;
+        for (int i = 0; i < n; i++, xp += 4 * 256) step(a0, a1, xp);
 #pragma unroll
         for (int q = 0; q < 4; q++) a0[q] += a1[q];
         float up[4];
@@ -324,10 +358,8 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
         mf_wait_count(&a.sync[0], gridDim.x);
     }
     __syncthreads();
-    for (int u = threadIdx.x; u < nv * nssB * mf_F::UPS; u += blockDim.x) {
-        const int v = u / (nssB * mf_F::UPS), k8 = u - v * (nssB * mf_F::UPS);
-        xs[v * rsB + gm_swz(k8)] = mf_pair(__ldcg((const uint4 *)(a.h + (size_t)v * I) + k8));
-    }
+    for (int u = threadIdx.x; u < nv * rsB; u += blockDim.x) /* h rows back to back: u = v * rsB + k8 */
+        xs[mf_xslot(u)] = mf_pair(__ldcg((const uint4 *)a.h + u));
     __syncthreads();
 
     /* ---- phase B: out = Σ_slot c_slot · (h_slot · downᵀ) ---- */
@@ -336,13 +368,15 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         const int n = mf_steps(1, w, nssA, F);
         int v = w / nssB, j = w - v * nssB;
+        const uint8_t *xp = xl + (v * rsB + j * 16) * 16;
         for (int i = 0; i < n; i++) {
             float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
-            step(d0, d1, xs + v * rsB, j);
+            step(d0, d1, xp);
             const float c = sl[v].c;
 #pragma unroll
             for (int q = 0; q < 4; q++) acc[q] = fmaf(c, d0[q] + d1[q], acc[q]);
             j += MF_WARPS;
+            xp += MF_WARPS * 256; /* slot v's row continues into slot v + 1's: rows are back to back */
             while (j >= nssB) j -= nssB, v++;
         }
         float unused[4];
@@ -406,7 +440,7 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
     if (((uintptr_t)c->x & 15) || ((uintptr_t)c->h & 15) || ((uintptr_t)g.w & 15) || ((uintptr_t)g.scale & 7) ||
         ((uintptr_t)d.w & 15) || ((uintptr_t)d.scale & 7) || ((uintptr_t)u.w & 15) || ((uintptr_t)u.scale & 7) || (c->out_type != MS_BF16 && c->out_type != MS_F32))
         return MS_OK;
-    const int rsA = mf_F::rstride(H / 128), rsB = mf_F::rstride(I / 128);
+    const int rsA = H / 8, rsB = I / 8; /* staged row units (mf_xslot: no padding) */
     const int x_units = rsA > ns * rsB ? rsA : ns * rsB;
     const int nforms = (int)(sizeof mf_forms / sizeof mf_forms[0]), nsm = b->gpu.n_sm;
     const int itemsA = ns * (I / 16), itemsB = H / 16, most = itemsA > itemsB ? itemsA : itemsB;
