@@ -81,6 +81,8 @@ struct mf_args {
  * super-steps), and for each q the four chunks t are adjacent, so a warp's load touches 4 distinct
  * 16-byte units in 4 distinct bank groups. Rows are nss * 16 units long (no padding: one token). */
 __device__ __forceinline__ int mf_xslot(int u) { return (u & ~15) | ((u & 3) << 2) | ((u >> 2) & 3); }
+/* (mf_xslot is its own inverse: the staging loops walk the slots in order, so consecutive threads'
+ * 16-byte shared stores hit distinct bank groups, and read unit mf_xslot(slot) from global memory.) */
 
 /* x unit (8 bf16 at k 8u..8u+7) re-paired for the nvfp4 step: (k 0,4), (1,5), (2,6), (3,7). */
 __device__ __forceinline__ uint4 mf_pair(uint4 v) {
@@ -113,7 +115,7 @@ struct mf_pos {
     int phase;    /* 0 A, 1 B, 2 done */
     int item, i;  /* item, and step i of the warp's n steps in it */
     int n;
-    int v, j;     /* slot (valid index) and super-step in the weight row */
+    int v, j;     /* slot (valid index); super-step in the weight row (kept up to date in phase B only) */
     size_t roff;  /* byte offset of row g in the weight matrix */
     size_t rb8;   /* 8 rows of the phase's matrix in bytes */
     const uint8_t *wp, *sp;
@@ -257,7 +259,7 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
         }
     }
     /* phase A's x, staged while the descriptors load: units re-paired, in mf_xslot order */
-    for (int u = threadIdx.x; u < nssA * 16; u += blockDim.x) xs[mf_xslot(u)] = mf_pair(__ldcg((const uint4 *)a.x + u));
+    for (int s = threadIdx.x; s < nssA * 16; s += blockDim.x) xs[s] = mf_pair(__ldcg((const uint4 *)a.x + mf_xslot(s)));
     __syncthreads();
     if (threadIdx.x == 0) {
         int nv = 0;
@@ -358,8 +360,8 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
         mf_wait_count(&a.sync[0], gridDim.x);
     }
     __syncthreads();
-    for (int u = threadIdx.x; u < nv * rsB; u += blockDim.x) /* h rows back to back: u = v * rsB + k8 */
-        xs[mf_xslot(u)] = mf_pair(__ldcg((const uint4 *)a.h + u));
+    for (int s = threadIdx.x; s < nv * rsB; s += blockDim.x) /* h rows back to back: unit v * rsB + k8 */
+        xs[s] = mf_pair(__ldcg((const uint4 *)a.h + mf_xslot(s)));
     __syncthreads();
 
     /* ---- phase B: out = Σ_slot c_slot · (h_slot · downᵀ) ---- */
