@@ -439,6 +439,9 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
         return MS_OK;
     const int ns = c->nslot + (c->extra_slot > 0);
     if (H <= 0 || I <= 0 || H % 128 || I % 128 || c->nslot < 0 || ns < 1 || ns > MF_MAXS) return MS_OK;
+    /* expert 0's alignment stands for every expert's: each NVFP4 linear is its own cudaMalloc allocation
+     * (cu_stack_linears refuses NVFP4 parts, so none is a view at an offset), and the shapes, hence the
+     * row and scale strides, are equal across the layer (moe_cu_prepare checks) */
     if (((uintptr_t)c->x & 15) || ((uintptr_t)c->h & 15) || ((uintptr_t)g.w & 15) || ((uintptr_t)g.scale & 7) ||
         ((uintptr_t)d.w & 15) || ((uintptr_t)d.scale & 7) || ((uintptr_t)u.w & 15) || ((uintptr_t)u.scale & 7) || (c->out_type != MS_BF16 && c->out_type != MS_F32))
         return MS_OK;
