@@ -22,8 +22,8 @@
  * 8 warps; each super-step's product is scaled by its slot's weight · 256 · scale2 and added to the
  * warp's sum; warp 0 adds the 8 sums in warp order and writes out. A super-step is gm_step's nvfp4
  * arithmetic (mf_step) into two accumulators, so consecutive mma.sync do not wait on each other; sums
- * therefore differ from the two-kernel form in rounding order only. A warp's walk (mf_pos) advances by
- * increments; the row pointers stay in registers.
+ * therefore differ from the two-kernel form in rounding order only. A warp's walk (mf_pos) keeps the
+ * lane's weight and scale pointers in registers and advances them by constants inside an item.
  *
  * Phase boundary. Every block adds 1 to sync[0] after its phase A (h stores fenced first); thread 0 of
  * each block spins until sync[0] reaches the grid size, then the block stages all of h (nv x I bf16,
@@ -36,9 +36,10 @@
  * be, and the spin would end in the trap (MS_CU_MOE_FUSED=0 then; a cooperative launch, which would
  * fail instead, is not used yet).
  *
- * Forms and measurements (H200, session 10; bench/NOTES.md): the busiest warp's super-steps decide,
- * since the kernel is issue-bound (~265 instructions per KB of weights at 2.1-2.5 instructions per
- * cycle an SM): Air (792 + 256 items) runs best with one group a block, 2 blocks an SM; GLM-5 (1152 +
+ * Forms and measurements (H200, session 10; bench/NOTES.md): the busiest warp's super-steps decide
+ * (~250 instructions per KB of weights at 2.1-2.5 instructions per cycle an SM; session 15's leaner
+ * walk took 8% of them and gave back 3% of the time, so the warps' dependent decode chains at ~4 warps
+ * a scheduler weigh as much as the issue rate): Air (792 + 256 items) runs best with one group a block, 2 blocks an SM; GLM-5 (1152 +
  * 384) with three groups a block (one 37 KB h staging for 24 warps). Air b1 step 6.50 -> 6.05 ms, GLM-5
  * x12 3.22 -> 3.13 ms; the kernel alone (ncu) 47.3 us for Air's 87.6 MB (one group a block), 84.4 us
  * for GLM-5's 181 MB (three), against 58.5 us for the four kernels it replaces at Air's shapes.
