@@ -59,7 +59,6 @@ struct gb_args {
     cu_norm_in nin; /* MODE 2: x is computed from it (cu_norm_stage), not read */
 };
 
-
 /* acc[0] += products of the even elements, acc[1] of the odd ones, of 8 weights w and 8 x values xv */
 __device__ __forceinline__ void gb_dot8(float (&acc)[2], const uint4 &w, const uint4 &xv) {
     acc[0] = fmaf(cu_bf_lo(w.x), cu_bf_lo(xv.x), acc[0]);

@@ -141,21 +141,35 @@ __device__ __forceinline__ void gm_load(gm_raw &r, const uint8_t *const (&wrow)[
  * one slice. */
 #define GM_D 4
 #define GM_STG (1024 + 128)
-__device__ __forceinline__ void gm_ring_put(uint8_t *st, const uint8_t *const (&wrow)[2], const void *const (&srow)[2],
-                                            int j, int gi, int ti, int lane) {
-#pragma unroll
-    for (int h = 0; h < 2; h++) gm_cp16(st + h * 512 + lane * 16, wrow[h] + (size_t)j * 64 + ti * 16, 16);
+/* The same stage seen through the lane's own pointer lst = stage + 16 lane (moe_fused.cu keeps one a
+ * ring stage): its chunk of row g at lst, of row g + 8 at lst + 512, and its row's two scale bytes at
+ * lst + gm_ring_soff(gi, ti) (+ 64 for row g + 8). */
+__device__ __forceinline__ int gm_ring_soff(int gi, int ti) { return 1024 + 8 * gi + 2 * ti - 16 * (4 * gi + ti); }
+/* Queues one super-step's copies: the lane's 16-byte chunks w0 (row g) and w1 (row g + 8); lane t = 0
+ * of each row also the 8 scale bytes s0 and s1 of the super-step. */
+__device__ __forceinline__ void gm_ring_put_lane(uint8_t *lst, const uint8_t *w0, const uint8_t *w1, const uint8_t *s0,
+                                                 const uint8_t *s1, int gi, int ti) {
+    gm_cp16(lst, w0, 16);
+    gm_cp16(lst + 512, w1, 16);
     if (ti == 0) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) gm_cp8(st + 1024 + h * 64 + gi * 8, (const uint8_t *)srow[h] + (size_t)j * 8);
+        gm_cp8(lst + gm_ring_soff(gi, 0), s0);
+        gm_cp8(lst + gm_ring_soff(gi, 0) + 64, s1);
     }
 }
-__device__ __forceinline__ void gm_ring_get(gm_raw &r, const uint8_t *st, int gi, int ti, int lane) {
+__device__ __forceinline__ void gm_ring_get_lane(gm_raw &r, const uint8_t *lst, int soff) {
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        r.w[h] = *(const uint4 *)(st + h * 512 + lane * 16);
-        r.sc[h] = *(const unsigned short *)(st + 1024 + h * 64 + gi * 8 + ti * 2);
+        r.w[h] = *(const uint4 *)(lst + h * 512);
+        r.sc[h] = *(const unsigned short *)(lst + soff + h * 64);
     }
+}
+__device__ __forceinline__ void gm_ring_put(uint8_t *st, const uint8_t *const (&wrow)[2], const void *const (&srow)[2],
+                                            int j, int gi, int ti, int lane) {
+    gm_ring_put_lane(st + 16 * lane, wrow[0] + (size_t)j * 64 + ti * 16, wrow[1] + (size_t)j * 64 + ti * 16,
+                     (const uint8_t *)srow[0] + (size_t)j * 8, (const uint8_t *)srow[1] + (size_t)j * 8, gi, ti);
+}
+__device__ __forceinline__ void gm_ring_get(gm_raw &r, const uint8_t *st, int gi, int ti, int lane) {
+    gm_ring_get_lane(r, st + 16 * lane, gm_ring_soff(gi, ti));
 }
 
 /* The nvfp4 v2 decode's pieces (gm_step's FMT >= 3 path; moe_fused.cu's step). Word q of row h's

@@ -39,8 +39,8 @@
  * Forms and measurements (H200, session 10; bench/NOTES.md): the busiest warp's super-steps decide
  * (~250 instructions per KB of weights at 2.1-2.5 instructions per cycle an SM; session 15's leaner
  * walk took 8% of them and gave back 3% of the time, so the warps' dependent decode chains at ~4 warps
- * a scheduler weigh as much as the issue rate): Air (792 + 256 items) runs best with one group a block, 2 blocks an SM; GLM-5 (1152 +
- * 384) with three groups a block (one 37 KB h staging for 24 warps). Air b1 step 6.50 -> 6.05 ms, GLM-5
+ * a scheduler weigh as much as the issue rate): Air (792 + 256 items) runs best with one group a
+ * block, 2 blocks an SM; GLM-5 (1152 + 384) with three groups a block (one 37 KB h staging for 24 warps). Air b1 step 6.50 -> 6.05 ms, GLM-5
  * x12 3.22 -> 3.13 ms; the kernel alone (ncu) 47.3 us for Air's 87.6 MB (one group a block), 84.4 us
  * for GLM-5's 181 MB (three), against 58.5 us for the four kernels it replaces at Air's shapes.
  *
@@ -198,16 +198,9 @@ __device__ __forceinline__ void mf_next(mf_pos &p, const mf_slot *sl, int w, int
     mf_settle(p, sl, w, gi, ti, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
 }
 
-/* Queues the ring copies of p's super-step into the stage whose lane chunk is at st (stage + 16 lane,
- * gm_ring_put's layout: the scale bytes of row g at stage + 1024 + 8 gi, copied by lane t = 0). */
+/* Queues the ring copies of p's super-step into the stage whose lane chunk is at st (gm_ring_put_lane). */
 __device__ __forceinline__ void mf_put(uint8_t *st, const mf_pos &p, int gi, int ti) {
-    gm_cp16(st, p.wp, 16);
-    gm_cp16(st + 512, p.wp + p.rb8, 16);
-    if (ti == 0) {
-        uint8_t *ss = st + 1024 - 56 * gi; /* lane 4 gi: stage + 64 gi -> stage + 1024 + 8 gi */
-        gm_cp8(ss, p.sp);
-        gm_cp8(ss + 64, p.sp + (p.rb8 >> 3));
-    }
+    gm_ring_put_lane(st, p.wp, p.wp + p.rb8, p.sp, p.sp + (p.rb8 >> 3), gi, ti);
 }
 
 /* Spins until *p >= target (acquire); traps after ~2^31 polls. */
@@ -285,7 +278,7 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
     }
     uint8_t *cst = ring;          /* lane chunk of the consumer's next stage */
     uint8_t *pst = ring_end;      /* ... and of the stage the producer refills (the one consumed last) */
-    const int soff = 1024 + 8 * gi + 2 * ti - 16 * lane; /* lane chunk -> the lane's scale bytes */
+    const int soff = gm_ring_soff(gi, ti);
     int par = 0; /* reduction buffer parity (items so far) */
     const int rsB = nssB * 16;    /* h row stride in units */
 
@@ -295,11 +288,7 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
         gm_cp_wait<D - 2>();
         __syncwarp();
         gm_raw cur;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            cur.w[h] = *(const uint4 *)(cst + h * 512);
-            cur.sc[h] = *(const unsigned short *)(cst + soff + h * 64);
-        }
+        gm_ring_get_lane(cur, cst, soff);
         if (P.phase < 2) {
             mf_put(pst, P, gi, ti);
             mf_next(P, sl, w, gi, ti, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
