@@ -185,6 +185,8 @@ static void make_routing(int pattern, int T, int topk, int n, int32_t *ids, floa
  * the top-k ids only; the CPU runner gets it appended as column topk with weight 1), routing over the
  * other n - 1 experts. */
 static int OUT_F32; /* the GPU runner writes F32 (as the forward's delta) instead of BF16 */
+/* relative error allowed (max |gpu - cpu| over max |cpu|), and the largest seen since it was reset */
+static double TOL = 2e-2, worst_rel;
 
 static void run_case_sh(layer *L, const ms_moe_runner *cpu_r, const ms_moe_runner *gr, int T, int topk, int pattern,
                         int shared) {
@@ -230,7 +232,8 @@ static void run_case_sh(layer *L, const ms_moe_runner *cpu_r, const ms_moe_runne
         if (fabs(a - orf[i]) > md) md = fabs(a - orf[i]);
         if (fabs(orf[i]) > mr) mr = fabs(orf[i]);
     }
-    CHECK_MSG(nan == 0 && md / mr <= 2e-2,
+    if (md / mr > worst_rel) worst_rel = md / mr;
+    CHECK_MSG(nan == 0 && md / mr <= TOL,
               "%s fmt=%s T=%d topk=%d pattern=%d shared=%d H=%d I=%d: rel err %.3g, %d non-finite", gr->name,
               ms_wfmt_name(L->fmt, MS_BF16), T, topk, pattern, shared, H, L->I, md / mr, nan);
     free(ob); free(orf); free(xf); free(xb); free(ids); free(w); free(idc); free(wcp);
@@ -419,10 +422,14 @@ static void fused_shapes(int H, int I, int want) {
               H, I, ms_cuda_moe_fused_launches() - n0, want ? "78" : "none");
     n0 = ms_cuda_moe_fused_launches();
 #endif
-    OUT_F32 = 1; /* an F32 result, as the forward's delta */
+    /* an F32 result, as the forward's delta: without the bf16 rounding of the output the fused
+     * kernel's error is h's bf16 rounding and fp32 sums (XXX measured on the H200); a decode that
+     * lost e2m1's 0.5 (a bf16 subnormal in the kernel's mma) would be off by percents */
+    OUT_F32 = 1, TOL = 4e-3, worst_rel = 0;
     run_case_sh(&L, cpu_r, gr, 1, 8, 0, 1);
     run_case_sh(&L, cpu_r, gr, 1, 3, 3, 0);
-    OUT_F32 = 0;
+    printf("  H=%d I=%d F32 out: worst rel err %.3g\n", H, I, worst_rel);
+    OUT_F32 = 0, TOL = 2e-2;
 #ifdef MS_HAVE_CUDA
     CHECK_MSG(ms_cuda_moe_fused_launches() - n0 == (want ? 2 : 0), "H=%d I=%d: F32 cases launched the fused kernel %lld times",
               H, I, ms_cuda_moe_fused_launches() - n0);

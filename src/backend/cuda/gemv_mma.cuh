@@ -55,14 +55,21 @@ __device__ __forceinline__ void gm_fp4x8(uint32_t w, uint32_t s2, uint32_t (&o)[
  * sign at bit 15 of each half without carries (the two shifted copies do not overlap); one mask keeps
  * those bits. Nibbles 2, 3, 6, 7 go through the same after one shared right shift by 8. Per word: 8
  * LOP3 + 1 shift on the ALU pipe and 4 IMAD (the old form: 8 LOP3 + 7 shifts, which ptxas splits
- * between SHF and IMAD.SHL). */
-__device__ __forceinline__ void gm_fp4x8_v2(uint32_t w, uint32_t s2, uint32_t (&o)[4]) {
+ * between SHF and IMAD.SHL). gm_fp4x8_raw is the placement alone: out[i] = (k i, k i+4) as bf16 patterns
+ * holding e2m1 * 2^-126 exactly (e2m1's 0.5 becomes a bf16 subnormal), for a consumer that applies the
+ * block scale after the product (moe_fused.cu). */
+__device__ __forceinline__ void gm_fp4x8_raw(uint32_t w, uint32_t (&o)[4]) {
     const uint32_t MS = 0x81C081C0u; /* magnitude at bits 8..6, sign at 15, in each half */
     const uint32_t w2 = w >> 8;
-    o[0] = gm_bmul2(((w & 0x000F000Fu) * 0x1040u) & MS, s2);
-    o[1] = gm_bmul2(((w & 0x00F000F0u) * 0x104u) & MS, s2);
-    o[2] = gm_bmul2(((w2 & 0x000F000Fu) * 0x1040u) & MS, s2);
-    o[3] = gm_bmul2(((w2 & 0x00F000F0u) * 0x104u) & MS, s2);
+    o[0] = ((w & 0x000F000Fu) * 0x1040u) & MS;
+    o[1] = ((w & 0x00F000F0u) * 0x104u) & MS;
+    o[2] = ((w2 & 0x000F000Fu) * 0x1040u) & MS;
+    o[3] = ((w2 & 0x00F000F0u) * 0x104u) & MS;
+}
+__device__ __forceinline__ void gm_fp4x8_v2(uint32_t w, uint32_t s2, uint32_t (&o)[4]) {
+    gm_fp4x8_raw(w, o);
+#pragma unroll
+    for (int i = 0; i < 4; i++) o[i] = gm_bmul2(o[i], s2);
 }
 /* 4 e4m3 bytes (k = i for byte i) -> 2 bf16x2 holding the exact values: o[0] = (k 0, k 2),
  * o[1] = (k 1, k 3). */

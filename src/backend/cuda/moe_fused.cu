@@ -49,17 +49,19 @@
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/gemv_mma.cuh"
 
+#include <cuda_fp8.h>
 #include <string.h>
 
 #define MF_WARPS 8  /* warps per group: one item at a time */
 #define MF_MAXS 16  /* slots at most */
-#define MF_RED_FLOATS (2 * 7 * 4 * 32) /* a group's reduction buffers: [parity][warps 1-7][4][lane] */
+#define MF_RED_FLOATS (2 * 7 * 2 * 32) /* a group's reduction buffers: [parity][warps 1-7][row g, g + 8][lane] */
+#define MF_XPOW 64     /* x and h are staged times 2^MF_XPOW (see mf_step) */
 
 /* A valid slot's weights (rows of 16-byte units; scales e4m3 per 16 k) and factors. */
 struct mf_slot {
     const uint8_t *w[3], *s[3]; /* gate, up, down */
-    float post[2];              /* 256 * scale2 of gate, up (the 2^-8 folded into the decoded weights) */
-    float c;                    /* router weight * 256 * scale2 of down */
+    float post[2];              /* 2^(126 - MF_XPOW) * scale2 of gate, up (mf_step's factors undone) */
+    float c;                    /* router weight * 2^(126 - MF_XPOW) * scale2 of down */
 };
 
 struct mf_args {
@@ -73,6 +75,7 @@ struct mf_args {
     void *out;     /* [H], out_type */
     int out_type;
     unsigned *sync;        /* [2], zero between launches */
+    int zero_off;          /* byte offset of 256 zero bytes in dynamic shared memory (64 mod 128) */
     int red_off, ring_off; /* byte offsets of the reduction buffers and the rings in dynamic shared memory */
 };
 
@@ -85,27 +88,57 @@ __device__ __forceinline__ int mf_xslot(int u) { return (u & ~15) | ((u & 3) << 
 /* (mf_xslot is its own inverse: the staging loops walk the slots in order, so consecutive threads'
  * 16-byte shared stores hit distinct bank groups, and read unit mf_xslot(slot) from global memory.) */
 
-/* x unit (8 bf16 at k 8u..8u+7) re-paired for the nvfp4 step: (k 0,4), (1,5), (2,6), (3,7). */
+/* x unit (8 bf16 at k 8u..8u+7) re-paired for the nvfp4 step, (k 0,4), (1,5), (2,6), (3,7), and times
+ * 2^MF_XPOW (exact below 2^(128 - MF_XPOW) in magnitude). */
 __device__ __forceinline__ uint4 mf_pair(uint4 v) {
-    return make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
-                      __byte_perm(v.y, v.w, 0x7632));
+    const uint32_t P = 0x5F805F80u; /* bf16 2^64, twice */
+    static_assert(MF_XPOW == 64, "P is bf16 2^MF_XPOW");
+    return make_uint4(gm_bmul2(__byte_perm(v.x, v.z, 0x5410), P), gm_bmul2(__byte_perm(v.x, v.z, 0x7632), P),
+                      gm_bmul2(__byte_perm(v.y, v.w, 0x5410), P), gm_bmul2(__byte_perm(v.y, v.w, 0x7632), P));
 }
 
-/* One super-step of one token (gm_step<5, 1>'s arithmetic) into two accumulators, even and odd 32-k
- * words alternating, so that consecutive mma.sync do not wait on each other's results. xp: the lane's
- * x units of the super-step (mf_xslot layout; word q at xp + 64 q bytes). */
-__device__ __forceinline__ void mf_step(float (&a0)[4], float (&a1)[4], const gm_raw &r, const uint8_t *xp) {
-    uint32_t s2[2][2];
-    gm_fp4_scales_v2(r, s2);
+/* One super-step of one token, the block scales applied after the products: acc[h] (row g, g + 8) +=
+ * c * sum over the lane t's two 16-k groups of scale * (the group's e2m1 . x). Each mma pair of word q
+ * takes the raw e2m1 values (gm_fp4x8_raw, no scale multiply) of all four lanes of a row, whose 16-k
+ * groups differ; so B's column n holds x only at the k rows of lane n / 2 (lanes (g, t) with t = g / 2
+ * read x, the others 256 zero bytes at xp, which then never advances): column 2t of the result is lane
+ * t's group alone, in c0 (row g) and c2 (row g + 8) of lane (g, t), which scales it by its own scale
+ * bytes (e4m3 -> fp16 -> fp32, exact). Against scaling the weights (gm_step) this saves 32 bf16
+ * multiplies and the bf16 scale patterns a super-step, for 4 FMAs. Magnitudes: the raw weights are
+ * e2m1 * 2^-126 (bf16 subnormals for e2m1's 0.5, which mma takes exactly), x was staged times 2^64,
+ * so products of any |x| >= 2^-62 are normal fp32; acc carries 2^(64 - 126), undone by the slot's
+ * factors. xp: the lane's x units of the super-step (mf_xslot layout; word q at xp + 64 q bytes). */
+template <bool SCALED>
+__device__ __forceinline__ void mf_step(float (&acc)[2], const gm_raw &r, const uint8_t *xp, float c) {
+    float sf[2][2]; /* [row g / g + 8][16-k group] */
 #pragma unroll
-    for (int q = 0; q < 4; q++) {
-        uint32_t A[2][4];
-        gm_fp4_rows_v2(r, q, s2, A);
-        const uint4 X = *(const uint4 *)(xp + 64 * q);
-        float(&acc)[4] = (q & 1) ? a1 : a0;
-        gm_mma(acc, A[0][0], A[1][0], A[0][1], A[1][1], X.x, X.y);
-        gm_mma(acc, A[0][2], A[1][2], A[0][3], A[1][3], X.z, X.w);
+    for (int h = 0; h < 2; h++) {
+        const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)r.sc[h], __NV_E4M3);
+        const __half2 s2 = hr;
+        sf[h][0] = __low2float(s2), sf[h][1] = __high2float(s2);
     }
+    float d[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}}; /* [16-k group] c fragments */
+    /* words 0, 2, 1, 3: consecutive mma pairs feed the two groups' chains in turn */
+#pragma unroll
+    for (int qi = 0; qi < 4; qi++) {
+        const int q = ((qi & 1) << 1) | (qi >> 1);
+        uint32_t A[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; h++) gm_fp4x8_raw(gm_word(r, h, q), A[h]);
+        const uint4 X = *(const uint4 *)(xp + 64 * q);
+        gm_mma(d[q >> 1], A[0][0], A[1][0], A[0][1], A[1][1], X.x, X.y);
+        gm_mma(d[q >> 1], A[0][2], A[1][2], A[0][3], A[1][3], X.z, X.w);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int gg = 0; gg < 2; gg++) acc[h] = fmaf(d[gg][2 * h], SCALED ? sf[h][gg] * c : sf[h][gg], acc[h]);
+}
+
+/* Sum of v over the 4 lanes t of the lane's row group (fixed order: every lane gets the same sum). */
+__device__ __forceinline__ float mf_rowsum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
 /* A warp's position in its stream of super-steps: phase A items of its group, then phase B items.
@@ -234,7 +267,9 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
     const int H = a.H, I = a.I, nssA = H / 128, nssB = I / 128, mtA = I / 16, mtB = H / 16;
     uint4 *xs = mf_smem;
     const uint8_t *xl = (const uint8_t *)mf_smem + 16 * ti; /* the lane's x units (mf_xslot) */
-    float *red = (float *)((uint8_t *)mf_smem + a.red_off) + grp * MF_RED_FLOATS; /* [2][7][4][32] */
+    const uint8_t *const zb = (const uint8_t *)mf_smem + a.zero_off + 16 * ti; /* ... for lanes without x */
+    const bool xon = ti == (gi >> 1); /* this lane's B registers carry x (mf_step) */
+    float *red = (float *)((uint8_t *)mf_smem + a.red_off) + grp * MF_RED_FLOATS; /* [2][7][2][32] */
     uint8_t *ring = (uint8_t *)mf_smem + a.ring_off + (size_t)warp * D * GM_STG + 16 * lane; /* lane chunk of stage 0 */
     uint8_t *const ring_end = ring + (D - 1) * GM_STG;
 
@@ -248,12 +283,14 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
             mf_slot &o = sl[s];
             o.w[0] = (const uint8_t *)g.w, o.w[1] = (const uint8_t *)u.w, o.w[2] = (const uint8_t *)d.w;
             o.s[0] = (const uint8_t *)g.scale, o.s[1] = (const uint8_t *)u.scale, o.s[2] = (const uint8_t *)d.scale;
-            o.post[0] = 256.f * g.scale2, o.post[1] = 256.f * u.scale2;
-            o.c = (s < a.nslot ? a.wts[s] : 1.f) * 256.f * d.scale2;
+            static_assert(MF_XPOW == 64, "the factors below are 2^(126 - MF_XPOW)");
+            o.post[0] = 0x1p62f * g.scale2, o.post[1] = 0x1p62f * u.scale2;
+            o.c = (s < a.nslot ? a.wts[s] : 1.f) * 0x1p62f * d.scale2;
         }
     }
     /* phase A's x, staged while the descriptors load: units re-paired, in mf_xslot order */
     for (int s = threadIdx.x; s < nssA * 16; s += blockDim.x) xs[s] = mf_pair(__ldcg((const uint4 *)a.x + mf_xslot(s)));
+    if (threadIdx.x < 16) ((uint4 *)((uint8_t *)mf_smem + a.zero_off))[threadIdx.x] = make_uint4(0, 0, 0, 0);
     __syncthreads();
     if (threadIdx.x == 0) {
         int nv = 0;
@@ -284,7 +321,7 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
 
     /* one consumed super-step: wait for its stage, refill the stage freed last step, multiply; xp:
      * the lane's x units of the super-step */
-    auto step = [&](float (&a0)[4], float (&a1)[4], const uint8_t *xp) {
+    auto step = [&](float (&acc)[2], const uint8_t *xp, bool scaled, float c) {
         gm_cp_wait<D - 2>();
         __syncwarp();
         gm_raw cur;
@@ -294,25 +331,26 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
             mf_next(P, sl, w, gi, ti, grp0, ngrp, itemsA, itemsB, nssA, F, H, I, mtA);
         }
         gm_cp_commit();
-        mf_step(a0, a1, cur, xp);
+        if (scaled) mf_step<true>(acc, cur, xp, c);
+        else mf_step<false>(acc, cur, xp, c);
         pst = cst;
         cst = cst == ring_end ? ring : cst + GM_STG;
     };
     /* partial sums of the group's warps meet in its warp 0 in warp order; s: warps from which on the
      * partials go to `up` (phase A: 4, the up rows) */
-    auto reduce = [&](float (&acc)[4], float (&up)[4], int s) {
-        float *rb = red + par * (7 * 4 * 32);
+    auto reduce = [&](float (&acc)[2], float (&up)[2], int s) {
+        float *rb = red + par * (7 * 2 * 32);
         if (w > 0)
 #pragma unroll
-            for (int q = 0; q < 4; q++) rb[((w - 1) * 4 + q) * 32 + lane] = acc[q];
+            for (int q = 0; q < 2; q++) rb[((w - 1) * 2 + q) * 32 + lane] = acc[q];
         mf_group_sync(grp);
 #pragma unroll
-        for (int q = 0; q < 4; q++) up[q] = 0.f;
+        for (int q = 0; q < 2; q++) up[q] = 0.f;
         if (w == 0)
             for (int k2 = 1; k2 < MF_WARPS; k2++)
 #pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    const float v = rb[((k2 - 1) * 4 + q) * 32 + lane];
+                for (int q = 0; q < 2; q++) {
+                    const float v = rb[((k2 - 1) * 2 + q) * 32 + lane];
                     if (k2 >= s) up[q] += v;
                     else acc[q] += v;
                 }
@@ -322,23 +360,26 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
     /* ---- phase A: h = silu(gate) * up ---- */
     for (int item = grp0; item < itemsA; item += ngrp) {
         const int v = item / mtA, m0 = (item - v * mtA) * 16;
-        float a0[4] = {0.f, 0.f, 0.f, 0.f}, a1[4] = {0.f, 0.f, 0.f, 0.f};
+        float acc[2] = {0.f, 0.f};
         const int n = mf_steps(0, w, nssA, F);
-        const uint8_t *xp = xl + (w & 3) * 256;
-        for (int i = 0; i < n; i++, xp += 4 * 256) step(a0, a1, xp);
+        const uint8_t *xp = xon ? xl + (w & 3) * 256 : zb;
+        const int xinc = xon ? 4 * 256 : 0;
+        for (int i = 0; i < n; i++, xp += xinc) step(acc, xp, false, 1.f);
+        float up[2];
+        reduce(acc, up, 4);
+        if (w == 0) {
+            /* the 4 lanes t of a row hold its partials over their own 16-k groups */
 #pragma unroll
-        for (int q = 0; q < 4; q++) a0[q] += a1[q];
-        float up[4];
-        reduce(a0, up, 4);
-        if (w == 0 && ti == 0) {
-            /* token 0 is c0 (row g) and c2 (row g + 8) of lanes t = 0 */
+            for (int h = 0; h < 2; h++) acc[h] = mf_rowsum(acc[h]), up[h] = mf_rowsum(up[h]);
+            if (ti == 0) {
 #pragma unroll
-            for (int q = 0; q < 4; q += 2) {
-                const int r = m0 + gi + 8 * (q >> 1);
-                const float g = a0[q] * sl[v].post[0];
-                a.h[(size_t)v * I + r] = __float2bfloat16_rn(cu_silu(g) * (up[q] * sl[v].post[1]));
+                for (int h = 0; h < 2; h++) {
+                    const int r = m0 + gi + 8 * h;
+                    const float g = acc[h] * sl[v].post[0];
+                    a.h[(size_t)v * I + r] = __float2bfloat16_rn(cu_silu(g) * (up[h] * sl[v].post[1]));
+                }
+                __threadfence();
             }
-            __threadfence();
         }
     }
 
@@ -357,25 +398,25 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
     /* ---- phase B: out = Σ_slot c_slot · (h_slot · downᵀ) ---- */
     for (int item = grp0; item < itemsB; item += ngrp) {
         const int m0 = item * 16;
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        float acc[2] = {0.f, 0.f};
         const int n = mf_steps(1, w, nssA, F);
         int v = w / nssB, j = w - v * nssB;
-        const uint8_t *xp = xl + (v * rsB + j * 16) * 16;
+        const uint8_t *xp = xon ? xl + (v * rsB + j * 16) * 16 : zb;
+        const int xinc = xon ? MF_WARPS * 256 : 0; /* slot v's row continues into slot v + 1's: back to back */
         for (int i = 0; i < n; i++) {
-            float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
-            step(d0, d1, xp);
-            const float c = sl[v].c;
-#pragma unroll
-            for (int q = 0; q < 4; q++) acc[q] = fmaf(c, d0[q] + d1[q], acc[q]);
+            step(acc, xp, true, sl[v].c);
             j += MF_WARPS;
-            xp += MF_WARPS * 256; /* slot v's row continues into slot v + 1's: rows are back to back */
+            xp += xinc;
             while (j >= nssB) j -= nssB, v++;
         }
-        float unused[4];
+        float unused[2];
         reduce(acc, unused, MF_WARPS);
-        if (w == 0 && ti == 0) {
+        if (w == 0) {
 #pragma unroll
-            for (int q = 0; q < 4; q += 2) cu_st(a.out, a.out_type, (size_t)(m0 + gi + 8 * (q >> 1)), acc[q]);
+            for (int h = 0; h < 2; h++) acc[h] = mf_rowsum(acc[h]);
+            if (ti == 0)
+#pragma unroll
+                for (int h = 0; h < 2; h++) cu_st(a.out, a.out_type, (size_t)(m0 + gi + 8 * h), acc[h]);
         }
     }
     gm_cp_wait_all(); /* no ring copy outlives the block */
@@ -413,7 +454,7 @@ static const struct {
 
 /* Contract in cuda_internal.cuh. Grid: as many blocks as fit on the GPU at once (occupancy: every block
  * the phase boundary waits for must be resident), capped by the larger phase's items over the groups a
- * block. Shared memory: max(x, h) staging + 2 x 7 reduction partials a group + the warps' rings. Form
+ * block. Shared memory: max(x, h) staging + 256 zero bytes + 2 x 7 reduction partials a group + the warps' rings. Form
  * (MS_CU_MOE_FUSED=1): the least (rounds of phase A items x a warp's steps in one + the same for B) x
  * warps an SM, i.e. the busiest warp's steps if the SM's issue rate is what they share (measured on the
  * H200, session 10: Air's 792 + 256 items prefer one group a block at 2 blocks an SM, GLM-5's 1152 +
@@ -440,7 +481,9 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
     const int nforms = (int)(sizeof mf_forms / sizeof mf_forms[0]), nsm = b->gpu.n_sm;
     const int itemsA = ns * (I / 16), itemsB = H / 16, most = itemsA > itemsB ? itemsA : itemsB;
     const int64_t sA = (H / 128 + 3) / 4, sB = ((int64_t)ns * (I / 128) + MF_WARPS - 1) / MF_WARPS;
-    const size_t red_off = (size_t)x_units * 16; /* then each group's reduction buffers, then the rings */
+    /* 256 zero bytes at 64 mod 128 past x (mf_step: the zero lanes' reads fall in the other half of the
+     * banks than the x lanes'), then each group's reduction buffers, then the rings */
+    const size_t zero_off = (((size_t)x_units * 16 + 127) & ~(size_t)127) + 64, red_off = (zero_off + 256 + 127) & ~(size_t)127;
     int best = -1, best_grid = 0;
     size_t best_smem = 0;
     int64_t best_cost = 0;
@@ -464,7 +507,7 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
     a.G = c->G, a.U = c->U, a.D = c->D, a.ids = c->ids, a.wts = c->wts, a.nslot = c->nslot, a.H = H, a.I = I;
     a.extra_id = c->extra_slot - 1, a.n_experts = c->n_experts;
     a.x = c->x, a.h = c->h, a.out = c->out, a.out_type = c->out_type, a.sync = cu_of(b)->moe_sync;
-    a.red_off = (int)red_off;
+    a.zero_off = (int)zero_off, a.red_off = (int)red_off;
     a.ring_off = (int)(red_off + (size_t)mf_forms[best].ng * MF_RED_FLOATS * sizeof(float));
     CK(mf_forms[best].go(dim3(best_grid), best_smem, cu_of(b)->stream, a));
     __atomic_fetch_add(&mf_launches, 1, __ATOMIC_RELAXED);
