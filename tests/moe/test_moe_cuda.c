@@ -423,8 +423,8 @@ static void fused_shapes(int H, int I, int want) {
     n0 = ms_cuda_moe_fused_launches();
 #endif
     /* an F32 result, as the forward's delta: without the bf16 rounding of the output the fused
-     * kernel's error is h's bf16 rounding and fp32 sums (1.7e-3 to 2.1e-3 measured on the H200); a decode that
-     * lost e2m1's 0.5 (a bf16 subnormal in the kernel's mma) would be off by percents */
+     * kernel's error is h's bf16 rounding and fp32 sums (1.7e-3 to 2.1e-3 measured on the H200); a
+     * decode that lost e2m1's 0.5 (a bf16 subnormal in the kernel's mma) would be off by percents */
     OUT_F32 = 1, TOL = 4e-3, worst_rel = 0;
     run_case_sh(&L, cpu_r, gr, 1, 8, 0, 1);
     run_case_sh(&L, cpu_r, gr, 1, 3, 3, 0);

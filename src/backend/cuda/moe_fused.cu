@@ -19,9 +19,9 @@
  * super-steps j = (w & 3) + 4i of K = hidden (k_gmma's K split with ksplit 4); the partials meet in
  * warp 0 in warp order, which writes h[v, rows] as bf16. Phase B items are 16 rows of the output: the
  * item's super-steps over all valid slots (slot-major, nv x I/128 of them) are dealt round robin to the
- * 8 warps; each super-step's product is scaled by its slot's weight · 256 · scale2 and added to the
- * warp's sum; warp 0 adds the 8 sums in warp order and writes out. A super-step is gm_step's nvfp4
- * arithmetic (mf_step) into two accumulators, so consecutive mma.sync do not wait on each other; sums
+ * 8 warps; each super-step's product is scaled by its slot's weight and added to the warp's sum; warp 0
+ * adds the 8 sums in warp order and writes out. A super-step (mf_step) multiplies the raw e2m1 values
+ * and applies the block scales to the mma results, per 16-k group (its comment says how); sums
  * therefore differ from the two-kernel form in rounding order only. A warp's walk (mf_pos) keeps the
  * lane's weight and scale pointers in registers and advances them by constants inside an item.
  *
@@ -36,13 +36,15 @@
  * be, and the spin would end in the trap (MS_CU_MOE_FUSED=0 then; a cooperative launch, which would
  * fail instead, is not used yet).
  *
- * Forms and measurements (H200, session 10; bench/NOTES.md): the busiest warp's super-steps decide
- * (~250 instructions per KB of weights at 2.1-2.5 instructions per cycle an SM; session 15's leaner
- * walk took 8% of them and gave back 3% of the time, so the warps' dependent decode chains at ~4 warps
- * a scheduler weigh as much as the issue rate): Air (792 + 256 items) runs best with one group a
- * block, 2 blocks an SM; GLM-5 (1152 + 384) with three groups a block (one 37 KB h staging for 24 warps). Air b1 step 6.50 -> 6.05 ms, GLM-5
- * x12 3.22 -> 3.13 ms; the kernel alone (ncu) 47.3 us for Air's 87.6 MB (one group a block), 84.4 us
- * for GLM-5's 181 MB (three), against 58.5 us for the four kernels it replaces at Air's shapes.
+ * Forms and measurements (H200, session 10; bench/NOTES.md): the busiest warp's super-steps decide.
+ * Air (792 + 256 items) runs best with one group a block, 2 blocks an SM; GLM-5 (1152 + 384) with
+ * three groups a block (one 37 KB h staging for 24 warps). Air b1 step 6.50 -> 6.05 ms, GLM-5 x12
+ * 3.22 -> 3.13 ms; the kernel alone (ncu) 47.3 us for Air's 87.6 MB (one group a block), 84.4 us for
+ * GLM-5's 181 MB (three), against 58.5 us for the four kernels it replaces at Air's shapes. What limits
+ * it (session 16's diagnostics): not the arithmetic (without decode and mma Air's kernel takes ~4 us
+ * less of ~43; sessions 15 and 16 cut 23% of its instructions for ~4% of its time) but the streaming
+ * at ~3 TB/s in steady state, a 4-8 us prologue, ~2 us of h staging and the spread of phase A's end
+ * across blocks, which the phase boundary turns into idle time.
  *
  * Requirements (host): NVFP4 gate/up/down, hidden and intermediate multiples of 128 (8-byte aligned
  * scale rows for the ring's copies), at most MF_MAXS slots, shared memory for max(x, h) staging. */
