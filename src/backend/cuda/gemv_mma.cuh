@@ -2,7 +2,8 @@
  * explains the layout, the exactness argument and the data movement) that other decode kernels reuse:
  * PTX wrappers, the exact NVFP4/FP8 decoders, the super-step loads (registers or the cp.async ring)
  * and the per-super-step multiply-add gm_step. The fused one-token MoE kernel (moe_fused.cu) streams
- * the same weights through the same ring and step. Device code only; included after cuda_internal.cuh. */
+ * the same weights through the same ring, with the raw e2m1 placement (gm_fp4x8_raw) and a step of its
+ * own that scales after the mma. Device code only; included after cuda_internal.cuh. */
 #ifndef MS_BACKEND_CUDA_GEMV_MMA_CUH
 #define MS_BACKEND_CUDA_GEMV_MMA_CUH
 
@@ -179,7 +180,7 @@ __device__ __forceinline__ void gm_ring_get(gm_raw &r, const uint8_t *st, int gi
     gm_ring_get_lane(r, st + 16 * lane, gm_ring_soff(gi, ti));
 }
 
-/* The nvfp4 v2 decode's pieces (gm_step's FMT >= 3 path; moe_fused.cu's step). Word q of row h's
+/* The nvfp4 v2 decode's pieces (gm_step's FMT >= 3 path; gm_word also moe_fused.cu's). Word q of row h's
  * (g / g + 8) 16-byte chunk: k 8q..8q+7 of the lane's 32, as pairs (i, i + 4). */
 __device__ __forceinline__ uint32_t gm_word(const gm_raw &r, int h, int q) {
     return q == 0 ? r.w[h].x : q == 1 ? r.w[h].y : q == 2 ? r.w[h].z : r.w[h].w;

@@ -91,7 +91,8 @@ __device__ __forceinline__ int mf_xslot(int u) { return (u & ~15) | ((u & 3) << 
  * 16-byte shared stores hit distinct bank groups, and read unit mf_xslot(slot) from global memory.) */
 
 /* x unit (8 bf16 at k 8u..8u+7) re-paired for the nvfp4 step, (k 0,4), (1,5), (2,6), (3,7), and times
- * 2^MF_XPOW (exact below 2^(128 - MF_XPOW) in magnitude). */
+ * 2^MF_XPOW: exact below 2^(128 - MF_XPOW) in magnitude; an x or h element at or above 2^64 (~1.8e19)
+ * becomes inf here, where the bf16 limit alone is ~3.4e38. */
 __device__ __forceinline__ uint4 mf_pair(uint4 v) {
     const uint32_t P = 0x5F805F80u; /* bf16 2^64, twice */
     static_assert(MF_XPOW == 64, "P is bf16 2^MF_XPOW");
@@ -456,8 +457,8 @@ static const struct {
 
 /* Contract in cuda_internal.cuh. Grid: as many blocks as fit on the GPU at once (occupancy: every block
  * the phase boundary waits for must be resident), capped by the larger phase's items over the groups a
- * block. Shared memory: max(x, h) staging + 256 zero bytes + 2 x 7 reduction partials a group + the warps' rings. Form
- * (MS_CU_MOE_FUSED=1): the least (rounds of phase A items x a warp's steps in one + the same for B) x
+ * block. Shared memory: max(x, h) staging + 256 zero bytes + 2 x 7 reduction partials a group + the
+ * warps' rings. Form (MS_CU_MOE_FUSED=1): the least (rounds of phase A items x a warp's steps in one + the same for B) x
  * warps an SM, i.e. the busiest warp's steps if the SM's issue rate is what they share (measured on the
  * H200, session 10: Air's 792 + 256 items prefer one group a block at 2 blocks an SM, GLM-5's 1152 +
  * 384 three groups a block); MS_CU_MOE_FUSED=2+f forces form f. */
