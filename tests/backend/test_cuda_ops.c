@@ -700,9 +700,8 @@ static void test_linear_mma(void) {
  * split is exact and where it is not (the file comment's bound). nan: one NaN in x must make every
  * output NaN (never a silent finite value). */
 static void swiglu_case(ms_wfmt fmt, ms_dtype pdt, int64_t T, int64_t N, int64_t K);
-/* The FP8 wgmma form runs where the GPU is sm_90 (this project's CUDA builds carry sm_90a code). */
-/* The FP8 wgmma form is a form of the tensor-core GEMV: it runs on sm_90 unless MS_CU_GEMV picks the
- * CUDA-core kernels (gpu-check's gv2 pass) */
+/* The FP8 wgmma form runs where the GPU is sm_90 (this project's CUDA builds carry sm_90a code), as a
+ * form of the tensor-core GEMV: not when MS_CU_GEMV picks the CUDA-core kernels (gpu-check's gv2 pass). */
 static int w8_expected(void) {
     const char *g = getenv("MS_CU_GEMV");
     return GPU->gpu.cc_major == 9 && (!g || !strcmp(g, "mma"));

@@ -438,8 +438,8 @@ __device__ __forceinline__ void rope_pair(float a, float c, float p, float f, fl
 }
 /* Unit j of the absorbed MLA query's rope part (dr columns of one head, src -> dst): j < rot_dim / 2
  * rotates pair j of the rotary columns rot_off.. (inv NULL or rot_dim 0: none) at position pos[t] (read
- * only then), the rest copy pass-through column j - rot_dim / 2 (skipping the rotary ones). k_copy_rope and k_absorb_q both
- * write the rope part through here, so either gives the rope op's bits. */
+ * only then), the rest copy pass-through column j - rot_dim / 2 (skipping the rotary ones). k_copy_rope
+ * and k_absorb_q both write the rope part through here, so either gives the rope op's bits. */
 __device__ __forceinline__ void cu_rope_part_unit(const bf16 *src, bf16 *dst, int j, const int32_t *pos, int t,
                                                   const float *inv, int rot_off, int rot_dim, int interleaved) {
     const int half = inv ? rot_dim / 2 : 0, rot = inv ? rot_dim : 0;

@@ -458,8 +458,8 @@ static const struct {
 /* Contract in cuda_internal.cuh. Grid: as many blocks as fit on the GPU at once (occupancy: every block
  * the phase boundary waits for must be resident), capped by the larger phase's items over the groups a
  * block. Shared memory: max(x, h) staging + 256 zero bytes + 2 x 7 reduction partials a group + the
- * warps' rings. Form (MS_CU_MOE_FUSED=1): the least (rounds of phase A items x a warp's steps in one + the same for B) x
- * warps an SM, i.e. the busiest warp's steps if the SM's issue rate is what they share (measured on the
+ * warps' rings. Form (MS_CU_MOE_FUSED=1): the least (rounds of phase A items x a warp's steps in one +
+ * the same for B) x warps an SM, i.e. the busiest warp's steps if the SM's issue rate is what they share (measured on the
  * H200, session 10: Air's 792 + 256 items prefer one group a block at 2 blocks an SM, GLM-5's 1152 +
  * 384 three groups a block); MS_CU_MOE_FUSED=2+f forces form f. */
 int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_err *err) {
@@ -486,7 +486,8 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
     const int64_t sA = (H / 128 + 3) / 4, sB = ((int64_t)ns * (I / 128) + MF_WARPS - 1) / MF_WARPS;
     /* 256 zero bytes at 64 mod 128 past x (mf_step: the zero lanes' reads fall in the other half of the
      * banks than the x lanes'), then each group's reduction buffers, then the rings */
-    const size_t zero_off = (((size_t)x_units * 16 + 127) & ~(size_t)127) + 64, red_off = (zero_off + 256 + 127) & ~(size_t)127;
+    const size_t zero_off = (((size_t)x_units * 16 + 127) & ~(size_t)127) + 64;
+    const size_t red_off = (zero_off + 256 + 127) & ~(size_t)127;
     int best = -1, best_grid = 0;
     size_t best_smem = 0;
     int64_t best_cost = 0;
