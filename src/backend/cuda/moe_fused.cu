@@ -58,6 +58,7 @@
 #define MF_MAXS 16  /* slots at most */
 #define MF_RED_FLOATS (2 * 7 * 2 * 32) /* a group's reduction buffers: [parity][warps 1-7][row g, g + 8][lane] */
 #define MF_XPOW 64     /* x and h are staged times 2^MF_XPOW (see mf_step) */
+#define MF_ALIGN 128   /* the dynamic window's base, rounded up in the kernel (bytes) */
 
 /* A valid slot's weights (rows of 16-byte units; scales e4m3 per 16 k) and factors. */
 struct mf_slot {
@@ -260,7 +261,7 @@ __device__ __forceinline__ void mf_group_sync(int grp) {
 template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) void k_moe_fused(mf_args a) {
     cu_pdl_wait();
     cu_pdl_trigger();
-    extern __shared__ uint4 mf_smem[];
+    extern __shared__ uint4 mf_smem_raw[];
     __shared__ mf_slot sl[MF_MAXS];
     __shared__ int s_valid[MF_MAXS];
     __shared__ int s_nv;
@@ -268,6 +269,10 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
     const int grp = warp / MF_WARPS, w = warp - grp * MF_WARPS;
     const int grp0 = blockIdx.x * NG + grp, ngrp = gridDim.x * NG;
     const int H = a.H, I = a.I, nssA = H / 128, nssB = I / 128, mtA = I / 16, mtB = H / 16;
+    /* the dynamic window starts after the static variables, 16-byte aligned only; every offset below is
+     * meant from a 128-byte boundary (whole 32-byte sectors per cp.async chunk, the zero bytes' bank half),
+     * so the base is rounded up here and the host asks for MF_ALIGN bytes more */
+    uint4 *const mf_smem = mf_smem_raw + ((MF_ALIGN - (cu_saddr(mf_smem_raw) & (MF_ALIGN - 1))) & (MF_ALIGN - 1)) / 16;
     uint4 *xs = mf_smem;
     const uint8_t *xl = (const uint8_t *)mf_smem + 16 * ti; /* the lane's x units (mf_xslot) */
     const uint8_t *const zb = (const uint8_t *)mf_smem + a.zero_off + 16 * ti; /* ... for lanes without x */
@@ -494,7 +499,7 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
     for (int f = 0; f < nforms; f++) {
         if (knob >= 2 && f != knob - 2) continue;
         const int ng = mf_forms[f].ng;
-        const size_t smem = red_off + (size_t)ng * MF_RED_FLOATS * sizeof(float) +
+        const size_t smem = MF_ALIGN + red_off + (size_t)ng * MF_RED_FLOATS * sizeof(float) +
                             (size_t)ng * MF_WARPS * mf_forms[f].d * GM_STG;
         int bps = 0;
         MS_TRY(cu_occupancy(b, mf_forms[f].kern, ng * MF_WARPS * 32, smem, &bps, err));
