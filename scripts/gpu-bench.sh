@@ -90,6 +90,8 @@ if "$BIN" serve --help >/dev/null 2>&1; then
     rc=$?
     [ $rc = 0 ] && row "serve + bench (64 conc, 256/256)" "ok ($(( $(date +%s) - t )) s)" || row "serve + bench" "FAIL rc=$rc"
     grep -E "ready in|recorded" "$OUT/serve.log" >>"$OUT/summary.txt"
+    # the headline figures first (the tail below is mostly latency percentiles and a sample reply)
+    grep -E "Successful requests|Benchmark duration|Total generated|throughput" "$OUT/serve-bench.log" >>"$OUT/summary.txt"
     tail -30 "$OUT/serve-bench.log" >>"$OUT/summary.txt"
   else
     row "serve + bench" "FAIL server did not come up (serve.log)"
