@@ -269,9 +269,9 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
     const int grp = warp / MF_WARPS, w = warp - grp * MF_WARPS;
     const int grp0 = blockIdx.x * NG + grp, ngrp = gridDim.x * NG;
     const int H = a.H, I = a.I, nssA = H / 128, nssB = I / 128, mtA = I / 16, mtB = H / 16;
-    /* the dynamic window starts after the static variables, 16-byte aligned only; every offset below is
-     * meant from a 128-byte boundary (whole 32-byte sectors per cp.async chunk, the zero bytes' bank half),
-     * so the base is rounded up here and the host asks for MF_ALIGN bytes more */
+    /* the dynamic window starts after the static variables (1104 bytes: 80 mod 128); every offset below
+     * is laid out from a 128-byte boundary, so the base is rounded up here and the host asks for MF_ALIGN
+     * bytes more. Unaligned, the kernel measured 10 us a layer slower on GLM-5 (bench/NOTES.md, session 17) */
     uint4 *const mf_smem = mf_smem_raw + ((MF_ALIGN - (cu_saddr(mf_smem_raw) & (MF_ALIGN - 1))) & (MF_ALIGN - 1)) / 16;
     uint4 *xs = mf_smem;
     const uint8_t *xl = (const uint8_t *)mf_smem + 16 * ti; /* the lane's x units (mf_xslot) */
