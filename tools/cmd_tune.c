@@ -1,40 +1,61 @@
 /* cmd_tune.c - `moeserve tune [--model CONFIG] [--dummy-quant nvfp4] [--tokens 1,2,4,...]
- * [--out-dir configs/tuned] [--reps 20]`
+ * [--out-dir configs/tuned] [--reps 20] [--forms-only]`
  *
  * The MoE `auto` policy runs the decode-specialised runner up to some token count and the grouped
  * GEMM runner above it. Where they cross depends on the GPU, so this measures both runners on one
  * MoE layer of the model's real shapes (dummy weights, generated on the device) for each token
  * count and writes the crossover to <out-dir>/<gpu-name>.json, which the executor applies at start
  * when the GPU matches (src/moe/tuned.c). The crossover is the largest measured token count up to
- * which decode is never slower than grouped. */
+ * which decode is never slower than grouped.
+ *
+ * With CUDA it also times every launch form of the fused one-token MoE kernel at the layer's shape
+ * (MS_CU_MOE_FUSED=2+f forces form f; the kernel's per-form launch counters confirm it ran) and
+ * records the fastest under "moe_fused_forms", keyed by hidden, intermediate size and slots. The file
+ * keeps the forms of other shapes from earlier runs, so one file serves several models; --forms-only
+ * measures the forms alone and leaves the crossover of the earlier run in place.
+ *
+ * Each timed call routes the token(s) to one of TUNE_SETS random expert sets in turn: the same experts
+ * every call would stay partly in L2 (one Air layer's 9 experts are 88 MB, the H200's L2 50 MB) and
+ * time a read rate a decode step does not get. */
 #include "common/args.h"
 #include "common/model_args.h"
 #include "core/dtype.h"
 #include "core/fileutil.h"
 #include "core/log.h"
+#ifdef MS_HAVE_CUDA
+#include "backend/cuda/backend_cuda.h"
+#endif
 
 #include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #define TUNE_MAX 16
+#define TUNE_SETS 16   /* routings cycled through by the timed calls */
+#define TUNE_FORMS 16  /* fused-kernel forms measured at most */
+#define TUNE_ROUNDS 5  /* the forms are timed in turn this many times; each form's best round counts */
 
-/* Times runner r on n_tok tokens routed at random (distinct experts per token); mean microseconds
- * per call over reps after one untimed call. */
+/* Times runner r on n_tok tokens routed at random (distinct experts per token, TUNE_SETS routings
+ * used in turn); mean microseconds per call over reps after one untimed call. s: the layer's shape
+ * (n_experts counts e's experts, topk the routed ones a token gets); e->shared_last adds the shared
+ * expert, expert n_experts - 1, to every token as the forward's folded calls do. */
 static int time_runner(ms_backend *b, const ms_moe_runner *r, const ms_experts *e, const ms_moe_shape *s, int n_tok,
                        int reps, double *us, ms_err *err) {
-    const int H = s->hidden, k = s->topk;
+    const int H = s->hidden, k = s->topk, routed = s->n_experts - (e->shared_last ? 1 : 0);
     ms_tensor x = {0}, out = {0}, ids = {0}, w = {0}, ws = {0};
-    int64_t sx[2] = {n_tok, H}, si[2] = {n_tok, k};
-    ms_moe_shape sh = *s;
+    const int64_t nk = (int64_t)n_tok * k;
+    int64_t sx[2] = {n_tok, H}, si[2] = {TUNE_SETS * (int64_t)n_tok, k};
+    ms_moe_shape sh = *s; /* with a folded shared expert the workspace counts it as one more per token */
     sh.n_tokens = n_tok;
+    sh.topk += e->shared_last ? 1 : 0;
     size_t wsb = r->workspace_size(b, &sh);
     int64_t sw[1] = {(int64_t)(wsb ? wsb : 64)};
     uint16_t *hx = malloc(sizeof(uint16_t) * (size_t)n_tok * H);
-    int32_t *hi = malloc(sizeof(int32_t) * (size_t)n_tok * k);
-    float *hw = malloc(sizeof(float) * (size_t)n_tok * k);
+    int32_t *hi = malloc(sizeof(int32_t) * (size_t)(TUNE_SETS * nk));
+    float *hw = malloc(sizeof(float) * (size_t)(TUNE_SETS * nk));
     int rc = MS_OK;
     if (!hx || !hi || !hw) rc = ms_errf(err, MS_ERR_NOMEM, "tune: out of memory");
     uint64_t st = 0x1234567ull + (uint64_t)n_tok;
@@ -42,12 +63,12 @@ static int time_runner(ms_backend *b, const ms_moe_runner *r, const ms_experts *
         st = st * 6364136223846793005ull + 1442695040888963407ull;
         hx[i] = ms_f32_to_bf16(((float)(st >> 40) / 16777216.0f) * 2.f - 1.f);
     }
-    for (int t = 0; !rc && t < n_tok; t++)
+    for (int t = 0; !rc && t < TUNE_SETS * n_tok; t++)
         for (int j = 0; j < k; j++) {
             int id, dup;
             do {
                 st = st * 6364136223846793005ull + 1442695040888963407ull;
-                id = (int)((st >> 33) % (uint64_t)s->n_experts);
+                id = (int)((st >> 33) % (uint64_t)routed);
                 dup = 0;
                 for (int q = 0; q < j; q++) dup |= hi[t * k + q] == id;
             } while (dup);
@@ -61,12 +82,15 @@ static int time_runner(ms_backend *b, const ms_moe_runner *r, const ms_experts *
     if (!rc) rc = ms_backend_alloc(b, &ws, MS_U8, 1, sw, err);
     if (!rc && b->act_dtype != MS_BF16) rc = ms_errf(err, MS_ERR_UNSUPPORTED, "tune: needs a GPU backend (bf16 activations)");
     if (!rc) rc = b->ops->upload(b, x.data, hx, sizeof(uint16_t) * (size_t)n_tok * H, err);
-    if (!rc) rc = b->ops->upload(b, ids.data, hi, sizeof(int32_t) * (size_t)n_tok * k, err);
-    if (!rc) rc = b->ops->upload(b, w.data, hw, sizeof(float) * (size_t)n_tok * k, err);
+    if (!rc) rc = b->ops->upload(b, ids.data, hi, sizeof(int32_t) * (size_t)(TUNE_SETS * nk), err);
+    if (!rc) rc = b->ops->upload(b, w.data, hw, sizeof(float) * (size_t)(TUNE_SETS * nk), err);
     if (!rc) rc = r->run(b, e, &x, ids.data, w.data, k, &out, ws.data, wsb, err);
     if (!rc) rc = b->ops->sync(b, err);
     double t0 = ms_now();
-    for (int i = 0; !rc && i < reps; i++) rc = r->run(b, e, &x, ids.data, w.data, k, &out, ws.data, wsb, err);
+    for (int i = 0; !rc && i < reps; i++) {
+        const int64_t o = (i % TUNE_SETS) * nk;
+        rc = r->run(b, e, &x, (const int32_t *)ids.data + o, (const float *)w.data + o, k, &out, ws.data, wsb, err);
+    }
     if (!rc) rc = b->ops->sync(b, err);
     if (!rc) *us = (ms_now() - t0) / reps * 1e6;
     ms_tensor *all[] = {&x, &out, &ids, &w, &ws};
@@ -78,6 +102,71 @@ static int time_runner(ms_backend *b, const ms_moe_runner *r, const ms_experts *
     return rc;
 }
 
+#ifdef MS_HAVE_CUDA
+/* The layer's experts with its shared expert folded in as the last one (the forward's fold_shared,
+ * whose calls the fused kernel serves at decode), or 0 when it has none of the routed experts' kind. */
+static int fold_layer(const ms_layer *l, ms_experts *x) {
+    const ms_experts *e = &l->experts;
+    const ms_linear *sh[3] = {&l->sh_gate, &l->sh_up, &l->sh_down}, *ro[3] = {&e->gate[0], &e->up[0], &e->down[0]};
+    if (!l->has_shared) return 0;
+    for (int i = 0; i < 3; i++)
+        if (sh[i]->fmt != ro[i]->fmt || sh[i]->n_out != ro[i]->n_out || sh[i]->n_in != ro[i]->n_in ||
+            sh[i]->w.dtype != ro[i]->w.dtype || sh[i]->bias.data || ro[i]->bias.data)
+            return 0;
+    ms_linear *arr = malloc(sizeof(ms_linear) * 3 * (size_t)(e->n + 1));
+    if (!arr) return 0;
+    memset(x, 0, sizeof *x);
+    x->n = e->n + 1, x->gate = arr, x->up = arr + x->n, x->down = arr + 2 * x->n, x->shared_last = 1;
+    memcpy(x->gate, e->gate, sizeof(ms_linear) * (size_t)e->n);
+    memcpy(x->up, e->up, sizeof(ms_linear) * (size_t)e->n);
+    memcpy(x->down, e->down, sizeof(ms_linear) * (size_t)e->n);
+    x->gate[e->n] = l->sh_gate, x->up[e->n] = l->sh_up, x->down[e->n] = l->sh_down;
+    return 1;
+}
+
+/* Times each form of the fused one-token kernel (moe_fused.cu) on the decode runner at one token,
+ * TUNE_ROUNDS times in turn (each form's best round counts), and the cost model's own choice. *rec
+ * gets the fastest form for the shape; us[f] its time or -1 for a form that did not launch (does not
+ * fit the GPU). Returns MS_OK with rec->groups = 0 when the kernel does not take the shape. */
+static int tune_forms(ms_backend *b, const ms_moe_runner *rd, const ms_experts *e, const ms_moe_shape *s, int reps,
+                      ms_moe_form *rec, double *us, int *n_forms, double *us_model, int *model_form, ms_err *err) {
+    const char *old = getenv("MS_CU_MOE_FUSED");
+    char *saved = old ? strdup(old) : NULL;
+    int nf = 0, g, d, rc = MS_OK;
+    while (nf < TUNE_FORMS && ms_cuda_moe_fused_form(nf, &g, &d)) us[nf++] = -1;
+    *n_forms = nf, *us_model = -1, *model_form = -1;
+    memset(rec, 0, sizeof *rec);
+    rec->hidden = s->hidden, rec->inter = s->inter, rec->slots = s->topk + (e->shared_last ? 1 : 0);
+    ms_moe_set_fused_form(&(ms_moe_form){rec->hidden, rec->inter, rec->slots, 0, 0}); /* no earlier tuning */
+    for (int round = 0; round < TUNE_ROUNDS && !rc; round++)
+        for (int f = -1; f < nf && !rc; f++) {
+            char v[16];
+            snprintf(v, sizeof v, "%d", f < 0 ? 1 : f + 2);
+            setenv("MS_CU_MOE_FUSED", v, 1);
+            long long n0[TUNE_FORMS], n1 = ms_cuda_moe_fused_launches();
+            for (int q = 0; q < nf; q++) n0[q] = ms_cuda_moe_fused_form_launches(q);
+            double t = 0;
+            rc = time_runner(b, rd, e, s, 1, reps, &t, err);
+            /* every call (reps + the untimed first) in the form asked for, else it does not fit */
+            if (rc || ms_cuda_moe_fused_launches() - n1 != reps + 1) continue;
+            int ran = -1;
+            for (int q = 0; q < nf; q++)
+                if (ms_cuda_moe_fused_form_launches(q) - n0[q] == reps + 1) ran = q;
+            double *slot = f < 0 ? us_model : &us[f];
+            if ((f < 0 || ran == f) && (*slot < 0 || t < *slot)) *slot = t;
+            if (f < 0) *model_form = ran;
+        }
+    if (saved) setenv("MS_CU_MOE_FUSED", saved, 1);
+    else unsetenv("MS_CU_MOE_FUSED");
+    free(saved);
+    int best = -1;
+    for (int f = 0; f < nf && !rc; f++)
+        if (us[f] >= 0 && (best < 0 || us[f] < us[best])) best = f;
+    if (best >= 0) ms_cuda_moe_fused_form(best, &rec->groups, &rec->depth);
+    return rc;
+}
+#endif
+
 static const ms_opt tune_opts[] = {
     {"model", NULL, MS_OPT_VALUE, "CONFIG", "config.json whose expert shapes are tuned [configs/glm-4.5-air.json]"},
     {"dummy-quant", NULL, MS_OPT_VALUE, "nvfp4|fp8|bf16", "weight format [nvfp4]"},
@@ -85,6 +174,7 @@ static const ms_opt tune_opts[] = {
     {"out-dir", NULL, MS_OPT_VALUE, "DIR", "where the tuned configs go [configs/tuned]"},
     {"reps", NULL, MS_OPT_VALUE, "N", "timed repetitions per candidate [20]"},
     {"device-index", NULL, MS_OPT_VALUE, "I", "GPU [0]"},
+    {"forms-only", NULL, MS_OPT_BOOL, NULL, "time only the fused one-token MoE kernel's forms; the file keeps its crossover"},
     MS_OPT_END,
 };
 
@@ -160,11 +250,12 @@ int cmd_tune(int argc, char **argv) {
         fprintf(stderr, "moeserve tune: %s\n", err.msg);
         goto done;
     }
+    const int forms_only = ms_args_flag(&a, "forms-only");
     double td[TUNE_MAX], tg[TUNE_MAX];
     int cross = 0, broken = 0;
     printf("%s, %s experts [%d x %d], top-%d of %d\n", b->gpu.name, quant, s.inter, s.hidden, s.topk, s.n_experts);
-    printf("tokens   decode us   grouped us\n");
-    for (int i = 0; i < nt; i++) {
+    if (!forms_only) printf("tokens   decode us   grouped us\n");
+    for (int i = 0; i < nt && !forms_only; i++) {
         if (time_runner(b, rd, &ly->experts, &s, tokens[i], (int)reps, &td[i], &err) ||
             time_runner(b, rg, &ly->experts, &s, tokens[i], (int)reps, &tg[i], &err)) {
             fprintf(stderr, "moeserve tune: %d tokens: %s\n", tokens[i], err.msg);
@@ -174,31 +265,99 @@ int cmd_tune(int argc, char **argv) {
         if (!broken && td[i] <= tg[i]) cross = tokens[i] > cross ? tokens[i] : cross;
         else broken = 1;
     }
+    ms_moe_form rec = {0};
+    double fus[TUNE_FORMS], model_us = -1;
+    int nf = 0, model_form = -1;
+#ifdef MS_HAVE_CUDA
+    ms_experts fx;
+    const int folded = fold_layer(ly, &fx);
+    ms_moe_shape sf = s; /* the forward's decode call: the shared expert folded in as the last expert */
+    sf.n_experts += folded;
+    const int frc = tune_forms(b, rd, folded ? &fx : &ly->experts, &sf, 5 * (int)reps, &rec, fus, &nf, &model_us,
+                               &model_form, &err);
+    if (folded) free(fx.gate); /* the three arrays are one allocation; the device tables stay with the backend */
+    if (frc) {
+        fprintf(stderr, "moeserve tune: fused MoE kernel forms: %s\n", err.msg);
+        goto done;
+    }
+    if (rec.groups) {
+        printf("fused one-token kernel, %d slots: form (groups of 8 warps, ring depth), us a call\n", rec.slots);
+        for (int f = 0; f < nf; f++) {
+            int g, d;
+            ms_cuda_moe_fused_form(f, &g, &d);
+            if (fus[f] < 0) printf("  (%d, %d)  does not fit\n", g, d);
+            else printf("  (%d, %d) %7.2f%s%s\n", g, d, fus[f], g == rec.groups && d == rec.depth ? "  fastest" : "",
+                        f == model_form ? "  (the cost model's choice)" : "");
+        }
+    } else {
+        printf("fused one-token kernel: does not take this shape (%s experts)\n", quant);
+    }
+#endif
     if (mkdir(out_dir, 0755) && errno != EEXIST) {
         fprintf(stderr, "moeserve tune: flag --out-dir: cannot create %s: %s\n", out_dir, strerror(errno));
         goto done;
     }
-    char base[160], path[1200];
+    char base[160], path[1200], tmp[1300];
     ms_moe_tuned_file_name(b->gpu.name, base, sizeof base);
     snprintf(path, sizeof path, "%s/%s.json", out_dir, base);
-    FILE *fp = fopen(path, "w");
-    if (!fp) {
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    /* an earlier file for this GPU keeps its other shapes' forms (and, with --forms-only, its crossover) */
+    json_t *old = json_load_file(path, 0, NULL), *root = json_object(), *forms = json_array();
+    const char *old_gpu = json_string_value(json_object_get(old, "gpu"));
+    const int keep = json_is_object(old) && old_gpu && !strcmp(old_gpu, b->gpu.name);
+    char cc[16];
+    snprintf(cc, sizeof cc, "%d.%d", b->gpu.cc_major, b->gpu.cc_minor);
+    json_object_set_new(root, "gpu", json_string(b->gpu.name));
+    json_object_set_new(root, "compute_capability", json_string(cc));
+    static const char *const kept[3] = {"moe_decode_max_tokens", "measured_on", "us_per_call"};
+    if (forms_only) {
+        for (int i = 0; i < 3 && keep; i++)
+            if (json_object_get(old, kept[i])) json_object_set(root, kept[i], json_object_get(old, kept[i]));
+    } else {
+        json_object_set_new(root, "moe_decode_max_tokens", json_integer(cross));
+        json_object_set_new(root, "measured_on", json_pack("{s:s, s:s, s:i, s:i, s:i, s:i}", "model", model, "experts",
+                                                           quant, "hidden", s.hidden, "inter", s.inter, "topk", s.topk,
+                                                           "n_experts", s.n_experts));
+        json_t *calls = json_array();
+        for (int i = 0; i < nt; i++)
+            json_array_append_new(calls, json_pack("{s:i, s:f, s:f}", "tokens", tokens[i], "decode", td[i], "grouped", tg[i]));
+        json_object_set_new(root, "us_per_call", calls);
+    }
+    json_t *of = keep ? json_object_get(old, "moe_fused_forms") : NULL;
+    for (size_t i = 0; json_is_array(of) && i < json_array_size(of); i++) {
+        json_t *e = json_array_get(of, i);
+        if (rec.groups && json_integer_value(json_object_get(e, "hidden")) == rec.hidden &&
+            json_integer_value(json_object_get(e, "inter")) == rec.inter &&
+            json_integer_value(json_object_get(e, "slots")) == rec.slots)
+            continue; /* measured again now */
+        json_array_append(forms, e);
+    }
+    if (rec.groups) {
+        json_t *e = json_pack("{s:i, s:i, s:i, s:i, s:i, s:s, s:s}", "hidden", rec.hidden, "inter", rec.inter, "slots",
+                              rec.slots, "groups", rec.groups, "depth", rec.depth, "model", model, "experts", quant);
+        json_t *all = json_array();
+#ifdef MS_HAVE_CUDA
+        for (int f = 0; f < nf; f++) {
+            int g, d;
+            ms_cuda_moe_fused_form(f, &g, &d);
+            if (fus[f] >= 0) json_array_append_new(all, json_pack("{s:i, s:i, s:f}", "groups", g, "depth", d, "us", fus[f]));
+        }
+#endif
+        json_object_set_new(e, "us_per_form", all);
+        if (model_us >= 0) json_object_set_new(e, "cost_model_us", json_real(model_us));
+        json_array_append_new(forms, e);
+    }
+    json_object_set_new(root, "moe_fused_forms", forms);
+    const int wrc = json_dump_file(root, tmp, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
+    json_decref(root);
+    json_decref(old);
+    if (wrc || rename(tmp, path)) {
         fprintf(stderr, "moeserve tune: cannot write %s: %s\n", path, strerror(errno));
+        remove(tmp);
         goto done;
     }
-    fprintf(fp, "{\n  \"gpu\": \"%s\",\n  \"compute_capability\": \"%d.%d\",\n  \"moe_decode_max_tokens\": %d,\n",
-            b->gpu.name, b->gpu.cc_major, b->gpu.cc_minor, cross);
-    fprintf(fp, "  \"measured_on\": {\"model\": \"%s\", \"experts\": \"%s\", \"hidden\": %d, \"inter\": %d, \"topk\": %d, "
-                "\"n_experts\": %d},\n  \"us_per_call\": [",
-            model, quant, s.hidden, s.inter, s.topk, s.n_experts);
-    for (int i = 0; i < nt; i++)
-        fprintf(fp, "%s\n    {\"tokens\": %d, \"decode\": %.2f, \"grouped\": %.2f}", i ? "," : "", tokens[i], td[i], tg[i]);
-    fprintf(fp, "\n  ]\n}\n");
-    if (fclose(fp)) {
-        fprintf(stderr, "moeserve tune: writing %s failed\n", path);
-        goto done;
-    }
-    printf("decode runner up to %d tokens; wrote %s\n", cross, path);
+    if (forms_only) printf("wrote %s\n", path);
+    else printf("decode runner up to %d tokens; wrote %s\n", cross, path);
     rc = 0;
 done:
     ms_model_executor_close(&ex);

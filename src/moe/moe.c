@@ -34,6 +34,35 @@ void ms_moe_set_auto_threshold(int decode_max_tokens) {
 
 int ms_moe_auto_threshold(void) { return g_decode_max_tokens; }
 
+static ms_moe_form g_forms[MS_MOE_MAX_FORMS];
+static int g_n_forms;
+
+int ms_moe_set_fused_form(const ms_moe_form *f) {
+    if (f->hidden < 1 || f->hidden > 1 << 20 || f->inter < 1 || f->inter > 1 << 20 || f->slots < 1 || f->slots > 64 ||
+        f->groups < 0 || f->groups > 8 || (f->groups && (f->depth < 1 || f->depth > 64)))
+        return 0;
+    int i = 0;
+    while (i < g_n_forms && (g_forms[i].hidden != f->hidden || g_forms[i].inter != f->inter || g_forms[i].slots != f->slots))
+        i++;
+    if (!f->groups) { /* drop the shape's record: the last one takes its place */
+        if (i < g_n_forms) g_forms[i] = g_forms[--g_n_forms];
+        return 1;
+    }
+    if (i == MS_MOE_MAX_FORMS) return 0;
+    g_forms[i] = *f;
+    if (i == g_n_forms) g_n_forms++;
+    return 1;
+}
+
+int ms_moe_fused_form(int hidden, int inter, int slots, int *groups, int *depth) {
+    for (int i = 0; i < g_n_forms; i++)
+        if (g_forms[i].hidden == hidden && g_forms[i].inter == inter && g_forms[i].slots == slots) {
+            *groups = g_forms[i].groups, *depth = g_forms[i].depth;
+            return 1;
+        }
+    return 0;
+}
+
 static void where(const ms_backend *b, char *buf, size_t cap) {
     if (b->device >= 0 && b->gpu.name[0])
         snprintf(buf, cap, "%s (compute capability %d.%d)", b->gpu.name, b->gpu.cc_major, b->gpu.cc_minor);

@@ -76,12 +76,32 @@ const ms_moe_runner *ms_moe_pick(const ms_backend *b, const ms_moe_runner *force
 void ms_moe_set_auto_threshold(int decode_max_tokens);
 /* Current auto threshold (tokens at most which prefer "decode"). */
 int ms_moe_auto_threshold(void);
+/* A launch form of the fused one-token MoE kernel (backend/cuda moe_fused.cu) for one expert shape:
+ * hidden and intermediate sizes, slots (top-k plus a folded shared expert), and the form: groups of 8
+ * warps a block and ring depth. Which form is fastest is not predictable from the shape (the kernel's
+ * cost model misses by 0.5-1.5% of a decode step on the H200), so `moeserve tune` measures them and
+ * the tuned file names the winner per shape. */
+typedef struct ms_moe_form {
+    int hidden, inter, slots;
+    int groups, depth;
+} ms_moe_form;
+#define MS_MOE_MAX_FORMS 16 /* shapes with a recorded form in one process */
+/* Records f's form for its shape, replacing one recorded for the same shape; groups == 0 drops the
+ * shape's record. Returns 1, or 0 when the table already holds MS_MOE_MAX_FORMS other shapes or a
+ * field is out of range (sizes 1..1048576, slots 1..64, groups 0..8, depth 1..64). Process-wide;
+ * call it at start-up or between calls, never while a forward runs. */
+int ms_moe_set_fused_form(const ms_moe_form *f);
+/* The recorded form of shape (hidden, inter, slots): 1 with *groups and *depth set, or 0 (the kernel's
+ * cost model decides). */
+int ms_moe_fused_form(int hidden, int inter, int slots, int *groups, int *depth);
 /* File base name (no .json) for a GPU's tuned values: lowercase, runs of other characters -> '-'
  * ("NVIDIA H200" -> "nvidia-h200"). */
 void ms_moe_tuned_file_name(const char *gpu_name, char *out, size_t cap);
-/* Applies dir/<tuned name of b's GPU>.json (written by `moeserve tune`) to the auto policy when the
- * file exists and its "gpu" equals b->gpu.name exactly. Returns 1 when applied, 0 otherwise
- * (missing file, CPU backend, other GPU, bad content: the heuristic default stays). */
+/* Applies dir/<tuned name of b's GPU>.json (written by `moeserve tune`) when the file exists and its
+ * "gpu" equals b->gpu.name exactly: "moe_decode_max_tokens" sets the auto policy's threshold, each
+ * well-formed entry of "moe_fused_forms" ({"hidden", "inter", "slots", "groups", "depth"}) records a
+ * form (ms_moe_set_fused_form). Returns 1 when anything was applied, 0 otherwise (missing file, CPU
+ * backend, other GPU, bad content: the heuristic defaults stay). */
 int ms_moe_apply_tuned(const ms_backend *b, const char *dir);
 
 #endif

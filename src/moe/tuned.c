@@ -2,7 +2,8 @@
  * configs/tuned/<gpu-name>.json. The decode-vs-grouped crossover depends on the GPU (bandwidth,
  * SM count, launch latency), so a measured value replaces the default heuristic only when the file
  * names the very GPU the backend runs on; anything else (no file, other GPU, bad JSON) leaves the
- * heuristic in place. */
+ * heuristic in place. The fused one-token MoE kernel's fastest launch form per expert shape is kept
+ * here for the same reason: it is a property of the GPU that its cost model does not predict. */
 #include "moe/moe.h"
 
 #include <ctype.h>
@@ -38,13 +39,31 @@ int ms_moe_apply_tuned(const ms_backend *b, const char *dir) {
     if (!root) return 0;
     int applied = 0;
     const char *gpu = json_string_value(json_object_get(root, "gpu"));
+    if (!gpu || strcmp(gpu, b->gpu.name)) {
+        json_decref(root);
+        return 0;
+    }
     json_t *th = json_object_get(root, "moe_decode_max_tokens");
-    if (gpu && !strcmp(gpu, b->gpu.name) && json_is_integer(th)) {
+    if (json_is_integer(th)) {
         json_int_t v = json_integer_value(th);
         if (v >= 0 && v <= 1 << 20) {
             ms_moe_set_auto_threshold((int)v);
             applied = 1;
         }
+    }
+    json_t *forms = json_object_get(root, "moe_fused_forms");
+    for (size_t i = 0; json_is_array(forms) && i < json_array_size(forms) && i < 4 * MS_MOE_MAX_FORMS; i++) {
+        json_t *e = json_array_get(forms, i);
+        static const char *const key[5] = {"hidden", "inter", "slots", "groups", "depth"};
+        json_int_t v[5];
+        int ok = json_is_object(e);
+        for (int k = 0; ok && k < 5; k++) {
+            json_t *x = json_object_get(e, key[k]);
+            ok = json_is_integer(x) && (v[k] = json_integer_value(x)) >= 1 && v[k] <= 1 << 20;
+        }
+        if (!ok) continue; /* ms_moe_set_fused_form checks the ranges of the rest */
+        const ms_moe_form f = {(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4]};
+        applied |= ms_moe_set_fused_form(&f);
     }
     json_decref(root);
     return applied;

@@ -390,8 +390,9 @@ static void test_nvfp4_w8(void) {
 /* The fused one-token kernel (moe_fused.cu) through the decode runner: NVFP4 with hidden and
  * intermediate multiples of 128, 16 experts, top-1/3/9 (9 = GLM-4.5-Air's 8 + the folded shared
  * expert), random and partial routing (ids -1, possibly all of them), each call twice in a row (the
- * phase counters must be back at zero for the second), the chosen form (MS_CU_MOE_FUSED=1) and each
- * form forced (2..6: one, two or three groups of warps a block, two ring depths), more slots than its
+ * phase counters must be back at zero for the second), the chosen form (MS_CU_MOE_FUSED=1), each form
+ * forced (2..8: one, two or three groups of warps a block, ring depths 3-6) and each named as tuned
+ * (ms_moe_set_fused_form, with the per-form launch counters), more slots than its
  * grid has groups for one phase and fewer, a folded shared expert (ms_experts.shared_last: the
  * kernel's extra slot at T = 1, appended by the runner above); the launch counter says it ran exactly
  * for T = 1 and that MS_CU_MOE_FUSED=0 and I % 128 != 0 keep the two-kernel form. */
@@ -402,9 +403,15 @@ static void fused_shapes(int H, int I, int want) {
 #ifdef MS_HAVE_CUDA
     long long n0 = ms_cuda_moe_fused_launches();
 #endif
-    const char *form[6] = {"1", "2", "3", "4", "5", "6"};
-    for (int d = 0; d < 6; d++) {
-        setenv("MS_CU_MOE_FUSED", form[d], 1);
+    int nforms = 0, g, dp;
+#ifdef MS_HAVE_CUDA
+    while (ms_cuda_moe_fused_form(nforms, &g, &dp)) nforms++;
+    CHECK_MSG(nforms >= 5, "the fused kernel lists %d forms", nforms);
+#endif
+    for (int d = 0; d <= nforms; d++) { /* 1: the cost model's form; 2 + f: form f */
+        char form[16];
+        snprintf(form, sizeof form, "%d", d + 1);
+        setenv("MS_CU_MOE_FUSED", form, 1);
         const int topks[3] = {1, 3, 9};
         for (int i = 0; i < 3; i++)
             for (int rep = 0; rep < 2; rep++) {
@@ -412,15 +419,36 @@ static void fused_shapes(int H, int I, int want) {
                 run_case(&L, cpu_r, gr, 1, topks[i], 3);
             }
     }
-    /* a folded shared expert (expert 15) as the kernel's extra slot, with and without ids -1 */
     unsetenv("MS_CU_MOE_FUSED");
+    /* a tuned form (ms_moe_fused_form: configs/tuned via ms_moe_apply_tuned) is the one launched; one the
+     * kernel does not have leaves the choice to the cost model; a record for another shape changes nothing */
+    for (int f = 0; f < nforms; f++) {
+#ifdef MS_HAVE_CUDA
+        ms_cuda_moe_fused_form(f, &g, &dp);
+        CHECK(ms_moe_set_fused_form(&(ms_moe_form){H, I, 3, g, dp}));
+        const long long nf0 = ms_cuda_moe_fused_form_launches(f);
+        run_case(&L, cpu_r, gr, 1, 3, 0);
+        CHECK_MSG(ms_cuda_moe_fused_form_launches(f) - nf0 == want, "H=%d I=%d: tuned form (%d, %d) launched %lld times",
+                  H, I, g, dp, ms_cuda_moe_fused_form_launches(f) - nf0);
+#endif
+    }
+    CHECK(ms_moe_set_fused_form(&(ms_moe_form){H, I, 3, 8, 64}));
+    run_case(&L, cpu_r, gr, 1, 3, 0);
+    CHECK(ms_moe_set_fused_form(&(ms_moe_form){H, I, 4, 1, 4}));
+    run_case(&L, cpu_r, gr, 1, 3, 3);
+    CHECK(ms_moe_set_fused_form(&(ms_moe_form){H, I, 3, 0, 0}));
+    CHECK(ms_moe_set_fused_form(&(ms_moe_form){H, I, 4, 0, 0}));
+    CHECK(!ms_moe_fused_form(H, I, 3, &g, &dp));
+    /* a folded shared expert (expert 15) as the kernel's extra slot, with and without ids -1 */
     for (int i = 0; i < 3; i++) {
         run_case_sh(&L, cpu_r, gr, 1, i == 2 ? 8 : 2 * i + 1, 0, 1);
         run_case_sh(&L, cpu_r, gr, 1, i == 2 ? 8 : 2 * i + 1, 3, 1);
     }
 #ifdef MS_HAVE_CUDA
-    CHECK_MSG(ms_cuda_moe_fused_launches() - n0 == (want ? 78 : 0), "H=%d I=%d: fused MoE kernel launched %lld times (want %s)",
-              H, I, ms_cuda_moe_fused_launches() - n0, want ? "78" : "none");
+    /* 12 calls a setting of the knob, one a tuned form, 2 more tuned, 6 with the shared expert */
+    const long long nwant = want ? 12 * (nforms + 1) + nforms + 2 + 6 : 0;
+    CHECK_MSG(ms_cuda_moe_fused_launches() - n0 == nwant, "H=%d I=%d: fused MoE kernel launched %lld times (want %lld)",
+              H, I, ms_cuda_moe_fused_launches() - n0, nwant);
     n0 = ms_cuda_moe_fused_launches();
 #endif
     /* an F32 result, as the forward's delta: without the bf16 rounding of the output the fused

@@ -80,6 +80,11 @@ long long ms_cuda_gvb_launches(void);
 /* Launches of the fused one-token MoE kernel (moe_fused.cu k_moe_fused) so far in this process, all
  * backends: tests use it to tell which form a decode MoE call took. Thread-safe. */
 long long ms_cuda_moe_fused_launches(void);
+/* Launch form f of that kernel (f >= 0, MS_CU_MOE_FUSED=2+f forces it): 1 with groups of 8 warps a
+ * block and ring depth set, 0 when the kernel has no form f. */
+int ms_cuda_moe_fused_form(int f, int *groups, int *depth);
+/* Launches of that kernel in form f so far in this process (0 for an f it does not have). Thread-safe. */
+long long ms_cuda_moe_fused_form_launches(int f);
 
 #ifdef __cplusplus
 }

@@ -265,6 +265,8 @@ typedef struct cu_moe_fused_call {
     bf16 *h;       /* device [nslot + (extra_slot > 0), I] workspace */
     void *out;     /* device [H] result, out_type (MS_BF16 or MS_F32) */
     int out_type;
+    int form_groups, form_depth; /* the form to take when it fits (a tuned one: ms_moe_fused_form); 0: the
+                                    cost model chooses */
 } cu_moe_fused_call;
 /* out = Σ_s wts[s] · down_{ids[s]}(silu(gate_{ids[s]}·x) * (up_{ids[s]}·x)) over the slots with
  * ids[s] in [0, n_experts), plus expert extra_slot - 1 with weight 1 when extra_slot > 0 (h rounded
@@ -274,7 +276,8 @@ typedef struct cu_moe_fused_call {
  * gate/up [I, H] and down [H, I] with H and I multiples of 128, nslot (with the extra slot) outside
  * 1..16, out_type not BF16 or F32, x or h not 16-byte aligned, entry 0's rows (16 bytes) or scales
  * (8 bytes) misaligned (the other entries are taken to match), or the staging does not fit shared
- * memory. */
+ * memory. MS_CU_MOE_FUSED=1 takes form (form_groups, form_depth) when the kernel has it and it fits, else
+ * the form its cost model prefers; 2 + f forces form f (ms_cuda_moe_fused_form) or nothing. */
 int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_err *err);
 
 /* One call of the streaming bf16 GEMV (gemv_bf16.cu): y[t, n] = x[t, :] · w0[n, :] (+ bias[n]) in mode 0,

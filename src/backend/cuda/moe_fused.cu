@@ -437,10 +437,6 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
     }
 }
 
-static long long mf_launches; /* ms_cuda_moe_fused_launches; updated atomically */
-
-/* Contract in backend_cuda.h. */
-extern "C" long long ms_cuda_moe_fused_launches(void) { return __atomic_load_n(&mf_launches, __ATOMIC_RELAXED); }
 
 /* The kernel's forms: groups of 8 warps a block, ring depth. More groups a block share one staged x
  * and h (GLM-5's h is 37 KB), one group a block lets several blocks share an SM and start on SMs the
@@ -459,8 +455,30 @@ static const struct {
     /* in order of preference on a tie of the cost model: GLM-5's three-group forms tie, and the shallower
      * ring measured 0.01-0.02 ms a step faster (H200, s17 run 4: 2.894 / 2.891 against 2.919 / 2.902) */
     MF_FORM(1, 6), MF_FORM(1, 4), MF_FORM(2, 6), MF_FORM(3, 4), MF_FORM(3, 6),
+    /* not chosen by the cost model's ties, only by `moeserve tune` (forced in model runs, H200 s17 run
+     * 6: Air (2, 4) 5.613 against the cost model's 5.686 ms a step, GLM-5 x12 (3, 3) 2.880 against 2.895) */
+    MF_FORM(2, 4), MF_FORM(3, 3),
 #undef MF_FORM
 };
+#define MF_NFORMS ((int)(sizeof mf_forms / sizeof mf_forms[0]))
+
+static long long mf_launches;                /* ms_cuda_moe_fused_launches; updated atomically */
+static long long mf_form_launches[MF_NFORMS]; /* ms_cuda_moe_fused_form_launches; the same */
+
+/* Contract in backend_cuda.h. */
+extern "C" long long ms_cuda_moe_fused_launches(void) { return __atomic_load_n(&mf_launches, __ATOMIC_RELAXED); }
+
+/* Contract in backend_cuda.h. */
+extern "C" int ms_cuda_moe_fused_form(int f, int *groups, int *depth) {
+    if (f < 0 || f >= MF_NFORMS) return 0;
+    *groups = mf_forms[f].ng, *depth = mf_forms[f].d;
+    return 1;
+}
+
+/* Contract in backend_cuda.h. */
+extern "C" long long ms_cuda_moe_fused_form_launches(int f) {
+    return f < 0 || f >= MF_NFORMS ? 0 : __atomic_load_n(&mf_form_launches[f], __ATOMIC_RELAXED);
+}
 
 /* Contract in cuda_internal.cuh. Grid: as many blocks as fit on the GPU at once (occupancy: every block
  * the phase boundary waits for must be resident), capped by the larger phase's items over the groups a
@@ -468,7 +486,7 @@ static const struct {
  * warps' rings. Form (MS_CU_MOE_FUSED=1): the least (rounds of phase A items x a warp's steps in one +
  * the same for B) x warps an SM, i.e. the busiest warp's steps if the SM's issue rate is what they share (measured on the
  * H200, session 10: Air's 792 + 256 items prefer one group a block at 2 blocks an SM, GLM-5's 1152 +
- * 384 three groups a block); MS_CU_MOE_FUSED=2+f forces form f. */
+ * 384 three groups a block), unless the caller names a form (tuned); MS_CU_MOE_FUSED=2+f forces form f. */
 int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_err *err) {
     *launched = 0;
     const cu_wdesc &g = c->gate_h, &d = c->down_h;
@@ -488,7 +506,7 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
         return MS_OK;
     const int rsA = H / 8, rsB = I / 8; /* staged row units (mf_xslot: no padding) */
     const int x_units = rsA > ns * rsB ? rsA : ns * rsB;
-    const int nforms = (int)(sizeof mf_forms / sizeof mf_forms[0]), nsm = b->gpu.n_sm;
+    const int nsm = b->gpu.n_sm;
     const int itemsA = ns * (I / 16), itemsB = H / 16, most = itemsA > itemsB ? itemsA : itemsB;
     const int64_t sA = (H / 128 + 3) / 4, sB = ((int64_t)ns * (I / 128) + MF_WARPS - 1) / MF_WARPS;
     /* 256 zero bytes at 64 mod 128 past x (mf_step: the zero lanes' reads fall in the other half of the
@@ -498,19 +516,25 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
     int best = -1, best_grid = 0;
     size_t best_smem = 0;
     int64_t best_cost = 0;
-    for (int f = 0; f < nforms; f++) {
-        if (knob >= 2 && f != knob - 2) continue;
-        const int ng = mf_forms[f].ng;
-        const size_t smem = MF_ALIGN + red_off + (size_t)ng * MF_RED_FLOATS * sizeof(float) +
-                            (size_t)ng * MF_WARPS * mf_forms[f].d * GM_STG;
-        int bps = 0;
-        MS_TRY(cu_occupancy(b, mf_forms[f].kern, ng * MF_WARPS * 32, smem, &bps, err));
-        if (bps <= 0) continue;
-        int grid = bps * nsm;
-        if (grid > (most + ng - 1) / ng) grid = (most + ng - 1) / ng;
-        const int64_t groups = (int64_t)grid * ng, per_sm = (int64_t)((grid + nsm - 1) / nsm) * ng * MF_WARPS;
-        const int64_t cost = (((itemsA + groups - 1) / groups) * sA + ((itemsB + groups - 1) / groups) * sB) * per_sm;
-        if (best < 0 || cost < best_cost) best = f, best_cost = cost, best_grid = grid, best_smem = smem;
+    int want = -1; /* the caller's form, tried alone first */
+    for (int f = 0; f < MF_NFORMS && knob == 1; f++)
+        if (mf_forms[f].ng == c->form_groups && mf_forms[f].d == c->form_depth) want = f;
+    /* the caller's form alone, then (it does not fit, or none was named) the cost model over all */
+    for (int pass = want >= 0 ? 0 : 1; pass < 2 && best < 0; pass++) {
+        for (int f = 0; f < MF_NFORMS; f++) {
+            if ((knob >= 2 && f != knob - 2) || (pass == 0 && f != want)) continue;
+            const int ng = mf_forms[f].ng;
+            const size_t smem = MF_ALIGN + red_off + (size_t)ng * MF_RED_FLOATS * sizeof(float) +
+                                (size_t)ng * MF_WARPS * mf_forms[f].d * GM_STG;
+            int bps = 0;
+            MS_TRY(cu_occupancy(b, mf_forms[f].kern, ng * MF_WARPS * 32, smem, &bps, err));
+            if (bps <= 0) continue;
+            int grid = bps * nsm;
+            if (grid > (most + ng - 1) / ng) grid = (most + ng - 1) / ng;
+            const int64_t groups = (int64_t)grid * ng, per_sm = (int64_t)((grid + nsm - 1) / nsm) * ng * MF_WARPS;
+            const int64_t cost = (((itemsA + groups - 1) / groups) * sA + ((itemsB + groups - 1) / groups) * sB) * per_sm;
+            if (best < 0 || cost < best_cost) best = f, best_cost = cost, best_grid = grid, best_smem = smem;
+        }
     }
     if (best < 0) return MS_OK;
     mf_args a;
@@ -522,6 +546,7 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
     a.ring_off = (int)(red_off + (size_t)mf_forms[best].ng * MF_RED_FLOATS * sizeof(float));
     CK(mf_forms[best].go(dim3(best_grid), best_smem, cu_of(b)->stream, a));
     __atomic_fetch_add(&mf_launches, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&mf_form_launches[best], 1, __ATOMIC_RELAXED);
     *launched = 1;
     return MS_OK;
 }

@@ -30,10 +30,12 @@ static int decode_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, co
     moe_cu_ws w;
     MS_TRY(moe_cu_ws_carve(&s, 0, workspace, ws_bytes, &w, err));
     if (s.n_tokens == 1) {
-        const cu_moe_fused_call fc = {.G = p->gate_d, .U = p->up_d, .D = p->down_d, .gate_h = p->gate_h,
-                                      .up_h = p->up_h, .down_h = p->down_h, .n_experts = e->n, .ids = ids_d, .wts = w_d,
-                                      .nslot = topk, .extra_slot = shared ? e->n : 0, .x = (const bf16 *)x->data,
-                                      .h = w.h, .out = out->data, .out_type = out->dtype};
+        cu_moe_fused_call fc = {.G = p->gate_d, .U = p->up_d, .D = p->down_d, .gate_h = p->gate_h,
+                                .up_h = p->up_h, .down_h = p->down_h, .n_experts = e->n, .ids = ids_d, .wts = w_d,
+                                .nslot = topk, .extra_slot = shared ? e->n : 0, .x = (const bf16 *)x->data,
+                                .h = w.h, .out = out->data, .out_type = out->dtype};
+        /* the form `moeserve tune` measured fastest for this shape, if it left one */
+        ms_moe_fused_form(s.hidden, s.inter, topk + shared, &fc.form_groups, &fc.form_depth);
         int launched = 0;
         MS_TRY(cu_moe_fused(b, &fc, &launched, err));
         if (launched) return MS_OK;
