@@ -172,7 +172,7 @@ typedef struct cu_impl {
      * synchronisation (cu_sync, cu_upload, cu_download) sets it again. Lets a decode kernel read its
      * weights before griddepcontrol.wait (gemv_bf16.cu, mla_absorb.cu). */
     int weights_quiet;
-    /* [3] device counters of the fused MoE kernel's phase boundary (moe_fused.cu), zero between its
+    /* [2] device counters of the fused MoE kernel's phase boundary (moe_fused.cu), zero between its
      * launches; allocated at creation */
     unsigned *moe_sync;
     /* device counter of the fused input norms (cu_norm_in.done; in moe_sync's allocation, past the MoE's

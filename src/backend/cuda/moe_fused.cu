@@ -25,19 +25,12 @@
  * therefore differ from the two-kernel form in rounding order only. A warp's walk (mf_pos) keeps the
  * lane's weight and scale pointers in registers and advances them by constants inside an item.
  *
- * Phase boundary, per slot group. Warp 0 of a group counts each phase A item once its h rows are
- * stored and fenced: in sync[0] for an item of an early slot (a slot whose items all fall in the
- * rounds before the last, so every group computes them before it could wait), else in sync[1]. A
- * block, its own phase A done, waits (thread 0) for all early items and stages their h (L2 loads) in
- * shared memory; its warps start phase B on the early slots while other groups still compute the
- * last round; before a warp's first step on a late slot (or its first reduction, so that no group
- * barrier waits for a warp held elsewhere) it waits for the late items and stages its share of the
- * late h, and the block meets at named barrier 15. Phase A's ends spread over 7-9 us (Air) to 22 us
- * (GLM-5) across the grid (session 16's timeline); with one boundary that spread was idle time. The
- * grid is no larger than the blocks that fit on the GPU at once (occupancy), so every block that a
- * spin waits for is running or will run. The last block to leave resets sync (sync[2] counts
- * leavers; every item was counted before any block can leave); the next launch on the stream starts
- * after this one completes. A spin that outlives ~2^31 polls traps (the kernel fails with an error instead of
+ * Phase boundary. Every block adds 1 to sync[0] after its phase A (h stores fenced first); thread 0 of
+ * each block spins until sync[0] reaches the grid size, then the block stages all of h (nv x I bf16,
+ * L2 loads) in shared memory for its groups. The grid is no larger than the blocks that fit on the GPU
+ * at once (occupancy), so every block that the spin waits for is running or will run. The last block to
+ * leave resets sync (sync[1] counts leavers); the next launch on the stream starts after this one
+ * completes. A spin that outlives ~2^31 polls traps (the kernel fails with an error instead of
  * hanging). sync is per backend (cu_impl.moe_sync): one launch in flight per backend stream. The
  * residency argument takes the device's SM count as available: under MPS with an SM limit it may not
  * be, and the spin would end in the trap (MS_CU_MOE_FUSED=0 then; a cooperative launch, which would
@@ -263,20 +256,6 @@ __device__ __forceinline__ void mf_group_sync(int grp) {
     asm volatile("bar.sync %0, %1;" ::"r"(grp + 1), "r"(MF_WARPS * 32) : "memory");
 }
 
-/* The h of the late slots vE..nv-1 (of nv valid ones), staged into xs by the block: the calling warp
- * waits (lane 0) until sync[1] counts every late item, stages its share and meets the block's other
- * warps at named barrier 15, which each warp reaches once. Out of line and from few arguments: it
- * runs once a warp, and inlined into phase B's loop it cost 14 registers (spills in the three-group
- * forms). */
-__device__ __noinline__ void mf_stage_late(const mf_args &a, uint4 *xs, int vE, int nv) {
-    const int rsB = a.I / 8;
-    if ((threadIdx.x & 31) == 0) mf_wait_count(&a.sync[1], (unsigned)((nv - vE) * (a.I / 16)));
-    __syncwarp();
-    for (int s = vE * rsB + threadIdx.x; s < nv * rsB; s += blockDim.x)
-        xs[s] = mf_pair(__ldcg((const uint4 *)a.h + mf_xslot(s)));
-    asm volatile("bar.sync 15, %0;" ::"r"(blockDim.x) : "memory");
-}
-
 /* NG groups of 8 warps a block share the staged x and h; D ring stages per warp, D - 1 super-steps
  * (1.1 KB each) in flight. */
 template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) void k_moe_fused(mf_args a) {
@@ -329,10 +308,6 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
     }
     __syncthreads();
     const int nv = s_nv, itemsA = nv * mtA, itemsB = mtB, F = nv * nssB;
-    /* early slots: those whose phase A items all lie in the rounds before the last (a group takes items
-     * g, g + ngrp, ...: these are every group's first items, done before any group waits); phase B
-     * starts on them while the last round's items are still being computed */
-    const int roundsA = (itemsA + ngrp - 1) / ngrp, vE = roundsA > 1 ? (roundsA - 1) * ngrp / mtA : 0, nE = vE * mtA;
 
     /* the producer walk starts D - 1 super-steps ahead of the consumer */
     mf_pos P;
@@ -413,21 +388,21 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
                 }
                 __threadfence();
             }
-            __syncwarp(); /* the item's h rows (fenced by their writers) before its count */
-            if (lane == 0) atomicAdd(&a.sync[item < nE ? 0 : 1], 1u);
         }
     }
 
-    /* ---- phase boundary: the early slots' h, all items of which are counted in sync[0] ---- */
-    __syncthreads(); /* the block's groups are done with x */
-    if (threadIdx.x == 0) mf_wait_count(&a.sync[0], nE);
+    /* ---- phase boundary: every block's h is stored and visible ---- */
     __syncthreads();
-    for (int s = threadIdx.x; s < vE * rsB; s += blockDim.x) /* h rows back to back: unit v * rsB + k8 */
+    if (threadIdx.x == 0) {
+        __threadfence(); /* the block's h stores (fenced by their writers, seen through the barrier) first */
+        atomicAdd(&a.sync[0], 1u);
+        mf_wait_count(&a.sync[0], gridDim.x);
+    }
+    __syncthreads();
+    for (int s = threadIdx.x; s < nv * rsB; s += blockDim.x) /* h rows back to back: unit v * rsB + k8 */
         xs[s] = mf_pair(__ldcg((const uint4 *)a.h + mf_xslot(s)));
     __syncthreads();
-    /* the late slots' h (mf_stage_late), staged when each warp reaches its first step on a late slot
-     * (v >= vlate), or its first reduction, or the end of phase B; vlate = INT_MAX afterwards */
-    int vlate = vE;
+
     /* ---- phase B: out = Σ_slot c_slot · (h_slot · downᵀ) ---- */
     for (int item = grp0; item < itemsB; item += ngrp) {
         const int m0 = item * 16;
@@ -437,14 +412,11 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
         const uint8_t *xp = xon ? xl + (v * rsB + j * 16) * 16 : zb;
         const int xinc = xon ? MF_WARPS * 256 : 0; /* slot v's row continues into slot v + 1's: back to back */
         for (int i = 0; i < n; i++) {
-            if (v >= vlate) mf_stage_late(a, xs, vlate, nv), vlate = INT_MAX;
             step(acc, xp, true, sl[v].c);
             j += MF_WARPS;
             xp += xinc;
             while (j >= nssB) j -= nssB, v++;
         }
-        if (vlate != INT_MAX) /* the group's barrier below must not wait for a warp held at 15 */
-            mf_stage_late(a, xs, vlate, nv), vlate = INT_MAX;
         float unused[2];
         reduce(acc, unused, MF_WARPS);
         if (w == 0) {
@@ -455,16 +427,13 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
                 for (int h = 0; h < 2; h++) cu_st(a.out, a.out_type, (size_t)(m0 + gi + 8 * h), acc[h]);
         }
     }
-    if (vlate != INT_MAX) mf_stage_late(a, xs, vlate, nv);
     gm_cp_wait_all(); /* no ring copy outlives the block */
     __syncthreads();
 
-    /* the last block out resets the counters for the next launch (every item was counted before any
-     * block could get here: each waited for all of them) */
-    if (threadIdx.x == 0 && atomicAdd(&a.sync[2], 1u) == gridDim.x - 1) {
+    /* the last block out resets the counters for the next launch */
+    if (threadIdx.x == 0 && atomicAdd(&a.sync[1], 1u) == gridDim.x - 1) {
         atomicExch(&a.sync[0], 0u);
         atomicExch(&a.sync[1], 0u);
-        atomicExch(&a.sync[2], 0u);
     }
 }
 
