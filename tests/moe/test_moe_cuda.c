@@ -391,7 +391,7 @@ static void test_nvfp4_w8(void) {
  * intermediate multiples of 128, 16 experts, top-1/3/9 (9 = GLM-4.5-Air's 8 + the folded shared
  * expert), random and partial routing (ids -1, possibly all of them), each call twice in a row (the
  * phase counters must be back at zero for the second), the chosen form (MS_CU_MOE_FUSED=1), each form
- * forced (2..10: one, two or three groups of warps a block, ring depths 3-6) and each named as tuned
+ * forced (2..8: one, two or three groups of warps a block, ring depths 3-6) and each named as tuned
  * (ms_moe_set_fused_form, with the per-form launch counters), more slots than its
  * grid has groups for one phase and fewer, a folded shared expert (ms_experts.shared_last: the
  * kernel's extra slot at T = 1, appended by the runner above); the launch counter says it ran exactly

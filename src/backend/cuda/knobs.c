@@ -85,11 +85,11 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
     [CU_KNOB_BF16_STREAM_EARLY] = {"MS_CU_BF16_STREAM_EARLY", KN_INT, 1, 0, 1, NULL, 1,
                                    "1: the streaming bf16 GEMV copies its first weights before waiting for the previous "
                                    "kernel (PDL), when no device work in flight writes weights; 0: after"},
-    [CU_KNOB_MOE_FUSED] = {"MS_CU_MOE_FUSED", KN_INT, 1, 0, 10, NULL, 0,
+    [CU_KNOB_MOE_FUSED] = {"MS_CU_MOE_FUSED", KN_INT, 1, 0, 8, NULL, 0,
                            "1: a one-token MoE call with NVFP4 experts (hidden and intermediate multiples of 128) "
                            "runs as one persistent kernel (moe_fused.cu: gate/up, down and the weighted sum), in the "
                            "form `moeserve tune` measured fastest for the shape, else the one a cost model picks; "
-                           "2..10: form 0..8 forced (when it fits); 0: the decode runner's two grouped GEMVs and "
+                           "2..8: form 0..6 forced (when it fits); 0: the decode runner's two grouped GEMVs and "
                            "combine"},
     [CU_KNOB_NORM_FOLD] = {"MS_CU_NORM_FOLD", KN_INT, 2, 0, 3, NULL, 0,
                            "at one row, the residual add + RMSNorm before the router (2, the default; a router of at "

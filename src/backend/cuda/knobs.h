@@ -29,7 +29,7 @@ typedef enum cu_knob_id {
     CU_KNOB_MLA_HEADS,         /* MS_CU_MLA_HEADS: CU_MLA_HEADS_AUTO, _64 or _16 (read at every call) */
     CU_KNOB_BF16_STREAM_MAX_T, /* MS_CU_BF16_STREAM_MAX_T: 0..4 (read at every call) */
     CU_KNOB_BF16_STREAM_EARLY, /* MS_CU_BF16_STREAM_EARLY: 0 or 1 (read once) */
-    CU_KNOB_MOE_FUSED,         /* MS_CU_MOE_FUSED: 0..10 (read at every call) */
+    CU_KNOB_MOE_FUSED,         /* MS_CU_MOE_FUSED: 0..8 (read at every call) */
     CU_KNOB_NORM_FOLD,         /* MS_CU_NORM_FOLD: 0..3, default 2 (read at every call) */
     CU_KNOB_MLA_ABSORB,        /* MS_CU_MLA_ABSORB: 0 or 1, default 1 (read at every call) */
     CU_KNOB_MLA_PREP,          /* MS_CU_MLA_PREP: 0 or 1, default 1 (read at every call) */

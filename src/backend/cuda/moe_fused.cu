@@ -458,9 +458,6 @@ static const struct {
     /* not chosen by the cost model's ties, only by `moeserve tune` (forced in model runs, H200 s17 run
      * 6: Air (2, 4) 5.613 against the cost model's 5.686 ms a step, GLM-5 x12 (3, 3) 2.880 against 2.895) */
     MF_FORM(2, 4), MF_FORM(3, 3),
-    /* shallower rings measured faster in every group count (tune, H200 s18: Air (1, 6) 36.2 us a call,
-     * (1, 4) 34.8; (2, 6) 33.8, (2, 4) 33.0; GLM-5 (3, 4) 62.0, (3, 3) 60.9): one step further */
-    MF_FORM(1, 3), MF_FORM(2, 3),
 #undef MF_FORM
 };
 #define MF_NFORMS ((int)(sizeof mf_forms / sizeof mf_forms[0]))
