@@ -57,6 +57,8 @@ struct am_args {
     int max_blocks, page_size;
     int n_split;
     float *part; /* n_split > 1: [T][nh][n_split][D + 2] */
+    unsigned *cnt; /* n_split > 1: non-NULL, [gridDim.y][gridDim.x] zeroed counters: the block rows' last range
+                      merges the partials (am_merge); NULL: cu_attn_combine does */
 };
 
 /* First block of sequence s (see the header): ceil((seq_start[s] + s*(tpb-1)) / tpb). */
@@ -65,6 +67,47 @@ __device__ __forceinline__ int am_first_block(const int32_t *seq_start, int s, i
 }
 
 /* (cu_saddr, cu_cp16, cu_ldsm4, cu_ldsm4t, cu_mma_bf16, cu_pack_bf16 etc. are in cuda_internal.cuh.) */
+
+/* The split-K merge of one block's rows (nrow rows of token-major (token tb + r / hc, head hq0 + r % hc),
+ * heads past nhc skipped) from the n_split ranges' partials, by the block whose range finished last:
+ * k_attn_combine's arithmetic in its order (one warp a row: lanes z and z + 32 give (max, sum) pairs,
+ * reduced by the same shuffles; then each column summed over the ranges in order), so the output is
+ * the same bits as the separate kernel's. Loads bypass L1 (__ldcg): other SMs wrote the partials in
+ * this launch, and this SM may hold lines of an earlier launch's. */
+template <int D>
+__device__ void am_merge(const am_args &a, int tb, int nrow, int hq0, int nhc, float (*s_e)[64]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ns = a.n_split;
+    for (int r = warp; r < nrow; r += AM_WARPS) {
+        const int ti = r / a.hc, hi = r % a.hc;
+        if (hi >= nhc) continue; /* warp-uniform */
+        const size_t row = (size_t)(tb + ti) * a.nh + hq0 + hi;
+        const float *p = a.part + row * ns * (D + 2);
+        const int z0 = lane, z1 = lane + 32;
+        const float m0 = z0 < ns ? __ldcg(p + (size_t)z0 * (D + 2) + D) : -INFINITY;
+        const float m1 = z1 < ns ? __ldcg(p + (size_t)z1 * (D + 2) + D) : -INFINITY;
+        float M = fmaxf(m0, m1);
+#pragma unroll
+        for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        const float e0 = m0 == -INFINITY ? 0.f : expf(m0 - M), e1 = m1 == -INFINITY ? 0.f : expf(m1 - M);
+        float L = (e0 > 0.f ? __ldcg(p + (size_t)z0 * (D + 2) + D + 1) * e0 : 0.f) +
+                  (e1 > 0.f ? __ldcg(p + (size_t)z1 * (D + 2) + D + 1) * e1 : 0.f);
+#pragma unroll
+        for (int o = 16; o; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+        s_e[warp][z0] = e0;
+        s_e[warp][z1] = e1;
+        __syncwarp();
+        const float inv = L > 0.f ? 1.f / L : 0.f;
+        for (int c = lane; c < D; c += 32) {
+            float o = 0.f;
+            for (int z = 0; z < ns; z++) {
+                const float e = s_e[warp][z];
+                if (e > 0.f) o += __ldcg(p + (size_t)z * (D + 2) + c) * e;
+            }
+            a.out[row * D + c] = __float2bfloat16_rn(o * inv);
+        }
+        __syncwarp(); /* s_e is rewritten for the warp's next row */
+    }
+}
 
 template <int D> static constexpr size_t am_smem_bytes() { return (size_t)2 * 2 * AM_BN * (D + 8) * sizeof(bf16); }
 
@@ -235,6 +278,23 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a) {
                     __floats2bfloat162_rn(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
         }
     }
+    if (a.part && a.cnt) {
+        /* the last of the n_split blocks of these rows to get here merges them: every block fences its
+         * partials before counting, the last fences before reading, and puts the counter back to zero */
+        __shared__ int sh_last;
+        __shared__ float s_e[AM_WARPS][64];
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            unsigned *c = a.cnt + (size_t)blockIdx.y * gridDim.x + blockIdx.x;
+            sh_last = atomicAdd(c, 1u) == (unsigned)a.n_split - 1;
+            if (sh_last) atomicExch(c, 0u);
+        }
+        __syncthreads();
+        if (!sh_last) return;
+        __threadfence();
+        am_merge<D>(a, tb, ntok * a.hc, hq0, nhc, s_e);
+    }
 }
 
 template <int D> static int am_launch(ms_backend *b, const am_args *a, dim3 grid, ms_err *err) {
@@ -279,9 +339,11 @@ int cu_attn_gqa_mma(ms_backend *b, const bf16 *q, const bf16 *kc, const bf16 *vc
     MS_TRY(cu_attn_split(b, groups * nkv * a.n_chunks, tiles, 4, T, nh, d, allow_split, &a.n_split, &a.part, err));
     const int64_t gx = ((int64_t)T + (int64_t)(hb->n_seqs + 1) * (a.tpb - 1)) / a.tpb; /* P(n_seqs) */
     dim3 grid((unsigned)gx, (unsigned)(nkv * a.n_chunks), (unsigned)a.n_split);
+    /* the merge in the kernel saves the combine kernel's link in a decode step's chain of launches */
+    if (a.n_split > 1 && cu_knob(CU_KNOB_ATTN_MERGE) && gx * grid.y <= CU_ATTN_CNT) a.cnt = cu_of(b)->attn_cnt;
     if (d == 64) MS_TRY(am_launch<64>(b, &a, grid, err));
     else MS_TRY(am_launch<128>(b, &a, grid, err));
-    MS_TRY(cu_attn_combine(b, a.part, a.n_split, T, nh, d, out, err));
+    if (!a.cnt) MS_TRY(cu_attn_combine(b, a.part, a.n_split, T, nh, d, out, err));
     *launched = 1;
     return MS_OK;
 }
