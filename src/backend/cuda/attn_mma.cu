@@ -69,43 +69,62 @@ __device__ __forceinline__ int am_first_block(const int32_t *seq_start, int s, i
 /* (cu_saddr, cu_cp16, cu_ldsm4, cu_ldsm4t, cu_mma_bf16, cu_pack_bf16 etc. are in cuda_internal.cuh.) */
 
 /* The split-K merge of one block's rows (nrow rows of token-major (token tb + r / hc, head hq0 + r % hc),
- * heads past nhc skipped) from the n_split ranges' partials, by the block whose range finished last:
- * k_attn_combine's arithmetic in its order (one warp a row: lanes z and z + 32 give (max, sum) pairs,
- * reduced by the same shuffles; then each column summed over the ranges in order), so the output is
- * the same bits as the separate kernel's. Loads bypass L1 (__ldcg): other SMs wrote the partials in
- * this launch, and this SM may hold lines of an earlier launch's. */
+ * heads past nhc skipped) from the n_split ranges' partials, by the block whose range finished last,
+ * with k_attn_combine's arithmetic in its order, so the output is the same bits as the separate
+ * kernel's: a warp a row turns the ranges' (max, sum) pairs into factors (lanes z and z + 32, the same
+ * shuffles), kept in the block's dynamic shared memory (sf: [nrow][64] factors, then [nrow] 1 / L; the
+ * key tiles are done with); then every thread sums outputs over the ranges in order, 4 outputs x 8
+ * ranges of loads in flight (one after the other, the 96 dependent L2 loads a warp of the first form
+ * cost Air's decode 10 us a layer). Loads bypass L1 (__ldcg): other SMs wrote the partials in this
+ * launch, and this SM may hold lines of an earlier launch's. */
 template <int D>
-__device__ void am_merge(const am_args &a, int tb, int nrow, int hq0, int nhc, float (*s_e)[64]) {
+__device__ void am_merge(const am_args &a, int tb, int nrow, int hq0, int nhc, float *sf) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ns = a.n_split;
+    float *s_inv = sf + nrow * 64;
     for (int r = warp; r < nrow; r += AM_WARPS) {
-        const int ti = r / a.hc, hi = r % a.hc;
-        if (hi >= nhc) continue; /* warp-uniform */
-        const size_t row = (size_t)(tb + ti) * a.nh + hq0 + hi;
-        const float *p = a.part + row * ns * (D + 2);
+        if (r % a.hc >= nhc) continue; /* warp-uniform */
+        const float *p = a.part + ((size_t)(tb + r / a.hc) * a.nh + hq0 + r % a.hc) * ns * (D + 2);
         const int z0 = lane, z1 = lane + 32;
         const float m0 = z0 < ns ? __ldcg(p + (size_t)z0 * (D + 2) + D) : -INFINITY;
         const float m1 = z1 < ns ? __ldcg(p + (size_t)z1 * (D + 2) + D) : -INFINITY;
+        const float l0 = z0 < ns ? __ldcg(p + (size_t)z0 * (D + 2) + D + 1) : 0.f;
+        const float l1 = z1 < ns ? __ldcg(p + (size_t)z1 * (D + 2) + D + 1) : 0.f;
         float M = fmaxf(m0, m1);
 #pragma unroll
         for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
         const float e0 = m0 == -INFINITY ? 0.f : expf(m0 - M), e1 = m1 == -INFINITY ? 0.f : expf(m1 - M);
-        float L = (e0 > 0.f ? __ldcg(p + (size_t)z0 * (D + 2) + D + 1) * e0 : 0.f) +
-                  (e1 > 0.f ? __ldcg(p + (size_t)z1 * (D + 2) + D + 1) * e1 : 0.f);
+        float L = (e0 > 0.f ? l0 * e0 : 0.f) + (e1 > 0.f ? l1 * e1 : 0.f);
 #pragma unroll
         for (int o = 16; o; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-        s_e[warp][z0] = e0;
-        s_e[warp][z1] = e1;
-        __syncwarp();
-        const float inv = L > 0.f ? 1.f / L : 0.f;
-        for (int c = lane; c < D; c += 32) {
-            float o = 0.f;
-            for (int z = 0; z < ns; z++) {
-                const float e = s_e[warp][z];
-                if (e > 0.f) o += __ldcg(p + (size_t)z * (D + 2) + c) * e;
-            }
-            a.out[row * D + c] = __float2bfloat16_rn(o * inv);
+        sf[r * 64 + z0] = e0;
+        sf[r * 64 + z1] = e1;
+        if (lane == 0) s_inv[r] = L > 0.f ? 1.f / L : 0.f;
+    }
+    __syncthreads();
+    const int total = nrow * D;
+    for (int i0 = threadIdx.x; i0 < total; i0 += 4 * AM_THREADS) {
+        float o[4] = {0.f, 0.f, 0.f, 0.f};
+        const float *pp[4];
+        bool on[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int i = i0 + u * AM_THREADS, r = i / D;
+            on[u] = i < total && r % a.hc < nhc;
+            pp[u] = a.part + ((size_t)(tb + r / a.hc) * a.nh + hq0 + r % a.hc) * ns * (D + 2) + i % D;
         }
-        __syncwarp(); /* s_e is rewritten for the warp's next row */
+#pragma unroll 8
+        for (int z = 0; z < ns; z++)
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const float e = on[u] ? sf[((i0 + u * AM_THREADS) / D) * 64 + z] : 0.f;
+                if (e > 0.f) o[u] += __ldcg(pp[u] + (size_t)z * (D + 2)) * e;
+            }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int i = i0 + u * AM_THREADS, r = i / D;
+            if (on[u])
+                a.out[((size_t)(tb + r / a.hc) * a.nh + hq0 + r % a.hc) * D + i % D] = __float2bfloat16_rn(o[u] * s_inv[r]);
+        }
     }
 }
 
@@ -282,7 +301,6 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a) {
         /* the last of the n_split blocks of these rows to get here merges them: every block fences its
          * partials before counting, the last fences before reading, and puts the counter back to zero */
         __shared__ int sh_last;
-        __shared__ float s_e[AM_WARPS][64];
         __threadfence();
         __syncthreads();
         if (tid == 0) {
@@ -293,7 +311,7 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a) {
         __syncthreads();
         if (!sh_last) return;
         __threadfence();
-        am_merge<D>(a, tb, ntok * a.hc, hq0, nhc, s_e);
+        am_merge<D>(a, tb, ntok * a.hc, hq0, nhc, (float *)am_sm); /* 64 x 65 floats at most: the key tiles' room */
     }
 }
 
