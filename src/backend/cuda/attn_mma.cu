@@ -57,8 +57,6 @@ struct am_args {
     int max_blocks, page_size;
     int n_split;
     float *part; /* n_split > 1: [T][nh][n_split][D + 2] */
-    unsigned *cnt; /* n_split > 1: non-NULL, [gridDim.y][gridDim.x] zeroed counters: the block rows' last range
-                      merges the partials (am_merge); NULL: cu_attn_combine does */
 };
 
 /* First block of sequence s (see the header): ceil((seq_start[s] + s*(tpb-1)) / tpb). */
@@ -67,66 +65,6 @@ __device__ __forceinline__ int am_first_block(const int32_t *seq_start, int s, i
 }
 
 /* (cu_saddr, cu_cp16, cu_ldsm4, cu_ldsm4t, cu_mma_bf16, cu_pack_bf16 etc. are in cuda_internal.cuh.) */
-
-/* The split-K merge of one block's rows (nrow rows of token-major (token tb + r / hc, head hq0 + r % hc),
- * heads past nhc skipped) from the n_split ranges' partials, by the block whose range finished last,
- * with k_attn_combine's arithmetic in its order, so the output is the same bits as the separate
- * kernel's: a warp a row turns the ranges' (max, sum) pairs into factors (lanes z and z + 32, the same
- * shuffles), kept in the block's dynamic shared memory (sf: [nrow][64] factors, then [nrow] 1 / L; the
- * key tiles are done with); then every thread sums outputs over the ranges in order, 4 outputs x 8
- * ranges of loads in flight (one after the other, the 96 dependent L2 loads a warp of the first form
- * cost Air's decode 10 us a layer). Loads bypass L1 (__ldcg): other SMs wrote the partials in this
- * launch, and this SM may hold lines of an earlier launch's. */
-template <int D>
-__device__ void am_merge(const am_args &a, int tb, int nrow, int hq0, int nhc, float *sf) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ns = a.n_split;
-    float *s_inv = sf + nrow * 64;
-    for (int r = warp; r < nrow; r += AM_WARPS) {
-        if (r % a.hc >= nhc) continue; /* warp-uniform */
-        const float *p = a.part + ((size_t)(tb + r / a.hc) * a.nh + hq0 + r % a.hc) * ns * (D + 2);
-        const int z0 = lane, z1 = lane + 32;
-        const float m0 = z0 < ns ? __ldcg(p + (size_t)z0 * (D + 2) + D) : -INFINITY;
-        const float m1 = z1 < ns ? __ldcg(p + (size_t)z1 * (D + 2) + D) : -INFINITY;
-        const float l0 = z0 < ns ? __ldcg(p + (size_t)z0 * (D + 2) + D + 1) : 0.f;
-        const float l1 = z1 < ns ? __ldcg(p + (size_t)z1 * (D + 2) + D + 1) : 0.f;
-        float M = fmaxf(m0, m1);
-#pragma unroll
-        for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-        const float e0 = m0 == -INFINITY ? 0.f : expf(m0 - M), e1 = m1 == -INFINITY ? 0.f : expf(m1 - M);
-        float L = (e0 > 0.f ? l0 * e0 : 0.f) + (e1 > 0.f ? l1 * e1 : 0.f);
-#pragma unroll
-        for (int o = 16; o; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-        sf[r * 64 + z0] = e0;
-        sf[r * 64 + z1] = e1;
-        if (lane == 0) s_inv[r] = L > 0.f ? 1.f / L : 0.f;
-    }
-    __syncthreads();
-    const int total = nrow * D;
-    for (int i0 = threadIdx.x; i0 < total; i0 += 4 * AM_THREADS) {
-        float o[4] = {0.f, 0.f, 0.f, 0.f};
-        const float *pp[4];
-        bool on[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int i = i0 + u * AM_THREADS, r = i / D;
-            on[u] = i < total && r % a.hc < nhc;
-            pp[u] = a.part + ((size_t)(tb + r / a.hc) * a.nh + hq0 + r % a.hc) * ns * (D + 2) + i % D;
-        }
-#pragma unroll 8
-        for (int z = 0; z < ns; z++)
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const float e = on[u] ? sf[((i0 + u * AM_THREADS) / D) * 64 + z] : 0.f;
-                if (e > 0.f) o[u] += __ldcg(pp[u] + (size_t)z * (D + 2)) * e;
-            }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int i = i0 + u * AM_THREADS, r = i / D;
-            if (on[u])
-                a.out[((size_t)(tb + r / a.hc) * a.nh + hq0 + r % a.hc) * D + i % D] = __float2bfloat16_rn(o[u] * s_inv[r]);
-        }
-    }
-}
 
 template <int D> static constexpr size_t am_smem_bytes() { return (size_t)2 * 2 * AM_BN * (D + 8) * sizeof(bf16); }
 
@@ -297,22 +235,6 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a) {
                     __floats2bfloat162_rn(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
         }
     }
-    if (a.part && a.cnt) {
-        /* the last of the n_split blocks of these rows to get here merges them: every block fences its
-         * partials before counting, the last fences before reading, and puts the counter back to zero */
-        __shared__ int sh_last;
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) {
-            unsigned *c = a.cnt + (size_t)blockIdx.y * gridDim.x + blockIdx.x;
-            sh_last = atomicAdd(c, 1u) == (unsigned)a.n_split - 1;
-            if (sh_last) atomicExch(c, 0u);
-        }
-        __syncthreads();
-        if (!sh_last) return;
-        __threadfence();
-        am_merge<D>(a, tb, ntok * a.hc, hq0, nhc, (float *)am_sm); /* 64 x 65 floats at most: the key tiles' room */
-    }
 }
 
 template <int D> static int am_launch(ms_backend *b, const am_args *a, dim3 grid, ms_err *err) {
@@ -357,11 +279,9 @@ int cu_attn_gqa_mma(ms_backend *b, const bf16 *q, const bf16 *kc, const bf16 *vc
     MS_TRY(cu_attn_split(b, groups * nkv * a.n_chunks, tiles, 4, T, nh, d, allow_split, &a.n_split, &a.part, err));
     const int64_t gx = ((int64_t)T + (int64_t)(hb->n_seqs + 1) * (a.tpb - 1)) / a.tpb; /* P(n_seqs) */
     dim3 grid((unsigned)gx, (unsigned)(nkv * a.n_chunks), (unsigned)a.n_split);
-    /* the merge in the kernel saves the combine kernel's link in a decode step's chain of launches */
-    if (a.n_split > 1 && cu_knob(CU_KNOB_ATTN_MERGE) && gx * grid.y <= CU_ATTN_CNT) a.cnt = cu_of(b)->attn_cnt;
     if (d == 64) MS_TRY(am_launch<64>(b, &a, grid, err));
     else MS_TRY(am_launch<128>(b, &a, grid, err));
-    if (!a.cnt) MS_TRY(cu_attn_combine(b, a.part, a.n_split, T, nh, d, out, err));
+    MS_TRY(cu_attn_combine(b, a.part, a.n_split, T, nh, d, out, err));
     *launched = 1;
     return MS_OK;
 }

@@ -1064,24 +1064,6 @@ extern "C" int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err)
         c->moe_sync = (unsigned *)sync;
         c->norm_sync = (unsigned *)sync + 8; /* its own 32 bytes of the 64 */
     }
-    {
-        void *cnt = NULL;
-        const size_t n = sizeof(unsigned) * CU_ATTN_CNT;
-        cudaError_t e4 = cudaMalloc(&cnt, n);
-        if (e4 == cudaSuccess) e4 = cudaMemsetAsync(cnt, 0, n, c->stream);
-        if (e4 == cudaSuccess) e4 = cudaStreamSynchronize(c->stream);
-        if (e4 != cudaSuccess) {
-            if (cnt) cudaFree(cnt);
-            rc = ms_errf(err, MS_ERR_RUNTIME, "cuda backend: allocating the attention merge counters failed on GPU %d: %s",
-                         device, cudaGetErrorString(e4));
-            goto fail;
-        }
-        if ((rc = cu_own(b, cnt, err)) != MS_OK) {
-            cudaFree(cnt);
-            goto fail;
-        }
-        c->attn_cnt = (unsigned *)cnt;
-    }
     *out = b;
     return MS_OK;
 fail:

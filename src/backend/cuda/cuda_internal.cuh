@@ -178,13 +178,9 @@ typedef struct cu_impl {
     /* device counter of the fused input norms (cu_norm_in.done; in moe_sync's allocation, past the MoE's
      * counters), zero between launches */
     unsigned *norm_sync;
-    /* [CU_ATTN_CNT] device counters of the split GQA attention's in-kernel merge (attn_mma.cu), one per
-     * block of a key range; zero between launches; allocated at creation */
-    unsigned *attn_cnt;
 } cu_impl;
 
 static inline cu_impl *cu_of(const ms_backend *b) { return (cu_impl *)b->impl; }
-#define CU_ATTN_CNT 4096 /* cu_impl.attn_cnt's counters */
 
 
 /* What place_linear stores in W->prepared. */

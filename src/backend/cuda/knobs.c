@@ -102,9 +102,6 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
     [CU_KNOB_MLA_PREP] = {"MS_CU_MLA_PREP", KN_INT, 1, 0, 1, NULL, 0,
                           "1: an MLA layer's q_a norm, latent preparation and indexer-key preparation run as one "
                           "launch (mla_prep); 0: three"},
-    [CU_KNOB_ATTN_MERGE] = {"MS_CU_ATTN_MERGE", KN_INT, 1, 0, 1, NULL, 0,
-                            "1: when the tensor-core GQA kernel splits the keys, the last range to finish of each block's "
-                            "rows merges the ranges' partials itself (attn_mma.cu); 0: a separate combine kernel"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */

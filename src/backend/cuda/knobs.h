@@ -33,7 +33,6 @@ typedef enum cu_knob_id {
     CU_KNOB_NORM_FOLD,         /* MS_CU_NORM_FOLD: 0..3, default 2 (read at every call) */
     CU_KNOB_MLA_ABSORB,        /* MS_CU_MLA_ABSORB: 0 or 1, default 1 (read at every call) */
     CU_KNOB_MLA_PREP,          /* MS_CU_MLA_PREP: 0 or 1, default 1 (read at every call) */
-    CU_KNOB_ATTN_MERGE,        /* MS_CU_ATTN_MERGE: 0 or 1, default 1 (read at every call) */
     CU_KNOB_COUNT
 } cu_knob_id;
 
