@@ -265,10 +265,10 @@ int cmd_tune(int argc, char **argv) {
         if (!broken && td[i] <= tg[i]) cross = tokens[i] > cross ? tokens[i] : cross;
         else broken = 1;
     }
-    ms_moe_form rec = {0};
+    ms_moe_form rec = {0}; /* the fastest form measured (groups 0: none) */
+#ifdef MS_HAVE_CUDA
     double fus[TUNE_FORMS], model_us = -1;
     int nf = 0, model_form = -1;
-#ifdef MS_HAVE_CUDA
     ms_experts fx;
     const int folded = fold_layer(ly, &fx);
     ms_moe_shape sf = s; /* the forward's decode call: the shared expert folded in as the last expert */
@@ -332,21 +332,21 @@ int cmd_tune(int argc, char **argv) {
             continue; /* measured again now */
         json_array_append(forms, e);
     }
+#ifdef MS_HAVE_CUDA
     if (rec.groups) {
         json_t *e = json_pack("{s:i, s:i, s:i, s:i, s:i, s:s, s:s}", "hidden", rec.hidden, "inter", rec.inter, "slots",
                               rec.slots, "groups", rec.groups, "depth", rec.depth, "model", model, "experts", quant);
         json_t *all = json_array();
-#ifdef MS_HAVE_CUDA
         for (int f = 0; f < nf; f++) {
             int g, d;
             ms_cuda_moe_fused_form(f, &g, &d);
             if (fus[f] >= 0) json_array_append_new(all, json_pack("{s:i, s:i, s:f}", "groups", g, "depth", d, "us", fus[f]));
         }
-#endif
         json_object_set_new(e, "us_per_form", all);
         if (model_us >= 0) json_object_set_new(e, "cost_model_us", json_real(model_us));
         json_array_append_new(forms, e);
     }
+#endif
     json_object_set_new(root, "moe_fused_forms", forms);
     const int wrc = json_dump_file(root, tmp, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
     json_decref(root);
