@@ -104,7 +104,8 @@ static int time_runner(ms_backend *b, const ms_moe_runner *r, const ms_experts *
 
 #ifdef MS_HAVE_CUDA
 /* The layer's experts with its shared expert folded in as the last one (the forward's fold_shared,
- * whose calls the fused kernel serves at decode), or 0 when it has none of the routed experts' kind. */
+ * whose calls the fused kernel serves at decode): 1, or 0 when it has none of the routed experts'
+ * kind, or -1 out of memory. */
 static int fold_layer(const ms_layer *l, ms_experts *x) {
     const ms_experts *e = &l->experts;
     const ms_linear *sh[3] = {&l->sh_gate, &l->sh_up, &l->sh_down}, *ro[3] = {&e->gate[0], &e->up[0], &e->down[0]};
@@ -114,7 +115,7 @@ static int fold_layer(const ms_layer *l, ms_experts *x) {
             sh[i]->w.dtype != ro[i]->w.dtype || sh[i]->bias.data || ro[i]->bias.data)
             return 0;
     ms_linear *arr = malloc(sizeof(ms_linear) * 3 * (size_t)(e->n + 1));
-    if (!arr) return 0;
+    if (!arr) return -1;
     memset(x, 0, sizeof *x);
     x->n = e->n + 1, x->gate = arr, x->up = arr + x->n, x->down = arr + 2 * x->n, x->shared_last = 1;
     memcpy(x->gate, e->gate, sizeof(ms_linear) * (size_t)e->n);
@@ -133,6 +134,7 @@ static int tune_forms(ms_backend *b, const ms_moe_runner *rd, const ms_experts *
     const char *old = getenv("MS_CU_MOE_FUSED");
     char *saved = old ? strdup(old) : NULL;
     int nf = 0, g, d, rc = MS_OK;
+    if (old && !saved) return ms_errf(err, MS_ERR_NOMEM, "tune: out of memory");
     while (nf < TUNE_FORMS && ms_cuda_moe_fused_form(nf, &g, &d)) us[nf++] = -1;
     *n_forms = nf, *us_model = -1, *model_form = -1;
     memset(rec, 0, sizeof *rec);
@@ -271,6 +273,10 @@ int cmd_tune(int argc, char **argv) {
     int nf = 0, model_form = -1;
     ms_experts fx;
     const int folded = fold_layer(ly, &fx);
+    if (folded < 0) {
+        fprintf(stderr, "moeserve tune: out of memory\n");
+        goto done;
+    }
     ms_moe_shape sf = s; /* the forward's decode call: the shared expert folded in as the last expert */
     sf.n_experts += folded;
     const int frc = tune_forms(b, rd, folded ? &fx : &ly->experts, &sf, 5 * (int)reps, &rec, fus, &nf, &model_us,
@@ -348,11 +354,15 @@ int cmd_tune(int argc, char **argv) {
     }
 #endif
     json_object_set_new(root, "moe_fused_forms", forms);
+    errno = 0;
     const int wrc = json_dump_file(root, tmp, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
+    int werr = errno; /* before the frees below; 0 when jansson failed without a system error */
+    const int mv = wrc ? 0 : rename(tmp, path);
+    if (mv) werr = errno;
     json_decref(root);
     json_decref(old);
-    if (wrc || rename(tmp, path)) {
-        fprintf(stderr, "moeserve tune: cannot write %s: %s\n", path, strerror(errno));
+    if (wrc || mv) {
+        fprintf(stderr, "moeserve tune: cannot write %s: %s\n", wrc ? tmp : path, werr ? strerror(werr) : "JSON encoding failed");
         remove(tmp);
         goto done;
     }

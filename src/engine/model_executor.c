@@ -161,10 +161,12 @@ static int rank_open(rank_st *r, ms_err *err) {
     int rc = ms_backend_create(o->device ? o->device : "cpu", o->device_index + r->local, &r->b, err);
     if (!rc && !strcmp(lo.load_format, "dummy")) lo.dummy_device = r->b;
     if (!rc && r->b->device >= 0 && r->rank == 0) {
-        /* measured decode-vs-grouped crossover for this GPU, when `moeserve tune` left one */
+        /* measured decode-vs-grouped crossover and fused-kernel forms for this GPU, when `moeserve tune`
+         * left them */
         const char *td = getenv("MS_TUNED_DIR");
         if (ms_moe_apply_tuned(r->b, td && td[0] ? td : "configs/tuned"))
-            MS_LOGI("MoE auto policy: tuned threshold %d tokens for %s", ms_moe_auto_threshold(), r->b->gpu.name);
+            MS_LOGI("MoE: tuned values for %s applied (auto threshold now %d tokens)", r->b->gpu.name,
+                    ms_moe_auto_threshold());
     }
     if (!rc) rc = ms_model_load(o->model_path, &lo, &r->m, err);
     if (!rc) rc = ms_model_place(r->m, r->b, err);

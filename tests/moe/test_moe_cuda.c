@@ -432,11 +432,32 @@ static void fused_shapes(int H, int I, int want) {
                   H, I, g, dp, ms_cuda_moe_fused_form_launches(f) - nf0);
 #endif
     }
-    CHECK(ms_moe_set_fused_form(&(ms_moe_form){H, I, 3, 8, 64}));
-    run_case(&L, cpu_r, gr, 1, 3, 0);
-    CHECK(ms_moe_set_fused_form(&(ms_moe_form){H, I, 4, 1, 4}));
-    run_case(&L, cpu_r, gr, 1, 3, 3);
+    /* the cost model's form for these calls: the one launched with no record (the form depends on the
+     * slots, not on which of them are -1) */
     CHECK(ms_moe_set_fused_form(&(ms_moe_form){H, I, 3, 0, 0}));
+    int og = 1, od = 6;
+#ifdef MS_HAVE_CUDA
+    int cm = -1;
+    long long c0[16];
+    for (int f = 0; f < nforms && f < 16; f++) c0[f] = ms_cuda_moe_fused_form_launches(f);
+#endif
+    run_case(&L, cpu_r, gr, 1, 3, 0);
+#ifdef MS_HAVE_CUDA
+    for (int f = 0; f < nforms && f < 16; f++)
+        if (ms_cuda_moe_fused_form_launches(f) - c0[f] == 1) cm = f;
+    CHECK_MSG(!want || cm >= 0, "H=%d I=%d: no form counted the cost model's launch", H, I);
+    if (cm >= 0) ms_cuda_moe_fused_form(cm == 0 ? 1 : 0, &og, &od); /* a form other than the cost model's */
+    long long m0 = cm >= 0 ? ms_cuda_moe_fused_form_launches(cm) : 0;
+#endif
+    CHECK(ms_moe_set_fused_form(&(ms_moe_form){H, I, 3, 8, 64})); /* a form the kernel does not have */
+    run_case(&L, cpu_r, gr, 1, 3, 0);
+    CHECK(ms_moe_set_fused_form(&(ms_moe_form){H, I, 3, 0, 0}));
+    CHECK(ms_moe_set_fused_form(&(ms_moe_form){H, I, 4, og, od})); /* another shape's record */
+    run_case(&L, cpu_r, gr, 1, 3, 3);
+#ifdef MS_HAVE_CUDA
+    CHECK_MSG(!want || ms_cuda_moe_fused_form_launches(cm) - m0 == 2,
+              "H=%d I=%d: a form the kernel lacks, or another shape's record, did not leave the cost model's form", H, I);
+#endif
     CHECK(ms_moe_set_fused_form(&(ms_moe_form){H, I, 4, 0, 0}));
     CHECK(!ms_moe_fused_form(H, I, 3, &g, &dp));
     /* a folded shared expert (expert 15) as the kernel's extra slot, with and without ids -1 */
@@ -445,8 +466,9 @@ static void fused_shapes(int H, int I, int want) {
         run_case_sh(&L, cpu_r, gr, 1, i == 2 ? 8 : 2 * i + 1, 3, 1);
     }
 #ifdef MS_HAVE_CUDA
-    /* 12 calls a setting of the knob, one a tuned form, 2 more tuned, 6 with the shared expert */
-    const long long nwant = want ? 12 * (nforms + 1) + nforms + 2 + 6 : 0;
+    /* 12 calls a setting of the knob, one a tuned form, 3 for the cost model's form, 6 with the shared
+     * expert */
+    const long long nwant = want ? 12 * (nforms + 1) + nforms + 3 + 6 : 0;
     CHECK_MSG(ms_cuda_moe_fused_launches() - n0 == nwant, "H=%d I=%d: fused MoE kernel launched %lld times (want %lld)",
               H, I, ms_cuda_moe_fused_launches() - n0, nwant);
     n0 = ms_cuda_moe_fused_launches();

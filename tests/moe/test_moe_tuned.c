@@ -73,7 +73,8 @@ static void test_forms(void) {
                "{\"hidden\": 6144, \"inter\": 2048, \"slots\": 99, \"groups\": 3, \"depth\": 3},"
                "{\"hidden\": 7168, \"inter\": 2048, \"slots\": 9, \"groups\": 3, \"depth\": 3},"
                "7]}");
-    ms_backend h200 = fake_gpu("NVIDIA H200"), other = fake_gpu("NVIDIA H100");
+    /* "NVIDIA-H200" maps to the same file name, whose "gpu" names another GPU: nothing is recorded */
+    ms_backend h200 = fake_gpu("NVIDIA H200"), other = fake_gpu("NVIDIA-H200");
     CHECK_EQ_INT(ms_moe_apply_tuned(&other, g_dir), 0);
     CHECK(!ms_moe_fused_form(4096, 1408, 9, &g, &d));
     CHECK_EQ_INT(ms_moe_apply_tuned(&h200, g_dir), 1);

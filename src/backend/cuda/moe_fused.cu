@@ -455,7 +455,8 @@ static const struct {
     /* in order of preference on a tie of the cost model: GLM-5's three-group forms tie, and the shallower
      * ring measured 0.01-0.02 ms a step faster (H200, s17 run 4: 2.894 / 2.891 against 2.919 / 2.902) */
     MF_FORM(1, 6), MF_FORM(1, 4), MF_FORM(2, 6), MF_FORM(3, 4), MF_FORM(3, 6),
-    /* not chosen by the cost model's ties, only by `moeserve tune` (forced in model runs, H200 s17 run
+    /* last, so that the cost model's ties keep going to the forms above; the cost model may still pick
+     * them where they cost strictly less. Made for `moeserve tune` (forced in model runs, H200 s17 run
      * 6: Air (2, 4) 5.613 against the cost model's 5.686 ms a step, GLM-5 x12 (3, 3) 2.880 against 2.895) */
     MF_FORM(2, 4), MF_FORM(3, 3),
 #undef MF_FORM
