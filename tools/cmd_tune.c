@@ -103,28 +103,6 @@ static int time_runner(ms_backend *b, const ms_moe_runner *r, const ms_experts *
 }
 
 #ifdef MS_HAVE_CUDA
-/* The layer's experts with its shared expert folded in as the last one (the forward's fold_shared,
- * whose calls the fused kernel serves at decode): 1, or 0 when it has none of the routed experts'
- * kind, or -1 out of memory. */
-static int fold_layer(const ms_layer *l, ms_experts *x) {
-    const ms_experts *e = &l->experts;
-    const ms_linear *sh[3] = {&l->sh_gate, &l->sh_up, &l->sh_down}, *ro[3] = {&e->gate[0], &e->up[0], &e->down[0]};
-    if (!l->has_shared) return 0;
-    for (int i = 0; i < 3; i++)
-        if (sh[i]->fmt != ro[i]->fmt || sh[i]->n_out != ro[i]->n_out || sh[i]->n_in != ro[i]->n_in ||
-            sh[i]->w.dtype != ro[i]->w.dtype || sh[i]->bias.data || ro[i]->bias.data)
-            return 0;
-    ms_linear *arr = malloc(sizeof(ms_linear) * 3 * (size_t)(e->n + 1));
-    if (!arr) return -1;
-    memset(x, 0, sizeof *x);
-    x->n = e->n + 1, x->gate = arr, x->up = arr + x->n, x->down = arr + 2 * x->n, x->shared_last = 1;
-    memcpy(x->gate, e->gate, sizeof(ms_linear) * (size_t)e->n);
-    memcpy(x->up, e->up, sizeof(ms_linear) * (size_t)e->n);
-    memcpy(x->down, e->down, sizeof(ms_linear) * (size_t)e->n);
-    x->gate[e->n] = l->sh_gate, x->up[e->n] = l->sh_up, x->down[e->n] = l->sh_down;
-    return 1;
-}
-
 /* Times each form of the fused one-token kernel (moe_fused.cu) on the decode runner at one token,
  * TUNE_ROUNDS times in turn (each form's best round counts), and the cost model's own choice. *rec
  * gets the fastest form for the shape; us[f] its time or -1 for a form that did not launch (does not
@@ -271,12 +249,12 @@ int cmd_tune(int argc, char **argv) {
 #ifdef MS_HAVE_CUDA
     double fus[TUNE_FORMS], model_us = -1;
     int nf = 0, model_form = -1;
-    ms_experts fx;
-    const int folded = fold_layer(ly, &fx);
-    if (folded < 0) {
-        fprintf(stderr, "moeserve tune: out of memory\n");
+    ms_experts fx; /* the forward's decode calls fold the shared expert in as the last expert */
+    if (ms_layer_fold_shared(ly, &fx, &err)) {
+        fprintf(stderr, "moeserve tune: %s\n", err.msg);
         goto done;
     }
+    const int folded = fx.n > 0;
     ms_moe_shape sf = s; /* the forward's decode call: the shared expert folded in as the last expert */
     sf.n_experts += folded;
     const int frc = tune_forms(b, rd, folded ? &fx : &ly->experts, &sf, 5 * (int)reps, &rec, fus, &nf, &model_us,

@@ -288,12 +288,35 @@ static int same_kind(const ms_linear *a, const ms_linear *b) {
            !b->bias.data;
 }
 
-/* Folds each MoE layer's shared expert into its routed experts as expert n, so one runner call does
- * both (the shared expert's own GEMVs, launches and the add go away; at decode batch 64 the shared
- * expert alone cost ~130 us per GLM-4.5-Air layer). Only where the shared expert has the routed
- * experts' shapes and formats, on one unsplit rank (under tensor or expert parallelism the runner's
- * partial sums would count it once per rank), when the backend has moe_append. The linears are
- * copies of placed ones (same memory); f owns the arrays. MS_SHARED_EXPERT_SEPARATE=1 turns it off. */
+/* Contract in model.h. */
+int ms_layer_fold_shared(const ms_layer *l, ms_experts *out, ms_err *err) {
+    const ms_experts *e = &l->experts;
+    memset(out, 0, sizeof *out);
+    if (!l->is_moe || !l->has_shared || e->n < 1 || !same_kind(&l->sh_gate, &e->gate[0]) ||
+        !same_kind(&l->sh_up, &e->up[0]) || !same_kind(&l->sh_down, &e->down[0]))
+        return MS_OK;
+    ms_linear *arr = malloc(sizeof(ms_linear) * 3 * (size_t)(e->n + 1));
+    if (!arr) return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory folding a shared expert");
+    out->n = e->n + 1;
+    out->gate = arr;
+    out->up = arr + out->n;
+    out->down = arr + 2 * out->n;
+    memcpy(out->gate, e->gate, sizeof(ms_linear) * (size_t)e->n);
+    memcpy(out->up, e->up, sizeof(ms_linear) * (size_t)e->n);
+    memcpy(out->down, e->down, sizeof(ms_linear) * (size_t)e->n);
+    out->gate[e->n] = l->sh_gate;
+    out->up[e->n] = l->sh_up;
+    out->down[e->n] = l->sh_down;
+    out->shared_last = 1;
+    return MS_OK;
+}
+
+/* Folds each MoE layer's shared expert into its routed experts as expert n (ms_layer_fold_shared), so
+ * one runner call does both (the shared expert's own GEMVs, launches and the add go away; at decode
+ * batch 64 the shared expert alone cost ~130 us per GLM-4.5-Air layer). Only where the shared expert
+ * has the routed experts' shapes and formats, on one unsplit rank (under tensor or expert parallelism
+ * the runner's partial sums would count it once per rank), when the backend has moe_append. f owns
+ * the arrays. MS_SHARED_EXPERT_SEPARATE=1 turns it off. */
 static int fold_shared(ms_forward *f, ms_err *err) {
     const ms_model *m = f->m;
     const char *off = getenv("MS_SHARED_EXPERT_SEPARATE");
@@ -302,27 +325,14 @@ static int fold_shared(ms_forward *f, ms_err *err) {
     /* the MTP layer, when loaded, sits at layers[num_layers] and runs the same MoE code */
     const int nl = m->cfg.num_layers + (m->mtp.loaded ? 1 : 0);
     for (int L = 0; L < nl; L++) {
-        const ms_layer *l = &m->layers[L];
-        const ms_experts *e = &l->experts;
-        if (!l->is_moe || !l->has_shared || e->n < 1 || !same_kind(&l->sh_gate, &e->gate[0]) ||
-            !same_kind(&l->sh_up, &e->up[0]) || !same_kind(&l->sh_down, &e->down[0]))
-            continue;
-        if (!f->fold && !(f->fold = calloc((size_t)m->cfg.num_layers + 1, sizeof *f->fold)))
+        ms_experts x;
+        MS_TRY(ms_layer_fold_shared(&m->layers[L], &x, err));
+        if (!x.n) continue;
+        if (!f->fold && !(f->fold = calloc((size_t)m->cfg.num_layers + 1, sizeof *f->fold))) {
+            free(x.gate);
             return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
-        ms_linear *arr = malloc(sizeof(ms_linear) * 3 * (size_t)(e->n + 1));
-        if (!arr) return ms_errf(err, MS_ERR_NOMEM, "forward: out of memory");
-        ms_experts *x = &f->fold[L];
-        x->n = e->n + 1;
-        x->gate = arr;
-        x->up = arr + x->n;
-        x->down = arr + 2 * x->n;
-        memcpy(x->gate, e->gate, sizeof(ms_linear) * (size_t)e->n);
-        memcpy(x->up, e->up, sizeof(ms_linear) * (size_t)e->n);
-        memcpy(x->down, e->down, sizeof(ms_linear) * (size_t)e->n);
-        x->gate[e->n] = l->sh_gate;
-        x->up[e->n] = l->sh_up;
-        x->down[e->n] = l->sh_down;
-        x->shared_last = 1;
+        }
+        f->fold[L] = x;
     }
     return MS_OK;
 }

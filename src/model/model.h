@@ -216,6 +216,12 @@ typedef struct ms_forward_opts {
 
 int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_forward **out, ms_err *err);
 void ms_forward_free(ms_forward *f);
+/* The experts the forward's decode calls run for MoE layer l: its routed experts with its shared
+ * expert appended as expert n (out->shared_last = 1), when l has a shared expert of the routed
+ * experts' shapes and formats; otherwise out->n = 0. The linears are copies of l's (same memory);
+ * out->gate owns one allocation holding the three arrays (free(out->gate)); out->prepared is NULL.
+ * Fails only out of memory. `moeserve tune` times the calls the forward makes with it. */
+int ms_layer_fold_shared(const ms_layer *l, ms_experts *out, ms_err *err);
 /* Runs one step: writes the batch's K/V into the cache, computes logits for batch->logit_idx into
  * logits_host [n_logits, vocab] (float32). With check_numerics, a NaN/Inf fails with
  * MS_ERR_NUMERICS naming the layer, op and token position. */
