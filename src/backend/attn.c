@@ -125,5 +125,8 @@ int ms_attn_run(const ms_attn_impl *impl, ms_backend *b, const ms_attn_call *c, 
     if (!(impl->caps & (1u << c->kind)))
         return ms_errf(err, MS_ERR_UNSUPPORTED, "attention implementation '%s' does not implement %s", impl->name,
                        g_kind_name[c->kind]);
+    if (c->prep && (c->kind != MS_ATTN_GQA || !(impl->caps & MS_ATTN_CAP_GQA_PREP)))
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "attention implementation '%s' does not take raw q/k/v (gqa_prep) for %s",
+                       impl->name, g_kind_name[c->kind]);
     return impl->run(b, c, err);
 }

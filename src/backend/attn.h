@@ -30,6 +30,7 @@ enum {
     MS_ATTN_CAP_GRAPHS = 1u << 3,       /* run() may be recorded into a backend graph */
     MS_ATTN_CAP_SPLIT_KV = 1u << 4,     /* splits a long context across blocks (flash decoding) */
     MS_ATTN_CAP_TENSOR_CORES = 1u << 5, /* uses tensor-core MMA instructions */
+    MS_ATTN_CAP_GQA_PREP = 1u << 6,     /* takes ms_attn_call.prep (GQA): does gqa_prep's work itself */
 };
 
 /* One attention call (or, for supports/workspace, a representative one: the model's shape with the
@@ -44,6 +45,20 @@ typedef struct ms_attn_shape {
     unsigned need_caps;      /* MS_ATTN_CAP_* the caller relies on beyond the kind (e.g. GRAPHS) */
 } ms_attn_shape;
 
+/* A GQA call whose q/k/v are still the raw projection outputs: the implementation first does exactly
+ * what the backend op gqa_prep (backend.h) does with these arguments, with q = the call's q (written:
+ * biased and rotated), kcache / vcache = the call's k / v (this step's rows stored at slot_d), then
+ * attends. Why: in a decode step the tensor-core kernel does it in its own blocks, one launch less a
+ * layer; where it cannot (a sequence with several new tokens, a shape it lacks) it runs gqa_prep's
+ * kernel first, so a caller never needs to know which. The tensors are the caller's. */
+typedef struct ms_attn_gqa_prep {
+    const ms_tensor *k, *v;        /* [T, nkv, d]: the raw k / v (only shapes when qkv is given) */
+    const ms_tensor *bq, *bk, *bv; /* F32 biases or NULL */
+    const int32_t *pos_d, *slot_d; /* device: position and cache slot of each token */
+    const ms_rope_cfg *rc;         /* NULL: no rotary dims */
+    const ms_tensor *qkv;          /* NULL, or the stacked q|k|v projection output [T, (nh + 2 nkv) d] */
+} ms_attn_gqa_prep;
+
 /* The tensors of one call. GQA: k = kcache [S, nkv, d], v = vcache, out [T, nh, d]. MLA/DSA: k = the
  * latent cache [S, kvl+dr], v = NULL, out [T, nh, kvl]; DSA: topk_d [T, topk] (-1 = unused). */
 typedef struct ms_attn_call {
@@ -54,6 +69,8 @@ typedef struct ms_attn_call {
     int topk, kvl;
     float scale;
     ms_tensor *out;
+    const ms_attn_gqa_prep *prep; /* GQA, implementations with MS_ATTN_CAP_GQA_PREP only; NULL: q is
+                                   * rotated and this step's keys and values are in the caches */
 } ms_attn_call;
 
 typedef struct ms_attn_impl {

@@ -86,7 +86,7 @@ static int prep_fusable(const ms_config *c, const ms_layer *l) {
     return !(c->use_qk_norm && l->q_norm.data && l->k_norm.data) && c->rotary_dim <= 1024;
 }
 
-static int attend(ms_forward *f, int L, int T, ms_err *err);
+static int attend(ms_forward *f, int L, int T, const ms_attn_gqa_prep *prep, ms_err *err);
 
 static int attention(ms_forward *f, int L, int T, ms_err *err) {
     const ms_config *c = &f->m->cfg;
@@ -117,12 +117,16 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
             MS_TRY(op->linear(b, &kp, &a, &k, err));
             MS_TRY(op->linear(b, &vp, &a, &v, err));
         }
-        MS_TRY(op->gqa_prep(b, &q3, &k3, &v3, l->q_proj.bias.data ? &l->q_proj.bias : NULL,
-                            l->k_proj.bias.data ? &l->k_proj.bias : NULL, l->v_proj.bias.data ? &l->v_proj.bias : NULL,
-                            f->meta.positions_d, c->rotary_dim > 0 ? &rc : NULL, &f->kc[L], &f->vc[L],
-                            f->meta.slot_mapping_d, stacked ? &qkv : NULL, err));
+        const ms_attn_gqa_prep pp = {&k3, &v3, l->q_proj.bias.data ? &l->q_proj.bias : NULL,
+                                     l->k_proj.bias.data ? &l->k_proj.bias : NULL,
+                                     l->v_proj.bias.data ? &l->v_proj.bias : NULL, f->meta.positions_d,
+                                     f->meta.slot_mapping_d, c->rotary_dim > 0 ? &rc : NULL, stacked ? &qkv : NULL};
+        /* an implementation that takes the raw rows does the preparation in its own kernel where it can */
+        if (fw_attn_caps(f, MS_ATTN_GQA) & MS_ATTN_CAP_GQA_PREP) return attend(f, L, T, &pp, err);
+        MS_TRY(op->gqa_prep(b, &q3, &k3, &v3, pp.bq, pp.bk, pp.bv, pp.pos_d, pp.rc, &f->kc[L], &f->vc[L], pp.slot_d,
+                            pp.qkv, err));
         FW_TRY_CHECK(f, &q, "q_proj + bias + rope", err);
-        return attend(f, L, T, err);
+        return attend(f, L, T, NULL, err);
     }
     MS_TRY(fw_linear_a(f, &l->q_proj, &a, &q, err));
     FW_TRY_CHECK(f, &q, "q_proj", err);
@@ -141,11 +145,12 @@ static int attention(ms_forward *f, int L, int T, ms_err *err) {
     }
     MS_TRY(op->kv_store(b, &f->kc[L], &k, f->meta.slot_mapping_d, err));
     MS_TRY(op->kv_store(b, &f->vc[L], &v, f->meta.slot_mapping_d, err));
-    return attend(f, L, T, err);
+    return attend(f, L, T, NULL, err);
 }
 
-/* Attention over the cache (q rotated, this step's keys and values stored) and o_proj into delta. */
-static int attend(ms_forward *f, int L, int T, ms_err *err) {
+/* Attention over the cache and o_proj into delta: q rotated and this step's keys and values stored, or
+ * (prep) the raw rows, which the attention implementation prepares itself (backend/attn.h). */
+static int attend(ms_forward *f, int L, int T, const ms_attn_gqa_prep *prep, ms_err *err) {
     const ms_config *c = &f->m->cfg;
     const ms_layer *l = &f->m->layers[L];
     const ms_backend_ops *op = f->b->ops;
@@ -154,8 +159,9 @@ static int attend(ms_forward *f, int L, int T, ms_err *err) {
     ms_tensor q3 = fw_view3(&f->q, T, nh, d);
     ms_tensor o3 = fw_view3(&f->attn, T, nh, d), o = fw_view2(&f->attn, T, (int64_t)nh * d);
     ms_attn_call ac = {.kind = MS_ATTN_GQA, .q = &q3, .k = &f->kc[L], .v = &f->vc[L], .m = &f->meta,
-                       .scale = 1.0f / sqrtf((float)d), .out = &o3};
+                       .scale = 1.0f / sqrtf((float)d), .out = &o3, .prep = prep};
     FW_PROF(f, "attn_kernel (in attention)", fw_attention(f, &ac, err), err);
+    if (prep) FW_TRY_CHECK(f, &q3, "q_proj + bias + rope", err);
     FW_TRY_CHECK(f, &o, "attention", err);
     ms_tensor delta = fw_view2(&f->delta, T, H);
     MS_TRY(op->linear(b, &l->o_proj, &o, &delta, err));

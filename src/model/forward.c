@@ -157,6 +157,8 @@ int fw_attention(ms_forward *f, ms_attn_call *c, ms_err *err) {
     return ms_attn_run(impl, f->b, c, err);
 }
 
+unsigned fw_attn_caps(const ms_forward *f, ms_attn_kind k) { return f->attn_impl[k] ? f->attn_impl[k]->caps : 0; }
+
 void ms_forward_attn_desc(const ms_forward *f, char *buf, size_t cap) {
     if (f->attn_impl[MS_ATTN_GQA]) {
         snprintf(buf, cap, "%s", f->attn_impl[MS_ATTN_GQA]->name);

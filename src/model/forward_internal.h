@@ -126,6 +126,8 @@ static inline int fw_cache_layers(const ms_forward *f) { return f->m->cfg.num_la
 /* Runs this step's attention of kind k (GQA / MLA / DSA) with the implementation resolved for it:
  * for DSA the decode one when every sequence has one token in the step, the prefill one otherwise. */
 int fw_attention(ms_forward *f, ms_attn_call *c, ms_err *err);
+/* Capability flags (MS_ATTN_CAP_*) of the implementation resolved for kind k; 0 when none is. */
+unsigned fw_attn_caps(const ms_forward *f, ms_attn_kind k);
 
 /* View of the first rows*cols elements of buffer buf as a [rows, cols] tensor (asserts capacity). */
 ms_tensor fw_view2(const ms_tensor *buf, int64_t rows, int64_t cols);

@@ -1301,6 +1301,137 @@ static void test_attn_impls(void) {
     CHECK(ms_attn_resolve(GPU, "--nsa-decode-backend", "auto", &dsa, &r, &E) == MS_OK && r && !strcmp(r->name, "flash"));
 }
 
+#ifdef MS_HAVE_CUDA
+/* 1 when the n floats of a and b are the same bits and all finite (a NaN would be a row nobody wrote). */
+static int same_finite(const float *a, const float *b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(a[i]) || memcmp(&a[i], &b[i], sizeof(float))) return 0;
+    return 1;
+}
+
+/* The attention implementation that takes raw q/k/v rows (MS_ATTN_CAP_GQA_PREP, ms_attn_call.prep)
+ * against gqa_prep's kernel followed by the same implementation on the prepared rows: the output, the
+ * rotated q and both caches must be the same bits (the fused kernel does gqa_prep's arithmetic through
+ * the same device function and the same attention math). q starts NaN-poisoned in both, so a head the
+ * fused kernel forgot fails. slots: the step's cache slots (NULL: the batch's own; an out-of-range or
+ * -1 slot stores nothing, and attention then reads the cache's old row, in both forms). want_fused: the
+ * number of fused launches the call must make in each mode (0 for a batch it must decline). Modes: the
+ * default split-K decision, no split at all (MS_CU_ATTN_SPLIT_TILES), and the fusion switched off
+ * (MS_CU_ATTN_PREP=0, never fused). */
+static void gqa_prep_attn_case(const char *name, int nh, int nkv, int d, const ms_rope_cfg *rc, int with_bias, int page,
+                               int n_seqs, const int *nnew, const int *ctx, const int32_t *slots, int want_fused) {
+    gbatch B;
+    make_gbatch(&B, n_seqs, nnew, ctx, page);
+    const int T = B.bt.n_tokens, S = B.n_slots;
+    const ms_attn_impl *impl = NULL;
+    for (const ms_attn_impl *const *ip = ms_attn_impls(); *ip; ip++)
+        if (!strcmp((*ip)->backend, "cuda") && ((*ip)->caps & MS_ATTN_CAP_GQA_PREP)) impl = *ip;
+    CHECK_MSG(impl != NULL, "%s: no CUDA attention implementation takes raw q/k/v", name);
+    if (!impl) {
+        free_gbatch(&B);
+        return;
+    }
+    const int64_t nq = (int64_t)nh * d, nk = (int64_t)nkv * d;
+    int64_t cs[3] = {S, nkv, d}, qs[3] = {T, nh, d}, ks[3] = {T, nkv, d}, ws[2] = {T, nq + 2 * nk};
+    float *kc = rand_vec((size_t)S * nk, 1.f), *vc = rand_vec((size_t)S * nk, 1.f),
+          *qkv = rand_vec((size_t)T * (size_t)ws[1], 4.f), *bq = rand_vec((size_t)nq, 1.f),
+          *bk = rand_vec((size_t)nk, 1.f), *bv = rand_vec((size_t)nk, 1.f), *junk = rand_vec((size_t)T * nk, 1.f);
+    ms_tensor QKV = mk(GPU, 0, 2, ws, qkv), Kr = mk(GPU, 0, 3, ks, junk), Vr = mk(GPU, 0, 3, ks, junk);
+    ms_tensor Bq = mk(GPU, MS_F32, 1, &nq, bq), Bk = mk(GPU, MS_F32, 1, &nk, bk), Bv = mk(GPU, MS_F32, 1, &nk, bv);
+    ms_tensor SL = mk_i32(GPU, T, slots ? slots : B.slot);
+    const ms_attn_gqa_prep pp = {&Kr, &Vr, with_bias ? &Bq : NULL, with_bias ? &Bk : NULL, with_bias ? &Bv : NULL,
+                                 B.mg.positions_d, SL.data, rc, &QKV};
+    const float sc = 1.f / sqrtf((float)d);
+    static const char *const mode_var[3] = {NULL, "MS_CU_ATTN_SPLIT_TILES", "MS_CU_ATTN_PREP"};
+    static const char *const mode_val[3] = {NULL, "1048576", "0"};
+    for (int mo = 0; mo < 3; mo++) {
+        ms_tensor Q[2], K[2], V[2], O[2];
+        for (int f = 0; f < 2; f++) {
+            Q[f] = mk(GPU, 0, 3, qs, NULL);
+            K[f] = mk(GPU, 0, 3, cs, kc);
+            V[f] = mk(GPU, 0, 3, cs, vc);
+            O[f] = mk(GPU, 0, 3, qs, NULL);
+        }
+        char *saved = mode_var[mo] ? env_push(mode_var[mo], mode_val[mo]) : NULL;
+        /* the two-kernel form */
+        R(GPU->ops->gqa_prep(GPU, &Q[0], &Kr, &Vr, pp.bq, pp.bk, pp.bv, pp.pos_d, rc, &K[0], &V[0], pp.slot_d, &QKV, &E));
+        const ms_attn_call c0 = {MS_ATTN_GQA, &Q[0], &K[0], &V[0], &B.mg, NULL, 0, 0, sc, &O[0], NULL};
+        R(ms_attn_run(impl, GPU, &c0, &E));
+        /* the call with the raw rows */
+        const long long n0 = ms_cuda_attn_prep_launches();
+        const ms_attn_call c1 = {MS_ATTN_GQA, &Q[1], &K[1], &V[1], &B.mg, NULL, 0, 0, sc, &O[1], &pp};
+        R(ms_attn_run(impl, GPU, &c1, &E));
+        const long long fused = ms_cuda_attn_prep_launches() - n0;
+        if (mode_var[mo]) env_pop(mode_var[mo], saved);
+        const char *mname = mode_var[mo] ? mode_var[mo] : "default";
+        CHECK_MSG(fused == (mo == 2 ? 0 : want_fused), "%s (%s): %lld fused launches, %d expected", name, mname, fused,
+                  mo == 2 ? 0 : want_fused);
+        const ms_tensor *pairs[4][2] = {{&O[0], &O[1]}, {&Q[0], &Q[1]}, {&K[0], &K[1]}, {&V[0], &V[1]}};
+        static const char *const what[4] = {"output", "rotated q", "k cache", "v cache"};
+        for (int i = 0; i < 4; i++) {
+            float *a = get(GPU, pairs[i][0]), *b = get(GPU, pairs[i][1]);
+            CHECK_MSG(same_finite(a, b, (size_t)ms_tensor_numel(pairs[i][0])), "%s (%s): %s differs from gqa_prep + attention",
+                      name, mname, what[i]);
+            free(a);
+            free(b);
+        }
+        for (int f = 0; f < 2; f++) {
+            fr(GPU, &Q[f]); fr(GPU, &K[f]); fr(GPU, &V[f]); fr(GPU, &O[f]);
+        }
+    }
+    /* an implementation without the capability refuses the raw rows with a sentence */
+    for (const ms_attn_impl *const *ip = ms_attn_impls(); *ip; ip++) {
+        if (strcmp((*ip)->backend, "cuda") || ((*ip)->caps & MS_ATTN_CAP_GQA_PREP)) continue;
+        ms_tensor O1 = mk(GPU, 0, 3, qs, NULL), Q1 = mk(GPU, 0, 3, qs, NULL);
+        const ms_attn_call c = {MS_ATTN_GQA, &Q1, &Kr, &Vr, &B.mg, NULL, 0, 0, sc, &O1, &pp};
+        CHECK_MSG(ms_attn_run(*ip, GPU, &c, &E) == MS_ERR_UNSUPPORTED && strstr(E.msg, "gqa_prep"),
+                  "%s: %s took raw rows: %s", name, (*ip)->name, E.msg);
+        fr(GPU, &O1); fr(GPU, &Q1);
+        break;
+    }
+    fr(GPU, &QKV); fr(GPU, &Kr); fr(GPU, &Vr); fr(GPU, &Bq); fr(GPU, &Bk); fr(GPU, &Bv); fr(GPU, &SL);
+    free(kc); free(vc); free(qkv); free(bq); free(bk); free(bv); free(junk);
+    free_gbatch(&B);
+}
+
+static void test_attn_gqa_prep(void) {
+    const ms_rope_cfg neox = {0, 64, 0, 1e6}, full64 = {0, 64, 0, 1e4}, inter = {32, 64, 1, 1e4};
+    /* GLM-4.5-Air heads (96 / 8, head dim 128, half rotary, q/k/v bias) at batch 1: contexts of one key,
+     * one whole tile, one key past it, 256 (the benchmark's), 1000 and 4097 (split-K, the last range
+     * holding the new key alone in its tile) */
+    const int one[1] = {1}, ctx1[6] = {1, 64, 65, 256, 1000, 4097};
+    for (int i = 0; i < 6; i++) {
+        char nm[64];
+        snprintf(nm, sizeof nm, "air b1 ctx %d", ctx1[i]);
+        gqa_prep_attn_case(nm, 96, 8, 128, &neox, 1, 16, 1, one, &ctx1[i], NULL, 1);
+    }
+    /* a decode batch of 5 at uneven contexts, then the same with a slot of -1 and one past the cache */
+    const int n5[5] = {1, 1, 1, 1, 1}, c5[5] = {1, 63, 64, 130, 700};
+    gqa_prep_attn_case("air b5", 96, 8, 128, &neox, 1, 16, 5, n5, c5, NULL, 1);
+    {
+        const uint64_t seed = rng; /* the case builds its batch first, from the same seed: the same pages */
+        gbatch B;
+        make_gbatch(&B, 5, n5, c5, 16);
+        int32_t sl[5];
+        memcpy(sl, B.slot, sizeof sl);
+        sl[1] = -1;
+        sl[3] = B.n_slots + 3;
+        free_gbatch(&B);
+        rng = seed;
+        gqa_prep_attn_case("air b5 bad slots", 96, 8, 128, &neox, 1, 16, 5, n5, c5, sl, 1);
+    }
+    /* head dim 64 with full rotary and no bias, page 7; no rotary dims; interleaved pairs at an offset */
+    const int n3[3] = {1, 1, 1}, c3[3] = {200, 7, 64};
+    gqa_prep_attn_case("d64 full rotary", 32, 4, 64, &full64, 0, 7, 3, n3, c3, NULL, 1);
+    gqa_prep_attn_case("no rotary", 16, 2, 128, NULL, 1, 16, 3, n3, c3, NULL, 1);
+    gqa_prep_attn_case("interleaved at 32", 16, 2, 128, &inter, 1, 16, 3, n3, c3, NULL, 1);
+    /* declined: a sequence with several new tokens (prefill chunk, verify), and a head group above 64 */
+    const int nm3[3] = {1, 37, 1}, cm3[3] = {1, 250, 129};
+    gqa_prep_attn_case("mixed batch (declined)", 96, 8, 128, &neox, 1, 16, 3, nm3, cm3, NULL, 0);
+    gqa_prep_attn_case("128 heads a kv head (declined)", 128, 1, 64, &full64, 1, 16, 3, n3, c3, NULL, 0);
+}
+#endif
+
 static void test_attn_gqa_batches(void) {
     { /* a prefill chunk of 300 tokens after a cached prefix of 200 */
         int nn[1] = {300}, cx[1] = {500};
@@ -2125,6 +2256,9 @@ int main(void) {
     RUN(test_stack_linears);
     RUN(test_attn_gqa);
     RUN(test_attn_gqa_batches);
+#ifdef MS_HAVE_CUDA
+    RUN(test_attn_gqa_prep);
+#endif
     RUN(test_mla_attn);
     RUN(test_attn_impls);
     RUN(test_mla_proj);

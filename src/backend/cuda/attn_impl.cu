@@ -1,6 +1,7 @@
 /* attn_impl.cu - the CUDA attention implementations of the registry (backend/attn.h): what each
  * supports and why not, its scratch, and the call into its kernels. Four algorithms:
- *   mma           tensor-core flash attention on sm_80+: GQA with head dim 64/128 (attn_mma.cu), and
+ *   mma           tensor-core flash attention on sm_80+: GQA with head dim 64/128 (attn_mma.cu; in a
+ *                 decode step it also does gqa_prep's bias, RoPE and cache stores itself), and
  *                 absorbed MLA / DSA with latent widths 64, 128, 512 (attn_mla_mma.cu); keys split
  *                 across blocks when the grid is small (flash decoding);
  *   flash         CUDA-core flash attention (k_attn, attention.cu) with the same split-K: any even
@@ -42,6 +43,13 @@ static size_t mma_ws(const ms_backend *b, const ms_attn_shape *s) {
 
 static int mma_run(ms_backend *b, const ms_attn_call *c, ms_err *err) {
     int done = 0;
+    if (c->prep) { /* attn.h: gqa_prep's work in the kernel where it can, else gqa_prep's kernel first */
+        MS_TRY(cu_attn_gqa_mma_prep(b, c, &done, err));
+        if (done) return MS_OK;
+        const ms_attn_gqa_prep *p = c->prep;
+        MS_TRY(cu_op_gqa_prep(b, (ms_tensor *)c->q, p->k, p->v, p->bq, p->bk, p->bv, p->pos_d, p->rc, (ms_tensor *)c->k,
+                              (ms_tensor *)c->v, p->slot_d, p->qkv, err));
+    }
     if (c->kind == MS_ATTN_GQA) MS_TRY(cu_attn_gqa_try_mma(b, c->q, c->k, c->v, c->m, c->scale, c->out, 1, &done, err));
     else
         MS_TRY(cu_attn_mla_mma(b, c->q, c->k, c->m, c->kind == MS_ATTN_DSA ? c->topk_d : NULL, c->topk, c->kvl, c->scale,
@@ -55,11 +63,12 @@ static int mma_run(ms_backend *b, const ms_attn_call *c, ms_err *err) {
 
 extern "C" const ms_attn_impl ms_attn_impl_mma = {
     "mma", "cuda",
-    "tensor-core flash attention (mma.sync bf16), split-KV with a merge pass when the grid is small; MLA/DSA: "
+    "tensor-core flash attention (mma.sync bf16), split-KV with a merge pass when the grid is small, GQA decode "
+    "steps with the q/k/v bias, RoPE and cache stores in the same kernel; MLA/DSA: "
     "the 64 heads of a token as one tile over shared latent rows (gathered top-k keys for DSA)",
     mma_supports, mma_ws, mma_run,
     MS_ATTN_CAP_GQA | MS_ATTN_CAP_MLA | MS_ATTN_CAP_DSA | MS_ATTN_CAP_GRAPHS | MS_ATTN_CAP_SPLIT_KV |
-        MS_ATTN_CAP_TENSOR_CORES,
+        MS_ATTN_CAP_TENSOR_CORES | MS_ATTN_CAP_GQA_PREP,
 };
 
 /* ---- flash / flash_nosplit ---- */

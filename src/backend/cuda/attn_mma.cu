@@ -16,6 +16,15 @@
  * start first. With n_split > 1 (small grids) blockIdx.z takes a range of the block's key tiles and
  * writes unnormalised partials (O, m, l) in k_attn's format; cu_attn_combine merges them.
  *
+ * Decode steps with the preparation fused (PREP, backend/attn.h ms_attn_gqa_prep): every sequence has one
+ * new token, so a block's rows are that token's heads and only the block whose key range holds the last
+ * tile reads the token's own key. Each block makes its q rows itself from the raw projection output
+ * (bias, RoPE: gqa_prep's arithmetic through cu_gqa_prep_unit) into shared memory while its first tile
+ * loads, the blocks of range 0 also write them out as q; the block of the last tile makes the new k and v
+ * rows, stores them into the caches and puts them into its tile in shared memory after the tile lands
+ * (the copy it loaded from the cache may be the old row). Why: the gqa_prep kernel before this one is a
+ * launch that moves ~30 KB a layer, and at batch 1 every launch in the layer's chain costs ~4 us.
+ *
  * Math, per warp and key tile: S = Q·Kᵀ (16 x 64, fp32) by mma.m16n8k16 bf16; per-row online softmax
  * in the log2 domain (scores times scale*log2(e), exp2f, running max m and sum l; a row that has seen
  * no key keeps m = -inf and uses 0 as its base so no inf - inf appears); P rounded to bf16 and
@@ -39,6 +48,7 @@
  * Shared rows are padded to D + 8 elements (272 bytes for D = 128): the 8 row addresses of an
  * ldmatrix then fall in 8 different 16-byte bank groups, so reads are conflict-free without a swizzle. */
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/attn.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -59,6 +69,20 @@ struct am_args {
     float *part; /* n_split > 1: [T][nh][n_split][D + 2] */
 };
 
+/* PREP only: row t of the raw q / k / v at qi / ki / vi + t * ldq / ldk / ldv; F32 biases or NULL; RoPE
+ * as ms_rope_cfg with inv its inverse frequencies; rotated q out to qo [T][nh][D]; this step's cache rows
+ * written to kw / vw at slot[t] when 0 <= slot[t] < n_slots. A parameter of its own: in am_args it cost
+ * the plain kernel a register spill (ptxas, sm_90a). */
+struct am_prep {
+    const bf16 *qi, *ki, *vi;
+    int64_t ldq, ldk, ldv;
+    const float *bq, *bk, *bv, *inv;
+    int rot_off, rot_dim, interleaved;
+    bf16 *qo, *kw, *vw;
+    const int32_t *slot;
+    int64_t n_slots;
+};
+
 /* First block of sequence s (see the header): ceil((seq_start[s] + s*(tpb-1)) / tpb). */
 __device__ __forceinline__ int am_first_block(const int32_t *seq_start, int s, int tpb) {
     return (seq_start[s] + (s + 1) * (tpb - 1)) / tpb;
@@ -67,9 +91,14 @@ __device__ __forceinline__ int am_first_block(const int32_t *seq_start, int s, i
 /* (cu_saddr, cu_cp16, cu_ldsm4, cu_ldsm4t, cu_mma_bf16, cu_pack_bf16 etc. are in cuda_internal.cuh.) */
 
 template <int D> static constexpr size_t am_smem_bytes() { return (size_t)2 * 2 * AM_BN * (D + 8) * sizeof(bf16); }
+/* PREP's shared memory after the tiles: the block's q rows [hc][d], the new k and v rows [d] each (bf16),
+ * then cos and sin of the rotary pairs (rot_dim floats). */
+static size_t am_prep_bytes(int hc, int d, int rot_dim) {
+    return (size_t)(hc + 2) * d * sizeof(bf16) + (size_t)rot_dim * sizeof(float);
+}
 
-template <int D>
-__global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a) {
+template <int D, bool PREP>
+__global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep pp) {
     cu_pdl_wait();
     cu_pdl_trigger();
     constexpr int LDS = D + 8;            /* shared row stride in elements */
@@ -117,10 +146,10 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a) {
 #pragma unroll
     for (int w = 1; w < AM_WARPS; w++) maxkey = max(maxkey, sh_wmax[w]);
 
-    /* Q fragments of the warp's 16 rows (zero for empty rows) */
+    /* Q fragments of the warp's 16 rows (zero for empty rows): from global memory, or (PREP) from the
+     * rows the block makes below */
     uint32_t qf[KS][4];
-    {
-        const uint32_t *q0 = (const uint32_t *)(a.q + orow[0] * D), *q1 = (const uint32_t *)(a.q + orow[1] * D);
+    auto load_q = [&](const uint32_t *q0, const uint32_t *q1) {
 #pragma unroll
         for (int kk = 0; kk < KS; kk++) {
             qf[kk][0] = lim[0] >= 0 ? q0[kk * 8 + tq] : 0u;
@@ -128,7 +157,8 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a) {
             qf[kk][2] = lim[0] >= 0 ? q0[kk * 8 + 4 + tq] : 0u;
             qf[kk][3] = lim[1] >= 0 ? q1[kk * 8 + 4 + tq] : 0u;
         }
-    }
+    };
+    if constexpr (!PREP) load_q((const uint32_t *)(a.q + orow[0] * D), (const uint32_t *)(a.q + orow[1] * D));
 
     /* this block's key tiles: range z of the tiles covering keys 0..maxkey */
     const int ntiles = maxkey / AM_BN + 1;
@@ -157,13 +187,64 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a) {
             cu_cp16(cu_saddr(vd + jj * LDS + lcol), vsrc, ok);
         }
     };
+    if (PREP && kt0 < kt1) { /* PREP: the first tile loads while the rows below are made */
+        load_tile(kt0, 0);
+        cu_cp_commit();
+    }
+
+    /* PREP: the block's q rows (and, for the block of the last tile, the new k / v rows) made while the
+     * first tile loads; ovr = the new key's row in the last tile when this block puts it there itself */
+    int ovr = -1;
+    bf16 *qs = NULL, *kn = NULL, *vn = NULL;
+    if constexpr (PREP) {
+        qs = Vs + 2 * AM_BN * LDS;
+        kn = qs + a.hc * D;
+        vn = kn + D;
+        float *cs = (float *)(vn + D);
+        const int t = tb, half = pp.rot_dim / 2, per_h = half + (D - pp.rot_dim);
+        const int p = a.positions[t];
+        for (int j = tid; j < half; j += AM_THREADS) sincosf((float)p * pp.inv[j], &cs[half + j], &cs[j]);
+        __syncthreads();
+        const bf16 *qrow = pp.qi + (size_t)t * pp.ldq + (size_t)hq0 * D;
+        bf16 *qg = blockIdx.z == 0 ? pp.qo + ((size_t)t * a.nh + hq0) * D : NULL;
+        for (int u = tid; u < nhc * per_h; u += AM_THREADS) {
+            const int hi = u / per_h;
+            cu_gqa_prep_unit(qrow + (size_t)hi * D, pp.bq ? pp.bq + (size_t)(hq0 + hi) * D : NULL, cs, u % per_h,
+                             pp.rot_off, pp.rot_dim, pp.interleaved, qs + hi * D, qg ? qg + (size_t)hi * D : NULL);
+        }
+        if (kt0 <= ntiles - 1 && ntiles - 1 < kt1) {
+            const int64_t sl = pp.slot[t];
+            const bool st = sl >= 0 && sl < pp.n_slots;
+            bf16 *kg = st ? pp.kw + ((size_t)sl * a.nkv + kvh) * D : NULL, *vg = st ? pp.vw + ((size_t)sl * a.nkv + kvh) * D : NULL;
+            const bf16 *krow = pp.ki + (size_t)t * pp.ldk + (size_t)kvh * D, *vrow = pp.vi + (size_t)t * pp.ldv + (size_t)kvh * D;
+            for (int u = tid; u < per_h; u += AM_THREADS)
+                cu_gqa_prep_unit(krow, pp.bk ? pp.bk + (size_t)kvh * D : NULL, cs, u, pp.rot_off, pp.rot_dim, pp.interleaved, kn, kg);
+            for (int i = tid; i < D; i += AM_THREADS) {
+                const bf16 r = __float2bfloat16_rn(__bfloat162float(vrow[i]) + (pp.bv ? pp.bv[(size_t)kvh * D + i] : 0.f));
+                vn[i] = r;
+                if (vg) vg[i] = r;
+            }
+            /* the tile reads the row the block table names; the new key belongs there only when that is
+             * the slot just written (as it is in every decode step); otherwise the cache's row stands, as
+             * it would after the separate gqa_prep kernel */
+            const int pg = p / a.page_size;
+            if (st && pg < a.max_blocks && (int64_t)bt[pg] * a.page_size + p % a.page_size == sl)
+                ovr = p - (ntiles - 1) * AM_BN;
+        }
+        __syncthreads();
+    }
+
+    if constexpr (PREP) {
+        load_q((const uint32_t *)(qs + ((warp * 16 + gq) % a.hc) * D),
+               (const uint32_t *)(qs + ((warp * 16 + gq + 8) % a.hc) * D));
+    }
 
     float o[NT][4];
 #pragma unroll
     for (int i = 0; i < NT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; /* l: this thread's share of the row sum */
 
-    if (kt0 < kt1) {
+    if (!PREP && kt0 < kt1) {
         load_tile(kt0, 0);
         cu_cp_commit();
     }
@@ -177,6 +258,15 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a) {
             cu_cp_wait<0>();
         }
         __syncthreads();
+        if (PREP && ovr >= 0 && kt == ntiles - 1) { /* block-uniform: the new key's row, made above */
+            if (tid < D / 4) {
+                const int c = (tid % (D / 8)) * 8;
+                const bf16 *src = (tid < D / 8 ? kn : vn) + c;
+                bf16 *dst = (tid < D / 8 ? Ks : Vs) + buf * AM_BN * LDS + ovr * LDS + c;
+                *(uint4 *)dst = *(const uint4 *)src;
+            }
+            __syncthreads();
+        }
         if (kt * AM_BN <= wmax) { /* warp-uniform: some row of this warp sees a key of the tile */
             const bf16 *kb = Ks + buf * AM_BN * LDS, *vb = Vs + buf * AM_BN * LDS;
             float sc[AM_BN / 8][4];
@@ -237,11 +327,60 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a) {
     }
 }
 
-template <int D> static int am_launch(ms_backend *b, const am_args *a, dim3 grid, ms_err *err) {
-    const size_t sm = am_smem_bytes<D>();
-    CK(cudaFuncSetAttribute(k_attn_mma<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    CK(cu_launch(k_attn_mma<D>, grid, AM_THREADS, sm, cu_of(b)->stream, *a));
+template <int D, bool PREP>
+static int am_launch(ms_backend *b, const am_args *a, const am_prep *pp, dim3 grid, size_t sm, ms_err *err) {
+    CK(cudaFuncSetAttribute(k_attn_mma<D, PREP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    CK(cu_launch(k_attn_mma<D, PREP>, grid, AM_THREADS, sm, cu_of(b)->stream, *a, *pp));
     return MS_OK;
+}
+
+static long long am_prep_launches; /* ms_cuda_attn_prep_launches; updated atomically */
+
+/* Contract in backend_cuda.h. */
+extern "C" long long ms_cuda_attn_prep_launches(void) { return __atomic_load_n(&am_prep_launches, __ATOMIC_RELAXED); }
+
+/* The launch of q [T][nh][d] against caches kc / vc (prep_sm > 0: a PREP launch with *pp and that many
+ * extra shared bytes), then the merge of split-K partials into out. */
+static int am_run(ms_backend *b, am_args *a, const am_prep *pp, const bf16 *q, const bf16 *kc, const bf16 *vc, int nh, int nkv, int d,
+                  const ms_attn_meta *m, float scale, bf16 *out, int allow_split, size_t prep_sm, ms_err *err) {
+    const ms_batch *hb = m->host;
+    const int T = hb->n_tokens;
+    a->q = q;
+    a->k = kc;
+    a->v = vc;
+    a->out = out;
+    a->nh = nh;
+    a->nkv = nkv;
+    a->g = nh / nkv;
+    a->hc = a->g < AM_BM ? a->g : AM_BM;
+    a->n_chunks = (a->g + a->hc - 1) / a->hc;
+    a->tpb = AM_BM / a->hc;
+    a->n_seqs = hb->n_seqs;
+    a->sl2 = scale * 1.4426950408889634f;
+    a->positions = m->positions_d;
+    a->seq_start = m->seq_start_d;
+    a->block_table = m->block_table_d;
+    a->max_blocks = hb->max_blocks;
+    a->page_size = hb->page_size;
+    /* blocks that have rows (the grid also holds up to n_seqs spare ones), for the split decision */
+    int64_t groups = 0;
+    for (int s = 0; s < hb->n_seqs; s++) groups += (hb->seq_start[s + 1] - hb->seq_start[s] + a->tpb - 1) / a->tpb;
+    const int tiles = m->max_ctx > 0 ? (m->max_ctx + AM_BN - 1) / AM_BN : 1;
+    if (tiles <= cu_knob(CU_KNOB_ATTN_SPLIT_TILES)) allow_split = 0;
+    MS_TRY(cu_attn_split(b, groups * nkv * a->n_chunks, tiles, 4, T, nh, d, allow_split, &a->n_split, &a->part, err));
+    const int64_t gx = ((int64_t)T + (int64_t)(hb->n_seqs + 1) * (a->tpb - 1)) / a->tpb; /* P(n_seqs) */
+    dim3 grid((unsigned)gx, (unsigned)(nkv * a->n_chunks), (unsigned)a->n_split);
+    const size_t sm = (d == 64 ? am_smem_bytes<64>() : am_smem_bytes<128>()) + prep_sm;
+    if (prep_sm) {
+        if (d == 64) MS_TRY((am_launch<64, true>(b, a, pp, grid, sm, err)));
+        else MS_TRY((am_launch<128, true>(b, a, pp, grid, sm, err)));
+        __atomic_fetch_add(&am_prep_launches, 1, __ATOMIC_RELAXED);
+    } else if (d == 64) {
+        MS_TRY((am_launch<64, false>(b, a, pp, grid, sm, err)));
+    } else {
+        MS_TRY((am_launch<128, false>(b, a, pp, grid, sm, err)));
+    }
+    return cu_attn_combine(b, a->part, a->n_split, T, nh, d, out, err);
 }
 
 /* Contract in cuda_internal.cuh. */
@@ -251,37 +390,71 @@ int cu_attn_gqa_mma(ms_backend *b, const bf16 *q, const bf16 *kc, const bf16 *vc
     if ((d != 64 && d != 128) || b->gpu.cc_major < 8) return MS_OK;
     const size_t sm = d == 64 ? am_smem_bytes<64>() : am_smem_bytes<128>();
     if (sm + 64 > (size_t)cu_of(b)->max_smem_optin) return MS_OK;
-    const ms_batch *hb = m->host;
-    const int T = hb->n_tokens;
     am_args a;
+    am_prep pp;
     memset(&a, 0, sizeof a);
-    a.q = q;
-    a.k = kc;
-    a.v = vc;
-    a.out = out;
-    a.nh = nh;
-    a.nkv = nkv;
-    a.g = nh / nkv;
-    a.hc = a.g < AM_BM ? a.g : AM_BM;
-    a.n_chunks = (a.g + a.hc - 1) / a.hc;
-    a.tpb = AM_BM / a.hc;
-    a.n_seqs = hb->n_seqs;
-    a.sl2 = scale * 1.4426950408889634f;
-    a.positions = m->positions_d;
-    a.seq_start = m->seq_start_d;
-    a.block_table = m->block_table_d;
-    a.max_blocks = hb->max_blocks;
-    a.page_size = hb->page_size;
-    /* blocks that have rows (the grid also holds up to n_seqs spare ones), for the split decision */
-    int64_t groups = 0;
-    for (int s = 0; s < hb->n_seqs; s++) groups += (hb->seq_start[s + 1] - hb->seq_start[s] + a.tpb - 1) / a.tpb;
-    const int tiles = m->max_ctx > 0 ? (m->max_ctx + AM_BN - 1) / AM_BN : 1;
-    MS_TRY(cu_attn_split(b, groups * nkv * a.n_chunks, tiles, 4, T, nh, d, allow_split, &a.n_split, &a.part, err));
-    const int64_t gx = ((int64_t)T + (int64_t)(hb->n_seqs + 1) * (a.tpb - 1)) / a.tpb; /* P(n_seqs) */
-    dim3 grid((unsigned)gx, (unsigned)(nkv * a.n_chunks), (unsigned)a.n_split);
-    if (d == 64) MS_TRY(am_launch<64>(b, &a, grid, err));
-    else MS_TRY(am_launch<128>(b, &a, grid, err));
-    MS_TRY(cu_attn_combine(b, a.part, a.n_split, T, nh, d, out, err));
+    memset(&pp, 0, sizeof pp);
+    MS_TRY(am_run(b, &a, &pp, q, kc, vc, nh, nkv, d, m, scale, out, allow_split, 0, err));
+    *launched = 1;
+    return MS_OK;
+}
+
+/* F32 data of t ([n] elements), or NULL when t is absent; *ok = 0 when t is there but not that. */
+static const float *am_f32(const ms_tensor *t, int64_t n, int *ok) {
+    if (!t || !t->data) return NULL;
+    if (t->dtype != MS_F32 || ms_tensor_numel(t) != n) *ok = 0;
+    return (const float *)t->data;
+}
+
+/* Contract in cuda_internal.cuh. */
+int cu_attn_gqa_mma_prep(ms_backend *b, const ms_attn_call *c, int *launched, ms_err *err) {
+    *launched = 0;
+    const ms_attn_gqa_prep *p = c->prep;
+    const ms_tensor *q = c->q, *kc = c->k, *vc = c->v, *qkv = p->qkv;
+    const ms_batch *hb = c->m->host;
+    if (!cu_knob(CU_KNOB_ATTN_PREP) || !qkv || !qkv->data || q->ndim != 3 || kc->ndim != 3 || vc->ndim != 3 ||
+        b->gpu.cc_major < 8)
+        return MS_OK;
+    const int T = (int)q->shape[0], nh = (int)q->shape[1], d = (int)q->shape[2], nkv = (int)kc->shape[1];
+    if ((d != 64 && d != 128) || T < 1 || nkv < 1 || nh % nkv || nh / nkv > AM_BM || T != hb->n_tokens ||
+        T != hb->n_seqs || kc->shape[2] != d || vc->shape[1] != nkv || vc->shape[2] != d ||
+        vc->shape[0] != kc->shape[0] || q->dtype != MS_BF16 || kc->dtype != MS_BF16 || vc->dtype != MS_BF16 ||
+        qkv->dtype != MS_BF16 || c->out->dtype != MS_BF16 || qkv->ndim != 2 || qkv->shape[0] != T ||
+        qkv->shape[1] != (int64_t)(nh + 2 * nkv) * d || qkv->data == q->data)
+        return MS_OK;
+    for (int s = 0; s < hb->n_seqs; s++) /* one new token a sequence (T == n_seqs, no empty sequence) */
+        if (hb->seq_start[s + 1] - hb->seq_start[s] != 1) return MS_OK;
+    const ms_rope_cfg *rc = p->rc;
+    const int rot_dim = rc ? rc->rot_dim : 0, rot_off = rc ? rc->rot_off : 0;
+    if (rot_dim % 2 || rot_dim < 0 || rot_off < 0 || rot_off + rot_dim > d) return MS_OK;
+    int ok = 1;
+    am_args a;
+    am_prep pp;
+    memset(&a, 0, sizeof a);
+    memset(&pp, 0, sizeof pp);
+    pp.bq = am_f32(p->bq, (int64_t)nh * d, &ok);
+    pp.bk = am_f32(p->bk, (int64_t)nkv * d, &ok);
+    pp.bv = am_f32(p->bv, (int64_t)nkv * d, &ok);
+    if (!ok) return MS_OK;
+    const int hc = nh / nkv;
+    const size_t prep_sm = am_prep_bytes(hc, d, rot_dim);
+    if ((d == 64 ? am_smem_bytes<64>() : am_smem_bytes<128>()) + prep_sm + 64 > (size_t)cu_of(b)->max_smem_optin)
+        return MS_OK;
+    if (rot_dim) MS_TRY(cu_rope_table(b, rc, &pp.inv, err));
+    pp.ldq = pp.ldk = pp.ldv = qkv->shape[1];
+    pp.qi = (const bf16 *)qkv->data;
+    pp.ki = pp.qi + (size_t)nh * d;
+    pp.vi = pp.ki + (size_t)nkv * d;
+    pp.rot_off = rot_off;
+    pp.rot_dim = rot_dim;
+    pp.interleaved = rc ? rc->interleaved : 0;
+    pp.qo = (bf16 *)q->data;
+    pp.kw = (bf16 *)kc->data;
+    pp.vw = (bf16 *)vc->data;
+    pp.slot = p->slot_d;
+    pp.n_slots = kc->shape[0];
+    MS_TRY(am_run(b, &a, &pp, (const bf16 *)q->data, (const bf16 *)kc->data, (const bf16 *)vc->data, nh, nkv, d, c->m,
+                  c->scale, (bf16 *)c->out->data, 1, prep_sm, err));
     *launched = 1;
     return MS_OK;
 }

@@ -80,6 +80,9 @@ long long ms_cuda_gvb_launches(void);
 /* Launches of the fused one-token MoE kernel (moe_fused.cu k_moe_fused) so far in this process, all
  * backends: tests use it to tell which form a decode MoE call took. Thread-safe. */
 long long ms_cuda_moe_fused_launches(void);
+/* Launches of the GQA tensor-core attention kernel that does gqa_prep's work itself (attn_mma.cu, PREP)
+ * so far in this process, all backends: tests tell by it whether a decode step took the fused form. */
+long long ms_cuda_attn_prep_launches(void);
 /* Launch form f of that kernel (f >= 0, MS_CU_MOE_FUSED=2+f forces it): 1 with groups of 8 warps a
  * block and ring depth set, 0 when the kernel has no form f. */
 int ms_cuda_moe_fused_form(int f, int *groups, int *depth);

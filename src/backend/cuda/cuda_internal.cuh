@@ -356,6 +356,12 @@ int cu_attn_combine(ms_backend *b, const float *part, int n_split, int T, int nh
  * little shared memory); the caller then runs k_attn. allow_split 0: one key range per block. */
 int cu_attn_gqa_mma(ms_backend *b, const bf16 *q, const bf16 *kc, const bf16 *vc, int nh, int nkv, int d,
                     const ms_attn_meta *m, float scale, bf16 *out, int allow_split, int *launched, ms_err *err);
+/* A GQA call with c->prep (backend/attn.h ms_attn_gqa_prep) as one launch of the tensor-core kernel that
+ * does gqa_prep's work in its blocks (plus the merge of split-K partials), when the step is decode-shaped
+ * (every sequence one new token), q/k/v come stacked (prep->qkv, not q's buffer), the head group fits one
+ * block (at most 64 query heads a KV head), head dim 64 or 128, bf16 tensors, F32 biases and
+ * MS_CU_ATTN_PREP is on. Otherwise *launched = 0 and nothing is done: the caller runs gqa_prep first. */
+int cu_attn_gqa_mma_prep(ms_backend *b, const struct ms_attn_call *c, int *launched, ms_err *err);
 /* attn_gqa (contract in backend.h) by the tensor-core kernel: checks dtypes (error), then as
  * cu_attn_gqa_mma (*launched = 0 when the shape is not covered). */
 int cu_attn_gqa_try_mma(ms_backend *b, const ms_tensor *q, const ms_tensor *kcache, const ms_tensor *vcache,
@@ -455,6 +461,29 @@ __device__ __forceinline__ void cu_rope_part_unit(const bf16 *src, bf16 *dst, in
     } else {
         const int e = j - half, c = e < rot_off ? e : e + rot;
         dst[c] = src[c];
+    }
+}
+/* Unit j of gqa_prep's work on one head (row -> d0, and d1 when not NULL): j < rot_dim / 2 adds the
+ * bias (NULL: none) to rotary pair j of columns rot_off.. in fp32 and rotates it by cs (cos [half], then
+ * sin [half], computed by sincosf at the token's position), the rest add the bias to pass-through column
+ * j - rot_dim / 2; one rounding to bf16. k_gqa_prep and the attention kernel that does gqa_prep itself
+ * (attn_mma.cu) both go through here, so they write the same bits. */
+__device__ __forceinline__ void cu_gqa_prep_unit(const bf16 *row, const float *bias, const float *cs, int j, int rot_off,
+                                                 int rot_dim, int interleaved, bf16 *d0, bf16 *d1) {
+    const int half = rot_dim / 2;
+    if (j < half) {
+        const int i0 = rot_off + (interleaved ? 2 * j : j), i1 = rot_off + (interleaved ? 2 * j + 1 : j + half);
+        const float a = __bfloat162float(row[i0]) + (bias ? bias[i0] : 0.f);
+        const float c = __bfloat162float(row[i1]) + (bias ? bias[i1] : 0.f);
+        const float co = cs[j], sn = cs[half + j];
+        const bf16 r0 = __float2bfloat16_rn(a * co - c * sn), r1 = __float2bfloat16_rn(c * co + a * sn);
+        d0[i0] = r0, d0[i1] = r1;
+        if (d1) d1[i0] = r0, d1[i1] = r1;
+    } else {
+        const int e = j - half, i = e < rot_off ? e : e + rot_dim;
+        const bf16 r = __float2bfloat16_rn(__bfloat162float(row[i]) + (bias ? bias[i] : 0.f));
+        d0[i] = r;
+        if (d1) d1[i] = r;
     }
 }
 /* fp32 value of the low / high bf16 of a packed pair (exact) */

@@ -533,18 +533,7 @@ __global__ void k_gqa_prep(gp_io io, const float *bq, const float *bk, const flo
         const bf16 *row = isk ? io.ki + (size_t)t * io.ldk + (size_t)h * d : io.qi + (size_t)t * io.ldq + (size_t)h * d;
         const float *bias = isk ? (bk ? bk + (size_t)h * d : NULL) : (bq ? bq + (size_t)h * d : NULL);
         bf16 *dst = isk ? (st ? kc + ((size_t)s * nkv + h) * d : NULL) : io.qo + ((size_t)t * nh + h) * d;
-        if (!dst) continue;
-        if (j < half) {
-            const int i0 = rot_off + (interleaved ? 2 * j : j), i1 = rot_off + (interleaved ? 2 * j + 1 : j + half);
-            const float a = __bfloat162float(row[i0]) + (bias ? bias[i0] : 0.f);
-            const float c = __bfloat162float(row[i1]) + (bias ? bias[i1] : 0.f);
-            const float cs = gp_cs[j], sn = gp_cs[half + j];
-            dst[i0] = __float2bfloat16_rn(a * cs - c * sn);
-            dst[i1] = __float2bfloat16_rn(c * cs + a * sn);
-        } else {
-            const int e = j - half, i = e < rot_off ? e : e + rot_dim;
-            dst[i] = __float2bfloat16_rn(__bfloat162float(row[i]) + (bias ? bias[i] : 0.f));
-        }
+        if (dst) cu_gqa_prep_unit(row, bias, gp_cs, j, rot_off, rot_dim, interleaved, dst, NULL);
     }
     /* v heads of this block: plus bias into the cache */
     const int v0 = max(h0, nh + nkv) - (nh + nkv), v1 = h0 + nheads - (nh + nkv);
