@@ -1425,7 +1425,10 @@ static void test_attn_gqa_prep(void) {
     gqa_prep_attn_case("d64 full rotary", 32, 4, 64, &full64, 0, 7, 3, n3, c3, NULL, 1);
     gqa_prep_attn_case("no rotary", 16, 2, 128, NULL, 1, 16, 3, n3, c3, NULL, 1);
     gqa_prep_attn_case("interleaved at 32", 16, 2, 128, &inter, 1, 16, 3, n3, c3, NULL, 1);
-    /* declined: a sequence with several new tokens (prefill chunk, verify), and a head group above 64 */
+    /* the largest head group the kernel stages at head dim 64 (34 q rows and 2 bias rows fill a K buffer) */
+    gqa_prep_attn_case("34 heads a kv head, d 64", 68, 2, 64, &full64, 1, 16, 3, n3, c3, NULL, 1);
+    /* declined: a sequence with several new tokens (prefill chunk, verify), and a head group too large to
+     * stage (the separate kernel then runs first) */
     const int nm3[3] = {1, 37, 1}, cm3[3] = {1, 250, 129};
     gqa_prep_attn_case("mixed batch (declined)", 96, 8, 128, &neox, 1, 16, 3, nm3, cm3, NULL, 0);
     gqa_prep_attn_case("128 heads a kv head (declined)", 128, 1, 64, &full64, 1, 16, 3, n3, c3, NULL, 0);

@@ -187,40 +187,63 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep p
             cu_cp16(cu_saddr(vd + jj * LDS + lcol), vsrc, ok);
         }
     };
-    if (PREP && kt0 < kt1) { /* PREP: the first tile loads while the rows below are made */
-        load_tile(kt0, 0);
-        cu_cp_commit();
-    }
-
     /* PREP: the block's q rows (and, for the block of the last tile, the new k / v rows) made while the
-     * first tile loads; ovr = the new key's row in the last tile when this block puts it there itself */
+     * first tile loads. The raw rows and biases come in by cp.async together (one round trip, not one a
+     * unit): raw q into qs, raw k / v into kn / vn, all made in place; the biases (q [nhc][D], k [D],
+     * v [D], fp32) into the second K buffer, which the loop first fills after this. ovr = the new key's
+     * row in the last tile when this block puts it there itself. */
     int ovr = -1;
     bf16 *qs = NULL, *kn = NULL, *vn = NULL;
+    float *cs = NULL, *sb = NULL;
+    const bool last = kt0 <= ntiles - 1 && ntiles - 1 < kt1;
     if constexpr (PREP) {
         qs = Vs + 2 * AM_BN * LDS;
         kn = qs + a.hc * D;
         vn = kn + D;
-        float *cs = (float *)(vn + D);
-        const int t = tb, half = pp.rot_dim / 2, per_h = half + (D - pp.rot_dim);
-        const int p = a.positions[t];
+        cs = (float *)(vn + D);
+        sb = (float *)(Ks + AM_BN * LDS);
+        const size_t t = (size_t)tb;
+        const bf16 *qrow = pp.qi + t * pp.ldq + (size_t)hq0 * D;
+        for (int c = tid; c < nhc * D / 8; c += AM_THREADS) cu_cp16(cu_saddr(qs + c * 8), qrow + c * 8, true);
+        if (pp.bq)
+            for (int c = tid; c < nhc * D / 4; c += AM_THREADS)
+                cu_cp16(cu_saddr(sb + c * 4), pp.bq + (size_t)hq0 * D + c * 4, true);
+        if (last) {
+            const bf16 *krow = pp.ki + t * pp.ldk + (size_t)kvh * D, *vrow = pp.vi + t * pp.ldv + (size_t)kvh * D;
+            for (int c = tid; c < D / 8; c += AM_THREADS) {
+                cu_cp16(cu_saddr(kn + c * 8), krow + c * 8, true);
+                cu_cp16(cu_saddr(vn + c * 8), vrow + c * 8, true);
+            }
+            for (int c = tid; c < D / 4; c += AM_THREADS) {
+                if (pp.bk) cu_cp16(cu_saddr(sb + nhc * D + c * 4), pp.bk + (size_t)kvh * D + c * 4, true);
+                if (pp.bv) cu_cp16(cu_saddr(sb + (nhc + 1) * D + c * 4), pp.bv + (size_t)kvh * D + c * 4, true);
+            }
+        }
+        cu_cp_commit();
+        if (kt0 < kt1) {
+            load_tile(kt0, 0);
+            cu_cp_commit();
+        }
+        const int half = pp.rot_dim / 2, per_h = half + (D - pp.rot_dim);
+        const int p = a.positions[tb];
         for (int j = tid; j < half; j += AM_THREADS) sincosf((float)p * pp.inv[j], &cs[half + j], &cs[j]);
+        if (kt0 < kt1) cu_cp_wait<1>(); /* the rows, not the tile */
+        else cu_cp_wait<0>();
         __syncthreads();
-        const bf16 *qrow = pp.qi + (size_t)t * pp.ldq + (size_t)hq0 * D;
-        bf16 *qg = blockIdx.z == 0 ? pp.qo + ((size_t)t * a.nh + hq0) * D : NULL;
+        bf16 *qg = blockIdx.z == 0 ? pp.qo + (t * a.nh + hq0) * D : NULL;
         for (int u = tid; u < nhc * per_h; u += AM_THREADS) {
             const int hi = u / per_h;
-            cu_gqa_prep_unit(qrow + (size_t)hi * D, pp.bq ? pp.bq + (size_t)(hq0 + hi) * D : NULL, cs, u % per_h,
-                             pp.rot_off, pp.rot_dim, pp.interleaved, qs + hi * D, qg ? qg + (size_t)hi * D : NULL);
+            cu_gqa_prep_unit(qs + hi * D, pp.bq ? sb + hi * D : NULL, cs, u % per_h, pp.rot_off, pp.rot_dim,
+                             pp.interleaved, qs + hi * D, qg ? qg + (size_t)hi * D : NULL);
         }
-        if (kt0 <= ntiles - 1 && ntiles - 1 < kt1) {
-            const int64_t sl = pp.slot[t];
+        if (last) {
+            const int64_t sl = pp.slot[tb];
             const bool st = sl >= 0 && sl < pp.n_slots;
             bf16 *kg = st ? pp.kw + ((size_t)sl * a.nkv + kvh) * D : NULL, *vg = st ? pp.vw + ((size_t)sl * a.nkv + kvh) * D : NULL;
-            const bf16 *krow = pp.ki + (size_t)t * pp.ldk + (size_t)kvh * D, *vrow = pp.vi + (size_t)t * pp.ldv + (size_t)kvh * D;
             for (int u = tid; u < per_h; u += AM_THREADS)
-                cu_gqa_prep_unit(krow, pp.bk ? pp.bk + (size_t)kvh * D : NULL, cs, u, pp.rot_off, pp.rot_dim, pp.interleaved, kn, kg);
+                cu_gqa_prep_unit(kn, pp.bk ? sb + nhc * D : NULL, cs, u, pp.rot_off, pp.rot_dim, pp.interleaved, kn, kg);
             for (int i = tid; i < D; i += AM_THREADS) {
-                const bf16 r = __float2bfloat16_rn(__bfloat162float(vrow[i]) + (pp.bv ? pp.bv[(size_t)kvh * D + i] : 0.f));
+                const bf16 r = __float2bfloat16_rn(__bfloat162float(vn[i]) + (pp.bv ? sb[(nhc + 1) * D + i] : 0.f));
                 vn[i] = r;
                 if (vg) vg[i] = r;
             }
@@ -437,6 +460,9 @@ int cu_attn_gqa_mma_prep(ms_backend *b, const ms_attn_call *c, int *launched, ms
     pp.bv = am_f32(p->bv, (int64_t)nkv * d, &ok);
     if (!ok) return MS_OK;
     const int hc = nh / nkv;
+    /* the biases are staged in the second K buffer; cp.async moves 16-byte pieces */
+    if ((size_t)(hc + 2) * d * sizeof(float) > (size_t)AM_BN * (d + 8) * sizeof(bf16)) return MS_OK;
+    if (((uintptr_t)qkv->data | (uintptr_t)pp.bq | (uintptr_t)pp.bk | (uintptr_t)pp.bv) & 15) return MS_OK;
     const size_t prep_sm = am_prep_bytes(hc, d, rot_dim);
     if ((d == 64 ? am_smem_bytes<64>() : am_smem_bytes<128>()) + prep_sm + 64 > (size_t)cu_of(b)->max_smem_optin)
         return MS_OK;

@@ -358,8 +358,9 @@ int cu_attn_gqa_mma(ms_backend *b, const bf16 *q, const bf16 *kc, const bf16 *vc
                     const ms_attn_meta *m, float scale, bf16 *out, int allow_split, int *launched, ms_err *err);
 /* A GQA call with c->prep (backend/attn.h ms_attn_gqa_prep) as one launch of the tensor-core kernel that
  * does gqa_prep's work in its blocks (plus the merge of split-K partials), when the step is decode-shaped
- * (every sequence one new token), q/k/v come stacked (prep->qkv, not q's buffer), the head group fits one
- * block (at most 64 query heads a KV head), head dim 64 or 128, bf16 tensors, F32 biases and
+ * (every sequence one new token), q/k/v come stacked (prep->qkv, not q's buffer), the head group's q rows
+ * and fp32 biases fit the kernel's staging (at most 32 query heads a KV head at head dim 128, 34 at 64),
+ * head dim 64 or 128, bf16 tensors, F32 biases (16-byte aligned, as the stacked rows) and
  * MS_CU_ATTN_PREP is on. Otherwise *launched = 0 and nothing is done: the caller runs gqa_prep first. */
 int cu_attn_gqa_mma_prep(ms_backend *b, const struct ms_attn_call *c, int *launched, ms_err *err);
 /* attn_gqa (contract in backend.h) by the tensor-core kernel: checks dtypes (error), then as
