@@ -830,14 +830,6 @@ static void test_linear_bf16_stream(void) {
     bf16_stream_case(5, 70, 256, 0, MS_F32, 0); /* beyond the form: another one, same results */
     bf16_stream_case(1, 300, 1024, 0, MS_F32, 1);
     bf16_stream_case(3, 300, 4104, 1, MS_F32, 1);
-    /* every step of every warp asked of the L2 before the wait (MS_CU_BF16_PREFETCH, a hint): the same
-     * checks, and no address past a warp's rows (a bad bulk prefetch faults the kernel) */
-    char *pf = env_push("MS_CU_BF16_PREFETCH", "1024");
-    bf16_stream_case(1, 4096, 12288, 0, MS_BF16, 0);
-    bf16_stream_case(1, 97, 136, 1, MS_F32, 0);
-    bf16_stream_case(2, 33, 40000, 1, MS_F32, 0);
-    bf16_stream_case(4, 1000, 4096, 1, MS_F32, 0);
-    env_pop("MS_CU_BF16_PREFETCH", pf);
     /* fused gate/up (dense MLP at decode): swiglu_case's checks, plus the counter */
     char *saved = env_push("MS_CU_BF16_STREAM_MAX_T", "4");
     const long long n0 = ms_cuda_gvb_launches();

@@ -194,10 +194,9 @@ __global__ __launch_bounds__(AT_THREADS) void k_attn(at_args a) {
  * and range and walked the ranges serially: 14 us for GLM-5's 64 heads x 512 at 33 ranges. A range
  * whose max is -inf (no key) is skipped, whatever its partial row holds. */
 #define AC_MAX_SPLIT 64
-__global__ void k_attn_combine(const float *part, int n_split, int Dv, int nh, bf16 *out, int early) {
-    if (early) cu_pdl_trigger(); /* cuda_internal.cuh: the merge kernel's exception */
+__global__ void k_attn_combine(const float *part, int n_split, int Dv, int nh, bf16 *out) {
     cu_pdl_wait();
-    if (!early) cu_pdl_trigger();
+    cu_pdl_trigger();
     __shared__ float s_e[AC_MAX_SPLIT];
     __shared__ float s_inv;
     const int t = blockIdx.x, h = blockIdx.y;
@@ -267,8 +266,7 @@ int cu_attn_combine(ms_backend *b, const float *part, int n_split, int T, int nh
     if (n_split <= 1) return MS_OK;
     MS_ASSERT(n_split <= AC_MAX_SPLIT); /* cu_attn_split caps the ranges */
     dim3 cg(T, nh, (Dv + 127) / 128);
-    CK(cu_launch(k_attn_combine, cg, 128, 0, cu_of(b)->stream, part, n_split, Dv, nh, out,
-                 cu_knob(CU_KNOB_ATTN_COMBINE_EARLY)));
+    CK(cu_launch(k_attn_combine, cg, 128, 0, cu_of(b)->stream, part, n_split, Dv, nh, out));
     return MS_OK;
 }
 

@@ -64,12 +64,10 @@ typedef __nv_bfloat16 bf16;
  * only after our previous kernel has fully completed (plain stream order); one of ours launched after
  * them may start early only if they trigger, and it still waits for their completion.
  *
- * The exceptions: the streaming bf16 GEMV (gemv_bf16.cu) and the absorbed MLA products (mla_absorb.cu)
- * load their first weights before their wait, and the GEMV and the fused MoE kernel (moe_fused.cu) ask
- * the L2 for more (cu_prefetch_l2), only when cu_impl.weights_quiet says no device work in flight writes
- * weights; what the previous kernel writes (x) they still read after the wait, and they write nothing
- * before it. And the split-K merge of attention (k_attn_combine, attention.cu) triggers before its wait
- * (MS_CU_ATTN_COMBINE_EARLY): see below.
+ * The one exception: the streaming bf16 GEMV (gemv_bf16.cu) and the absorbed MLA products (mla_absorb.cu)
+ * load their first weights before their wait, only when cu_impl.weights_quiet says no device work in
+ * flight writes weights; what the previous kernel writes (x) they still read after the wait, and they
+ * write nothing before it.
  *
  * Why trigger right after the wait: the next kernel can launch only once all our blocks passed the
  * trigger, i.e. after our own wait returned, i.e. after the previous grid completed. So at most two
@@ -77,10 +75,6 @@ typedef __nv_bfloat16 bf16;
  * take SM resources once every block of the running grid has been scheduled (a block not yet started
  * has not triggered): no starvation, no deadlock even for grids larger than one wave. Triggering early
  * does not publish anything: the dependent's wait still waits for our completion and memory flush.
- * The merge kernel triggering first makes three grids resident (attention running, the merge and the
- * next kernel parked); the argument still holds, since each launches only once every block of the one
- * before it has been scheduled. Why: the next kernel (o_proj's streaming GEMV) then starts its weight
- * reads while the attention runs, when HBM is nearly idle, not only during the short merge.
  *
  * Memcpy/memset nodes, host callbacks, event records/waits: the attribute only relaxes kernel ->
  * kernel order on one stream; any other operation before or after one of our kernels is ordered by
@@ -97,16 +91,6 @@ __device__ __forceinline__ void cu_pdl_wait() {
 __device__ __forceinline__ void cu_pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
-/* Asks the L2 to fetch bytes [p, p + n) of global memory: a hint (nothing waits for it, nothing is
- * written, so a kernel may issue it before its wait for weights no device work in flight writes).
- * sm_90: one bulk prefetch (p 16-byte aligned, n a multiple of 16); older GPUs: one per 128-byte line. */
-__device__ __forceinline__ void cu_prefetch_l2(const void *p, unsigned n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
-#else
-    for (unsigned o = 0; o < n; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
 #endif
 }
 /* 1 when our launches on the current device carry the PDL attribute: MS_CU_PDL (read once) is not 0

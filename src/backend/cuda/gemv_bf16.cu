@@ -56,7 +56,6 @@ struct gb_args {
     int early; /* the weights are not written by device work in flight: their first steps are copied before
                 * griddepcontrol.wait */
     int red_units; /* 16-byte units of shared memory for the partials (before the rings) */
-    int pf;        /* early: steps past the first GB_D - 1 that each warp asks the L2 for before the wait */
     cu_norm_in nin; /* MODE 2: x is computed from it (cu_norm_stage), not read */
 };
 
@@ -114,12 +113,6 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
     if (a.early) { /* the first GB_D - 1 steps before the previous kernel completes: see the file comment */
 #pragma unroll
         for (int u = 0; u < GB_D - 1; u++) put(u);
-        /* and the next a.pf steps into the L2, one 512-byte run a lane */
-        for (int st = GB_D - 1 + lane; st < min(nsteps, GB_D - 1 + a.pf); st += 32) {
-            const int row = st / spr, ch = (st - row * spr) * 32;
-#pragma unroll
-            for (int s = 0; s < S; s++) cu_prefetch_l2(wp[s] + (size_t)row * K + (size_t)ch * 8, (unsigned)min(32, kc - ch) * 16);
-        }
     }
     cu_pdl_wait();
     cu_pdl_trigger();
@@ -265,7 +258,6 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     a.kc = (K8 + ks - 1) / ks;
     a.kc = (a.kc + 31) / 32 * 32;
     a.early = c->weights_quiet && cu_knob(CU_KNOB_BF16_STREAM_EARLY);
-    a.pf = a.early ? cu_knob(CU_KNOB_BF16_PREFETCH) : 0;
     a.red_units = red_units;
     if (c->norm) a.nin = *c->norm;
     const dim3 grid((unsigned)((N + rows_pb - 1) / rows_pb));

@@ -110,15 +110,6 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                   "the GQA tensor-core attention kernel splits keys across blocks (then merges the "
                                   "partials in a second kernel) only when the step's context spans more than this "
                                   "many 64-key tiles and the grid is small; 0: whenever the grid is small"},
-    [CU_KNOB_BF16_PREFETCH] = {"MS_CU_BF16_PREFETCH", KN_INT, 16, 0, 1024, NULL, 0,
-                               "with MS_CU_BF16_STREAM_EARLY, each warp of the streaming bf16 GEMV also asks the L2 "
-                               "for this many more of its 512-byte steps before waiting for the previous kernel"},
-    [CU_KNOB_ATTN_COMBINE_EARLY] = {"MS_CU_ATTN_COMBINE_EARLY", KN_INT, 1, 0, 1, NULL, 0,
-                                    "1: attention's split-K merge kernel lets the next kernel launch (PDL) before its "
-                                    "own wait, so o_proj's weight reads start during the attention; 0: after"},
-    [CU_KNOB_MOE_PREFETCH] = {"MS_CU_MOE_PREFETCH", KN_INT, 1, 0, 1, NULL, 0,
-                              "1: the fused one-token MoE kernel asks the L2 for the shared expert's weights before "
-                              "waiting for the router (weights not written by device work in flight); 0: no"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */

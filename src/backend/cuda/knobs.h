@@ -35,9 +35,6 @@ typedef enum cu_knob_id {
     CU_KNOB_MLA_PREP,          /* MS_CU_MLA_PREP: 0 or 1, default 1 (read at every call) */
     CU_KNOB_ATTN_PREP,         /* MS_CU_ATTN_PREP: 0 or 1, default 1 (read at every call) */
     CU_KNOB_ATTN_SPLIT_TILES,  /* MS_CU_ATTN_SPLIT_TILES: 0..1048576 (read at every call) */
-    CU_KNOB_BF16_PREFETCH,     /* MS_CU_BF16_PREFETCH: 0..1024 (read at every call) */
-    CU_KNOB_ATTN_COMBINE_EARLY, /* MS_CU_ATTN_COMBINE_EARLY: 0 or 1 (read at every call) */
-    CU_KNOB_MOE_PREFETCH,      /* MS_CU_MOE_PREFETCH: 0 or 1 (read at every call) */
     CU_KNOB_COUNT
 } cu_knob_id;
 

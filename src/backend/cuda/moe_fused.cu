@@ -78,7 +78,6 @@ struct mf_args {
     void *out;     /* [H], out_type */
     int out_type;
     unsigned *sync;        /* [2], zero between launches */
-    int prefetch;          /* the extra slot's weights into the L2 before the wait (weights quiet) */
     int zero_off;          /* byte offset of 256 zero bytes in dynamic shared memory (64 mod 128) */
     int red_off, ring_off; /* byte offsets of the reduction buffers and the rings in dynamic shared memory */
 };
@@ -259,26 +258,7 @@ __device__ __forceinline__ void mf_group_sync(int grp) {
 
 /* NG groups of 8 warps a block share the staged x and h; D ring stages per warp, D - 1 super-steps
  * (1.1 KB each) in flight. */
-/* The extra (shared) expert's weights and scales into the L2, a 4 KB piece a thread: it is the one slot
- * known before the router has run, and while the router (a latency-bound kernel) runs, HBM is nearly
- * idle. Bulk prefetches need 16-byte aligned pieces: each range is trimmed inward. A piece a thread (no
- * loop; a grid has far more threads than the pieces of one expert) keeps the kernel's registers as they
- * were: a loop here cost the three-group forms a spill. */
-__device__ __forceinline__ void mf_prefetch_extra(const mf_args &a) {
-    const size_t gt = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-#pragma unroll
-    for (int m = 0; m < 6; m++) {
-        const cu_wdesc &wd = (m % 3 == 0 ? a.G : m % 3 == 1 ? a.U : a.D)[a.extra_id];
-        const uintptr_t p0 = (uintptr_t)(m < 3 ? wd.w : wd.scale);
-        const uintptr_t b0 = (p0 + 15) & ~(uintptr_t)15;
-        const uintptr_t b1 = (p0 + (size_t)wd.n * (size_t)wd.k / (m < 3 ? 2 : 16)) & ~(uintptr_t)15;
-        const uintptr_t o = b0 + gt * 4096;
-        if (o < b1) cu_prefetch_l2((const void *)o, (unsigned)(b1 - o < 4096 ? b1 - o : 4096));
-    }
-}
-
 template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) void k_moe_fused(mf_args a) {
-    if (a.prefetch) mf_prefetch_extra(a); /* weights only, before the wait: cuda_internal.cuh */
     cu_pdl_wait();
     cu_pdl_trigger();
     extern __shared__ uint4 mf_smem_raw[];
@@ -563,7 +543,6 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
     a.G = c->G, a.U = c->U, a.D = c->D, a.ids = c->ids, a.wts = c->wts, a.nslot = c->nslot, a.H = H, a.I = I;
     a.extra_id = c->extra_slot - 1, a.n_experts = c->n_experts;
     a.x = c->x, a.h = c->h, a.out = c->out, a.out_type = c->out_type, a.sync = cu_of(b)->moe_sync;
-    a.prefetch = a.extra_id >= 0 && a.extra_id < c->n_experts && cu_of(b)->weights_quiet && cu_knob(CU_KNOB_MOE_PREFETCH);
     a.zero_off = (int)zero_off, a.red_off = (int)red_off;
     a.ring_off = (int)(red_off + (size_t)mf_forms[best].ng * MF_RED_FLOATS * sizeof(float));
     CK(mf_forms[best].go(dim3(best_grid), best_smem, cu_of(b)->stream, a));
