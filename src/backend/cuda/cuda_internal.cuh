@@ -64,8 +64,8 @@ typedef __nv_bfloat16 bf16;
  * only after our previous kernel has fully completed (plain stream order); one of ours launched after
  * them may start early only if they trigger, and it still waits for their completion.
  *
- * The one exception: the streaming bf16 GEMV (gemv_bf16.cu) and the absorbed MLA products (mla_absorb.cu)
- * load their first weights before their wait, only when cu_impl.weights_quiet says no device work in
+ * The one exception: the streaming bf16 GEMV (gemv_bf16.cu), the absorbed MLA products (mla_absorb.cu),
+ * the split router and the residual RMSNorm (elementwise.cu) load their first weights before their wait, only when cu_impl.weights_quiet says no device work in
  * flight writes weights; what the previous kernel writes (x) they still read after the wait, and they
  * write nothing before it.
  *

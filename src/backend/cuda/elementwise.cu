@@ -208,12 +208,22 @@ __global__ void k_norm(int mode, void *x, int xt, const void *delta, int dt, con
 #define RN_V 4
 template <int ADD>
 __global__ __launch_bounds__(1024) void k_rmsnorm_f32(float *x, const float *delta, const bf16 *w, float eps, bf16 *out,
-                                                      int D) {
+                                                      int D, int early) {
+    const int n4 = D / 4;
+    /* early: w is not written by device work in flight (cu_impl.weights_quiet): its loads go out before
+     * the wait (cuda_internal.cuh's exception), off the kernel's dependent chain */
+    uint2 wr[RN_V];
+    if (early) {
+#pragma unroll
+        for (int i = 0; i < RN_V; i++) {
+            const int c = threadIdx.x + i * blockDim.x;
+            if (c < n4) wr[i] = ((const uint2 *)w)[c];
+        }
+    }
     cu_pdl_wait();
     cu_pdl_trigger();
     __shared__ float sh[32];
     const size_t base = (size_t)blockIdx.x * D;
-    const int n4 = D / 4;
     float4 v[RN_V];
     float acc = 0.f;
 #pragma unroll
@@ -235,7 +245,7 @@ __global__ __launch_bounds__(1024) void k_rmsnorm_f32(float *x, const float *del
     for (int i = 0; i < RN_V; i++) {
         const int c = threadIdx.x + i * blockDim.x;
         if (c < n4) {
-            const uint2 wv = ((const uint2 *)w)[c];
+            const uint2 wv = early ? wr[i] : ((const uint2 *)w)[c];
             const float w0 = __uint_as_float(wv.x << 16), w1 = __uint_as_float(wv.x & 0xffff0000u),
                         w2 = __uint_as_float(wv.y << 16), w3 = __uint_as_float(wv.y & 0xffff0000u);
             __nv_bfloat162 o0 = __floats2bfloat162_rn(v[i].x * inv * w0, v[i].y * inv * w1);
@@ -264,10 +274,10 @@ static int launch_norm(ms_backend *b, int mode, ms_tensor *x, const ms_tensor *d
         th = th < 64 ? 64 : (th + 31) & ~31;
         if (mode == 1 && delta)
             CK(cu_launch(k_rmsnorm_f32<1>, (unsigned)R, th, 0, stream_of(b), (float *)x->data, (const float *)delta->data,
-                         (const bf16 *)w->data, eps, (bf16 *)out->data, (int)D));
+                         (const bf16 *)w->data, eps, (bf16 *)out->data, (int)D, cu_of(b)->weights_quiet));
         else
             CK(cu_launch(k_rmsnorm_f32<0>, (unsigned)R, th, 0, stream_of(b), (float *)x->data, (const float *)NULL,
-                         (const bf16 *)w->data, eps, (bf16 *)out->data, (int)D));
+                         (const bf16 *)w->data, eps, (bf16 *)out->data, (int)D, cu_of(b)->weights_quiet));
         return MS_OK;
     }
     int th = ln_threads(D);
@@ -1138,9 +1148,14 @@ template <int NORM>
 __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, const bf16 *W, int T, int K, float *lg,
                                                                 const void *bias, int bt, int E, int topk, int n_group,
                                                                 int topk_group, int norm, float scale, int32_t *ids,
-                                                                float *wout, cu_norm_in nin) {
-    cu_pdl_wait();
-    cu_pdl_trigger();
+                                                                float *wout, cu_norm_in nin, int early) {
+    /* early: the weights (W, bias) are not written by device work in flight (cu_impl.weights_quiet), so
+     * their loads go out before the wait (cuda_internal.cuh's exception): the kernel's first dependent
+     * round trip then overlaps the previous kernel's end instead of following it */
+    if (!early) {
+        cu_pdl_wait();
+        cu_pdl_trigger();
+    }
     extern __shared__ uint4 rssm[]; /* x slice [T][RS_KS / 8] units; later the routing scratch */
     __shared__ bool last;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1153,6 +1168,10 @@ __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, c
     for (int u = 0; u < RS_D; u++) {
         const int c = u * 32 + lane;
         wv[u] = e < E && c < nc ? __ldg((const uint4 *)(W + (size_t)e * K + k0) + c) : make_uint4(0, 0, 0, 0);
+    }
+    if (early) {
+        cu_pdl_wait();
+        cu_pdl_trigger();
     }
     if (NORM) { /* T = 1: the slice computed from the residual row (cu_norm_in) */
         cu_norm_stage(nin, rssm, k0 / 8, k0 / 8 + nc, gridDim.x * gridDim.y, blockIdx.x == 0 && blockIdx.y == 0);
@@ -1265,7 +1284,8 @@ int cu_router_fused(ms_backend *b, const ms_tensor *x, const ms_linear *gate, co
         if (nrm && (b->gpu.n_sm <= 0 || (int64_t)grid.x * grid.y > b->gpu.n_sm)) return MS_OK;
         CK(cu_launch(nrm ? k_router_split<1> : k_router_split<0>, grid, RS_WARPS * 32, ssm, stream_of(b),
                      (const bf16 *)x->data, (const bf16 *)gate->w.data, T, (int)K, lg, bias, bias_t, E, rc->topk, rc->n_group,
-                     rc->topk_group, rc->norm_topk_prob, rc->routed_scaling_factor, ids, w, nin));
+                     rc->topk_group, rc->norm_topk_prob, rc->routed_scaling_factor, ids, w, nin,
+                     cu_of(b)->weights_quiet));
         *launched = 1;
         return MS_OK;
     }
