@@ -65,9 +65,13 @@ typedef __nv_bfloat16 bf16;
  * them may start early only if they trigger, and it still waits for their completion.
  *
  * The one exception: the streaming bf16 GEMV (gemv_bf16.cu), the absorbed MLA products (mla_absorb.cu),
- * the split router and the residual RMSNorm (elementwise.cu) load their first weights before their wait, only when cu_impl.weights_quiet says no device work in
- * flight writes weights; what the previous kernel writes (x) they still read after the wait, and they
- * write nothing before it.
+ * the split router and the residual RMSNorm (elementwise.cu) load their first weights before their
+ * wait, only when cu_impl.weights_quiet says no device work in flight writes weights; what the previous
+ * kernel writes (x) they still read after the wait, and they write nothing before it. Such a kernel must
+ * not read the previous kernel's output with __ldg (ld.global.nc): the compiler may move a non-coherent
+ * load above the wait, next to the weight loads (session 19: the split router's x did, and mixed steps
+ * and graphs read stale rows on the H200). Asking the L2 for more weights there (bulk prefetch) measured
+ * slower (bench/NOTES.md, session 19).
  *
  * Why trigger right after the wait: the next kernel can launch only once all our blocks passed the
  * trigger, i.e. after our own wait returned, i.e. after the previous grid completed. So at most two

@@ -1176,12 +1176,15 @@ __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, c
     if (NORM) { /* T = 1: the slice computed from the residual row (cu_norm_in) */
         cu_norm_stage(nin, rssm, k0 / 8, k0 / 8 + nc, gridDim.x * gridDim.y, blockIdx.x == 0 && blockIdx.y == 0);
     } else {
-        /* the x slice: T * nc <= RF_MAXT * RS_KS / 8 = 2 units per thread, both loads in flight at once */
+        /* the x slice: T * nc <= RF_MAXT * RS_KS / 8 = 2 units per thread, both loads in flight at once.
+         * __ldcg, not __ldg: the compiler may move a non-coherent (invariant) load above the PDL wait, and
+         * x is the previous kernel's output (with the weight loads before the wait, it did: graph and
+         * mixed-step logits went wrong on the H200, session 19) */
         uint4 xv[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int i = threadIdx.x + h * RS_WARPS * 32, t = i / nc, c = i - t * nc;
-            if (i < T * nc) xv[h] = __ldg((const uint4 *)(x + (size_t)t * K + k0) + c);
+            if (i < T * nc) xv[h] = __ldcg((const uint4 *)(x + (size_t)t * K + k0) + c);
         }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
