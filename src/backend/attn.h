@@ -54,7 +54,10 @@ typedef struct ms_attn_shape {
 typedef struct ms_attn_gqa_prep {
     const ms_tensor *k, *v;        /* [T, nkv, d]: the raw k / v (only shapes when qkv is given) */
     const ms_tensor *bq, *bk, *bv; /* F32 biases or NULL */
-    const int32_t *pos_d, *slot_d; /* device: position and cache slot of each token */
+    const int32_t *pos_d, *slot_d; /* device: position and cache slot of each token. A slot inside the
+                                    * cache must be the token's own (its block-table row at its position,
+                                    * as in every step the engine makes): the kernel form stores it while
+                                    * other blocks read the cache. -1 or past the cache: nothing stored. */
     const ms_rope_cfg *rc;         /* NULL: no rotary dims */
     const ms_tensor *qkv;          /* NULL, or the stacked q|k|v projection output [T, (nh + 2 nkv) d] */
 } ms_attn_gqa_prep;

@@ -35,7 +35,8 @@
  *   B 16x8  (k x n):     reg0 = B[2t..2t+1][g],  reg1 = B[2t+8..2t+9][g]
  *   C 16x8  (fp32):      c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]
  * (lower index in the low 16 bits of each register). Consequences used below:
- *   - Q is read from global memory straight into A fragments once per block (no shared copy).
+ *   - Q is read from global memory straight into A fragments once per block (no shared copy; PREP
+ *     reads the rows it made in shared memory instead).
  *   - For S = Q·Kᵀ, B[k][n] = K[key n][dim k]: a K row in shared memory is B's column, so plain
  *     ldmatrix (thread gets row g, columns 2t, 2t+1 of each 8x8 matrix) yields B fragments; one .x4
  *     covers two 8-key n-tiles x 16 dims (matrices: keys 0-7/dims 0-7, keys 0-7/dims 8-15, keys
@@ -435,8 +436,9 @@ int cu_attn_gqa_mma_prep(ms_backend *b, const ms_attn_call *c, int *launched, ms
     const ms_attn_gqa_prep *p = c->prep;
     const ms_tensor *q = c->q, *kc = c->k, *vc = c->v, *qkv = p->qkv;
     const ms_batch *hb = c->m->host;
+    /* the kernel rotates at the batch's positions (the meta's), so prep's must be those */
     if (!cu_knob(CU_KNOB_ATTN_PREP) || !qkv || !qkv->data || q->ndim != 3 || kc->ndim != 3 || vc->ndim != 3 ||
-        b->gpu.cc_major < 8)
+        b->gpu.cc_major < 8 || p->pos_d != c->m->positions_d)
         return MS_OK;
     const int T = (int)q->shape[0], nh = (int)q->shape[1], d = (int)q->shape[2], nkv = (int)kc->shape[1];
     if ((d != 64 && d != 128) || T < 1 || nkv < 1 || nh % nkv || nh / nkv > AM_BM || T != hb->n_tokens ||

@@ -174,7 +174,8 @@ typedef struct cu_impl {
      * (cudaFree synchronises the device),
      * the dummy-weight generators (dummy.cu) launch kernels and clear it, and the next stream
      * synchronisation (cu_sync, cu_upload, cu_download) sets it again. Lets a decode kernel read its
-     * weights before griddepcontrol.wait (gemv_bf16.cu, mla_absorb.cu). */
+     * weights before griddepcontrol.wait (gemv_bf16.cu, mla_absorb.cu; the split router and the residual
+     * RMSNorm of elementwise.cu, which MS_CU_BF16_STREAM_EARLY does not switch off). */
     int weights_quiet;
     /* [2] device counters of the fused MoE kernel's phase boundary (moe_fused.cu), zero between its
      * launches; allocated at creation */
@@ -364,7 +365,8 @@ int cu_attn_gqa_mma(ms_backend *b, const bf16 *q, const bf16 *kc, const bf16 *vc
  * does gqa_prep's work in its blocks (plus the merge of split-K partials), when the step is decode-shaped
  * (every sequence one new token), q/k/v come stacked (prep->qkv, not q's buffer), the head group's q rows
  * and fp32 biases fit the kernel's staging (at most 32 query heads a KV head at head dim 128, 34 at 64),
- * head dim 64 or 128, bf16 tensors, F32 biases (16-byte aligned, as the stacked rows) and
+ * head dim 64 or 128, bf16 tensors, F32 biases (16-byte aligned, as the stacked rows), prep->pos_d the
+ * meta's positions and
  * MS_CU_ATTN_PREP is on. Otherwise *launched = 0 and nothing is done: the caller runs gqa_prep first. */
 int cu_attn_gqa_mma_prep(ms_backend *b, const struct ms_attn_call *c, int *launched, ms_err *err);
 /* attn_gqa (contract in backend.h) by the tensor-core kernel: checks dtypes (error), then as

@@ -116,14 +116,16 @@ static int split_case(int T, int E, int K, int topk, int ng, int tg, int norm, i
                     blockDim = dim3{RS_WARPS * 32, 1, 1};
                     gridDim = dim3{(unsigned)((E + RS_WARPS - 1) / RS_WARPS), (unsigned)nks, 1};
                     EMU_SMEM = smem.data();
+                    /* weight loads before or after the (here empty) PDL wait: both orders, block by block */
+                    const int early = (int)((bx + by) & 1);
                     if (fold)
                         k_router_split<1>((const bf16 *)X.data(), (const bf16 *)W.data(), T, K, lg.data(),
                                           with_bias ? (const void *)bias.data() : nullptr, MS_F32, E, topk, ng, tg, norm,
-                                          2.5f, ids.data(), wout.data(), nin);
+                                          2.5f, ids.data(), wout.data(), nin, early);
                     else
                         k_router_split<0>((const bf16 *)X.data(), (const bf16 *)W.data(), T, K, lg.data(),
                                           with_bias ? (const void *)bias.data() : nullptr, MS_F32, E, topk, ng, tg, norm,
-                                          2.5f, ids.data(), wout.data(), nin);
+                                          2.5f, ids.data(), wout.data(), nin, early);
                 });
             for (auto &t : th) t.join();
         }
