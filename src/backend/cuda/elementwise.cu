@@ -552,10 +552,12 @@ __global__ void k_gqa_prep(gp_io io, const float *bq, const float *bk, const flo
             vc[(size_t)s * nkv * d + c] = __float2bfloat16_rn(__bfloat162float(io.vi[(size_t)t * io.ldv + c]) + (bv ? bv[c] : 0.f));
 }
 
+/* cu_f32_or_null where the forward guarantees the form (gqa_prep's biases are F32 [n]) */
 static const float *f32_or_null(const ms_tensor *t, int64_t n) {
-    if (!t || !t->data) return NULL;
-    MS_ASSERT(t->dtype == MS_F32 && ms_tensor_numel(t) == n);
-    return (const float *)t->data;
+    int ok = 1;
+    const float *p = cu_f32_or_null(t, n, &ok);
+    MS_ASSERT(ok);
+    return p;
 }
 
 int cu_op_gqa_prep(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_tensor *v, const ms_tensor *bq,
@@ -1089,7 +1091,8 @@ __global__ __launch_bounds__(RF_WARPS * 32) void k_router_fused(const bf16 *x, c
 #pragma unroll
                 for (int t = 0; t < RF_MAXT; t++) {
                     if (t >= T) break;
-                    const uint4 xv = __ldg((const uint4 *)(x + (size_t)t * K) + c);
+                    /* the previous kernel's x: __ldcg, never __ldg (cuda_internal.cuh, PDL) */
+                    const uint4 xv = __ldcg((const uint4 *)(x + (size_t)t * K) + c);
                     const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xv;
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
@@ -1174,7 +1177,9 @@ __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, c
         cu_pdl_trigger();
     }
     if (NORM) { /* T = 1: the slice computed from the residual row (cu_norm_in) */
-        cu_norm_stage(nin, rssm, k0 / 8, k0 / 8 + nc, gridDim.x * gridDim.y, blockIdx.x == 0 && blockIdx.y == 0);
+        /* resid's write-back waits for the partials' count below (every block has read resid by then): one
+         * atomic round trip less on every block's path */
+        cu_norm_stage(nin, rssm, k0 / 8, k0 / 8 + nc, gridDim.x * gridDim.y, blockIdx.x == 0 && blockIdx.y == 0, false);
     } else {
         /* the x slice: T * nc <= RF_MAXT * RS_KS / 8 = 2 units per thread, both loads in flight at once.
          * __ldcg, not __ldg: the compiler may move a non-coherent (invariant) load above the PDL wait, and
@@ -1230,6 +1235,8 @@ __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, c
     __syncthreads();
     if (!last) return;
     __threadfence();
+    cu_norm_wb wb; /* NORM: s = resid + delta, loaded with the partials, stored after the routing */
+    if (NORM) cu_norm_writeback_ld(nin, wb);
     /* the register router when its limits hold (uniform over the block), with the scores of token t in
      * shared memory: s at t * 2E, s + bias at t * 2E + E */
     const bool regs = E <= 32 * RS_EPL && n_group <= 32 && topk <= 32;
@@ -1257,6 +1264,7 @@ __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, c
             route_token(lg + (size_t)t * E, bias, bt, E, topk, n_group, topk_group, norm, scale,
                         ids + (size_t)t * topk, wout + (size_t)t * topk, sm);
     }
+    if (NORM) cu_norm_writeback_st(nin, wb);
     if (threadIdx.x == 0) g_rs_done = 0;
 }
 
