@@ -9,11 +9,11 @@ set -u
 cd "$(dirname "$0")/../.."
 OUTDIR=${MS_BUILD:-build}/route_emu
 mkdir -p "$OUTDIR"
-# cu_norm_in (cuda_internal.cuh) and cu_norm_stage with its write-back (norm_stage.cuh: the folded norm of k_router_split<1>), then k_router_split's section of
+# cu_norm_in (cuda_internal.cuh) and cu_norm_stage (norm_stage.cuh: the folded norm of k_router_split<1>), then k_router_split's section of
 # elementwise.cu, their CUDA-only lines swapped for split.cpp's shims (the block's shared memory: one
 # static array, the blocks running one after another)
 { awk '/^#define CU_NORM_U/{f=1} f; f&&/^} cu_norm_in;/{exit}' src/backend/cuda/cuda_internal.cuh
-  awk '/^static __device__ __forceinline__ void cu_norm_stage/{f=1} /^#endif/{exit} f' src/backend/cuda/norm_stage.cuh |
+  awk '/^static __device__ __forceinline__ void cu_norm_stage/{f=1} f; f&&/^}/{exit}' src/backend/cuda/norm_stage.cuh |
     sed -e 's/^static __device__ __forceinline__ void/static void/' -e 's/__shared__ float red\[34\];/static float red[34];/'
   awk '/^\/\* ---- router GEMV split over K/{f=1} f&&/^\/\* Contract in cuda_internal.cuh. \*\//{exit} f' \
     src/backend/cuda/elementwise.cu; } |

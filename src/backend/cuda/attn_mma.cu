@@ -25,23 +25,6 @@
  * (the copy it loaded from the cache may be the old row). Why: the gqa_prep kernel before this one is a
  * launch that moves ~30 KB a layer, and at batch 1 every launch in the layer's chain costs ~4 us.
  *
- * Before the wait. A PREP launch with pp.early (the weights are quiet, cu_impl.weights_quiet) does all
- * its work up to the raw rows before griddepcontrol.wait: the batch meta (sequence starts, positions,
- * block table, slots), the first key tile of the cache, the biases and the rotary angles. None of these
- * is written by the kernel just before it: that kernel is the q|k|v projection (ms_attn_gqa_prep's
- * contract), and whatever wrote them earlier has completed, since a kernel starts only once every block
- * of the one before it has passed its own wait (cuda_internal.cuh). The new token's cache row is the one
- * row of the tile the step writes; the block that owns it puts the new row over its copy, as above. So
- * after the wait the block only fetches its raw rows from the L2: a decode layer's attention measured
- * ~9 us of the chain with four dependent meta and cache round trips behind the wait (H200, session 20).
- *
- * Keys across warps (ks). A decode token of a head group of at most 16 fills one warp's rows, so three
- * of the four warps would only help to load: instead all four take the same 16 rows, each 16 keys of
- * every tile with its own online softmax, and warp 0 merges the three others' (m, l, O) from shared
- * memory at the end (O rescaled by exp2(m_w - M), as k_attn_combine merges key ranges). A decode layer's
- * attention math on one warp measured ~3.3 us of Air's chain (H200, session 20, a diagnostic build that
- * skipped it). The sums then differ from the one-warp order in rounding only.
- *
  * Math, per warp and key tile: S = Q·Kᵀ (16 x 64, fp32) by mma.m16n8k16 bf16; per-row online softmax
  * in the log2 domain (scores times scale*log2(e), exp2f, running max m and sum l; a row that has seen
  * no key keeps m = -inf and uses 0 as its base so no inf - inf appears); P rounded to bf16 and
@@ -87,28 +70,23 @@ struct am_args {
     float *part; /* n_split > 1: [T][nh][n_split][D + 2] */
 };
 
-/* PREP only: row t of the stacked raw q | k | v at qkv + t * ld (q heads, then the k heads, then the v
- * heads, D each); F32 biases or NULL; RoPE as ms_rope_cfg with inv its inverse frequencies; rotated q out
- * to qo [T][nh][D]; this step's cache rows written to kw / vw at slot[t] when 0 <= slot[t] < n_slots.
- * early: the meta, the caches' old rows, the biases and inv are read before griddepcontrol.wait (see "Before the wait" in the file comment). A parameter of its own: in am_args it cost the plain kernel a register spill (ptxas, sm_90a). */
+/* PREP only: row t of the stacked raw q | k | v at qkv + t * ld (the q heads, then the k heads, then the
+ * v heads, D each); F32 biases or NULL; RoPE as ms_rope_cfg with inv its inverse frequencies; rotated q
+ * out to qo [T][nh][D]; this step's cache rows written to kw / vw at slot[t] when 0 <= slot[t] < n_slots.
+ * A parameter of its own: in am_args it cost the plain kernel a register spill (ptxas, sm_90a). */
 struct am_prep {
     const bf16 *qkv;
     int64_t ld;
     const float *bq, *bk, *bv, *inv;
-    int rot_off, rot_dim, interleaved, early;
+    int rot_off, rot_dim, interleaved;
     bf16 *qo, *kw, *vw;
     const int32_t *slot;
     int64_t n_slots;
 };
 
-/* A batch-meta entry. CG (the PREP form): through the L2 (ld.global.cg), since its reads may come before
- * griddepcontrol.wait, where a non-coherent load would not be ordered and L1 holds nothing this kernel
- * may rely on. */
-template <bool CG> __device__ __forceinline__ int32_t am_ld(const int32_t *p) { return CG ? __ldcg(p) : *p; }
-
 /* First block of sequence s (see the header): ceil((seq_start[s] + s*(tpb-1)) / tpb). */
-template <bool CG> __device__ __forceinline__ int am_first_block(const int32_t *seq_start, int s, int tpb) {
-    return (am_ld<CG>(seq_start + s) + (s + 1) * (tpb - 1)) / tpb;
+__device__ __forceinline__ int am_first_block(const int32_t *seq_start, int s, int tpb) {
+    return (seq_start[s] + (s + 1) * (tpb - 1)) / tpb;
 }
 
 /* (cu_saddr, cu_cp16, cu_ldsm4, cu_ldsm4t, cu_mma_bf16, cu_pack_bf16 etc. are in cuda_internal.cuh.) */
@@ -122,12 +100,8 @@ static size_t am_prep_bytes(int hc, int d, int rot_dim) {
 
 template <int D, bool PREP>
 __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep pp) {
-    /* a decode step's PREP launch reads everything but the raw rows before the wait (file comment) */
-    const bool early = PREP && pp.early;
-    if (!early) {
-        cu_pdl_wait();
-        cu_pdl_trigger();
-    }
+    cu_pdl_wait();
+    cu_pdl_trigger();
     constexpr int LDS = D + 8;            /* shared row stride in elements */
     constexpr int KS = D / 16;            /* k-steps of Q·Kᵀ */
     constexpr int NT = D / 8;             /* 8-wide n-tiles of O */
@@ -145,30 +119,25 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep p
     if (tid == 0) sh_seq = -1;
     __syncthreads();
     for (int s = tid; s < a.n_seqs; s += AM_THREADS)
-        if (am_first_block<PREP>(a.seq_start, s, a.tpb) <= x && x < am_first_block<PREP>(a.seq_start, s + 1, a.tpb))
-            sh_seq = s;
+        if (am_first_block(a.seq_start, s, a.tpb) <= x && x < am_first_block(a.seq_start, s + 1, a.tpb)) sh_seq = s;
     __syncthreads();
     const int s = sh_seq;
     if (s < 0) return;
-    const int s1 = am_ld<PREP>(a.seq_start + s + 1);
-    const int tb = am_ld<PREP>(a.seq_start + s) + (x - am_first_block<PREP>(a.seq_start, s, a.tpb)) * a.tpb;
+    const int s1 = a.seq_start[s + 1];
+    const int tb = a.seq_start[s] + (x - am_first_block(a.seq_start, s, a.tpb)) * a.tpb;
     if (tb >= s1) return; /* a spare block of this sequence */
     const int ntok = min(a.tpb, s1 - tb);
     const int kvh = blockIdx.y / a.n_chunks, h0 = (blockIdx.y % a.n_chunks) * a.hc;
     const int nhc = min(a.hc, a.g - h0), hq0 = kvh * a.g + h0;
 
-    /* ks (PREP, a decode token whose heads fit one 16-row tile): the 4 warps share those rows and split each
-     * key tile, 16 keys a warp, and merge at the end (file comment, "Keys across warps") */
-    const bool ks = PREP && ntok == 1 && nhc <= 16;
-    const int rb = ks ? 0 : warp * 16; /* the warp's first row */
     /* this thread's two rows (g and g+8 of its warp's tile): last visible key, -1 = empty row */
     int lim[2];
     size_t orow[2]; /* token * nh + head of the row */
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
-        const int r = rb + gq + 8 * hf, ti = r / a.hc, hi = r % a.hc;
+        const int r = warp * 16 + gq + 8 * hf, ti = r / a.hc, hi = r % a.hc;
         const bool ok = ti < ntok && hi < nhc;
-        lim[hf] = ok ? am_ld<PREP>(a.positions + tb + ti) : -1;
+        lim[hf] = ok ? a.positions[tb + ti] : -1;
         orow[hf] = ok ? (size_t)(tb + ti) * a.nh + hq0 + hi : 0;
     }
     const int wmax = __reduce_max_sync(0xffffffffu, max(lim[0], lim[1]));
@@ -209,7 +178,7 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep p
             if (key <= maxkey) {
                 const int pg = key / a.page_size;
                 if (pg < a.max_blocks) {
-                    const size_t row = ((size_t)am_ld<PREP>(bt + pg) * a.page_size + key % a.page_size) * a.nkv + kvh;
+                    const size_t row = ((size_t)bt[pg] * a.page_size + key % a.page_size) * a.nkv + kvh;
                     ksrc = a.k + row * D + lcol;
                     vsrc = a.v + row * D + lcol;
                     ok = true;
@@ -220,12 +189,10 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep p
         }
     };
     /* PREP: the block's q rows (and, for the block of the last tile, the new k / v rows) made while the
-     * first tile loads. The raw rows and biases come in by cp.async (one round trip, not one a unit): raw
-     * q into qs, raw k / v into kn / vn, all made in place; the biases (q [nhc][D], k [D], v [D], fp32)
-     * into the second K buffer, which the loop first fills after this. ovr = the new key's row in the
-     * last tile when this block puts it there itself. The first tile and the biases go first: with
-     * pp.early they are in flight before the wait, and only the raw rows, which the previous kernel
-     * writes, follow it (file comment, "Before the wait"). */
+     * first tile loads. The raw rows and biases come in by cp.async together (one round trip, not one a
+     * unit): raw q into qs, raw k / v into kn / vn, all made in place; the biases (q [nhc][D], k [D],
+     * v [D], fp32) into the second K buffer, which the loop first fills after this. ovr = the new key's
+     * row in the last tile when this block puts it there itself. */
     int ovr = -1;
     bf16 *qs = NULL, *kn = NULL, *vn = NULL;
     float *cs = NULL, *sb = NULL;
@@ -236,36 +203,34 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep p
         vn = kn + D;
         cs = (float *)(vn + D);
         sb = (float *)(Ks + AM_BN * LDS);
-        if (kt0 < kt1) load_tile(kt0, 0);
+        const size_t t = (size_t)tb;
+        const bf16 *row = pp.qkv + t * pp.ld; /* q heads, k heads, v heads */
+        const bf16 *qrow = row + (size_t)hq0 * D;
+        for (int c = tid; c < nhc * D / 8; c += AM_THREADS) cu_cp16(cu_saddr(qs + c * 8), qrow + c * 8, true);
         if (pp.bq)
             for (int c = tid; c < nhc * D / 4; c += AM_THREADS)
                 cu_cp16(cu_saddr(sb + c * 4), pp.bq + (size_t)hq0 * D + c * 4, true);
-        if (last)
-            for (int c = tid; c < D / 4; c += AM_THREADS) {
-                if (pp.bk) cu_cp16(cu_saddr(sb + nhc * D + c * 4), pp.bk + (size_t)kvh * D + c * 4, true);
-                if (pp.bv) cu_cp16(cu_saddr(sb + (nhc + 1) * D + c * 4), pp.bv + (size_t)kvh * D + c * 4, true);
-            }
-        cu_cp_commit();
-        const int half = pp.rot_dim / 2, per_h = half + (D - pp.rot_dim);
-        const int p = am_ld<true>(a.positions + tb);
-        for (int j = tid; j < half; j += AM_THREADS) sincosf((float)p * pp.inv[j], &cs[half + j], &cs[j]);
-        if (early) {
-            cu_pdl_wait();
-            cu_pdl_trigger();
-        }
-        const size_t t = (size_t)tb;
-        const bf16 *row = pp.qkv + t * pp.ld; /* q heads, k heads, v heads */
-        for (int c = tid; c < nhc * D / 8; c += AM_THREADS)
-            cu_cp16(cu_saddr(qs + c * 8), row + (size_t)hq0 * D + c * 8, true);
         if (last) {
             const bf16 *krow = row + (size_t)(a.nh + kvh) * D, *vrow = row + (size_t)(a.nh + a.nkv + kvh) * D;
             for (int c = tid; c < D / 8; c += AM_THREADS) {
                 cu_cp16(cu_saddr(kn + c * 8), krow + c * 8, true);
                 cu_cp16(cu_saddr(vn + c * 8), vrow + c * 8, true);
             }
+            for (int c = tid; c < D / 4; c += AM_THREADS) {
+                if (pp.bk) cu_cp16(cu_saddr(sb + nhc * D + c * 4), pp.bk + (size_t)kvh * D + c * 4, true);
+                if (pp.bv) cu_cp16(cu_saddr(sb + (nhc + 1) * D + c * 4), pp.bv + (size_t)kvh * D + c * 4, true);
+            }
         }
         cu_cp_commit();
-        cu_cp_wait<0>();
+        if (kt0 < kt1) {
+            load_tile(kt0, 0);
+            cu_cp_commit();
+        }
+        const int half = pp.rot_dim / 2, per_h = half + (D - pp.rot_dim);
+        const int p = a.positions[tb];
+        for (int j = tid; j < half; j += AM_THREADS) sincosf((float)p * pp.inv[j], &cs[half + j], &cs[j]);
+        if (kt0 < kt1) cu_cp_wait<1>(); /* the rows, not the tile */
+        else cu_cp_wait<0>();
         __syncthreads();
         bf16 *qg = blockIdx.z == 0 ? pp.qo + (t * a.nh + hq0) * D : NULL;
         for (int u = tid; u < nhc * per_h; u += AM_THREADS) {
@@ -274,7 +239,7 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep p
                              pp.interleaved, qs + hi * D, qg ? qg + (size_t)hi * D : NULL);
         }
         if (last) {
-            const int64_t sl = am_ld<true>(pp.slot + tb);
+            const int64_t sl = pp.slot[tb];
             const bool st = sl >= 0 && sl < pp.n_slots;
             bf16 *kg = st ? pp.kw + ((size_t)sl * a.nkv + kvh) * D : NULL, *vg = st ? pp.vw + ((size_t)sl * a.nkv + kvh) * D : NULL;
             for (int u = tid; u < per_h; u += AM_THREADS)
@@ -288,14 +253,15 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep p
              * the slot just written (as it is in every decode step); otherwise the cache's row stands, as
              * it would after the separate gqa_prep kernel */
             const int pg = p / a.page_size;
-            if (st && pg < a.max_blocks && (int64_t)am_ld<true>(bt + pg) * a.page_size + p % a.page_size == sl)
+            if (st && pg < a.max_blocks && (int64_t)bt[pg] * a.page_size + p % a.page_size == sl)
                 ovr = p - (ntiles - 1) * AM_BN;
         }
         __syncthreads();
     }
 
     if constexpr (PREP) {
-        load_q((const uint32_t *)(qs + ((rb + gq) % a.hc) * D), (const uint32_t *)(qs + ((rb + gq + 8) % a.hc) * D));
+        load_q((const uint32_t *)(qs + ((warp * 16 + gq) % a.hc) * D),
+               (const uint32_t *)(qs + ((warp * 16 + gq + 8) % a.hc) * D));
     }
 
     float o[NT][4];
@@ -326,29 +292,7 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep p
             }
             __syncthreads();
         }
-        if (ks) {
-            if (kt * AM_BN + warp * 16 <= wmax) { /* warp-uniform: a row sees a key of the warp's 16 */
-                const bf16 *kb = Ks + (buf * AM_BN + warp * 16) * LDS, *vb = Vs + (buf * AM_BN + warp * 16) * LDS;
-                float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-                for (int kk = 0; kk < KS; kk++) {
-                    uint32_t bk[4];
-                    cu_ldsm4(bk, cu_saddr(kb + ((lane & 7) + ((lane >> 4) << 3)) * LDS + kk * 16 + (((lane >> 3) & 1) << 3)));
-                    cu_mma_bf16(sc[0], qf[kk], bk[0], bk[1]);
-                    cu_mma_bf16(sc[1], qf[kk], bk[2], bk[3]);
-                }
-                const int key0 = kt * AM_BN + warp * 16 + 2 * tq;
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float &v = sc[nt][e];
-                        v = key0 + nt * 8 + (e & 1) <= lim[e >> 1] ? v * a.sl2 : -INFINITY;
-                    }
-                cu_softmax_tile(sc, m, l, o);
-                cu_pv_tile(sc, vb + ((lane & 7) + (((lane >> 3) & 1) << 3)) * LDS + ((lane >> 4) << 3), LDS, o);
-            }
-        } else if (kt * AM_BN <= wmax) { /* warp-uniform: some row of this warp sees a key of the tile */
+        if (kt * AM_BN <= wmax) { /* warp-uniform: some row of this warp sees a key of the tile */
             const bf16 *kb = Ks + buf * AM_BN * LDS, *vb = Vs + buf * AM_BN * LDS;
             float sc[AM_BN / 8][4];
 #pragma unroll
@@ -377,37 +321,6 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep p
             cu_pv_tile(sc, vb + ((lane & 7) + (((lane >> 3) & 1) << 3)) * LDS + ((lane >> 4) << 3), LDS, o);
         }
         __syncthreads(); /* the next iteration's loads overwrite this buffer */
-    }
-
-    if (ks) { /* warps 1-3 hand (m, l, O) to warp 0, which merges them into its own and writes alone */
-        float *mg = (float *)Ks + (size_t)(NT * 4 + 4) * 32 * (warp - 1) + lane; /* [warp - 1][value][lane] */
-        if (warp > 0) {
-#pragma unroll
-            for (int dt = 0; dt < NT; dt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) mg[(dt * 4 + e) * 32] = o[dt][e];
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) mg[(NT * 4 + hf) * 32] = m[hf], mg[(NT * 4 + 2 + hf) * 32] = l[hf];
-            lim[0] = lim[1] = -1;
-        }
-        __syncthreads();
-        if (warp == 0)
-            for (int w = 1; w < AM_WARPS; w++) {
-                const float *src = (const float *)Ks + (size_t)(NT * 4 + 4) * 32 * (w - 1) + lane;
-                float f0[2], f1[2];
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++) {
-                    const float mw = src[(NT * 4 + hf) * 32], mn = fmaxf(m[hf], mw);
-                    const float base = mn == -INFINITY ? 0.f : mn;
-                    f0[hf] = exp2f(m[hf] - base), f1[hf] = exp2f(mw - base); /* 0 for a side without keys */
-                    m[hf] = mn;
-                    l[hf] = l[hf] * f0[hf] + src[(NT * 4 + 2 + hf) * 32] * f1[hf];
-                }
-#pragma unroll
-                for (int dt = 0; dt < NT; dt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) o[dt][e] = o[dt][e] * f0[e >> 1] + src[(dt * 4 + e) * 32] * f1[e >> 1];
-            }
     }
 
     /* row sums across the 4 lanes holding a row, then write */
@@ -552,9 +465,6 @@ int cu_attn_gqa_mma_prep(ms_backend *b, const ms_attn_call *c, int *launched, ms
     if (rot_dim) MS_TRY(cu_rope_table(b, rc, &pp.inv, err));
     pp.ld = qkv->shape[1];
     pp.qkv = (const bf16 *)qkv->data;
-    /* before the wait (file comment): the biases and the RoPE table are weights (quiet); the meta and the
-     * old cache rows are not written by the projection that precedes this call (ms_attn_gqa_prep) */
-    pp.early = cu_of(b)->weights_quiet && cu_knob(CU_KNOB_ATTN_PREP) == 2;
     pp.rot_off = rot_off;
     pp.rot_dim = rot_dim;
     pp.interleaved = rc ? rc->interleaved : 0;

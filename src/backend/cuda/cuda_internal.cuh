@@ -67,11 +67,7 @@ typedef __nv_bfloat16 bf16;
  * The one exception: the streaming bf16 GEMV (gemv_bf16.cu), the absorbed MLA products (mla_absorb.cu),
  * the split router and the residual RMSNorm (elementwise.cu) load their first weights before their
  * wait, only when cu_impl.weights_quiet says no device work in flight writes weights; what the previous
- * kernel writes (x) they still read after the wait, and they write nothing before it. The GQA attention
- * kernel's decode form with the preparation fused (attn_mma.cu) goes further on the same condition: it
- * also reads the batch meta and the caches' old rows before its wait, which only the kernel just before
- * could still be writing (it is the q|k|v projection there; every kernel of ours passes its own wait
- * before it triggers, so by the time a kernel starts, everything older has completed). Such a kernel must
+ * kernel writes (x) they still read after the wait, and they write nothing before it. Such a kernel must
  * not read the previous kernel's output with __ldg (ld.global.nc): the compiler may move a non-coherent
  * load above the wait, next to the weight loads (session 19: the split router's x did, and mixed steps
  * and graphs read stale rows on the H200). Asking the L2 for more weights there (bulk prefetch) measured

@@ -1177,9 +1177,7 @@ __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, c
         cu_pdl_trigger();
     }
     if (NORM) { /* T = 1: the slice computed from the residual row (cu_norm_in) */
-        /* resid's write-back waits for the partials' count below (every block has read resid by then): one
-         * atomic round trip less on every block's path */
-        cu_norm_stage(nin, rssm, k0 / 8, k0 / 8 + nc, gridDim.x * gridDim.y, blockIdx.x == 0 && blockIdx.y == 0, false);
+        cu_norm_stage(nin, rssm, k0 / 8, k0 / 8 + nc, gridDim.x * gridDim.y, blockIdx.x == 0 && blockIdx.y == 0);
     } else {
         /* the x slice: T * nc <= RF_MAXT * RS_KS / 8 = 2 units per thread, both loads in flight at once.
          * __ldcg, not __ldg: the compiler may move a non-coherent (invariant) load above the PDL wait, and
@@ -1235,8 +1233,6 @@ __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, c
     __syncthreads();
     if (!last) return;
     __threadfence();
-    cu_norm_wb wb; /* NORM: s = resid + delta, loaded with the partials, stored after the routing */
-    if (NORM) cu_norm_writeback_ld(nin, wb);
     /* the register router when its limits hold (uniform over the block), with the scores of token t in
      * shared memory: s at t * 2E, s + bias at t * 2E + E */
     const bool regs = E <= 32 * RS_EPL && n_group <= 32 && topk <= 32;
@@ -1264,7 +1260,6 @@ __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, c
             route_token(lg + (size_t)t * E, bias, bt, E, topk, n_group, topk_group, norm, scale,
                         ids + (size_t)t * topk, wout + (size_t)t * topk, sm);
     }
-    if (NORM) cu_norm_writeback_st(nin, wb);
     if (threadIdx.x == 0) g_rs_done = 0;
 }
 

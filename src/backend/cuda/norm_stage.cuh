@@ -10,12 +10,9 @@
 
 /* cu_norm_in's block part (contract there): x units [u0, u1) of the row (8 bf16 each) into xs[0 ..
  * u1 - u0); nblocks: the blocks of the launch that call this (each exactly once), first: this block stores
- * out. writeback 0: resid + delta is not stored here (no count, n.done untouched), and the caller stores
- * it once every block has passed this call (cu_norm_writeback), as a kernel that counts its blocks anyway
- * can do off its critical path. All threads of the block call it after griddepcontrol.wait; it ends in a
- * barrier, after which xs is complete. Uses 34 floats of static shared memory. */
-static __device__ __forceinline__ void cu_norm_stage(const cu_norm_in n, uint4 *xs, int u0, int u1, unsigned nblocks, bool first,
-                                                     bool writeback = true) {
+ * out. All threads of the block call it after griddepcontrol.wait; it ends in a barrier, after which xs
+ * is complete. Uses 34 floats of static shared memory. */
+static __device__ __forceinline__ void cu_norm_stage(const cu_norm_in n, uint4 *xs, int u0, int u1, unsigned nblocks, bool first) {
     __shared__ float red[34];
     const int U = n.H >> 3, tid = threadIdx.x, nt = blockDim.x;
     const int warp = tid >> 5, lane = tid & 31;
@@ -48,7 +45,7 @@ static __device__ __forceinline__ void cu_norm_stage(const cu_norm_in n, uint4 *
         for (int w = 0; w < (nt + 31) >> 5; w++) t += red[w];
         red[32] = 1.f / sqrtf(t / (float)n.H + n.eps);
         unsigned last = 0;
-        if (n.delta && writeback) { /* this block's reads of resid are done (their values are summed above) */
+        if (n.delta) { /* this block's reads of resid are done (their values are summed above) */
             __threadfence();
             last = atomicAdd(n.done, 1u) == nblocks - 1;
         }
@@ -83,38 +80,6 @@ static __device__ __forceinline__ void cu_norm_stage(const cu_norm_in n, uint4 *
         }
     }
     __syncthreads();
-}
-
-/* resid = resid + delta (cu_norm_stage's s, the same fp32 sums) by one block, for a kernel whose blocks
- * all called cu_norm_stage with writeback 0 and have been counted since (so none still reads resid).
- * Issue the loads (ld) early and the stores (st) late: ld fills v for st, both with all threads. */
-struct cu_norm_wb {
-    float4 v[CU_NORM_U][2];
-};
-static __device__ __forceinline__ void cu_norm_writeback_ld(const cu_norm_in n, cu_norm_wb &wb) {
-    if (!n.delta) return;
-#pragma unroll
-    for (int i = 0; i < CU_NORM_U; i++) {
-        const int u = threadIdx.x + i * blockDim.x;
-        if (u < (n.H >> 3))
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float4 a = __ldcg((const float4 *)n.resid + 2 * u + h);
-                const float4 d = __ldcg((const float4 *)n.delta + 2 * u + h);
-                a.x += d.x, a.y += d.y, a.z += d.z, a.w += d.w;
-                wb.v[i][h] = a;
-            }
-    }
-}
-static __device__ __forceinline__ void cu_norm_writeback_st(const cu_norm_in n, const cu_norm_wb &wb) {
-    if (!n.delta) return;
-#pragma unroll
-    for (int i = 0; i < CU_NORM_U; i++) {
-        const int u = threadIdx.x + i * blockDim.x;
-        if (u < (n.H >> 3))
-#pragma unroll
-            for (int h = 0; h < 2; h++) ((float4 *)n.resid)[2 * u + h] = wb.v[i][h];
-    }
 }
 
 #endif
