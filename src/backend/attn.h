@@ -50,7 +50,10 @@ typedef struct ms_attn_shape {
  * biased and rotated), kcache / vcache = the call's k / v (this step's rows stored at slot_d), then
  * attends. Why: in a decode step the tensor-core kernel does it in its own blocks, one launch less a
  * layer; where it cannot (a sequence with several new tokens, a shape it lacks) it runs gqa_prep's
- * kernel first, so a caller never needs to know which. The tensors are the caller's. */
+ * kernel first, so a caller never needs to know which. The tensors are the caller's. The raw rows come
+ * from the device work just before the call (the projection), which must write nothing else the call
+ * reads (the caches, the batch meta, the biases): a kernel form may read those while that work is
+ * still finishing. */
 typedef struct ms_attn_gqa_prep {
     const ms_tensor *k, *v;        /* [T, nkv, d]: the raw k / v (only shapes when qkv is given) */
     const ms_tensor *bq, *bk, *bv; /* F32 biases or NULL */

@@ -1316,8 +1316,9 @@ static int same_finite(const float *a, const float *b, size_t n) {
  * fused kernel forgot fails. slots: the step's cache slots (NULL: the batch's own; an out-of-range or
  * -1 slot stores nothing, and attention then reads the cache's old row, in both forms). want_fused: the
  * number of fused launches the call must make in each mode (0 for a batch it must decline). Modes: the
- * default split-K decision, no split at all (MS_CU_ATTN_SPLIT_TILES), and the fusion switched off
- * (MS_CU_ATTN_PREP=0, never fused). */
+ * default split-K decision (the meta, first tile and biases read before the PDL wait), no split at all
+ * (MS_CU_ATTN_SPLIT_TILES), the fused form with everything after the wait (MS_CU_ATTN_PREP=1), and the
+ * fusion switched off (MS_CU_ATTN_PREP=0, never fused). */
 static void gqa_prep_attn_case(const char *name, int nh, int nkv, int d, const ms_rope_cfg *rc, int with_bias, int page,
                                int n_seqs, const int *nnew, const int *ctx, const int32_t *slots, int want_fused) {
     gbatch B;
@@ -1342,9 +1343,9 @@ static void gqa_prep_attn_case(const char *name, int nh, int nkv, int d, const m
     const ms_attn_gqa_prep pp = {&Kr, &Vr, with_bias ? &Bq : NULL, with_bias ? &Bk : NULL, with_bias ? &Bv : NULL,
                                  B.mg.positions_d, SL.data, rc, &QKV};
     const float sc = 1.f / sqrtf((float)d);
-    static const char *const mode_var[3] = {NULL, "MS_CU_ATTN_SPLIT_TILES", "MS_CU_ATTN_PREP"};
-    static const char *const mode_val[3] = {NULL, "1048576", "0"};
-    for (int mo = 0; mo < 3; mo++) {
+    static const char *const mode_var[4] = {NULL, "MS_CU_ATTN_SPLIT_TILES", "MS_CU_ATTN_PREP", "MS_CU_ATTN_PREP"};
+    static const char *const mode_val[4] = {NULL, "1048576", "1", "0"};
+    for (int mo = 0; mo < 4; mo++) {
         ms_tensor Q[2], K[2], V[2], O[2];
         for (int f = 0; f < 2; f++) {
             Q[f] = mk(GPU, 0, 3, qs, NULL);
@@ -1366,8 +1367,8 @@ static void gqa_prep_attn_case(const char *name, int nh, int nkv, int d, const m
         char mname[64];
         if (mode_var[mo]) snprintf(mname, sizeof mname, "%s=%s", mode_var[mo], mode_val[mo]);
         else snprintf(mname, sizeof mname, "default");
-        CHECK_MSG(fused == (mo == 2 ? 0 : want_fused), "%s (%s): %lld fused launches, %d expected", name, mname, fused,
-                  mo == 2 ? 0 : want_fused);
+        CHECK_MSG(fused == (mo == 3 ? 0 : want_fused), "%s (%s): %lld fused launches, %d expected", name, mname, fused,
+                  mo == 3 ? 0 : want_fused);
         const ms_tensor *pairs[4][2] = {{&O[0], &O[1]}, {&Q[0], &Q[1]}, {&K[0], &K[1]}, {&V[0], &V[1]}};
         static const char *const what[4] = {"output", "rotated q", "k cache", "v cache"};
         for (int i = 0; i < 4; i++) {

@@ -25,6 +25,20 @@
  * (the copy it loaded from the cache may be the old row). Why: the gqa_prep kernel before this one is a
  * launch that moves ~30 KB a layer, and at batch 1 every launch in the layer's chain costs ~4 us.
  *
+ * Before the wait. A PREP launch with pp.early (the weights are quiet, cu_impl.weights_quiet) does all
+ * its work up to the raw rows before griddepcontrol.wait: the batch meta (sequence starts, positions,
+ * block table, slots), the first key tile of the cache, the biases and the rotary angles. None of these
+ * is written by the kernel just before it: that kernel is the q|k|v projection (ms_attn_gqa_prep's
+ * contract), and whatever wrote them earlier has completed, since a kernel starts only once every block
+ * of the one before it has passed its own wait (cuda_internal.cuh). The new token's cache row is the one
+ * row of the tile the step writes; the block that owns it puts the new row over its copy, as above. So
+ * after the wait the block only fetches its raw rows from the L2. The meta stays on plain loads (through
+ * L1), as after a wait: read through the L2 only (ld.global.cg) it measured 0.16 ms a step slower at
+ * batch 1 and 9.7 ms at batch 64 with 8192 keys (the block table is read for every tile). H200, session
+ * 20 (runs 8, 9), Air's step against the wait-first kernel: batch 1 5.37-5.40 ms against 5.41-5.43 at
+ * 256 keys and 6.03 against 6.29 at 8192; batch 64 35.58 against 35.44 and 64.61 against 64.27 (the
+ * projection before it is then a cuBLAS GEMM, so nothing overlaps, and the rows wait for the tile).
+ *
  * Math, per warp and key tile: S = Q·Kᵀ (16 x 64, fp32) by mma.m16n8k16 bf16; per-row online softmax
  * in the log2 domain (scores times scale*log2(e), exp2f, running max m and sum l; a row that has seen
  * no key keeps m = -inf and uses 0 as its base so no inf - inf appears); P rounded to bf16 and
@@ -70,15 +84,18 @@ struct am_args {
     float *part; /* n_split > 1: [T][nh][n_split][D + 2] */
 };
 
-/* PREP only: row t of the stacked raw q | k | v at qkv + t * ld (the q heads, then the k heads, then the
- * v heads, D each); F32 biases or NULL; RoPE as ms_rope_cfg with inv its inverse frequencies; rotated q
- * out to qo [T][nh][D]; this step's cache rows written to kw / vw at slot[t] when 0 <= slot[t] < n_slots.
- * A parameter of its own: in am_args it cost the plain kernel a register spill (ptxas, sm_90a). */
+/* PREP only: row t of the raw q / k / v at qi / ki / vi + t * ldq / ldk / ldv; F32 biases or NULL; RoPE
+ * as ms_rope_cfg with inv its inverse frequencies; rotated q out to qo [T][nh][D]; this step's cache rows
+ * written to kw / vw at slot[t] when 0 <= slot[t] < n_slots. early: the meta, the first key tile and the
+ * biases are read before griddepcontrol.wait (file comment, "Before the wait"). A parameter of its own: in
+ * am_args it cost the plain kernel a register spill (ptxas, sm_90a). Its layout is measured: the same
+ * fields as qkv + ld (the stacked row and one stride, 32 bytes less) made Air's batch-1 step 0.11 ms
+ * slower on the H200 (session 20, run 7), for reasons not found; early sits in the former padding. */
 struct am_prep {
-    const bf16 *qkv;
-    int64_t ld;
+    const bf16 *qi, *ki, *vi;
+    int64_t ldq, ldk, ldv;
     const float *bq, *bk, *bv, *inv;
-    int rot_off, rot_dim, interleaved;
+    int rot_off, rot_dim, interleaved, early;
     bf16 *qo, *kw, *vw;
     const int32_t *slot;
     int64_t n_slots;
@@ -100,8 +117,12 @@ static size_t am_prep_bytes(int hc, int d, int rot_dim) {
 
 template <int D, bool PREP>
 __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep pp) {
-    cu_pdl_wait();
-    cu_pdl_trigger();
+    /* a decode step's PREP launch reads everything but the raw rows before the wait (file comment) */
+    const bool early = PREP && pp.early;
+    if (!early) {
+        cu_pdl_wait();
+        cu_pdl_trigger();
+    }
     constexpr int LDS = D + 8;            /* shared row stride in elements */
     constexpr int KS = D / 16;            /* k-steps of Q·Kᵀ */
     constexpr int NT = D / 8;             /* 8-wide n-tiles of O */
@@ -189,10 +210,13 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep p
         }
     };
     /* PREP: the block's q rows (and, for the block of the last tile, the new k / v rows) made while the
-     * first tile loads. The raw rows and biases come in by cp.async together (one round trip, not one a
-     * unit): raw q into qs, raw k / v into kn / vn, all made in place; the biases (q [nhc][D], k [D],
-     * v [D], fp32) into the second K buffer, which the loop first fills after this. ovr = the new key's
-     * row in the last tile when this block puts it there itself. */
+     * first tile loads. The raw rows and biases come in by cp.async (one round trip, not one a unit): raw
+     * q into qs, raw k / v into kn / vn, all made in place; the biases (q [nhc][D], k [D], v [D], fp32)
+     * into the second K buffer, which the loop first fills after this. ovr = the new key's row in the
+     * last tile when this block puts it there itself. With pp.early the first tile and the biases go
+     * out before the wait and only the raw rows, which the previous kernel writes, after it; the rows
+     * then wait for the tile too (cp.async groups complete in order). Without, the rows go first and the
+     * tile lands while they are made (file comment, "Before the wait"). */
     int ovr = -1;
     bf16 *qs = NULL, *kn = NULL, *vn = NULL;
     float *cs = NULL, *sb = NULL;
@@ -204,33 +228,54 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep p
         cs = (float *)(vn + D);
         sb = (float *)(Ks + AM_BN * LDS);
         const size_t t = (size_t)tb;
-        const bf16 *row = pp.qkv + t * pp.ld; /* q heads, k heads, v heads */
-        const bf16 *qrow = row + (size_t)hq0 * D;
-        for (int c = tid; c < nhc * D / 8; c += AM_THREADS) cu_cp16(cu_saddr(qs + c * 8), qrow + c * 8, true);
-        if (pp.bq)
-            for (int c = tid; c < nhc * D / 4; c += AM_THREADS)
-                cu_cp16(cu_saddr(sb + c * 4), pp.bq + (size_t)hq0 * D + c * 4, true);
-        if (last) {
-            const bf16 *krow = row + (size_t)(a.nh + kvh) * D, *vrow = row + (size_t)(a.nh + a.nkv + kvh) * D;
-            for (int c = tid; c < D / 8; c += AM_THREADS) {
-                cu_cp16(cu_saddr(kn + c * 8), krow + c * 8, true);
-                cu_cp16(cu_saddr(vn + c * 8), vrow + c * 8, true);
+        auto put_biases = [&]() {
+            if (pp.bq)
+                for (int c = tid; c < nhc * D / 4; c += AM_THREADS)
+                    cu_cp16(cu_saddr(sb + c * 4), pp.bq + (size_t)hq0 * D + c * 4, true);
+            if (last)
+                for (int c = tid; c < D / 4; c += AM_THREADS) {
+                    if (pp.bk) cu_cp16(cu_saddr(sb + nhc * D + c * 4), pp.bk + (size_t)kvh * D + c * 4, true);
+                    if (pp.bv) cu_cp16(cu_saddr(sb + (nhc + 1) * D + c * 4), pp.bv + (size_t)kvh * D + c * 4, true);
+                }
+        };
+        auto put_rows = [&]() {
+            const bf16 *qrow = pp.qi + t * pp.ldq + (size_t)hq0 * D;
+            for (int c = tid; c < nhc * D / 8; c += AM_THREADS) cu_cp16(cu_saddr(qs + c * 8), qrow + c * 8, true);
+            if (last) {
+                const bf16 *krow = pp.ki + t * pp.ldk + (size_t)kvh * D, *vrow = pp.vi + t * pp.ldv + (size_t)kvh * D;
+                for (int c = tid; c < D / 8; c += AM_THREADS) {
+                    cu_cp16(cu_saddr(kn + c * 8), krow + c * 8, true);
+                    cu_cp16(cu_saddr(vn + c * 8), vrow + c * 8, true);
+                }
             }
-            for (int c = tid; c < D / 4; c += AM_THREADS) {
-                if (pp.bk) cu_cp16(cu_saddr(sb + nhc * D + c * 4), pp.bk + (size_t)kvh * D + c * 4, true);
-                if (pp.bv) cu_cp16(cu_saddr(sb + (nhc + 1) * D + c * 4), pp.bv + (size_t)kvh * D + c * 4, true);
-            }
-        }
-        cu_cp_commit();
-        if (kt0 < kt1) {
-            load_tile(kt0, 0);
+        };
+        if (early) {
+            if (kt0 < kt1) load_tile(kt0, 0);
+            put_biases();
             cu_cp_commit();
+        } else {
+            put_rows();
+            put_biases();
+            cu_cp_commit();
+            if (kt0 < kt1) {
+                load_tile(kt0, 0);
+                cu_cp_commit();
+            }
         }
         const int half = pp.rot_dim / 2, per_h = half + (D - pp.rot_dim);
         const int p = a.positions[tb];
         for (int j = tid; j < half; j += AM_THREADS) sincosf((float)p * pp.inv[j], &cs[half + j], &cs[j]);
-        if (kt0 < kt1) cu_cp_wait<1>(); /* the rows, not the tile */
-        else cu_cp_wait<0>();
+        if (early) {
+            cu_pdl_wait();
+            cu_pdl_trigger();
+            put_rows();
+            cu_cp_commit();
+            cu_cp_wait<0>();
+        } else if (kt0 < kt1) {
+            cu_cp_wait<1>(); /* the rows, not the tile */
+        } else {
+            cu_cp_wait<0>();
+        }
         __syncthreads();
         bf16 *qg = blockIdx.z == 0 ? pp.qo + (t * a.nh + hq0) * D : NULL;
         for (int u = tid; u < nhc * per_h; u += AM_THREADS) {
@@ -424,6 +469,13 @@ int cu_attn_gqa_mma(ms_backend *b, const bf16 *q, const bf16 *kc, const bf16 *vc
     return MS_OK;
 }
 
+/* F32 data of t ([n] elements), or NULL when t is absent; *ok = 0 when t is there but not that. */
+static const float *am_f32(const ms_tensor *t, int64_t n, int *ok) {
+    if (!t || !t->data) return NULL;
+    if (t->dtype != MS_F32 || ms_tensor_numel(t) != n) *ok = 0;
+    return (const float *)t->data;
+}
+
 /* Contract in cuda_internal.cuh. */
 int cu_attn_gqa_mma_prep(ms_backend *b, const ms_attn_call *c, int *launched, ms_err *err) {
     *launched = 0;
@@ -451,9 +503,9 @@ int cu_attn_gqa_mma_prep(ms_backend *b, const ms_attn_call *c, int *launched, ms
     am_prep pp;
     memset(&a, 0, sizeof a);
     memset(&pp, 0, sizeof pp);
-    pp.bq = cu_f32_or_null(p->bq, (int64_t)nh * d, &ok);
-    pp.bk = cu_f32_or_null(p->bk, (int64_t)nkv * d, &ok);
-    pp.bv = cu_f32_or_null(p->bv, (int64_t)nkv * d, &ok);
+    pp.bq = am_f32(p->bq, (int64_t)nh * d, &ok);
+    pp.bk = am_f32(p->bk, (int64_t)nkv * d, &ok);
+    pp.bv = am_f32(p->bv, (int64_t)nkv * d, &ok);
     if (!ok) return MS_OK;
     const int hc = nh / nkv;
     /* the biases are staged in the second K buffer; cp.async moves 16-byte pieces */
@@ -463,8 +515,13 @@ int cu_attn_gqa_mma_prep(ms_backend *b, const ms_attn_call *c, int *launched, ms
     if ((d == 64 ? am_smem_bytes<64>() : am_smem_bytes<128>()) + prep_sm + 64 > (size_t)cu_of(b)->max_smem_optin)
         return MS_OK;
     if (rot_dim) MS_TRY(cu_rope_table(b, rc, &pp.inv, err));
-    pp.ld = qkv->shape[1];
-    pp.qkv = (const bf16 *)qkv->data;
+    pp.ldq = pp.ldk = pp.ldv = qkv->shape[1];
+    pp.qi = (const bf16 *)qkv->data;
+    pp.ki = pp.qi + (size_t)nh * d;
+    pp.vi = pp.ki + (size_t)nkv * d;
+    /* before the wait (file comment): the biases and the RoPE table are weights (quiet); the meta and the
+     * old cache rows are not written by the projection that precedes this call (ms_attn_gqa_prep) */
+    pp.early = cu_of(b)->weights_quiet && cu_knob(CU_KNOB_ATTN_PREP) == 2;
     pp.rot_off = rot_off;
     pp.rot_dim = rot_dim;
     pp.interleaved = rc ? rc->interleaved : 0;

@@ -67,7 +67,11 @@ typedef __nv_bfloat16 bf16;
  * The one exception: the streaming bf16 GEMV (gemv_bf16.cu), the absorbed MLA products (mla_absorb.cu),
  * the split router and the residual RMSNorm (elementwise.cu) load their first weights before their
  * wait, only when cu_impl.weights_quiet says no device work in flight writes weights; what the previous
- * kernel writes (x) they still read after the wait, and they write nothing before it. Such a kernel must
+ * kernel writes (x) they still read after the wait, and they write nothing before it. The GQA attention
+ * kernel's decode form with the preparation fused (attn_mma.cu) goes further on the same condition: it
+ * also reads the batch meta and the caches' old rows before its wait, which only the kernel just before
+ * could still be writing (it is the q|k|v projection there; every kernel of ours passes its own wait
+ * before it triggers, so by the time a kernel starts, everything older has completed). Such a kernel must
  * not read the previous kernel's output with __ldg (ld.global.nc): the compiler may move a non-coherent
  * load above the wait, next to the weight loads (session 19: the split router's x did, and mixed steps
  * and graphs read stale rows on the H200). Asking the L2 for more weights there (bulk prefetch) measured
@@ -122,14 +126,6 @@ static inline cudaError_t cu_launch(void (*kernel)(KArgs...), dim3 grid, dim3 bl
     cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
     if (e != cudaSuccess) (void)cudaGetLastError();
     return e;
-}
-
-/* The F32 data of t ([n] elements), or NULL when t is absent; *ok = 0 (untouched otherwise) when t is
- * there but not F32 [n], so a caller can decline a form or assert. */
-static inline const float *cu_f32_or_null(const ms_tensor *t, int64_t n, int *ok) {
-    if (!t || !t->data) return NULL;
-    if (t->dtype != MS_F32 || ms_tensor_numel(t) != n) *ok = 0;
-    return (const float *)t->data;
 }
 
 #define MS_CU_N_SCRATCH 5

@@ -552,12 +552,10 @@ __global__ void k_gqa_prep(gp_io io, const float *bq, const float *bk, const flo
             vc[(size_t)s * nkv * d + c] = __float2bfloat16_rn(__bfloat162float(io.vi[(size_t)t * io.ldv + c]) + (bv ? bv[c] : 0.f));
 }
 
-/* cu_f32_or_null where the forward guarantees the form (gqa_prep's biases are F32 [n]) */
 static const float *f32_or_null(const ms_tensor *t, int64_t n) {
-    int ok = 1;
-    const float *p = cu_f32_or_null(t, n, &ok);
-    MS_ASSERT(ok);
-    return p;
+    if (!t || !t->data) return NULL;
+    MS_ASSERT(t->dtype == MS_F32 && ms_tensor_numel(t) == n);
+    return (const float *)t->data;
 }
 
 int cu_op_gqa_prep(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_tensor *v, const ms_tensor *bq,

@@ -102,10 +102,11 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
     [CU_KNOB_MLA_PREP] = {"MS_CU_MLA_PREP", KN_INT, 1, 0, 1, NULL, 0,
                           "1: an MLA layer's q_a norm, latent preparation and indexer-key preparation run as one "
                           "launch (mla_prep); 0: three"},
-    [CU_KNOB_ATTN_PREP] = {"MS_CU_ATTN_PREP", KN_INT, 1, 0, 1, NULL, 0,
+    [CU_KNOB_ATTN_PREP] = {"MS_CU_ATTN_PREP", KN_INT, 2, 0, 2, NULL, 0,
                            "1: in a decode step (one new token a sequence) the GQA tensor-core attention kernel adds "
-                           "the q/k/v biases, rotates and stores the cache rows itself (attn_mma.cu); 0: the "
-                           "gqa_prep kernel first"},
+                           "the q/k/v biases, rotates and stores the cache rows itself (attn_mma.cu); 2: the same, "
+                           "with the batch meta, the first key tile and the biases read before its PDL wait when "
+                           "the weights are quiet; 0: the gqa_prep kernel first"},
     [CU_KNOB_ATTN_SPLIT_TILES] = {"MS_CU_ATTN_SPLIT_TILES", KN_INT, 0, 0, 1 << 20, NULL, 0,
                                   "the GQA tensor-core attention kernel splits keys across blocks (then merges the "
                                   "partials in a second kernel) only when the step's context spans more than this "
