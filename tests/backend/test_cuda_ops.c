@@ -1434,8 +1434,8 @@ static void test_attn_gqa_prep(void) {
     gqa_prep_attn_case("32 heads a kv head, d 128", 64, 2, 128, &neox, 1, 16, 3, n3, c3, NULL, 1);
     gqa_prep_attn_case("35 heads a kv head, d 64 (declined)", 70, 2, 64, &full64, 1, 16, 3, n3, c3, NULL, 0);
     gqa_prep_attn_case("33 heads a kv head, d 128 (declined)", 66, 2, 128, &neox, 1, 16, 3, n3, c3, NULL, 0);
-    /* declined: a sequence with several new tokens (prefill chunk, verify), and a head group too large to
-     * stage (the separate kernel then runs first) */
+    /* declined: a sequence with several new tokens (prefill chunk, verify), and a head group larger than a
+     * block's 64 rows (the separate kernel then runs first) */
     const int nm3[3] = {1, 37, 1}, cm3[3] = {1, 250, 129};
     gqa_prep_attn_case("mixed batch (declined)", 96, 8, 128, &neox, 1, 16, 3, nm3, cm3, NULL, 0);
     gqa_prep_attn_case("128 heads a kv head (declined)", 128, 1, 64, &full64, 1, 16, 3, n3, c3, NULL, 0);

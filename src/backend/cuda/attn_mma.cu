@@ -26,13 +26,14 @@
  * launch that moves ~30 KB a layer, and at batch 1 every launch in the layer's chain costs ~4 us.
  *
  * Before the wait. A PREP launch with pp.early (the weights are quiet, cu_impl.weights_quiet) does all
- * its work up to the raw rows before griddepcontrol.wait: the batch meta (sequence starts, positions,
- * block table, slots), the first key tile of the cache, the biases and the rotary angles. None of these
- * is written by the kernel just before it: that kernel is the q|k|v projection (ms_attn_gqa_prep's
+ * its work up to the raw rows before griddepcontrol.wait: the sequence starts, positions and block table
+ * it needs for its key range, the first key tile of the cache, the biases and the rotary angles. None of
+ * these is written by the kernel just before it: that kernel is the q|k|v projection (ms_attn_gqa_prep's
  * contract), and whatever wrote them earlier has completed, since a kernel starts only once every block
- * of the one before it has passed its own wait (cuda_internal.cuh). The new token's cache row is the one
- * row of the tile the step writes; the block that owns it puts the new row over its copy, as above. So
- * after the wait the block only fetches its raw rows from the L2. The meta stays on plain loads (through
+ * of the one before it has triggered or exited, and some block of that one waited first (cuda_internal.cuh).
+ * The new token's cache row is the one row of the tile the step writes; the block that owns it puts the
+ * new row over its copy, as above. After the wait come the raw rows (L2), the slot and the later tiles
+ * as in the wait-first form. The meta stays on plain loads (through
  * L1), as after a wait: read through the L2 only (ld.global.cg) it measured 0.16 ms a step slower at
  * batch 1 and 9.7 ms at batch 64 with 8192 keys (the block table is read for every tile). H200, session
  * 20 (runs 8, 9), Air's step against the wait-first kernel: batch 1 5.37-5.40 ms against 5.41-5.43 at

@@ -70,12 +70,13 @@ typedef __nv_bfloat16 bf16;
  * kernel writes (x) they still read after the wait, and they write nothing before it. The GQA attention
  * kernel's decode form with the preparation fused (attn_mma.cu) goes further on the same condition: it
  * also reads the batch meta and the caches' old rows before its wait, which only the kernel just before
- * could still be writing (it is the q|k|v projection there; every kernel of ours passes its own wait
- * before it triggers, so by the time a kernel starts, everything older has completed). Such a kernel must
- * not read the previous kernel's output with __ldg (ld.global.nc): the compiler may move a non-coherent
- * load above the wait, next to the weight loads (session 19: the split router's x did, and mixed steps
- * and graphs read stale rows on the H200). Asking the L2 for more weights there (bulk prefetch) measured
- * slower (bench/NOTES.md, session 19).
+ * could still be writing (it is the q|k|v projection there, whose blocks all work). A block of ours
+ * triggers only after its wait or leaves without working, so once a kernel starts, every block of the
+ * one before has waited or left; if one waited, everything older than that kernel has completed. Such
+ * a kernel must not read the previous kernel's output with __ldg (ld.global.nc): the compiler may move a
+ * non-coherent load above the wait, next to the weight loads (session 19: the split router's x did, and
+ * mixed steps and graphs read stale rows on the H200). Asking the L2 for more weights there (bulk
+ * prefetch) measured slower (bench/NOTES.md, session 19).
  *
  * Why trigger right after the wait: the next kernel can launch only once all our blocks passed the
  * trigger, i.e. after our own wait returned, i.e. after the previous grid completed. So at most two
