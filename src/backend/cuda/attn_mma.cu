@@ -33,9 +33,9 @@
  * of the one before it has triggered or exited, and some block of that one waited first (cuda_internal.cuh).
  * The new token's cache row is the one row of the tile the step writes; the block that owns it puts the
  * new row over its copy, as above. After the wait come the raw rows (L2), the slot and the later tiles
- * as in the wait-first form. The meta stays on plain loads (through
- * L1), as after a wait: read through the L2 only (ld.global.cg) it measured 0.16 ms a step slower at
- * batch 1 and 9.7 ms at batch 64 with 8192 keys (the block table is read for every tile). H200, session
+ * as in the wait-first form. The meta stays on plain loads (through L1), as after a wait: read through
+ * the L2 only (ld.global.cg) it measured 0.16 ms a step slower at batch 1 and 9.7 ms at batch 64 with
+ * 8192 keys (the block table is read for every tile). H200, session
  * 20 (runs 8, 9), Air's step against the wait-first kernel: batch 1 5.37-5.40 ms against 5.41-5.43 at
  * 256 keys and 6.03 against 6.29 at 8192; batch 64 35.58 against 35.44 and 64.61 against 64.27 (the
  * projection before it is then a cuBLAS GEMM, so nothing overlaps, and the rows wait for the tile).

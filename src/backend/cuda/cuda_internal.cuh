@@ -180,7 +180,8 @@ typedef struct cu_impl {
      * the dummy-weight generators (dummy.cu) launch kernels and clear it, and the next stream
      * synchronisation (cu_sync, cu_upload, cu_download) sets it again. Lets a decode kernel read its
      * weights before griddepcontrol.wait (gemv_bf16.cu, mla_absorb.cu; the split router and the residual
-     * RMSNorm of elementwise.cu, which MS_CU_BF16_STREAM_EARLY does not switch off). */
+     * RMSNorm of elementwise.cu, which MS_CU_BF16_STREAM_EARLY does not switch off; the decode attention's
+     * biases and RoPE table, attn_mma.cu, switched by MS_CU_ATTN_PREP). */
     int weights_quiet;
     /* [2] device counters of the fused MoE kernel's phase boundary (moe_fused.cu), zero between its
      * launches; allocated at creation */
