@@ -509,6 +509,50 @@ static int route(ms_forward *f, const ms_layer *l, const ms_tensor *a, const ms_
     return op->router(f->b, a, &l->router, rbias, rc, f->ids.data, f->rw.data, err);
 }
 
+/* delta += the layer's (unfolded) shared expert of T tokens (transformers adds it to the routed sum). */
+static int shared_expert(ms_forward *f, const ms_layer *l, int T, ms_tensor *delta, ms_err *err) {
+    ms_tensor sh = fw_view2(&f->sh_out, T, f->m->cfg.hidden_size);
+    FW_PROF(f, "shared_expert", swiglu(f, &l->sh_gate, &l->sh_up, &l->sh_down, T, &sh, err), err);
+    return f->b->ops->add(f->b, delta, &sh, err);
+}
+
+/* A one-token MoE layer's norm, router and experts in one runner call (run_routed), when nothing needs
+ * the choice between the router and the experts: no decision record or replay, no routing statistics,
+ * no expert parallelism (the remap). Writes delta and f->ids / f->rw as route() + run() would; the shared
+ * expert goes in the call when folded, else *sh_left = 1 (the caller adds it). MS_ERR_UNSUPPORTED with
+ * nothing done when the form does not apply. */
+static int mlp_routed(ms_forward *f, int L, const ms_tensor *a, const ms_route_cfg *rc, ms_tensor *delta, int *sh_left,
+                      ms_err *err) {
+    const ms_layer *l = &f->m->layers[L];
+    if (!f->pend.on || a->data != f->pend.out.data || f->o.record || f->o.replay || f->m->shard.ep_size > 1 ||
+        (f->routed && !f->routing_paused && L < f->m->cfg.num_layers))
+        return MS_ERR_UNSUPPORTED;
+    ms_moe_shape s = moe_shape(f->m, 1);
+    const ms_experts *ex = &l->experts;
+    const int folded = f->fold && f->fold[L].n;
+    if (folded) {
+        ex = &f->fold[L];
+        s.n_experts++;
+        s.topk++;
+    }
+    const ms_moe_runner *r = ms_moe_pick(f->b, f->forced, &s);
+    if (!r->run_routed || (folded && !(r->caps & MS_MOE_CAP_SHARED_LAST))) return MS_ERR_UNSUPPORTED;
+    const ms_norm_in n = pend_in(f);
+    const ms_tensor *rbias = l->router_bias.data ? &l->router_bias : NULL;
+    double t0 = 0;
+    if (f->prof_on) MS_TRY(fw_prof_begin(f, &t0, err));
+    ms_err ferr = {0};
+    const int rc2 = fw_optional(r->run_routed(f->b, ex, &n, &l->router, rbias, rc, f->ids.data, f->rw.data, delta,
+                                              f->moe_ws.data, ms_tensor_nbytes(&f->moe_ws), &ferr),
+                                &ferr, err);
+    if (rc2 == MS_ERR_UNSUPPORTED) return rc2;
+    f->pend.on = 0;
+    MS_TRY(rc2);
+    if (f->prof_on) MS_TRY(fw_prof_end(f, "router+moe_experts", t0, err));
+    *sh_left = !folded && l->has_shared;
+    return MS_OK;
+}
+
 static int mlp(ms_forward *f, int L, int T, ms_err *err) {
     const ms_config *c = &f->m->cfg;
     const ms_layer *l = &f->m->layers[L];
@@ -524,6 +568,15 @@ static int mlp(ms_forward *f, int L, int T, ms_err *err) {
     ms_tensor a = fw_view2(&f->a, T, H);
     ms_route_cfg rc = {c->n_routed_experts, k, c->n_group > 0 ? c->n_group : 1, c->topk_group > 0 ? c->topk_group : 1,
                        c->norm_topk_prob, c->routed_scaling_factor};
+    if (T == 1) {
+        int sh_left = 0;
+        const int rr = mlp_routed(f, L, &a, &rc, &delta, &sh_left, err);
+        if (rr != MS_ERR_UNSUPPORTED) {
+            MS_TRY(rr);
+            FW_TRY_CHECK(f, &delta, "moe_experts (routed in the call)", err);
+            return sh_left ? shared_expert(f, l, T, &delta, err) : MS_OK;
+        }
+    }
     FW_PROF(f, "router", route(f, l, &a, &rc, err), err);
     MS_TRY(fw_decide_experts(f, L, T, &rc, err));
     if (f->routed && !f->routing_paused && L < c->num_layers) {
@@ -557,13 +610,7 @@ static int mlp(ms_forward *f, int L, int T, ms_err *err) {
     FW_PROF(f, "moe_experts", r->run(f->b, &l->experts, &a, f->ids.data, f->rw.data, k, &delta, f->moe_ws.data,
                                      ms_tensor_nbytes(&f->moe_ws), err), err);
     FW_TRY_CHECK(f, &delta, "moe_experts", err);
-    if (l->has_shared) {
-        /* delta = routed + shared (transformers adds the shared expert to the routed sum) */
-        ms_tensor sh = fw_view2(&f->sh_out, T, H);
-        FW_PROF(f, "shared_expert", swiglu(f, &l->sh_gate, &l->sh_up, &l->sh_down, T, &sh, err), err);
-        MS_TRY(op->add(f->b, &delta, &sh, err));
-    }
-    return MS_OK;
+    return l->has_shared ? shared_expert(f, l, T, &delta, err) : MS_OK;
 }
 
 /* ------------------------------------------------------------------ step */

@@ -59,6 +59,16 @@ typedef struct ms_moe_runner {
     int (*run)(ms_backend *b, const ms_experts *e, const ms_tensor *x, const int32_t *ids_d, const float *w_d,
                int topk, ms_tensor *out, void *workspace, size_t ws_bytes, ms_err *err);
     unsigned caps; /* MS_MOE_CAP_* */
+    /* Optional (NULL: never), one token: n's add_rmsnorm (n->out written), the router (gate [E, H],
+     * score-correction bias or NULL, rc) on n->out into ids_d / w_d [rc->topk], then run() on them, all
+     * in the runner's launches. Why: at one token the router is a launch of its own in the decode chain
+     * (~8 us a GLM-4.5-Air layer on the H200) that the experts' kernel can do in its blocks. The same
+     * results as the backend's norm_router + run(). May refuse with MS_ERR_UNSUPPORTED, nothing queued:
+     * the caller then routes and calls run(). With e->shared_last, the runner has MS_MOE_CAP_SHARED_LAST
+     * and adds the shared expert; the workspace is sized as for run(). */
+    int (*run_routed)(ms_backend *b, const ms_experts *e, const ms_norm_in *n, const ms_linear *gate,
+                      const ms_tensor *bias, const ms_route_cfg *rc, int32_t *ids_d, float *w_d, ms_tensor *out,
+                      void *workspace, size_t ws_bytes, ms_err *err);
 } ms_moe_runner;
 
 /* All runners compiled into this build (NULL-terminated). */

@@ -509,6 +509,142 @@ static void test_nvfp4_fused(void) {
     fused_shapes(384, 96, 0);      /* I % 128 != 0: not covered */
     rng = rng_saved;
 }
+/* The decode runner's routed form (run_routed: the residual add + RMSNorm and the router inside the
+ * fused kernel) against the backend's norm_router (or add_rmsnorm + router) followed by run() on the same
+ * inputs: the ids, weights, output, updated residual and normed row must be bit-identical, since the
+ * routed kernel sums k_router_split's partials in its order. n experts (the last a folded shared
+ * expert when shared), routing settings rc, bias or none; the call is made twice (the grid counters
+ * must be back at zero) with a plain fused call between. */
+/* The reference path of routed_case: norm_router (or add_rmsnorm + router where it refuses), then run(). */
+static void routed_ref(const ms_moe_runner *gr, layer *L, ms_norm_in *nin, const ms_linear *gate, const ms_tensor *bp,
+                       const ms_route_cfg *rc, ms_tensor *ig, ms_tensor *wg, ms_tensor *og, void *ws, size_t wsg) {
+    const int rc0 = GPU->ops->norm_router(GPU, nin, gate, bp, rc, ig->data, wg->data, &E);
+    CHECK_MSG(rc0 == MS_OK || rc0 == MS_ERR_UNSUPPORTED, "norm_router: %s", E.msg);
+    if (rc0 == MS_ERR_UNSUPPORTED) {
+        R(GPU->ops->add_rmsnorm(GPU, nin->resid, nin->delta, nin->w, nin->eps, nin->out, &E));
+        R(GPU->ops->router(GPU, nin->out, gate, bp, rc, ig->data, wg->data, &E));
+    }
+    R(gr->run(GPU, &L->eg, nin->out, ig->data, wg->data, rc->topk, og, ws, wsg, &E));
+}
+
+/* want: run_routed takes the call; nfused: fused kernel launches expected over the three calls */
+static void routed_case(int H, int I, int n, int shared, ms_route_cfg rc, int bias_on, int want, int nfused) {
+#ifdef MS_HAVE_CUDA
+    layer L;
+    const ms_moe_runner *cpu_r, *gr;
+    if (!layer_and_runners(&L, MS_WFMT_NVFP4, n, H, I, 1, rc.topk + shared, "decode", &cpu_r, &gr)) return;
+    CHECK(gr->run_routed != NULL);
+    const int Er = rc.n_experts, k = rc.topk;
+    L.eg.shared_last = shared;
+    float *resid = malloc(sizeof(float) * (size_t)H), *delta = malloc(sizeof(float) * (size_t)H);
+    uint16_t *nw = malloc(2 * (size_t)H), *gw = malloc(2 * (size_t)Er * H);
+    float *bias = malloc(sizeof(float) * (size_t)Er);
+    for (int i = 0; i < H; i++) {
+        resid[i] = rnd_f() * 3.f;
+        delta[i] = rnd_f();
+        nw[i] = ms_f32_to_bf16(0.5f + rnd_f() * 0.4f);
+    }
+    for (int i = 0; i < Er * H; i++) gw[i] = ms_f32_to_bf16(rnd_f() * 0.2f);
+    for (int e = 0; e < Er; e++) bias[e] = rnd_f() * 0.05f;
+    ms_linear gate;
+    memset(&gate, 0, sizeof gate);
+    gate.name = "test.router";
+    gate.fmt = MS_WFMT_PLAIN;
+    gate.n_out = Er;
+    gate.n_in = H;
+    gate.w = ms_tensor_2d(MS_BF16, Er, H);
+    gate.w.data = gw;
+    R(GPU->ops->place_linear(GPU, &gate, &E));
+    ms_tensor bg = upload(GPU, MS_F32, 1, Er, bias), nwg = upload(GPU, MS_BF16, 1, H, nw);
+    ms_tensor dg = upload(GPU, MS_F32, 1, H, delta);
+    ms_moe_shape s = {1, H, I, n, k + shared, MS_WFMT_NVFP4, MS_BF16};
+    const size_t wsg = gr->workspace_size(GPU, &s);
+    ms_tensor Wg = upload(GPU, MS_U8, 1, (int64_t)wsg + 1, NULL);
+    /* [0]: norm_router + run, [1] and [2]: run_routed */
+    ms_tensor rg[3], ag[3], ig[3], wg[3], og[3];
+    for (int p = 0; p < 3; p++) {
+        rg[p] = upload(GPU, MS_F32, 1, H, resid);
+        ag[p] = upload(GPU, MS_BF16, 1, H, NULL);
+        ig[p] = upload(GPU, MS_I32, 1, k, NULL);
+        wg[p] = upload(GPU, MS_F32, 1, k, NULL);
+        og[p] = upload(GPU, MS_F32, 1, H, NULL);
+    }
+    const ms_tensor *bp = bias_on ? &bg : NULL;
+    const long long n0 = ms_cuda_moe_fused_launches();
+    for (int p = 0; p < 3; p++) {
+        ms_norm_in nin = {&rg[p], &dg, &nwg, 1e-5f, &ag[p]};
+        if (p == 0) {
+            routed_ref(gr, &L, &nin, &gate, bp, &rc, &ig[p], &wg[p], &og[p], Wg.data, wsg);
+        } else {
+            const int rr = gr->run_routed(GPU, &L.eg, &nin, &gate, bp, &rc, ig[p].data, wg[p].data, &og[p], Wg.data,
+                                          wsg, &E);
+            CHECK_MSG(rr == (want ? MS_OK : MS_ERR_UNSUPPORTED), "H=%d I=%d E=%d top-%d: run_routed returned %d (%s)",
+                      H, I, Er, k, rr, E.msg);
+            /* refused: nothing was queued or written, so the reference path gives call 0's bits again */
+            if (rr != MS_OK) routed_ref(gr, &L, &nin, &gate, bp, &rc, &ig[p], &wg[p], &og[p], Wg.data, wsg);
+        }
+    }
+    R(GPU->ops->sync(GPU, &E));
+    const long long nl = ms_cuda_moe_fused_launches() - n0;
+    CHECK_MSG(nl == nfused, "H=%d I=%d E=%d top-%d: the fused kernel ran %lld times (want %d)", H, I, Er, k, nl, nfused);
+    const size_t nb[5] = {4 * (size_t)H, 2 * (size_t)H, 4 * (size_t)k, 4 * (size_t)k, 4 * (size_t)H};
+    const char *what[5] = {"residual", "normed row", "ids", "weights", "output"};
+    void *hb[3][5];
+    for (int p = 0; p < 3; p++) {
+        const ms_tensor *t[5] = {&rg[p], &ag[p], &ig[p], &wg[p], &og[p]};
+        for (int q = 0; q < 5; q++) {
+            hb[p][q] = malloc(nb[q]);
+            R(GPU->ops->download(GPU, hb[p][q], t[q]->data, nb[q], &E));
+        }
+    }
+    for (int p = 1; p < 3; p++)
+        for (int q = 0; q < 5; q++)
+            CHECK_MSG(!memcmp(hb[0][q], hb[p][q], nb[q]), "H=%d I=%d E=%d top-%d bias=%d shared=%d: call %d's %s differs", H,
+                      I, Er, k, bias_on, shared, p, what[q]);
+    /* the choice itself is sane: distinct experts of the routed range, finite positive weights, and the
+     * residual is resid + delta */
+    const int32_t *ids = hb[1][2];
+    const float *wts = hb[1][3], *r1 = hb[1][0];
+    for (int j = 0; j < k; j++) {
+        CHECK_MSG(ids[j] >= 0 && ids[j] < Er && isfinite(wts[j]) && wts[j] > 0, "slot %d: expert %d weight %g", j, ids[j],
+                  wts[j]);
+        for (int i = 0; i < j; i++) CHECK_MSG(ids[i] != ids[j], "expert %d chosen twice", ids[j]);
+    }
+    for (int i = 0; i < H; i++) CHECK_MSG(r1[i] == resid[i] + delta[i], "residual[%d] = %g, want %g", i, r1[i], resid[i] + delta[i]);
+    for (int p = 0; p < 3; p++)
+        for (int q = 0; q < 5; q++) free(hb[p][q]);
+    for (int p = 0; p < 3; p++) {
+        ms_tensor *t[5] = {&rg[p], &ag[p], &ig[p], &wg[p], &og[p]};
+        for (int q = 0; q < 5; q++) GPU->ops->free(GPU, t[q]);
+    }
+    ms_tensor *t[4] = {&bg, &nwg, &dg, &Wg};
+    for (int q = 0; q < 4; q++) GPU->ops->free(GPU, t[q]);
+    GPU->ops->unplace_linear(GPU, &gate);
+    L.eg.shared_last = 0;
+    free(resid); free(delta); free(nw); free(gw); free(bias);
+    free_layer(&L);
+#else
+    (void)H, (void)I, (void)n, (void)shared, (void)rc, (void)bias_on, (void)want, (void)nfused;
+#endif
+}
+static void test_nvfp4_routed(void) {
+    const uint64_t rng_saved = rng;
+    const int want = GPU->gpu.cc_major >= 8;
+    const int f3 = want ? 3 : 0;
+    /* GLM-5's routing (256 experts, 8 groups, 4 kept, top-8, normalised, scaled) with a folded shared expert */
+    routed_case(256, 128, 257, 1, (ms_route_cfg){256, 8, 8, 4, 1, 2.5f}, 1, want, f3);
+    /* GLM-4.5-Air's (128 experts, one group, top-8) at a K of two router slices, the second partial (640) */
+    routed_case(640, 256, 129, 1, (ms_route_cfg){128, 8, 1, 1, 1, 1.0f}, 1, want, f3);
+    /* an expert count that leaves a partial group of 8 rows, no bias, no shared expert, unnormalised */
+    routed_case(384, 128, 20, 0, (ms_route_cfg){20, 3, 1, 1, 0, 1.5f}, 0, want, f3);
+    /* refused: top-16 plus the shared expert is 17 slots, past the kernel's 16 (no fused launch at all) */
+    routed_case(256, 128, 33, 1, (ms_route_cfg){32, 16, 1, 1, 1, 1.0f}, 1, 0, 0);
+    /* refused when MS_CU_MOE_ROUTE=0: the plain fused kernel runs all three */
+    setenv("MS_CU_MOE_ROUTE", "0", 1);
+    routed_case(256, 128, 17, 1, (ms_route_cfg){16, 4, 1, 1, 1, 1.0f}, 1, 0, f3);
+    unsetenv("MS_CU_MOE_ROUTE");
+    rng = rng_saved;
+}
 static void test_bf16_odd(void) { fmt_case(MS_WFMT_PLAIN, 72, 40); }
 static void test_fp8_odd(void) { fmt_case(MS_WFMT_FP8, 80, 56); }
 static void test_nvfp4_odd(void) { fmt_case(MS_WFMT_NVFP4, 80, 48); }
@@ -562,6 +698,7 @@ int main(void) {
     RUN(test_nvfp4);
     RUN(test_nvfp4_w8);
     RUN(test_nvfp4_fused);
+    RUN(test_nvfp4_routed);
     RUN(test_bf16_odd);
     RUN(test_fp8_odd);
     RUN(test_nvfp4_odd);

@@ -814,10 +814,8 @@ static int cu_router(ms_backend *b, const ms_tensor *x, const ms_linear *gate, c
 
 /* ---- norms folded into the op that reads them (norm_linear, norm_router) ---- */
 
-/* cu_norm_in of n for one row of width K when the folded form applies (MS_CU_NORM_FOLD allows it for
- * the router (router = 1) or a projection, F32 resid and delta, bf16 w and out, 16-byte aligned,
- * K % 8 == 0 and at most CU_NORM_U 8-element units a thread of a 256-thread block); 0 otherwise. */
-static int cu_norm_of(ms_backend *b, const ms_norm_in *n, int64_t K, int router, cu_norm_in *o) {
+/* Contract in cuda_internal.cuh. */
+int cu_norm_of(ms_backend *b, const ms_norm_in *n, int64_t K, int router, cu_norm_in *o) {
     const ms_tensor *r = n->resid, *d = n->delta;
     const int fold = cu_knob(CU_KNOB_NORM_FOLD); /* 1 both, 2 the router only, 3 projections only */
     if (!fold || fold == (router ? 3 : 2) || !cu_of(b)->norm_sync || r->dtype != MS_F32 || n->w->dtype != MS_BF16 || n->out->dtype != MS_BF16 ||
@@ -1048,7 +1046,8 @@ extern "C" int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err)
     if ((rc = cu_gw_probe(b, &c->have_wgmma, err)) != MS_OK) goto fail;
     {
         void *sync = NULL;
-        cudaError_t e3 = cudaMalloc(&sync, 64);
+        /* 64 bytes of counters, then the routed MoE kernel's partial logits at byte 256 */
+        cudaError_t e3 = cudaMalloc(&sync, 256 + sizeof(float) * CU_MOE_PART_MAX);
         if (e3 == cudaSuccess) e3 = cudaMemsetAsync(sync, 0, 64, c->stream);
         if (e3 == cudaSuccess) e3 = cudaStreamSynchronize(c->stream);
         if (e3 != cudaSuccess) {
@@ -1063,6 +1062,7 @@ extern "C" int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err)
         }
         c->moe_sync = (unsigned *)sync;
         c->norm_sync = (unsigned *)sync + 8; /* its own 32 bytes of the 64 */
+        c->moe_part = (float *)((char *)sync + 256);
     }
     *out = b;
     return MS_OK;

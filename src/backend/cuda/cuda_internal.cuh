@@ -189,6 +189,8 @@ typedef struct cu_impl {
     /* device counter of the fused input norms (cu_norm_in.done; in moe_sync's allocation, past the MoE's
      * counters), zero between launches */
     unsigned *norm_sync;
+    /* [CU_MOE_PART_MAX] the routed fused MoE kernel's partial logits (in moe_sync's allocation) */
+    float *moe_part;
 } cu_impl;
 
 static inline cu_impl *cu_of(const ms_backend *b) { return (cu_impl *)b->impl; }
@@ -278,6 +280,7 @@ typedef struct cu_moe_fused_call {
     int out_type;
     int form_groups, form_depth; /* the form to take when it fits (a tuned one: ms_moe_fused_form); 0: the
                                     cost model chooses */
+    const struct cu_moe_route *route; /* non-NULL: the routed form (ids and wts above unused; nslot = rc->topk) */
 } cu_moe_fused_call;
 /* out = Σ_s wts[s] · down_{ids[s]}(silu(gate_{ids[s]}·x) * (up_{ids[s]}·x)) over the slots with
  * ids[s] in [0, n_experts), plus expert extra_slot - 1 with weight 1 when extra_slot > 0 (h rounded
@@ -288,7 +291,12 @@ typedef struct cu_moe_fused_call {
  * 1..16, out_type not BF16 or F32, x or h not 16-byte aligned, entry 0's rows (16 bytes) or scales
  * (8 bytes) misaligned (the other entries are taken to match), or the staging does not fit shared
  * memory. MS_CU_MOE_FUSED=1 takes form (form_groups, form_depth) when the kernel has it and it fits, else
- * the form its cost model prefers; 2 + f forces form f (ms_cuda_moe_fused_form) or nothing. */
+ * the form its cost model prefers; 2 + f forces form f (ms_cuda_moe_fused_form) or nothing. With route
+ * set, the kernel first computes the norm and the router itself (cu_moe_route; bit-identical to
+ * cu_router_fused's split form with the norm folded) and routes the token in every block; it declines
+ * (nothing queued) also when MS_CU_MOE_ROUTE is 0, the routing is outside route_token_regs' limits
+ * (E <= 256, groups <= 32, top-k <= 32 and = nslot), H > 8 * CU_NORM_U * 256, W misaligned, or the
+ * partials exceed CU_MOE_PART_MAX. */
 int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_err *err);
 
 /* One call of the streaming bf16 GEMV (gemv_bf16.cu): y[t, n] = x[t, :] · w0[n, :] (+ bias[n]) in mode 0,
@@ -313,6 +321,30 @@ typedef struct cu_norm_in {
     int H;
     unsigned *done;
 } cu_norm_in;
+
+/* Fills o with n as cu_norm_in for one row of width K and returns 1 when the folded form applies
+ * (MS_CU_NORM_FOLD allows it for the router (router = 1; the routed MoE kernel counts as the router) or
+ * a projection, F32 resid and delta, bf16 w and out, 16-byte aligned, K % 8 == 0 and at most CU_NORM_U
+ * 8-element units a thread of a 256-thread block); 0 otherwise. o points into n's tensors and the
+ * backend's norm counter. */
+int cu_norm_of(ms_backend *b, const ms_norm_in *n, int64_t K, int router, cu_norm_in *o);
+
+/* The routed form of the fused MoE call (cu_moe_fused_call.route): the token's pending residual add +
+ * RMSNorm (nin, cu_norm_of's form; x = nin.out is written too) and its router run inside the MoE kernel:
+ * W [E, H] bf16 router rows, bias [E] F32 or BF16 or NULL (score correction), rc the routing settings
+ * (noaux_tc: sigmoid scores, group limit, top-k, weights); the choice is stored to ids / wts [rc->topk]
+ * (device, the caller's), as the router op would. */
+typedef struct cu_moe_route {
+    const bf16 *W;
+    const void *bias;
+    int bias_t;
+    const ms_route_cfg *rc;
+    cu_norm_in nin;
+    int32_t *ids;
+    float *wts;
+} cu_moe_route;
+/* Partial logits the routed form's scratch holds (cu_impl.moe_part: K slices x experts floats). */
+#define CU_MOE_PART_MAX 32768
 
 typedef struct cu_gvb_call {
     int mode, T, N, K;

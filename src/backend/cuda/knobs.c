@@ -111,6 +111,10 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                   "the GQA tensor-core attention kernel splits keys across blocks (then merges the "
                                   "partials in a second kernel) only when the step's context spans more than this "
                                   "many 64-key tiles and the grid is small; 0: whenever the grid is small"},
+    [CU_KNOB_MOE_ROUTE] = {"MS_CU_MOE_ROUTE", KN_INT, 1, 0, 1, NULL, 0,
+                           "1: at one token the fused MoE kernel (MS_CU_MOE_FUSED) also computes the residual add + "
+                           "RMSNorm before it and the router (each block routes for itself after a grid barrier), "
+                           "one launch instead of two; 0: the router kernel first"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */

@@ -50,6 +50,8 @@
  * scale rows for the ring's copies), at most MF_MAXS slots, shared memory for max(x, h) staging. */
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/gemv_mma.cuh"
+#include "backend/cuda/norm_stage.cuh"
+#include "backend/cuda/route_regs.cuh"
 
 #include <cuda_fp8.h>
 #include <string.h>
@@ -80,6 +82,29 @@ struct mf_args {
     unsigned *sync;        /* [2], zero between launches */
     int zero_off;          /* byte offset of 256 zero bytes in dynamic shared memory (64 mod 128) */
     int red_off, ring_off; /* byte offsets of the reduction buffers and the rings in dynamic shared memory */
+};
+
+/* The routed form's inputs (k_moe_fused<.., 1>): the token's residual add + RMSNorm (nin) and the
+ * router (W [E, H] bf16 rows, bias F32/BF16 or NULL, noaux_tc settings) run in the kernel itself, the
+ * top-k going to the slot table instead of through ids/wts (a.ids, a.wts unused). The router's
+ * partial logits are k_router_split's: expert rows in groups of 8 (a warp each) times K slices of
+ * MF_RKS, each lane MF_RD 16-byte chunks, in the same order, so the logits, hence the choice, are
+ * bit-identical to the split router's. */
+#define MF_RD 2                /* 16-byte router weight chunks a lane (k_router_split's RS_D) */
+#define MF_RKS (32 * MF_RD * 8) /* k of a router K slice (k_router_split's RS_KS) */
+struct mf_route {
+    const bf16 *W;
+    const void *bias;
+    int bt;
+    int E, topk, n_group, topk_group, norm;
+    float scale;
+    int nks;        /* K slices: ceil(H / MF_RKS) */
+    float *part;    /* [nks, E] partial logits scratch (device) */
+    int32_t *ids;   /* [topk] out: the choice (block 0 stores it) */
+    float *wts;     /* [topk] out: its weights */
+    cu_norm_in nin; /* the pending norm: x = rmsnorm(resid + delta) * w; nin.out written by block 0 */
+    int plain_off;  /* unit offset in the x staging of the plain (unpaired) x row, >= H / 8 */
+    int early;      /* the router weights are quiet (cu_impl.weights_quiet): loaded before the PDL wait */
 };
 
 /* x (and h) staging in shared memory. Unit u of a row (k 8u..8u+7) of super-step jl = u / 16, lane
@@ -258,17 +283,34 @@ __device__ __forceinline__ void mf_group_sync(int grp) {
 
 /* NG groups of 8 warps a block share the staged x and h; D ring stages per warp, D - 1 super-steps
  * (1.1 KB each) in flight. */
-template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) void k_moe_fused(mf_args a) {
+template <int NG, int D, int R>
+__global__ __launch_bounds__(NG * MF_WARPS * 32, 1) void k_moe_fused(mf_args a, mf_route r) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, ti = lane & 3;
+    const int grp = warp / MF_WARPS, w = warp - grp * MF_WARPS;
+    const int grp0 = blockIdx.x * NG + grp, ngrp = gridDim.x * NG;
+    const int H = a.H, I = a.I, nssA = H / 128, nssB = I / 128, mtA = I / 16, mtB = H / 16;
+    /* routed form: the router weights of the group's first unit (experts 8 eg + w over K slice ks, unit
+     * ks * neg + eg) in flight before the wait when they are quiet (cuda_internal.cuh's exception) */
+    const int neg = R ? (r.E + MF_WARPS - 1) / MF_WARPS : 1, nru = R ? neg * r.nks : 0;
+    uint4 rwv[MF_RD];
+    auto rload = [&](int u) {
+        const int ks = u / neg, e = (u - ks * neg) * MF_WARPS + w, k0 = ks * MF_RKS;
+        const int nc = min(MF_RKS, H - k0) / 8;
+#pragma unroll
+        for (int q = 0; q < MF_RD; q++) {
+            const int c = q * 32 + lane;
+            rwv[q] = e < r.E && c < nc ? __ldg((const uint4 *)(r.W + (size_t)e * H + k0) + c) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    if (R && r.early && grp0 < nru) rload(grp0);
     cu_pdl_wait();
     cu_pdl_trigger();
     extern __shared__ uint4 mf_smem_raw[];
     __shared__ mf_slot sl[MF_MAXS];
     __shared__ int s_valid[MF_MAXS];
     __shared__ int s_nv;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, ti = lane & 3;
-    const int grp = warp / MF_WARPS, w = warp - grp * MF_WARPS;
-    const int grp0 = blockIdx.x * NG + grp, ngrp = gridDim.x * NG;
-    const int H = a.H, I = a.I, nssA = H / 128, nssB = I / 128, mtA = I / 16, mtB = H / 16;
+    __shared__ int32_t s_ids[R ? MF_MAXS : 1];
+    __shared__ float s_wts[R ? MF_MAXS : 1];
     /* the dynamic window starts after the static variables (1104 bytes: 80 mod 128); every offset below
      * is laid out from a 128-byte boundary, so the base is rounded up here and the host asks for MF_ALIGN
      * bytes more. Unaligned, the kernel measured 10 us a layer slower on GLM-5 (bench/NOTES.md, session 17) */
@@ -281,10 +323,63 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
     uint8_t *ring = (uint8_t *)mf_smem + a.ring_off + (size_t)warp * D * GM_STG + 16 * lane; /* lane chunk of stage 0 */
     uint8_t *const ring_end = ring + (D - 1) * GM_STG;
 
+    if (R) { /* the norm, the router's partial logits, a grid barrier, then each block routes for itself */
+        uint4 *const px = xs + r.plain_off;
+        cu_norm_stage(r.nin, px, 0, H / 8, gridDim.x, blockIdx.x == 0); /* ends in a block barrier */
+        for (int s = threadIdx.x; s < nssA * 16; s += blockDim.x) xs[s] = mf_pair(px[mf_xslot(s)]);
+        for (int u = grp0; u < nru; u += ngrp) {
+            if (!r.early || u != grp0) rload(u);
+            const int ks = u / neg, e = (u - ks * neg) * MF_WARPS + w, k0 = ks * MF_RKS;
+            const int nc = min(MF_RKS, H - k0) / 8;
+            float acc = 0.f; /* k_router_split's order: chunk q, then its 4 pairs */
+#pragma unroll
+            for (int q = 0; q < MF_RD; q++) {
+                const int c = q * 32 + lane;
+                if (c >= nc) break;
+                const __nv_bfloat162 *w2 = (const __nv_bfloat162 *)&rwv[q];
+                const uint4 xv = px[k0 / 8 + c];
+                const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xv;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float2 wf = __bfloat1622float2(w2[i]), bb = __bfloat1622float2(x2[i]);
+                    acc = fmaf(wf.x, bb.x, fmaf(wf.y, bb.y, acc));
+                }
+            }
+            const float v = warp_sum(acc);
+            if (lane == 0 && e < r.E) {
+                r.part[(size_t)ks * r.E + e] = v;
+                __threadfence(); /* before thread 0's count (as the h stores before the phase boundary) */
+            }
+        }
+        __syncthreads(); /* the paired x complete, px free; the block's partials stored */
+        if (threadIdx.x == 0) {
+            __threadfence();
+            atomicAdd(&a.sync[2], 1u);
+            mf_wait_count(&a.sync[2], gridDim.x);
+        }
+        __syncthreads();
+        /* the logits summed in slice order (as the split router's last block), scores into px's space:
+         * s at 0, s + bias at E (the host checks 8 E <= 2 H) */
+        float *sc = (float *)px;
+        for (int e = threadIdx.x; e < r.E; e += blockDim.x) {
+            const float bv = r.bias ? cu_ld(r.bias, r.bt, e) : 0.f;
+            float v = 0.f;
+            for (int ks = 0; ks < r.nks; ks++) v += __ldcg(r.part + (size_t)ks * r.E + e);
+            const float sv = 1.f / (1.f + expf(-v));
+            sc[e] = sv;
+            sc[r.E + e] = sv + bv;
+        }
+        __syncthreads();
+        if (warp == 0)
+            route_token_regs(sc, sc + r.E, r.E, r.topk, r.n_group, r.topk_group, r.norm, r.scale, s_ids, s_wts);
+        __syncthreads();
+        if (blockIdx.x == 0 && threadIdx.x < r.topk) r.ids[threadIdx.x] = s_ids[threadIdx.x], r.wts[threadIdx.x] = s_wts[threadIdx.x];
+    }
+
     /* the slot table: one thread per slot reads its id and descriptors; then the valid ones compacted */
     const int ns = a.nslot + (a.extra_id >= 0);
     if (threadIdx.x < ns) {
-        const int s = threadIdx.x, id = s < a.nslot ? a.ids[s] : a.extra_id;
+        const int s = threadIdx.x, id = s < a.nslot ? (R ? s_ids[s] : a.ids[s]) : a.extra_id;
         s_valid[s] = id >= 0 && id < a.n_experts;
         if (id >= 0 && id < a.n_experts) {
             const cu_wdesc g = a.G[id], u = a.U[id], d = a.D[id];
@@ -293,11 +388,13 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
             o.s[0] = (const uint8_t *)g.scale, o.s[1] = (const uint8_t *)u.scale, o.s[2] = (const uint8_t *)d.scale;
             static_assert(MF_XPOW == 64, "the factors below are 2^(126 - MF_XPOW)");
             o.post[0] = 0x1p62f * g.scale2, o.post[1] = 0x1p62f * u.scale2;
-            o.c = (s < a.nslot ? a.wts[s] : 1.f) * 0x1p62f * d.scale2;
+            o.c = (s < a.nslot ? (R ? s_wts[s] : a.wts[s]) : 1.f) * 0x1p62f * d.scale2;
         }
     }
-    /* phase A's x, staged while the descriptors load: units re-paired, in mf_xslot order */
-    for (int s = threadIdx.x; s < nssA * 16; s += blockDim.x) xs[s] = mf_pair(__ldcg((const uint4 *)a.x + mf_xslot(s)));
+    /* phase A's x, staged while the descriptors load: units re-paired, in mf_xslot order (the routed
+     * form staged it from the norm above) */
+    if (!R)
+        for (int s = threadIdx.x; s < nssA * 16; s += blockDim.x) xs[s] = mf_pair(__ldcg((const uint4 *)a.x + mf_xslot(s)));
     if (threadIdx.x < 16) ((uint4 *)((uint8_t *)mf_smem + a.zero_off))[threadIdx.x] = make_uint4(0, 0, 0, 0);
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -434,6 +531,7 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
     if (threadIdx.x == 0 && atomicAdd(&a.sync[1], 1u) == gridDim.x - 1) {
         atomicExch(&a.sync[0], 0u);
         atomicExch(&a.sync[1], 0u);
+        if (R) atomicExch(&a.sync[2], 0u);
     }
 }
 
@@ -442,14 +540,17 @@ template <int NG, int D> __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) voi
  * and h (GLM-5's h is 37 KB), one group a block lets several blocks share an SM and start on SMs the
  * previous kernel still partly holds. */
 static const struct {
-    const void *kern;
-    cudaError_t (*go)(dim3, size_t, cudaStream_t, const mf_args &);
+    const void *kern[2]; /* [routed] */
+    cudaError_t (*go)(dim3, size_t, cudaStream_t, const mf_args &, const mf_route *);
     int ng, d;
 } mf_forms[] = {
 #define MF_FORM(NG, D)                                                                                            \
-    {(const void *)k_moe_fused<NG, D>,                                                                            \
-     [](dim3 g, size_t sm, cudaStream_t st, const mf_args &a) {                                                   \
-         return cu_launch(k_moe_fused<NG, D>, g, dim3(NG * MF_WARPS * 32), sm, st, a);                            \
+    {{(const void *)k_moe_fused<NG, D, 0>, (const void *)k_moe_fused<NG, D, 1>},                                 \
+     [](dim3 g, size_t sm, cudaStream_t st, const mf_args &a, const mf_route *r) {                              \
+         if (r) return cu_launch(k_moe_fused<NG, D, 1>, g, dim3(NG * MF_WARPS * 32), sm, st, a, *r);            \
+         mf_route z;                                                                                              \
+         memset(&z, 0, sizeof z);                                                                                 \
+         return cu_launch(k_moe_fused<NG, D, 0>, g, dim3(NG * MF_WARPS * 32), sm, st, a, z);                      \
      },                                                                                                           \
      NG, D}
     /* in order of preference on a tie of the cost model: GLM-5's three-group forms tie, and the shallower
@@ -506,7 +607,29 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
         ((uintptr_t)d.w & 15) || ((uintptr_t)d.scale & 7) || ((uintptr_t)u.w & 15) || ((uintptr_t)u.scale & 7) || (c->out_type != MS_BF16 && c->out_type != MS_F32))
         return MS_OK;
     const int rsA = H / 8, rsB = I / 8; /* staged row units (mf_xslot: no padding) */
-    const int x_units = rsA > ns * rsB ? rsA : ns * rsB;
+    /* the routed form: the plain x row past the paired one, later the 2 E scores in its place */
+    const cu_moe_route *rt = c->route;
+    mf_route mr;
+    memset(&mr, 0, sizeof mr);
+    int x_units = rsA > ns * rsB ? rsA : ns * rsB;
+    if (rt) {
+        const ms_route_cfg *rc = rt->rc;
+        const int E = rc->n_experts, nks = (H + MF_RKS - 1) / MF_RKS;
+        const int sc_units = (8 * E + 15) / 16, tail = rsA > sc_units ? rsA : sc_units;
+        /* route_token_regs' limits; the norm's row in CU_NORM_U units a thread of one group of 8 warps;
+         * the partials in the backend's scratch */
+        if (!cu_knob(CU_KNOB_MOE_ROUTE) || !cu_of(b)->moe_part || E < 1 || E > 32 * RS_EPL || rc->n_group < 1 ||
+            rc->n_group > 32 || E % rc->n_group || rc->topk_group < 1 || rc->topk_group > rc->n_group ||
+            rc->topk < 1 || rc->topk > 32 || rc->topk > E || rc->topk != c->nslot || rt->nin.H != H ||
+            H / 8 > CU_NORM_U * MF_WARPS * 32 || ((uintptr_t)rt->W & 15) || (int64_t)nks * E > CU_MOE_PART_MAX ||
+            (rt->bias && rt->bias_t != MS_F32 && rt->bias_t != MS_BF16))
+            return MS_OK;
+        if (x_units < rsA + tail) x_units = rsA + tail;
+        mr.W = rt->W, mr.bias = rt->bias, mr.bt = rt->bias_t, mr.E = E, mr.topk = rc->topk, mr.n_group = rc->n_group;
+        mr.topk_group = rc->topk_group, mr.norm = rc->norm_topk_prob, mr.scale = rc->routed_scaling_factor;
+        mr.nks = nks, mr.part = cu_of(b)->moe_part, mr.ids = rt->ids, mr.wts = rt->wts, mr.nin = rt->nin;
+        mr.plain_off = rsA, mr.early = cu_of(b)->weights_quiet;
+    }
     const int nsm = b->gpu.n_sm;
     const int itemsA = ns * (I / 16), itemsB = H / 16, most = itemsA > itemsB ? itemsA : itemsB;
     const int64_t sA = (H / 128 + 3) / 4, sB = ((int64_t)ns * (I / 128) + MF_WARPS - 1) / MF_WARPS;
@@ -528,7 +651,7 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
             const size_t smem = MF_ALIGN + red_off + (size_t)ng * MF_RED_FLOATS * sizeof(float) +
                                 (size_t)ng * MF_WARPS * mf_forms[f].d * GM_STG;
             int bps = 0;
-            MS_TRY(cu_occupancy(b, mf_forms[f].kern, ng * MF_WARPS * 32, smem, &bps, err));
+            MS_TRY(cu_occupancy(b, mf_forms[f].kern[rt != NULL], ng * MF_WARPS * 32, smem, &bps, err));
             if (bps <= 0) continue;
             int grid = bps * nsm;
             if (grid > (most + ng - 1) / ng) grid = (most + ng - 1) / ng;
@@ -545,7 +668,7 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
     a.x = c->x, a.h = c->h, a.out = c->out, a.out_type = c->out_type, a.sync = cu_of(b)->moe_sync;
     a.zero_off = (int)zero_off, a.red_off = (int)red_off;
     a.ring_off = (int)(red_off + (size_t)mf_forms[best].ng * MF_RED_FLOATS * sizeof(float));
-    CK(mf_forms[best].go(dim3(best_grid), best_smem, cu_of(b)->stream, a));
+    CK(mf_forms[best].go(dim3(best_grid), best_smem, cu_of(b)->stream, a, rt ? &mr : NULL));
     __atomic_fetch_add(&mf_launches, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&mf_form_launches[best], 1, __ATOMIC_RELAXED);
     *launched = 1;

@@ -65,7 +65,34 @@ static int decode_run(ms_backend *b, const ms_experts *e, const ms_tensor *x, co
     return moe_cu_combine(b, &w, w_d, out, err);
 }
 
+/* ms_moe_runner.run_routed: the fused kernel's routed form (cu_moe_fused with cu_moe_route), or refused. */
+static int decode_run_routed(ms_backend *b, const ms_experts *e, const ms_norm_in *n, const ms_linear *gate,
+                             const ms_tensor *bias, const ms_route_cfg *rc, int32_t *ids_d, float *w_d, ms_tensor *out,
+                             void *workspace, size_t ws_bytes, ms_err *err) {
+    ms_moe_shape s;
+    const moe_cu_prep *p;
+    const int shared = e->shared_last ? 1 : 0;
+    MS_TRY(moe_cu_check(b, e, n->out, rc->topk + shared, out, &s, &p, err));
+    cu_norm_in nin;
+    if (s.n_tokens != 1 || gate->fmt != MS_WFMT_PLAIN || gate->w.dtype != MS_BF16 || gate->bias.data ||
+        gate->n_out != rc->n_experts || gate->n_in != s.hidden || (bias && ms_tensor_numel(bias) != rc->n_experts) ||
+        !cu_norm_of(b, n, s.hidden, 1, &nin))
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "moe decode: the routed form does not cover this call");
+    moe_cu_ws w;
+    MS_TRY(moe_cu_ws_carve(&s, 0, workspace, ws_bytes, &w, err));
+    const cu_moe_route rt = {.W = (const bf16 *)gate->w.data, .bias = bias ? bias->data : NULL,
+                             .bias_t = bias ? (int)bias->dtype : 0, .rc = rc, .nin = nin, .ids = ids_d, .wts = w_d};
+    cu_moe_fused_call fc = {.G = p->gate_d, .U = p->up_d, .D = p->down_d, .gate_h = p->gate_h, .up_h = p->up_h,
+                            .down_h = p->down_h, .n_experts = e->n, .nslot = rc->topk,
+                            .extra_slot = shared ? e->n : 0, .x = (const bf16 *)n->out->data, .h = w.h,
+                            .out = out->data, .out_type = out->dtype, .route = &rt};
+    ms_moe_fused_form(s.hidden, s.inter, rc->topk + shared, &fc.form_groups, &fc.form_depth);
+    int launched = 0;
+    MS_TRY(cu_moe_fused(b, &fc, &launched, err));
+    return launched ? MS_OK : ms_errf(err, MS_ERR_UNSUPPORTED, "moe decode: the fused kernel's routed form declined");
+}
+
 extern "C" const ms_moe_runner ms_moe_runner_decode = {
     "decode", "cuda", moe_cu_supports, decode_ws, moe_cu_prepare, decode_run,
-    MS_MOE_CAP_GRAPHS | MS_MOE_CAP_FEW_TOKENS | MS_MOE_CAP_PARTIAL | MS_MOE_CAP_SHARED_LAST,
+    MS_MOE_CAP_GRAPHS | MS_MOE_CAP_FEW_TOKENS | MS_MOE_CAP_PARTIAL | MS_MOE_CAP_SHARED_LAST, decode_run_routed,
 };
