@@ -18,6 +18,7 @@
 #include "model/model.h"
 #include "test.h"
 #ifdef MS_HAVE_CUDA
+#include "backend/cuda/backend_cuda.h" /* the routed MoE kernel's launch counter */
 #include "backend/cuda/knobs.h" /* MS_CU_PDL A/B */
 #endif
 
@@ -688,6 +689,68 @@ static void test_pdl_ab(void) {
     afree_all();
 }
 
+/* The one-token MoE layers of a model whose NVFP4 expert shapes the fused MoE kernel covers (hidden and
+ * moe intermediate multiples of 128): check_model's replayed decode takes the router kernel and the plain
+ * fused kernel (a replay needs the choice between them); without a replay the forward hands norm, router
+ * and experts to the runner's routed form (MS_CU_MOE_ROUTE=1, the default), and its logits over a 5-token
+ * prefill and 8 decode steps (graphs) must equal those with MS_CU_MOE_ROUTE=0 bit for bit: the routed
+ * kernel computes the split router's logits in its order. On the GPU the routed kernel must have run in
+ * every decode step's MoE layers, and never with the knob at 0. */
+static void test_moe_routed(void) {
+    const int h0 = H, mi0 = MI;
+    H = 128, MI = 128;
+    ms_model *m = placed(build_glm4(MS_WFMT_NVFP4, MS_WFMT_PLAIN, 1));
+    check_model(m, "glm4_moe nvfp4 experts, hidden 128, moe intermediate 128");
+    int n_moe = 0;
+    for (int L = 0; L < m->cfg.num_layers; L++) n_moe += m->cfg.layer_is_moe[L];
+    int32_t ids[SEQ];
+    for (int i = 0; i < SEQ; i++) ids[i] = (int32_t)(3 + rnd() % (V - 3));
+    /* runs: knob 0 with graphs, 1 with graphs, 1 op by op (a recorded graph's replays launch nothing
+     * through the host, so the count is taken here) */
+    const char *knob[3] = {"0", "1", "1"};
+    float *out[3];
+    long long routed[3] = {0, 0, 0};
+    char *saved = getenv("MS_CU_MOE_ROUTE") ? strdup(getenv("MS_CU_MOE_ROUTE")) : NULL;
+    for (int r = 0; r < 3; r++) {
+        setenv("MS_CU_MOE_ROUTE", knob[r], 1);
+        out[r] = calloc((size_t)SEQ * V, sizeof(float));
+#ifdef MS_HAVE_CUDA
+        const long long c0 = ms_cuda_moe_fused_routed_launches();
+#endif
+        ms_forward *f = mkfwd_g(m, 32, r < 2);
+        CHECK(f != NULL);
+        if (!f) continue;
+        seq_part p = {ids, PAGES_A, 0, 5};
+        CHECK(step(f, &p, 1, out[r]) == MS_OK);
+        for (int t = 5; t < SEQ; t++) {
+            p = (seq_part){ids, PAGES_A, t, 1};
+            CHECK(step(f, &p, 1, out[r] + (size_t)t * V) == MS_OK);
+        }
+        ms_forward_free(f);
+#ifdef MS_HAVE_CUDA
+        routed[r] = ms_cuda_moe_fused_routed_launches() - c0;
+#endif
+    }
+    if (saved) setenv("MS_CU_MOE_ROUTE", saved, 1);
+    else unsetenv("MS_CU_MOE_ROUTE");
+    free(saved);
+    CHECK_MSG(!memcmp(out[0], out[1], sizeof(float) * SEQ * V), "routed form (graphs): logits differ from the router kernel's path");
+    CHECK_MSG(!memcmp(out[2], out[1], sizeof(float) * SEQ * V), "routed form op by op: logits differ from the graphs'");
+    printf("  routed MoE kernel launches: %lld op by op, %lld with graphs, %lld with MS_CU_MOE_ROUTE=0 (%d MoE layers x "
+           "%d decode steps)\n", routed[2], routed[1], routed[0], n_moe, SEQ - 5);
+    if (g_gpu && B->gpu.cc_major >= 8) {
+        CHECK_MSG(routed[2] == (long long)n_moe * (SEQ - 5), "routed MoE kernel ran %lld times op by op, want %d",
+                  routed[2], n_moe * (SEQ - 5));
+        CHECK_MSG(routed[1] > 0, "no routed MoE kernel in the graph run");
+        CHECK_EQ_INT((int)routed[0], 0);
+    }
+    free(out[2]);
+    free(out[0]);
+    free(out[1]);
+    H = h0, MI = mi0;
+    afree_all();
+}
+
 static void test_bad_batch(void) {
     ms_model *m = placed(build_glm4(MS_WFMT_PLAIN, MS_WFMT_PLAIN, 0));
     ms_forward *f = mkfwd(m, 4);
@@ -722,6 +785,7 @@ int main(int argc, char **argv) {
     RUN(test_graph_verify);
     RUN(test_pdl_ab);
     RUN(test_check_numerics);
+    RUN(test_moe_routed);
     RUN(test_bad_batch);
     ms_backend_destroy(B);
     return TEST_SUMMARY();

@@ -80,6 +80,8 @@ long long ms_cuda_gvb_launches(void);
 /* Launches of the fused one-token MoE kernel (moe_fused.cu k_moe_fused) so far in this process, all
  * backends: tests use it to tell which form a decode MoE call took. Thread-safe. */
 long long ms_cuda_moe_fused_launches(void);
+/* Of those, the launches of its routed form (the norm and the router in the kernel, cu_moe_route). */
+long long ms_cuda_moe_fused_routed_launches(void);
 /* Launches of the GQA tensor-core attention kernel that does gqa_prep's work itself (attn_mma.cu, PREP)
  * so far in this process, all backends: tests tell by it whether a decode step took the fused form. */
 long long ms_cuda_attn_prep_launches(void);

@@ -537,7 +537,9 @@ __device__ __forceinline__ float cu_bf_hi(uint32_t v) { return __uint_as_float(v
 /* The device table of rc->rot_dim / 2 inverse frequencies theta^(-2j / rot_dim) (float32), made on
  * first use per (theta, rot_dim) and owned by the backend. The backend keeps 8 tables: a call that adds
  * a 9th frees the oldest (after synchronising the stream, with a new graph epoch), so a pointer from an
- * earlier call is valid only until a later call adds a table. */
+ * earlier call is valid only until a later call adds a table. A new table is uploaded on the backend
+ * stream, which the call then synchronises; so it fails (MS_ERR_RUNTIME) while that stream is being
+ * captured into a graph. */
 int cu_rope_table(ms_backend *b, const ms_rope_cfg *rc, const float **out, ms_err *err);
 /* n elements of src (dtype st) -> dst (dtype dt), F32/BF16/F16, on the stream. */
 int cu_convert(ms_backend *b, const void *src, int st, void *dst, int dt, size_t n, ms_err *err);

@@ -429,8 +429,19 @@ int cu_rope_table(ms_backend *b, const ms_rope_cfg *rc, const float **out, ms_er
     /* as transformers: inv_freq = 1 / theta ** (arange(0, dim, 2).float() / dim), all float32 */
     for (int i = 0; i < half; i++) h[i] = 1.0f / powf((float)rc->theta, (float)(2 * i) / (float)rc->rot_dim);
     float *d = NULL;
-    cudaError_t e = cudaMalloc(&d, sizeof(float) * (size_t)half);
-    if (e == cudaSuccess) e = cudaMemcpy(d, h, sizeof(float) * (size_t)half, cudaMemcpyHostToDevice);
+    cudaStreamCaptureStatus cst = cudaStreamCaptureStatusNone;
+    cudaError_t e = cudaStreamIsCapturing(c->stream, &cst);
+    if (e == cudaSuccess && cst != cudaStreamCaptureStatusNone) {
+        free(h);
+        return ms_errf(err, MS_ERR_RUNTIME, "rope table (theta %g, %d rotary dims): first needed while the stream is "
+                       "captured into a graph (the shape must run eagerly first)", rc->theta, rc->rot_dim);
+    }
+    if (e == cudaSuccess) e = cudaMalloc(&d, sizeof(float) * (size_t)half);
+    /* on the backend's stream and waited for: a blocking cudaMemcpy from pageable memory may return
+     * before its DMA lands, and on the legacy stream nothing would order it before the kernels of the
+     * (non-blocking) backend stream that read the table */
+    if (e == cudaSuccess) e = cudaMemcpyAsync(d, h, sizeof(float) * (size_t)half, cudaMemcpyHostToDevice, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     free(h);
     if (e != cudaSuccess) {
         if (d) cudaFree(d);

@@ -565,10 +565,16 @@ static const struct {
 #define MF_NFORMS ((int)(sizeof mf_forms / sizeof mf_forms[0]))
 
 static long long mf_launches;                /* ms_cuda_moe_fused_launches; updated atomically */
+static long long mf_routed_launches;         /* ms_cuda_moe_fused_routed_launches; the same */
 static long long mf_form_launches[MF_NFORMS]; /* ms_cuda_moe_fused_form_launches; the same */
 
 /* Contract in backend_cuda.h. */
 extern "C" long long ms_cuda_moe_fused_launches(void) { return __atomic_load_n(&mf_launches, __ATOMIC_RELAXED); }
+
+/* Contract in backend_cuda.h. */
+extern "C" long long ms_cuda_moe_fused_routed_launches(void) {
+    return __atomic_load_n(&mf_routed_launches, __ATOMIC_RELAXED);
+}
 
 /* Contract in backend_cuda.h. */
 extern "C" int ms_cuda_moe_fused_form(int f, int *groups, int *depth) {
@@ -670,6 +676,7 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
     a.ring_off = (int)(red_off + (size_t)mf_forms[best].ng * MF_RED_FLOATS * sizeof(float));
     CK(mf_forms[best].go(dim3(best_grid), best_smem, cu_of(b)->stream, a, rt ? &mr : NULL));
     __atomic_fetch_add(&mf_launches, 1, __ATOMIC_RELAXED);
+    if (rt) __atomic_fetch_add(&mf_routed_launches, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&mf_form_launches[best], 1, __ATOMIC_RELAXED);
     *launched = 1;
     return MS_OK;
