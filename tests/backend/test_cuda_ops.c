@@ -1318,9 +1318,13 @@ static int same_finite(const float *a, const float *b, size_t n) {
  * number of fused launches the call must make in each mode (0 for a batch it must decline). Modes: the
  * default split-K decision (the meta, first tile and biases read before the PDL wait), no split at all
  * (MS_CU_ATTN_SPLIT_TILES), the fused form with everything after the wait (MS_CU_ATTN_PREP=1), and the
- * fusion switched off (MS_CU_ATTN_PREP=0, never fused). */
+ * fusion switched off (MS_CU_ATTN_PREP=0, never fused). Every fused launch reads before its wait in the
+ * first two modes (the test's weights are quiet: uploads synchronise) and none in the third; want_split
+ * (1, or -1 for either) says whether the default mode's launches split the keys (then a merge follows),
+ * and the no-split mode never does. */
 static void gqa_prep_attn_case(const char *name, int nh, int nkv, int d, const ms_rope_cfg *rc, int with_bias, int page,
-                               int n_seqs, const int *nnew, const int *ctx, const int32_t *slots, int want_fused) {
+                               int n_seqs, const int *nnew, const int *ctx, const int32_t *slots, int want_fused,
+                               int want_split) {
     gbatch B;
     make_gbatch(&B, n_seqs, nnew, ctx, page);
     const int T = B.bt.n_tokens, S = B.n_slots;
@@ -1359,16 +1363,23 @@ static void gqa_prep_attn_case(const char *name, int nh, int nkv, int d, const m
         const ms_attn_call c0 = {MS_ATTN_GQA, &Q[0], &K[0], &V[0], &B.mg, NULL, 0, 0, sc, &O[0], NULL};
         R(ms_attn_run(impl, GPU, &c0, &E));
         /* the call with the raw rows */
-        const long long n0 = ms_cuda_attn_prep_launches();
+        const long long n0 = ms_cuda_attn_prep_launches(), e0 = ms_cuda_attn_prep_form_launches(0),
+                        s0 = ms_cuda_attn_prep_form_launches(1);
         const ms_attn_call c1 = {MS_ATTN_GQA, &Q[1], &K[1], &V[1], &B.mg, NULL, 0, 0, sc, &O[1], &pp};
         R(ms_attn_run(impl, GPU, &c1, &E));
-        const long long fused = ms_cuda_attn_prep_launches() - n0;
+        const long long fused = ms_cuda_attn_prep_launches() - n0, early = ms_cuda_attn_prep_form_launches(0) - e0,
+                        split = ms_cuda_attn_prep_form_launches(1) - s0;
         if (mode_var[mo]) env_pop(mode_var[mo], saved);
         char mname[64];
         if (mode_var[mo]) snprintf(mname, sizeof mname, "%s=%s", mode_var[mo], mode_val[mo]);
         else snprintf(mname, sizeof mname, "default");
         CHECK_MSG(fused == (mo == 3 ? 0 : want_fused), "%s (%s): %lld fused launches, %d expected", name, mname, fused,
                   mo == 3 ? 0 : want_fused);
+        CHECK_MSG(early == (mo < 2 ? fused : 0), "%s (%s): %lld of %lld fused launches read before the wait", name, mname,
+                  early, fused);
+        if (mo == 1 || (mo == 0 && want_split >= 0))
+            CHECK_MSG(split == (mo == 1 ? 0 : want_split * fused), "%s (%s): %lld of %lld fused launches split the keys",
+                      name, mname, split, fused);
         const ms_tensor *pairs[4][2] = {{&O[0], &O[1]}, {&Q[0], &Q[1]}, {&K[0], &K[1]}, {&V[0], &V[1]}};
         static const char *const what[4] = {"output", "rotated q", "k cache", "v cache"};
         for (int i = 0; i < 4; i++) {
@@ -1406,11 +1417,11 @@ static void test_attn_gqa_prep(void) {
     for (int i = 0; i < 6; i++) {
         char nm[64];
         snprintf(nm, sizeof nm, "air b1 ctx %d", ctx1[i]);
-        gqa_prep_attn_case(nm, 96, 8, 128, &neox, 1, 16, 1, one, &ctx1[i], NULL, 1);
+        gqa_prep_attn_case(nm, 96, 8, 128, &neox, 1, 16, 1, one, &ctx1[i], NULL, 1, ctx1[i] >= 1000 ? 1 : -1);
     }
     /* a decode batch of 5 at uneven contexts, then the same with a slot of -1 and one past the cache */
     const int n5[5] = {1, 1, 1, 1, 1}, c5[5] = {1, 63, 64, 130, 700};
-    gqa_prep_attn_case("air b5", 96, 8, 128, &neox, 1, 16, 5, n5, c5, NULL, 1);
+    gqa_prep_attn_case("air b5", 96, 8, 128, &neox, 1, 16, 5, n5, c5, NULL, 1, -1);
     {
         const uint64_t seed = rng; /* the case builds its batch first, from the same seed: the same pages */
         gbatch B;
@@ -1421,24 +1432,24 @@ static void test_attn_gqa_prep(void) {
         sl[3] = B.n_slots + 3;
         free_gbatch(&B);
         rng = seed;
-        gqa_prep_attn_case("air b5 bad slots", 96, 8, 128, &neox, 1, 16, 5, n5, c5, sl, 1);
+        gqa_prep_attn_case("air b5 bad slots", 96, 8, 128, &neox, 1, 16, 5, n5, c5, sl, 1, -1);
     }
     /* head dim 64 with full rotary and no bias, page 7; no rotary dims; interleaved pairs at an offset */
     const int n3[3] = {1, 1, 1}, c3[3] = {200, 7, 64};
-    gqa_prep_attn_case("d64 full rotary", 32, 4, 64, &full64, 0, 7, 3, n3, c3, NULL, 1);
-    gqa_prep_attn_case("no rotary", 16, 2, 128, NULL, 1, 16, 3, n3, c3, NULL, 1);
-    gqa_prep_attn_case("interleaved at 32", 16, 2, 128, &inter, 1, 16, 3, n3, c3, NULL, 1);
+    gqa_prep_attn_case("d64 full rotary", 32, 4, 64, &full64, 0, 7, 3, n3, c3, NULL, 1, -1);
+    gqa_prep_attn_case("no rotary", 16, 2, 128, NULL, 1, 16, 3, n3, c3, NULL, 1, -1);
+    gqa_prep_attn_case("interleaved at 32", 16, 2, 128, &inter, 1, 16, 3, n3, c3, NULL, 1, -1);
     /* the largest head groups the kernel stages (hc q rows and 2 bias rows of fp32 fill a K buffer of 64
      * padded bf16 rows: 34 at head dim 64, 32 at 128), and one more, which it declines */
-    gqa_prep_attn_case("34 heads a kv head, d 64", 68, 2, 64, &full64, 1, 16, 3, n3, c3, NULL, 1);
-    gqa_prep_attn_case("32 heads a kv head, d 128", 64, 2, 128, &neox, 1, 16, 3, n3, c3, NULL, 1);
-    gqa_prep_attn_case("35 heads a kv head, d 64 (declined)", 70, 2, 64, &full64, 1, 16, 3, n3, c3, NULL, 0);
-    gqa_prep_attn_case("33 heads a kv head, d 128 (declined)", 66, 2, 128, &neox, 1, 16, 3, n3, c3, NULL, 0);
+    gqa_prep_attn_case("34 heads a kv head, d 64", 68, 2, 64, &full64, 1, 16, 3, n3, c3, NULL, 1, -1);
+    gqa_prep_attn_case("32 heads a kv head, d 128", 64, 2, 128, &neox, 1, 16, 3, n3, c3, NULL, 1, -1);
+    gqa_prep_attn_case("35 heads a kv head, d 64 (declined)", 70, 2, 64, &full64, 1, 16, 3, n3, c3, NULL, 0, -1);
+    gqa_prep_attn_case("33 heads a kv head, d 128 (declined)", 66, 2, 128, &neox, 1, 16, 3, n3, c3, NULL, 0, -1);
     /* declined: a sequence with several new tokens (prefill chunk, verify), and a head group larger than a
      * block's 64 rows (the separate kernel then runs first) */
     const int nm3[3] = {1, 37, 1}, cm3[3] = {1, 250, 129};
-    gqa_prep_attn_case("mixed batch (declined)", 96, 8, 128, &neox, 1, 16, 3, nm3, cm3, NULL, 0);
-    gqa_prep_attn_case("128 heads a kv head (declined)", 128, 1, 64, &full64, 1, 16, 3, n3, c3, NULL, 0);
+    gqa_prep_attn_case("mixed batch (declined)", 96, 8, 128, &neox, 1, 16, 3, nm3, cm3, NULL, 0, -1);
+    gqa_prep_attn_case("128 heads a kv head (declined)", 128, 1, 64, &full64, 1, 16, 3, n3, c3, NULL, 0, -1);
 }
 #endif
 

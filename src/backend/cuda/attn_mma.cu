@@ -405,10 +405,19 @@ static int am_launch(ms_backend *b, const am_args *a, const am_prep *pp, dim3 gr
     return MS_OK;
 }
 
-static long long am_prep_launches; /* ms_cuda_attn_prep_launches; updated atomically */
+static long long am_prep_launches;       /* ms_cuda_attn_prep_launches; updated atomically */
+static long long am_prep_early_launches; /* ms_cuda_attn_prep_form_launches(0); the same */
+static long long am_prep_split_launches; /* ms_cuda_attn_prep_form_launches(1); the same */
 
 /* Contract in backend_cuda.h. */
 extern "C" long long ms_cuda_attn_prep_launches(void) { return __atomic_load_n(&am_prep_launches, __ATOMIC_RELAXED); }
+
+/* Contract in backend_cuda.h. */
+extern "C" long long ms_cuda_attn_prep_form_launches(int which) {
+    return which == 0   ? __atomic_load_n(&am_prep_early_launches, __ATOMIC_RELAXED)
+           : which == 1 ? __atomic_load_n(&am_prep_split_launches, __ATOMIC_RELAXED)
+                        : 0;
+}
 
 /* The launch of q [T][nh][d] against caches kc / vc (prep_sm > 0: a PREP launch with *pp and that many
  * extra shared bytes), then the merge of split-K partials into out. */
@@ -446,6 +455,8 @@ static int am_run(ms_backend *b, am_args *a, const am_prep *pp, const bf16 *q, c
         if (d == 64) MS_TRY((am_launch<64, true>(b, a, pp, grid, sm, err)));
         else MS_TRY((am_launch<128, true>(b, a, pp, grid, sm, err)));
         __atomic_fetch_add(&am_prep_launches, 1, __ATOMIC_RELAXED);
+        if (pp->early) __atomic_fetch_add(&am_prep_early_launches, 1, __ATOMIC_RELAXED);
+        if (a->n_split > 1) __atomic_fetch_add(&am_prep_split_launches, 1, __ATOMIC_RELAXED);
     } else if (d == 64) {
         MS_TRY((am_launch<64, false>(b, a, pp, grid, sm, err)));
     } else {
