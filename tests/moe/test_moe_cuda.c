@@ -512,9 +512,11 @@ static void test_nvfp4_fused(void) {
 /* The decode runner's routed form (run_routed: the residual add + RMSNorm and the router inside the
  * fused kernel) against the backend's norm_router (or add_rmsnorm + router) followed by run() on the same
  * inputs: the ids, weights, output, updated residual and normed row must be bit-identical, since the
- * routed kernel sums k_router_split's partials in its order. n experts (the last a folded shared
- * expert when shared), routing settings rc, bias or none; the call is made twice (the grid counters
- * must be back at zero) with a plain fused call between. */
+ * routed kernel sums k_router_split's partials in its order (and at these widths, at most 80 units a
+ * row, its norm adds the squares in the router's order in every form). n experts (the last a folded
+ * shared expert when shared), routing settings rc, bias or none. The reference runs first, then the
+ * routed call twice on the same inputs (so a counter left non-zero by the first would not show in the
+ * second: the model-level test_moe_routed runs it over many steps of changing inputs). */
 /* The reference path of routed_case: norm_router (or add_rmsnorm + router where it refuses), then run(). */
 static void routed_ref(const ms_moe_runner *gr, layer *L, ms_norm_in *nin, const ms_linear *gate, const ms_tensor *bp,
                        const ms_route_cfg *rc, ms_tensor *ig, ms_tensor *wg, ms_tensor *og, void *ws, size_t wsg) {

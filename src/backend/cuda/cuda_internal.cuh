@@ -292,8 +292,9 @@ typedef struct cu_moe_fused_call {
  * (8 bytes) misaligned (the other entries are taken to match), or the staging does not fit shared
  * memory. MS_CU_MOE_FUSED=1 takes form (form_groups, form_depth) when the kernel has it and it fits, else
  * the form its cost model prefers; 2 + f forces form f (ms_cuda_moe_fused_form) or nothing. With route
- * set, the kernel first computes the norm and the router itself (cu_moe_route; bit-identical to
- * cu_router_fused's split form with the norm folded) and routes the token in every block; it declines
+ * set, the kernel first computes the norm and the router itself (cu_moe_route; the split router's
+ * arithmetic, bit-identical to cu_router_fused's split form with the norm folded in the one-group forms
+ * or for H <= 2048, see mf_route) and routes the token in every block; it declines
  * (nothing queued) also when MS_CU_MOE_ROUTE is 0, the routing is outside route_token_regs' limits
  * (E <= 256, groups <= 32, top-k <= 32 and = nslot), H > 8 * CU_NORM_U * 256, W misaligned, or the
  * partials exceed CU_MOE_PART_MAX. */

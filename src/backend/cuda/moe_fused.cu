@@ -79,7 +79,7 @@ struct mf_args {
     bf16 *h;       /* [nslot + 1 with an extra slot, I] workspace (row v = valid slot v) */
     void *out;     /* [H], out_type */
     int out_type;
-    unsigned *sync;        /* [2], zero between launches */
+    unsigned *sync;        /* [3] (phase boundary, leavers, the routed form's router barrier), zero between launches */
     int zero_off;          /* byte offset of 256 zero bytes in dynamic shared memory (64 mod 128) */
     int red_off, ring_off; /* byte offsets of the reduction buffers and the rings in dynamic shared memory */
 };
@@ -88,8 +88,11 @@ struct mf_args {
  * router (W [E, H] bf16 rows, bias F32/BF16 or NULL, noaux_tc settings) run in the kernel itself, the
  * top-k going to the slot table instead of through ids/wts (a.ids, a.wts unused). The router's
  * partial logits are k_router_split's: expert rows in groups of 8 (a warp each) times K slices of
- * MF_RKS, each lane MF_RD 16-byte chunks, in the same order, so the logits, hence the choice, are
- * bit-identical to the split router's. */
+ * MF_RKS, each lane MF_RD 16-byte chunks, in the same order. The normed row has the split router's
+ * bits when the norm deals it as the router's 256 threads do: in the one-group forms, or for rows of at
+ * most 256 units (2048 wide); the two- and three-group forms (512, 768 threads) add a wider row's sum of
+ * squares in another order (the same formula, fp32 rounding), so their choice may differ from the
+ * router kernel's at a near-tie (found in review, session 21; not yet dealt over 256 threads). */
 #define MF_RD 2                /* 16-byte router weight chunks a lane (k_router_split's RS_D) */
 #define MF_RKS (32 * MF_RD * 8) /* k of a router K slice (k_router_split's RS_KS) */
 struct mf_route {
@@ -359,7 +362,7 @@ __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) void k_moe_fused(mf_args a, 
         }
         __syncthreads();
         /* the logits summed in slice order (as the split router's last block), scores into px's space:
-         * s at 0, s + bias at E (the host checks 8 E <= 2 H) */
+         * s at 0, s + bias at E (the host sizes the staging for 8 E bytes there) */
         float *sc = (float *)px;
         for (int e = threadIdx.x; e < r.E; e += blockDim.x) {
             const float bv = r.bias ? cu_ld(r.bias, r.bt, e) : 0.f;
