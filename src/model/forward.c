@@ -516,6 +516,20 @@ static int shared_expert(ms_forward *f, const ms_layer *l, int T, ms_tensor *del
     return f->b->ops->add(f->b, delta, &sh, err);
 }
 
+/* The experts of layer L for a call of T tokens and the runner for them: the shared expert rides along
+ * as expert n with weight 1 (transformers adds it unscaled) when the forward folded it (f->fold) and T
+ * allows, else the layer's routed experts alone. *folded says which. */
+static const ms_moe_runner *moe_runner_of(ms_forward *f, int L, int T, const ms_experts **ex, int *folded) {
+    ms_moe_shape s = moe_shape(f->m, T);
+    *folded = f->fold && f->fold[L].n && T <= FOLD_MAX_TOKENS;
+    *ex = *folded ? &f->fold[L] : &f->m->layers[L].experts;
+    if (*folded) {
+        s.n_experts++;
+        s.topk++;
+    }
+    return ms_moe_pick(f->b, f->forced, &s);
+}
+
 /* A one-token MoE layer's norm, router and experts in one runner call (run_routed), when nothing needs
  * the choice between the router and the experts: no decision record or replay, no routing statistics,
  * no expert parallelism (the remap). Writes delta and f->ids / f->rw as route() + run() would; the shared
@@ -527,15 +541,9 @@ static int mlp_routed(ms_forward *f, int L, const ms_tensor *a, const ms_route_c
     if (!f->pend.on || a->data != f->pend.out.data || f->o.record || f->o.replay || f->m->shard.ep_size > 1 ||
         (f->routed && !f->routing_paused && L < f->m->cfg.num_layers))
         return MS_ERR_UNSUPPORTED;
-    ms_moe_shape s = moe_shape(f->m, 1);
-    const ms_experts *ex = &l->experts;
-    const int folded = f->fold && f->fold[L].n;
-    if (folded) {
-        ex = &f->fold[L];
-        s.n_experts++;
-        s.topk++;
-    }
-    const ms_moe_runner *r = ms_moe_pick(f->b, f->forced, &s);
+    const ms_experts *ex;
+    int folded;
+    const ms_moe_runner *r = moe_runner_of(f, L, 1, &ex, &folded);
     if (!r->run_routed || (folded && !(r->caps & MS_MOE_CAP_SHARED_LAST))) return MS_ERR_UNSUPPORTED;
     const ms_norm_in n = pend_in(f);
     const ms_tensor *rbias = l->router_bias.data ? &l->router_bias : NULL;
@@ -590,25 +598,21 @@ static int mlp(ms_forward *f, int L, int T, ms_err *err) {
     }
     if (f->m->shard.ep_size > 1) /* experts of other groups become -1: their ranks add them */
         MS_TRY(op->remap_ids(f->b, f->ids.data, (int64_t)T * k, f->m->shard.e0, f->m->shard.ne, err));
-    ms_moe_shape s = moe_shape(f->m, T);
-    if (f->fold && f->fold[L].n && T <= FOLD_MAX_TOKENS) {
-        /* the shared expert rides along as expert n with weight 1 (transformers adds it unscaled): the
-         * runner adds it itself when it can, else it is appended to every token's ids */
-        const int n = f->fold[L].n - 1;
-        s.n_experts++;
-        s.topk++;
-        const ms_moe_runner *r = ms_moe_pick(f->b, f->forced, &s);
+    const ms_experts *ex;
+    int folded;
+    const ms_moe_runner *r = moe_runner_of(f, L, T, &ex, &folded);
+    if (folded) {
+        /* the runner adds the shared expert itself when it can, else it is appended to every token's ids */
         const int self = (r->caps & MS_MOE_CAP_SHARED_LAST) != 0;
         if (!self)
-            MS_TRY(op->moe_append(f->b, f->ids.data, f->rw.data, T, k, n, 1.0f, f->ids2.data, f->rw2.data, err));
+            MS_TRY(op->moe_append(f->b, f->ids.data, f->rw.data, T, k, ex->n - 1, 1.0f, f->ids2.data, f->rw2.data, err));
         FW_PROF(f, "moe_experts",
-                r->run(f->b, &f->fold[L], &a, self ? f->ids.data : f->ids2.data, self ? f->rw.data : f->rw2.data,
+                r->run(f->b, ex, &a, self ? f->ids.data : f->ids2.data, self ? f->rw.data : f->rw2.data,
                        self ? k : k + 1, &delta, f->moe_ws.data, ms_tensor_nbytes(&f->moe_ws), err), err);
         FW_TRY_CHECK(f, &delta, "moe_experts + shared expert", err);
         return MS_OK;
     }
-    const ms_moe_runner *r = ms_moe_pick(f->b, f->forced, &s);
-    FW_PROF(f, "moe_experts", r->run(f->b, &l->experts, &a, f->ids.data, f->rw.data, k, &delta, f->moe_ws.data,
+    FW_PROF(f, "moe_experts", r->run(f->b, ex, &a, f->ids.data, f->rw.data, k, &delta, f->moe_ws.data,
                                      ms_tensor_nbytes(&f->moe_ws), err), err);
     FW_TRY_CHECK(f, &delta, "moe_experts", err);
     return l->has_shared ? shared_expert(f, l, T, &delta, err) : MS_OK;
