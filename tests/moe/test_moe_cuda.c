@@ -517,6 +517,7 @@ static void test_nvfp4_fused(void) {
  * shared expert when shared), routing settings rc, bias or none. The reference runs first, then the
  * routed call twice on the same inputs (so a counter left non-zero by the first would not show in the
  * second: the model-level test_moe_routed runs it over many steps of changing inputs). */
+#ifdef MS_HAVE_CUDA
 /* The reference path of routed_case: norm_router (or add_rmsnorm + router where it refuses), then run(). */
 static void routed_ref(const ms_moe_runner *gr, layer *L, ms_norm_in *nin, const ms_linear *gate, const ms_tensor *bp,
                        const ms_route_cfg *rc, ms_tensor *ig, ms_tensor *wg, ms_tensor *og, void *ws, size_t wsg) {
@@ -528,6 +529,7 @@ static void routed_ref(const ms_moe_runner *gr, layer *L, ms_norm_in *nin, const
     }
     R(gr->run(GPU, &L->eg, nin->out, ig->data, wg->data, rc->topk, og, ws, wsg, &E));
 }
+#endif
 
 /* want: run_routed takes the call; nfused: fused kernel launches expected over the three calls */
 static void routed_case(int H, int I, int n, int shared, ms_route_cfg rc, int bias_on, int want, int nfused) {
