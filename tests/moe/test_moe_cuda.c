@@ -510,13 +510,13 @@ static void test_nvfp4_fused(void) {
     rng = rng_saved;
 }
 /* The decode runner's routed form (run_routed: the residual add + RMSNorm and the router inside the
- * fused kernel) against the backend's norm_router (or add_rmsnorm + router) followed by run() on the same
- * inputs: the ids, weights, output, updated residual and normed row must be bit-identical, since the
- * routed kernel sums k_router_split's partials in its order (and at these widths, at most 80 units a
- * row, its norm adds the squares in the router's order in every form). n experts (the last a folded
- * shared expert when shared), routing settings rc, bias or none. The reference runs first, then the
- * routed call twice on the same inputs (so a counter left non-zero by the first would not show in the
- * second: the model-level test_moe_routed runs it over many steps of changing inputs). */
+ * fused kernel) against the backend's norm_router followed by run() on the same inputs: the ids, weights,
+ * output, updated residual and normed row must be bit-identical, since the routed kernel sums
+ * k_router_split's partials in its order with its arithmetic (router_dot.cuh) and its norm deals the row
+ * over the router's 256 threads (CU_NORM_T) in every form. n experts (the last a folded shared expert
+ * when shared), routing settings rc, bias or none. The reference runs first, then the routed call, then a
+ * decoy routed call on another residual row (its own buffers), then the routed call again: a partial
+ * logit, count or staged value the decoy left behind would show in the last call's bits. */
 #ifdef MS_HAVE_CUDA
 /* The reference path of routed_case: norm_router (or add_rmsnorm + router where it refuses), then run(). */
 static void routed_ref(const ms_moe_runner *gr, layer *L, ms_norm_in *nin, const ms_linear *gate, const ms_tensor *bp,
@@ -531,20 +531,25 @@ static void routed_ref(const ms_moe_runner *gr, layer *L, ms_norm_in *nin, const
 }
 #endif
 
-/* want: run_routed takes the call; nfused: fused kernel launches expected over the three calls */
-static void routed_case(int H, int I, int n, int shared, ms_route_cfg rc, int bias_on, int want, int nfused) {
+#define RT_CALLS 4 /* routed_case's calls: reference, routed, decoy, routed again */
+/* want: run_routed takes the call; fused: each call launches the fused kernel (routed or plain); form:
+ * -1 for the kernel's own choice, else the fused form f forced (MS_CU_MOE_FUSED=2+f) and its launches
+ * counted */
+static void routed_case(int H, int I, int n, int shared, ms_route_cfg rc, int bias_on, int want, int fused, int form) {
 #ifdef MS_HAVE_CUDA
     layer L;
     const ms_moe_runner *cpu_r, *gr;
     if (!layer_and_runners(&L, MS_WFMT_NVFP4, n, H, I, 1, rc.topk + shared, "decode", &cpu_r, &gr)) return;
     CHECK(gr->run_routed != NULL);
-    const int Er = rc.n_experts, k = rc.topk;
+    const int Er = rc.n_experts, k = rc.topk, decoy = 2;
     L.eg.shared_last = shared;
-    float *resid = malloc(sizeof(float) * (size_t)H), *delta = malloc(sizeof(float) * (size_t)H);
+    float *resid = malloc(sizeof(float) * (size_t)H), *resid2 = malloc(sizeof(float) * (size_t)H);
+    float *delta = malloc(sizeof(float) * (size_t)H);
     uint16_t *nw = malloc(2 * (size_t)H), *gw = malloc(2 * (size_t)Er * H);
     float *bias = malloc(sizeof(float) * (size_t)Er);
     for (int i = 0; i < H; i++) {
         resid[i] = rnd_f() * 3.f;
+        resid2[i] = rnd_f() * 5.f;
         delta[i] = rnd_f();
         nw[i] = ms_f32_to_bf16(0.5f + rnd_f() * 0.4f);
     }
@@ -564,18 +569,20 @@ static void routed_case(int H, int I, int n, int shared, ms_route_cfg rc, int bi
     ms_moe_shape s = {1, H, I, n, k + shared, MS_WFMT_NVFP4, MS_BF16};
     const size_t wsg = gr->workspace_size(GPU, &s);
     ms_tensor Wg = upload(GPU, MS_U8, 1, (int64_t)wsg + 1, NULL);
-    /* [0]: norm_router + run, [1] and [2]: run_routed */
-    ms_tensor rg[3], ag[3], ig[3], wg[3], og[3];
-    for (int p = 0; p < 3; p++) {
-        rg[p] = upload(GPU, MS_F32, 1, H, resid);
+    ms_tensor rg[RT_CALLS], ag[RT_CALLS], ig[RT_CALLS], wg[RT_CALLS], og[RT_CALLS];
+    for (int p = 0; p < RT_CALLS; p++) {
+        rg[p] = upload(GPU, MS_F32, 1, H, p == decoy ? resid2 : resid);
         ag[p] = upload(GPU, MS_BF16, 1, H, NULL);
         ig[p] = upload(GPU, MS_I32, 1, k, NULL);
         wg[p] = upload(GPU, MS_F32, 1, k, NULL);
         og[p] = upload(GPU, MS_F32, 1, H, NULL);
     }
     const ms_tensor *bp = bias_on ? &bg : NULL;
-    const long long n0 = ms_cuda_moe_fused_launches();
-    for (int p = 0; p < 3; p++) {
+    char fv[16];
+    snprintf(fv, sizeof fv, "%d", 2 + form);
+    if (form >= 0) setenv("MS_CU_MOE_FUSED", fv, 1);
+    const long long n0 = ms_cuda_moe_fused_launches(), f0 = form >= 0 ? ms_cuda_moe_fused_form_launches(form) : 0;
+    for (int p = 0; p < RT_CALLS; p++) {
         ms_norm_in nin = {&rg[p], &dg, &nwg, 1e-5f, &ag[p]};
         if (p == 0) {
             routed_ref(gr, &L, &nin, &gate, bp, &rc, &ig[p], &wg[p], &og[p], Wg.data, wsg);
@@ -589,35 +596,45 @@ static void routed_case(int H, int I, int n, int shared, ms_route_cfg rc, int bi
         }
     }
     R(GPU->ops->sync(GPU, &E));
+    if (form >= 0) unsetenv("MS_CU_MOE_FUSED");
     const long long nl = ms_cuda_moe_fused_launches() - n0;
-    CHECK_MSG(nl == nfused, "H=%d I=%d E=%d top-%d: the fused kernel ran %lld times (want %d)", H, I, Er, k, nl, nfused);
+    CHECK_MSG(nl == fused * RT_CALLS, "H=%d I=%d E=%d top-%d: the fused kernel ran %lld times (want %d)", H, I, Er, k, nl,
+              fused * RT_CALLS);
+    if (form >= 0) {
+        const long long nf = ms_cuda_moe_fused_form_launches(form) - f0;
+        CHECK_MSG(nf == fused * RT_CALLS, "H=%d: form %d ran %lld times (want %d)", H, form, nf, fused * RT_CALLS);
+    }
     const size_t nb[5] = {4 * (size_t)H, 2 * (size_t)H, 4 * (size_t)k, 4 * (size_t)k, 4 * (size_t)H};
     const char *what[5] = {"residual", "normed row", "ids", "weights", "output"};
-    void *hb[3][5];
-    for (int p = 0; p < 3; p++) {
+    void *hb[RT_CALLS][5];
+    for (int p = 0; p < RT_CALLS; p++) {
         const ms_tensor *t[5] = {&rg[p], &ag[p], &ig[p], &wg[p], &og[p]};
         for (int q = 0; q < 5; q++) {
             hb[p][q] = malloc(nb[q]);
             R(GPU->ops->download(GPU, hb[p][q], t[q]->data, nb[q], &E));
         }
     }
-    for (int p = 1; p < 3; p++)
+    for (int p = 1; p < RT_CALLS; p++)
         for (int q = 0; q < 5; q++)
-            CHECK_MSG(!memcmp(hb[0][q], hb[p][q], nb[q]), "H=%d I=%d E=%d top-%d bias=%d shared=%d: call %d's %s differs", H,
-                      I, Er, k, bias_on, shared, p, what[q]);
-    /* the choice itself is sane: distinct experts of the routed range, finite positive weights, and the
-     * residual is resid + delta */
-    const int32_t *ids = hb[1][2];
-    const float *wts = hb[1][3], *r1 = hb[1][0];
-    for (int j = 0; j < k; j++) {
-        CHECK_MSG(ids[j] >= 0 && ids[j] < Er && isfinite(wts[j]) && wts[j] > 0, "slot %d: expert %d weight %g", j, ids[j],
-                  wts[j]);
-        for (int i = 0; i < j; i++) CHECK_MSG(ids[i] != ids[j], "expert %d chosen twice", ids[j]);
+            if (p != decoy)
+                CHECK_MSG(!memcmp(hb[0][q], hb[p][q], nb[q]), "H=%d I=%d E=%d top-%d bias=%d shared=%d form=%d: call %d's %s differs",
+                          H, I, Er, k, bias_on, shared, form, p, what[q]);
+    /* the choice itself is sane (the decoy's too): distinct experts of the routed range, finite positive
+     * weights, and the residual is resid + delta */
+    for (int p = 1; p <= decoy; p++) {
+        const int32_t *ids = hb[p][2];
+        const float *wts = hb[p][3], *r1 = hb[p][0], *r0 = p == decoy ? resid2 : resid;
+        for (int j = 0; j < k; j++) {
+            CHECK_MSG(ids[j] >= 0 && ids[j] < Er && isfinite(wts[j]) && wts[j] > 0, "call %d slot %d: expert %d weight %g",
+                      p, j, ids[j], wts[j]);
+            for (int i = 0; i < j; i++) CHECK_MSG(ids[i] != ids[j], "call %d: expert %d chosen twice", p, ids[j]);
+        }
+        for (int i = 0; i < H; i++)
+            CHECK_MSG(r1[i] == r0[i] + delta[i], "call %d: residual[%d] = %g, want %g", p, i, r1[i], r0[i] + delta[i]);
     }
-    for (int i = 0; i < H; i++) CHECK_MSG(r1[i] == resid[i] + delta[i], "residual[%d] = %g, want %g", i, r1[i], resid[i] + delta[i]);
-    for (int p = 0; p < 3; p++)
+    for (int p = 0; p < RT_CALLS; p++)
         for (int q = 0; q < 5; q++) free(hb[p][q]);
-    for (int p = 0; p < 3; p++) {
+    for (int p = 0; p < RT_CALLS; p++) {
         ms_tensor *t[5] = {&rg[p], &ag[p], &ig[p], &wg[p], &og[p]};
         for (int q = 0; q < 5; q++) GPU->ops->free(GPU, t[q]);
     }
@@ -625,28 +642,53 @@ static void routed_case(int H, int I, int n, int shared, ms_route_cfg rc, int bi
     for (int q = 0; q < 4; q++) GPU->ops->free(GPU, t[q]);
     GPU->ops->unplace_linear(GPU, &gate);
     L.eg.shared_last = 0;
-    free(resid); free(delta); free(nw); free(gw); free(bias);
+    free(resid); free(resid2); free(delta); free(nw); free(gw); free(bias);
     free_layer(&L);
 #else
-    (void)H, (void)I, (void)n, (void)shared, (void)rc, (void)bias_on, (void)want, (void)nfused;
+    (void)H, (void)I, (void)n, (void)shared, (void)rc, (void)bias_on, (void)want, (void)fused, (void)form;
 #endif
+}
+/* The fused form with ng groups of 8 warps a block and ring depth d (ms_cuda_moe_fused_form), or -1. */
+static int fused_form_of(int ng, int d) {
+#ifdef MS_HAVE_CUDA
+    int g, dd;
+    for (int f = 0; ms_cuda_moe_fused_form(f, &g, &dd); f++)
+        if (g == ng && dd == d) return f;
+#else
+    (void)ng, (void)d;
+#endif
+    return -1;
 }
 static void test_nvfp4_routed(void) {
     const uint64_t rng_saved = rng;
     const int want = GPU->gpu.cc_major >= 8;
-    const int f3 = want ? 3 : 0;
     /* GLM-5's routing (256 experts, 8 groups, 4 kept, top-8, normalised, scaled) with a folded shared expert */
-    routed_case(256, 128, 257, 1, (ms_route_cfg){256, 8, 8, 4, 1, 2.5f}, 1, want, f3);
+    routed_case(256, 128, 257, 1, (ms_route_cfg){256, 8, 8, 4, 1, 2.5f}, 1, want, want, -1);
     /* GLM-4.5-Air's (128 experts, one group, top-8) at a K of two router slices, the second partial (640) */
-    routed_case(640, 256, 129, 1, (ms_route_cfg){128, 8, 1, 1, 1, 1.0f}, 1, want, f3);
+    routed_case(640, 256, 129, 1, (ms_route_cfg){128, 8, 1, 1, 1, 1.0f}, 1, want, want, -1);
     /* an expert count that leaves a partial group of 8 rows, no bias, no shared expert, unnormalised */
-    routed_case(384, 128, 20, 0, (ms_route_cfg){20, 3, 1, 1, 0, 1.5f}, 0, want, f3);
+    routed_case(384, 128, 20, 0, (ms_route_cfg){20, 3, 1, 1, 0, 1.5f}, 0, want, want, -1);
+    /* Air's and GLM-5's widths (4096: 2 units a norm thread, 6144: 3) in the forms the tuned file picks for
+     * them, two and three groups of 8 warps (512 and 768 threads, of which the norm's 256 hold the row),
+     * and in a one-group form; 32 experts, so the reference router folds the norm too (4 x 8 or 4 x 12
+     * blocks, within the GPU's SMs) */
+    const int f24 = fused_form_of(2, 4), f33 = fused_form_of(3, 3), f14 = fused_form_of(1, 4);
+    CHECK_MSG(f24 >= 0 && f33 >= 0 && f14 >= 0, "fused forms (2, 4), (3, 3), (1, 4): %d %d %d", f24, f33, f14);
+    const ms_route_cfg r32 = {32, 8, 1, 1, 1, 1.0f}, g32 = {32, 8, 8, 4, 1, 2.5f};
+    routed_case(4096, 128, 33, 1, r32, 1, want, want, f24);
+    routed_case(4096, 128, 33, 1, r32, 1, want, want, f14);
+    routed_case(6144, 128, 33, 1, g32, 1, want, want, f33);
+    routed_case(6144, 128, 33, 1, g32, 1, want, want, f24);
     /* refused: top-16 plus the shared expert is 17 slots, past the kernel's 16 (no fused launch at all) */
-    routed_case(256, 128, 33, 1, (ms_route_cfg){32, 16, 1, 1, 1, 1.0f}, 1, 0, 0);
-    /* refused when MS_CU_MOE_ROUTE=0: the plain fused kernel runs all three */
-    setenv("MS_CU_MOE_ROUTE", "0", 1);
-    routed_case(256, 128, 17, 1, (ms_route_cfg){16, 4, 1, 1, 1, 1.0f}, 1, 0, f3);
-    unsetenv("MS_CU_MOE_ROUTE");
+    routed_case(256, 128, 33, 1, (ms_route_cfg){32, 16, 1, 1, 1, 1.0f}, 1, 0, 0, -1);
+    /* refused where the router would not be the split form the routed kernel reproduces
+     * (MS_CU_ROUTER=warp, MS_CU_ROUTER_UNFUSED) or with MS_CU_MOE_ROUTE=0: the plain fused kernel runs */
+    const char *off[3][2] = {{"MS_CU_MOE_ROUTE", "0"}, {"MS_CU_ROUTER", "warp"}, {"MS_CU_ROUTER_UNFUSED", "1"}};
+    for (int i = 0; i < 3; i++) {
+        setenv(off[i][0], off[i][1], 1);
+        routed_case(256, 128, 17, 1, (ms_route_cfg){16, 4, 1, 1, 1, 1.0f}, 1, 0, want, -1);
+        unsetenv(off[i][0]);
+    }
     rng = rng_saved;
 }
 static void test_bf16_odd(void) { fmt_case(MS_WFMT_PLAIN, 72, 40); }

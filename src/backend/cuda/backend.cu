@@ -819,7 +819,7 @@ int cu_norm_of(ms_backend *b, const ms_norm_in *n, int64_t K, int router, cu_nor
     const ms_tensor *r = n->resid, *d = n->delta;
     const int fold = cu_knob(CU_KNOB_NORM_FOLD); /* 1 both, 2 the router only, 3 projections only */
     if (!fold || fold == (router ? 3 : 2) || !cu_of(b)->norm_sync || r->dtype != MS_F32 || n->w->dtype != MS_BF16 || n->out->dtype != MS_BF16 ||
-        (d && d->dtype != MS_F32) || K % 8 || K / 8 > CU_NORM_U * 256 ||
+        (d && d->dtype != MS_F32) || K % 8 || K / 8 > CU_NORM_U * CU_NORM_T ||
         ms_tensor_numel(r) != K || ms_tensor_numel(n->w) != K || ms_tensor_numel(n->out) != K ||
         (d && ms_tensor_numel(d) != K))
         return 0;

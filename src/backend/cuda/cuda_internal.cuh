@@ -293,11 +293,11 @@ typedef struct cu_moe_fused_call {
  * memory. MS_CU_MOE_FUSED=1 takes form (form_groups, form_depth) when the kernel has it and it fits, else
  * the form its cost model prefers; 2 + f forces form f (ms_cuda_moe_fused_form) or nothing. With route
  * set, the kernel first computes the norm and the router itself (cu_moe_route; the split router's
- * arithmetic, bit-identical to cu_router_fused's split form with the norm folded in the one-group forms
- * or for H <= 2048, see mf_route) and routes the token in every block; it declines
- * (nothing queued) also when MS_CU_MOE_ROUTE is 0, the routing is outside route_token_regs' limits
- * (E <= 256, groups <= 32, top-k <= 32 and = nslot), H > 8 * CU_NORM_U * 256, W misaligned, or the
- * partials exceed CU_MOE_PART_MAX. */
+ * arithmetic, bit-identical to cu_router_fused's split form with the norm folded, in every form) and
+ * routes the token in every block; it declines (nothing queued) also when MS_CU_MOE_ROUTE is 0,
+ * MS_CU_ROUTER is not split or MS_CU_ROUTER_UNFUSED is set (the router would not be the split form),
+ * the routing is outside route_token_regs' limits (E <= 256, groups <= 32, top-k <= 32 and = nslot),
+ * H > 8 * CU_NORM_U * CU_NORM_T, W misaligned, or the partials exceed CU_MOE_PART_MAX. */
 int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_err *err);
 
 /* One call of the streaming bf16 GEMV (gemv_bf16.cu): y[t, n] = x[t, :] · w0[n, :] (+ bias[n]) in mode 0,
@@ -310,9 +310,13 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
  * 16-24 KB), which costs less than the separate norm kernel it replaces (~4 us a norm in a decode step's
  * chain of kernels, H200). Block `first` stores x to out (later ops read it); when delta is set, the
  * last block to have read resid (counted in *done, which it puts back to 0) stores s back into resid:
- * every block reads resid, so no block may write it earlier. H % 8 == 0, H <= 8 * CU_NORM_U * threads,
- * resid, delta and out 16-byte aligned, w 16-byte aligned. */
-#define CU_NORM_U 4 /* 8-element units of the row a thread holds */
+ * every block reads resid, so no block may write it earlier. H % 8 == 0, H <= 8 * CU_NORM_U * CU_NORM_T,
+ * resid, delta and out 16-byte aligned, w 16-byte aligned. The block's first CU_NORM_T threads do the
+ * work (the others only meet the barriers), so the sum of squares, hence x, has the same bits in every
+ * kernel that folds the norm, whatever its block size (>= CU_NORM_T): the routed MoE kernel's 512- and
+ * 768-thread forms route exactly as the 256-thread split router does. */
+#define CU_NORM_U 4   /* 8-element units of the row a thread holds */
+#define CU_NORM_T 256 /* threads that hold the row, in every kernel that folds a norm */
 typedef struct cu_norm_in {
     float *resid;
     const float *delta;

@@ -6,6 +6,7 @@
 #include "backend/cuda/knobs.h"
 #include "backend/cuda/norm_stage.cuh"
 #include "backend/cuda/route_regs.cuh"
+#include "backend/cuda/router_dot.cuh"
 
 #include <math.h>
 #include <stdlib.h>
@@ -1137,6 +1138,7 @@ __global__ __launch_bounds__(RF_WARPS * 32) void k_router_fused(const bf16 *x, c
 #define RS_D 2            /* 16-byte weight chunks per lane: a block's K slice is 32 * RS_D * 8 = 512 k */
 #define RS_KS (32 * RS_D * 8)
 #define RS_PART_MAX 32768 /* fp32 partial logits (K slices x T x E) the scratch below holds */
+static_assert(RS_WARPS * 32 >= CU_NORM_T, "k_router_split<1> folds a norm: cu_norm_stage needs CU_NORM_T threads");
 static_assert(RS_WARPS == RF_WARPS, "cu_router_fused sizes the routing scratch for RF_WARPS warps");
 static_assert(RF_MAXT * RS_KS / 8 <= 2 * RS_WARPS * 32, "k_router_split stages x with 2 units per thread");
 
@@ -1213,20 +1215,10 @@ __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, c
         for (int u = 0; u < RS_D; u++) {
             const int c = u * 32 + lane;
             if (c >= nc) break;
-            const __nv_bfloat162 *w2 = (const __nv_bfloat162 *)&wv[u];
-            float2 wf[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) wf[i] = __bfloat1622float2(w2[i]);
 #pragma unroll
             for (int t = 0; t < RF_MAXT; t++) {
                 if (t >= T) break;
-                const uint4 xv = rssm[t * (RS_KS / 8) + c];
-                const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xv;
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const float2 bb = __bfloat1622float2(x2[i]);
-                    acc[t] = fmaf(wf[i].x, bb.x, fmaf(wf[i].y, bb.y, acc[t]));
-                }
+                acc[t] = cu_router_fma8(acc[t], wv[u], rssm[t * (RS_KS / 8) + c]);
             }
         }
 #pragma unroll
@@ -1253,7 +1245,7 @@ __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, c
         for (int ks = 0; ks < nks; ks++) v += __ldcg(g_rs_part + (size_t)ks * T * E + i);
         lg[i] = v;
         if (regs) {
-            const float sv = 1.f / (1.f + expf(-v));
+            const float sv = cu_router_score(v);
             sc[(size_t)t * 2 * E + ee] = sv;
             sc[(size_t)t * 2 * E + E + ee] = sv + bv;
         }
@@ -1281,7 +1273,7 @@ int cu_router_fused(ms_backend *b, const ms_tensor *x, const ms_linear *gate, co
     if (T < 1 || T > RF_MAXT || gate->fmt != MS_WFMT_PLAIN || gate->w.dtype != MS_BF16 || gate->bias.data ||
         x->dtype != MS_BF16 || K % 8 || ((uintptr_t)gate->w.data | (uintptr_t)x->data) % 16 || K > (1 << 24))
         return MS_OK;
-    if (nrm && (T != 1 || nrm->H != K || K / 8 > CU_NORM_U * RS_WARPS * 32)) return MS_OK;
+    if (nrm && (T != 1 || nrm->H != K || K / 8 > CU_NORM_U * CU_NORM_T)) return MS_OK;
     cu_norm_in nin;
     memset(&nin, 0, sizeof nin);
     if (nrm) nin = *nrm;

@@ -42,6 +42,7 @@
 #define GB_THREADS (GB_WARPS * 32)
 #define GB_D 8     /* ring stages per warp and weight stream: 512-byte steps, GB_D - 1 in flight */
 #define GB_MAX_T 4 /* rows of x per launch (template NT = 1..4) */
+static_assert(GB_THREADS >= CU_NORM_T, "k_gvb<1, 2> folds a norm: cu_norm_stage needs CU_NORM_T threads");
 
 struct gb_args {
     const bf16 *w0, *w1; /* [N][K] row-major; w1 = up (mode 1) */
@@ -225,7 +226,7 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     if (((uintptr_t)c->w0 & 15) || ((uintptr_t)c->w1 & 15) || (!c->norm && ((uintptr_t)c->x & 15)) ||
         ((size_t)K * 2) % 16)
         return MS_OK;
-    if (c->norm && (c->mode != 0 || T != 1 || c->norm->H != K || K / 8 > CU_NORM_U * GB_THREADS)) return MS_OK;
+    if (c->norm && (c->mode != 0 || T != 1 || c->norm->H != K || K / 8 > CU_NORM_U * CU_NORM_T)) return MS_OK;
     const int K8 = K / 8;
     const size_t xbytes = (size_t)T * K * 2;
     if (xbytes > 96 * 1024) return MS_OK; /* longer rows take the other forms (at 96 KB one block an SM) */

@@ -52,6 +52,7 @@
 #include "backend/cuda/gemv_mma.cuh"
 #include "backend/cuda/norm_stage.cuh"
 #include "backend/cuda/route_regs.cuh"
+#include "backend/cuda/router_dot.cuh"
 
 #include <cuda_fp8.h>
 #include <string.h>
@@ -61,6 +62,7 @@
 #define MF_RED_FLOATS (2 * 7 * 2 * 32) /* a group's reduction buffers: [parity][warps 1-7][row g, g + 8][lane] */
 #define MF_XPOW 64     /* x and h are staged times 2^MF_XPOW (see mf_step) */
 #define MF_ALIGN 128   /* the dynamic window's base, rounded up in the kernel (bytes) */
+static_assert(MF_WARPS * 32 >= CU_NORM_T, "the routed form folds a norm: cu_norm_stage needs CU_NORM_T threads");
 
 /* A valid slot's weights (rows of 16-byte units; scales e4m3 per 16 k) and factors. */
 struct mf_slot {
@@ -88,11 +90,10 @@ struct mf_args {
  * router (W [E, H] bf16 rows, bias F32/BF16 or NULL, noaux_tc settings) run in the kernel itself, the
  * top-k going to the slot table instead of through ids/wts (a.ids, a.wts unused). The router's
  * partial logits are k_router_split's: expert rows in groups of 8 (a warp each) times K slices of
- * MF_RKS, each lane MF_RD 16-byte chunks, in the same order. The normed row has the split router's
- * bits when the norm deals it as the router's 256 threads do: in the one-group forms, or for rows of at
- * most 256 units (2048 wide); the two- and three-group forms (512, 768 threads) add a wider row's sum of
- * squares in another order (the same formula, fp32 rounding), so their choice may differ from the
- * router kernel's at a near-tie (found in review, session 21; not yet dealt over 256 threads). */
+ * MF_RKS, each lane MF_RD 16-byte chunks, in the same order and with the same arithmetic
+ * (router_dot.cuh). The normed row has the split router's bits in every form: cu_norm_stage deals the
+ * row over its first CU_NORM_T threads whatever the block size, so the two- and three-group forms (512,
+ * 768 threads) add the sum of squares in the 256-thread router's order. */
 #define MF_RD 2                /* 16-byte router weight chunks a lane (k_router_split's RS_D) */
 #define MF_RKS (32 * MF_RD * 8) /* k of a router K slice (k_router_split's RS_KS) */
 struct mf_route {
@@ -334,19 +335,12 @@ __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) void k_moe_fused(mf_args a, 
             if (!r.early || u != grp0) rload(u);
             const int ks = u / neg, e = (u - ks * neg) * MF_WARPS + w, k0 = ks * MF_RKS;
             const int nc = min(MF_RKS, H - k0) / 8;
-            float acc = 0.f; /* k_router_split's order: chunk q, then its 4 pairs */
+            float acc = 0.f; /* k_router_split's chunks in its order, with its arithmetic */
 #pragma unroll
             for (int q = 0; q < MF_RD; q++) {
                 const int c = q * 32 + lane;
                 if (c >= nc) break;
-                const __nv_bfloat162 *w2 = (const __nv_bfloat162 *)&rwv[q];
-                const uint4 xv = px[k0 / 8 + c];
-                const __nv_bfloat162 *x2 = (const __nv_bfloat162 *)&xv;
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const float2 wf = __bfloat1622float2(w2[i]), bb = __bfloat1622float2(x2[i]);
-                    acc = fmaf(wf.x, bb.x, fmaf(wf.y, bb.y, acc));
-                }
+                acc = cu_router_fma8(acc, rwv[q], px[k0 / 8 + c]);
             }
             const float v = warp_sum(acc);
             if (lane == 0 && e < r.E) {
@@ -368,7 +362,7 @@ __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) void k_moe_fused(mf_args a, 
             const float bv = r.bias ? cu_ld(r.bias, r.bt, e) : 0.f;
             float v = 0.f;
             for (int ks = 0; ks < r.nks; ks++) v += __ldcg(r.part + (size_t)ks * r.E + e);
-            const float sv = 1.f / (1.f + expf(-v));
+            const float sv = cu_router_score(v);
             sc[e] = sv;
             sc[r.E + e] = sv + bv;
         }
@@ -627,10 +621,11 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
         const int sc_units = (8 * E + 15) / 16, tail = rsA > sc_units ? rsA : sc_units;
         /* route_token_regs' limits; the norm's row in CU_NORM_U units a thread of one group of 8 warps;
          * the partials in the backend's scratch */
-        if (!cu_knob(CU_KNOB_MOE_ROUTE) || !cu_of(b)->moe_part || E < 1 || E > 32 * RS_EPL || rc->n_group < 1 ||
+        if (!cu_knob(CU_KNOB_MOE_ROUTE) || cu_knob(CU_KNOB_ROUTER) != CU_ROUTER_SPLIT || cu_knob(CU_KNOB_ROUTER_UNFUSED) ||
+            !cu_of(b)->moe_part || E < 1 || E > 32 * RS_EPL || rc->n_group < 1 ||
             rc->n_group > 32 || E % rc->n_group || rc->topk_group < 1 || rc->topk_group > rc->n_group ||
             rc->topk < 1 || rc->topk > 32 || rc->topk > E || rc->topk != c->nslot || rt->nin.H != H ||
-            H / 8 > CU_NORM_U * MF_WARPS * 32 || ((uintptr_t)rt->W & 15) || (int64_t)nks * E > CU_MOE_PART_MAX ||
+            H / 8 > CU_NORM_U * CU_NORM_T || ((uintptr_t)rt->W & 15) || (int64_t)nks * E > CU_MOE_PART_MAX ||
             (rt->bias && rt->bias_t != MS_F32 && rt->bias_t != MS_BF16))
             return MS_OK;
         if (x_units < rsA + tail) x_units = rsA + tail;

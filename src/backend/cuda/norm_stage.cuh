@@ -10,11 +10,15 @@
 
 /* cu_norm_in's block part (contract there): x units [u0, u1) of the row (8 bf16 each) into xs[0 ..
  * u1 - u0); nblocks: the blocks of the launch that call this (each exactly once), first: this block stores
- * out. All threads of the block call it after griddepcontrol.wait; it ends in a barrier, after which xs
- * is complete. Uses 34 floats of static shared memory. */
+ * out. All threads of the block (at least CU_NORM_T) call it after griddepcontrol.wait; threads
+ * CU_NORM_T and up hold nothing, so the sum's order is the same in every caller. It ends in a barrier,
+ * after which xs is complete. Uses 34 floats of static shared memory. */
 static __device__ __forceinline__ void cu_norm_stage(const cu_norm_in n, uint4 *xs, int u0, int u1, unsigned nblocks, bool first) {
     __shared__ float red[34];
-    const int U = n.H >> 3, tid = threadIdx.x, nt = blockDim.x;
+    /* nt is CU_NORM_T in every caller (blocks of at least CU_NORM_T threads); kept a run-time value,
+     * since the constant let the compiler keep more addresses live (ptxas: k_gvb<1, 2> spilled 128 bytes
+     * instead of 48, the three-group routed forms 24 instead of 0) */
+    const int tid = threadIdx.x, nt = min((int)blockDim.x, CU_NORM_T), U = tid < nt ? n.H >> 3 : 0;
     const int warp = tid >> 5, lane = tid & 31;
     float4 s[CU_NORM_U][2];
     uint4 wv[CU_NORM_U];
@@ -42,7 +46,7 @@ static __device__ __forceinline__ void cu_norm_stage(const cu_norm_in n, uint4 *
     __syncthreads();
     if (tid == 0) {
         float t = 0.f;
-        for (int w = 0; w < (nt + 31) >> 5; w++) t += red[w];
+        for (int w = 0; w < nt >> 5; w++) t += red[w];
         red[32] = 1.f / sqrtf(t / (float)n.H + n.eps);
         unsigned last = 0;
         if (n.delta) { /* this block's reads of resid are done (their values are summed above) */

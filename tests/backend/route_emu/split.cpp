@@ -59,6 +59,7 @@ static void route_token(const float *, const void *, int, int, int, int, int, in
 #define __launch_bounds__(...)
 static thread_local uint4 *EMU_SMEM;
 using std::min;
+#include "backend/cuda/router_dot.cuh"
 #include "rs_emu.cpp"
 
 /* One launch as cu_router_fused makes it (fold: k_router_split<1> at T = 1, x from a residual row);
@@ -171,5 +172,109 @@ static int split_case(int T, int E, int K, int topk, int ng, int tg, int norm, i
                 break;
             }
     }
+    return bad;
+}
+
+/* cu_norm_stage alone, as a kernel with blocks of nt threads calls it: nb blocks (one after another), each
+ * staging the units [u0, u1) it is given, block 0 storing the row; returns the staged units of every block
+ * (whole row concatenated), the stored row and the residual written back. */
+struct norm_out { std::vector<uint4> xs; std::vector<uint16_t> out; std::vector<float> resid; unsigned done; };
+static norm_out norm_block_run(int K, int nt, int nb, const std::vector<float> &res0, const std::vector<float> &del,
+                               const std::vector<uint16_t> &nw) {
+    norm_out o;
+    o.resid = res0;
+    o.out.assign(K, 0xffff);
+    o.done = 0;
+    const int U = K / 8, per = (U + nb - 1) / nb;
+    o.xs.assign(U, uint4{~0u, ~0u, ~0u, ~0u});
+    const cu_norm_in nin = {o.resid.data(), del.data(), (const bf16 *)nw.data(), (bf16 *)o.out.data(), 1e-5f, K, &o.done};
+    for (int bx = 0; bx < nb; bx++) {
+        const int u0 = std::min(U, bx * per), u1 = std::min(U, u0 + per);
+        std::barrier<> bar(nt);
+        BLOCK_BAR = &bar;
+        std::vector<std::thread> th;
+        for (int i = 0; i < nt; i++)
+            th.emplace_back([&, i] {
+                threadIdx.x = i;
+                blockIdx = dim3{(unsigned)bx, 0, 0};
+                blockDim = dim3{(unsigned)nt, 1, 1};
+                gridDim = dim3{(unsigned)nb, 1, 1};
+                cu_norm_stage(nin, o.xs.data() + u0, u0, u1, (unsigned)nb, bx == 0);
+            });
+        for (auto &t : th) t.join();
+    }
+    return o;
+}
+
+/* The row's 1 / rms as CU_NORM_T threads of cu_norm_stage compute it: thread t adds the squares of units
+ * t, t + CU_NORM_T, ... (each unit as two float4 of resid + delta, four squares left to right), the warps
+ * reduce by xor shuffles (16, 8, 4, 2, 1) and lane 0's sums are added in warp order. */
+static float norm_inv_model(const std::vector<float> &res, const std::vector<float> &del, int K) {
+    const int U = K / 8;
+    std::vector<float> acc(CU_NORM_T, 0.f);
+    for (int t = 0; t < CU_NORM_T; t++)
+        for (int i = 0; i < CU_NORM_U; i++) {
+            const int u = t + i * CU_NORM_T;
+            if (u >= U) continue;
+            for (int h = 0; h < 2; h++) {
+                float a[4];
+                for (int j = 0; j < 4; j++) a[j] = res[8 * u + 4 * h + j] + del[8 * u + 4 * h + j];
+                const float sq = a[0] * a[0] + a[1] * a[1] + a[2] * a[2] + a[3] * a[3];
+                acc[t] += sq;
+            }
+        }
+    float tot = 0.f;
+    for (int w = 0; w < CU_NORM_T / 32; w++) {
+        float v[32];
+        for (int l = 0; l < 32; l++) v[l] = acc[32 * w + l];
+        for (int o = 16; o > 0; o >>= 1) {
+            float nv[32];
+            for (int l = 0; l < 32; l++) nv[l] = v[l] + v[l ^ o];
+            memcpy(v, nv, sizeof v);
+        }
+        tot += v[0];
+    }
+    return 1.f / sqrtf(tot / (float)K + 1e-5f);
+}
+
+/* The folded norm's bits do not depend on the caller's block size (cu_norm_stage deals the row over
+ * CU_NORM_T threads): blocks of 256, 512 and 768 threads, one block and two, must all give the normed
+ * row of norm_inv_model's 1 / rms. Since the row is rounded to bf16, a 1 / rms one fp32 ulp off would
+ * rarely show; so the norm weights are chosen so that some products sit next to a bf16 rounding point,
+ * where one ulp up and one ulp down of 1 / rms each flip some output (checked from 1024 wide). Returns
+ * the failures. */
+static int norm_block_case(int K, std::mt19937 &R) {
+    std::uniform_real_distribution<float> Uf(-1.f, 1.f);
+    std::vector<float> res(K), del(K);
+    std::vector<uint16_t> nw(K);
+    for (int k = 0; k < K; k++) res[k] = Uf(R) * 3.f, del[k] = Uf(R);
+    const float inv = norm_inv_model(res, del, K), up = nextafterf(inv, INFINITY), dn = nextafterf(inv, 0.f);
+    auto outb = [&](int k, float iv, uint16_t w) { return bf_rn((res[k] + del[k]) * iv * bfv(w)).v; };
+    int flips_up = 0, flips_dn = 0;
+    for (int k = 0; k < K; k++) { /* the weight in [0.5, 1) whose product is nearest a flip, else a random one */
+        nw[k] = 0x3f00 | (uint16_t)(R() & 0x7f);
+        for (uint16_t w = 0x3f00; w < 0x3f80; w++) {
+            const uint16_t o = outb(k, inv, w);
+            if (o != outb(k, up, w) || o != outb(k, dn, w)) {
+                nw[k] = w;
+                flips_up += o != outb(k, up, w), flips_dn += o != outb(k, dn, w);
+                break;
+            }
+        }
+    }
+    int bad = 0;
+    if (K >= 1024 && (!flips_up || !flips_dn)) { /* a short row may have no such product */ printf("FAIL norm K=%d: no weight makes 1 / rms's ulp visible (%d, %d)\n", K, flips_up, flips_dn); bad++; }
+    for (int nb : {1, 2})
+        for (int nt : {CU_NORM_T, 512, 768}) {
+            const norm_out o = norm_block_run(K, nt, nb, res, del, nw);
+            int wrong = 0;
+            for (int k = 0; k < K; k++) wrong += o.out[k] != outb(k, inv, nw[k]) || o.resid[k] != res[k] + del[k];
+            for (int u = 0; u < K / 8; u++) wrong += memcmp(&o.xs[u], &o.out[8 * u], 16) != 0;
+            if (wrong || o.done) {
+                printf("FAIL norm K=%d, %d blocks of %d threads: %d values differ from the %d-thread order (count %u)\n", K, nb,
+                       nt, wrong, CU_NORM_T, o.done);
+                bad++;
+            }
+        }
     return bad;
 }
