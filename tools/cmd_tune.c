@@ -27,7 +27,6 @@
 #endif
 
 #include <errno.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -281,67 +280,19 @@ int cmd_tune(int argc, char **argv) {
         fprintf(stderr, "moeserve tune: flag --out-dir: cannot create %s: %s\n", out_dir, strerror(errno));
         goto done;
     }
-    char base[160], path[1200], tmp[1300];
-    ms_moe_tuned_file_name(b->gpu.name, base, sizeof base);
-    snprintf(path, sizeof path, "%s/%s.json", out_dir, base);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    /* an earlier file for this GPU keeps its other shapes' forms (and, with --forms-only, its crossover) */
-    json_t *old = json_load_file(path, 0, NULL), *root = json_object(), *forms = json_array();
-    const char *old_gpu = json_string_value(json_object_get(old, "gpu"));
-    const int keep = json_is_object(old) && old_gpu && !strcmp(old_gpu, b->gpu.name);
-    char cc[16];
-    snprintf(cc, sizeof cc, "%d.%d", b->gpu.cc_major, b->gpu.cc_minor);
-    json_object_set_new(root, "gpu", json_string(b->gpu.name));
-    json_object_set_new(root, "compute_capability", json_string(cc));
-    static const char *const kept[3] = {"moe_decode_max_tokens", "measured_on", "us_per_call"};
-    if (forms_only) {
-        for (int i = 0; i < 3 && keep; i++)
-            if (json_object_get(old, kept[i])) json_object_set(root, kept[i], json_object_get(old, kept[i]));
-    } else {
-        json_object_set_new(root, "moe_decode_max_tokens", json_integer(cross));
-        json_object_set_new(root, "measured_on", json_pack("{s:s, s:s, s:i, s:i, s:i, s:i}", "model", model, "experts",
-                                                           quant, "hidden", s.hidden, "inter", s.inter, "topk", s.topk,
-                                                           "n_experts", s.n_experts));
-        json_t *calls = json_array();
-        for (int i = 0; i < nt; i++)
-            json_array_append_new(calls, json_pack("{s:i, s:f, s:f}", "tokens", tokens[i], "decode", td[i], "grouped", tg[i]));
-        json_object_set_new(root, "us_per_call", calls);
-    }
-    json_t *of = keep ? json_object_get(old, "moe_fused_forms") : NULL;
-    for (size_t i = 0; json_is_array(of) && i < json_array_size(of); i++) {
-        json_t *e = json_array_get(of, i);
-        if (rec.groups && json_integer_value(json_object_get(e, "hidden")) == rec.hidden &&
-            json_integer_value(json_object_get(e, "inter")) == rec.inter &&
-            json_integer_value(json_object_get(e, "slots")) == rec.slots)
-            continue; /* measured again now */
-        json_array_append(forms, e);
-    }
+    ms_moe_tune_result res = {.gpu = b->gpu.name, .cc_major = b->gpu.cc_major, .cc_minor = b->gpu.cc_minor,
+                              .forms_only = forms_only, .decode_max_tokens = cross, .model = model, .quant = quant,
+                              .hidden = s.hidden, .inter = s.inter, .topk = s.topk, .n_experts = s.n_experts,
+                              .n_tokens = nt, .tokens = tokens, .us_decode = td, .us_grouped = tg, .best = rec,
+                              .cost_model_us = -1};
 #ifdef MS_HAVE_CUDA
-    if (rec.groups) {
-        json_t *e = json_pack("{s:i, s:i, s:i, s:i, s:i, s:s, s:s}", "hidden", rec.hidden, "inter", rec.inter, "slots",
-                              rec.slots, "groups", rec.groups, "depth", rec.depth, "model", model, "experts", quant);
-        json_t *all = json_array();
-        for (int f = 0; f < nf; f++) {
-            int g, d;
-            ms_cuda_moe_fused_form(f, &g, &d);
-            if (fus[f] >= 0) json_array_append_new(all, json_pack("{s:i, s:i, s:f}", "groups", g, "depth", d, "us", fus[f]));
-        }
-        json_object_set_new(e, "us_per_form", all);
-        if (model_us >= 0) json_object_set_new(e, "cost_model_us", json_real(model_us));
-        json_array_append_new(forms, e);
-    }
+    int fg[TUNE_FORMS], fd[TUNE_FORMS];
+    for (int f = 0; f < nf; f++) ms_cuda_moe_fused_form(f, &fg[f], &fd[f]);
+    res.n_forms = nf, res.form_groups = fg, res.form_depth = fd, res.form_us = fus, res.cost_model_us = model_us;
 #endif
-    json_object_set_new(root, "moe_fused_forms", forms);
-    errno = 0;
-    const int wrc = json_dump_file(root, tmp, JSON_INDENT(2) | JSON_REAL_PRECISION(6));
-    int werr = errno; /* before the frees below; 0 when jansson failed without a system error */
-    const int mv = wrc ? 0 : rename(tmp, path);
-    if (mv) werr = errno;
-    json_decref(root);
-    json_decref(old);
-    if (wrc || mv) {
-        fprintf(stderr, "moeserve tune: cannot write %s: %s\n", wrc ? tmp : path, werr ? strerror(werr) : "JSON encoding failed");
-        remove(tmp);
+    char path[1200];
+    if (ms_moe_tuned_write(out_dir, &res, path, sizeof path, &err)) {
+        fprintf(stderr, "moeserve tune: %s\n", err.msg);
         goto done;
     }
     if (forms_only) printf("wrote %s\n", path);

@@ -116,4 +116,28 @@ void ms_moe_tuned_file_name(const char *gpu_name, char *out, size_t cap);
  * backend, other GPU, bad content: the heuristic defaults stay). */
 int ms_moe_apply_tuned(const ms_backend *b, const char *dir);
 
+/* One `moeserve tune` run's results, for ms_moe_tuned_write. Arrays are the caller's. */
+typedef struct ms_moe_tune_result {
+    const char *gpu;                 /* the backend's GPU name (the file's "gpu"), cc "major.minor" */
+    int cc_major, cc_minor;
+    int forms_only;                  /* 1: no crossover measured (the old file's is kept) */
+    int decode_max_tokens;           /* the crossover: the decode runner up to this many tokens */
+    const char *model, *quant;       /* what was measured: config path, expert format name */
+    int hidden, inter, topk, n_experts;
+    int n_tokens;                    /* token counts timed, with each runner's us a call */
+    const int *tokens;
+    const double *us_decode, *us_grouped;
+    ms_moe_form best;                /* the fastest fused form (groups 0: none measured) */
+    int n_forms;                     /* every form timed: its groups, depth and us a call (< 0: did not fit) */
+    const int *form_groups, *form_depth;
+    const double *form_us;
+    double cost_model_us;            /* the time of the cost model's choice (< 0: unknown) */
+} ms_moe_tune_result;
+/* Writes dir/<tuned name of r->gpu>.json (through a temporary file renamed over it), which
+ * ms_moe_apply_tuned reads back: the crossover, what was measured and the per-call times (with
+ * forms_only, the old file's, when it names the same GPU), and the fused forms: the old file's entries
+ * for other shapes kept, this run's best form added with its per-form times. path [cap] receives the
+ * file's path. Returns MS_OK or an error naming the file. dir must exist. */
+int ms_moe_tuned_write(const char *dir, const ms_moe_tune_result *r, char *path, size_t cap, ms_err *err);
+
 #endif

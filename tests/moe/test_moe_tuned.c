@@ -1,6 +1,7 @@
 /* test_moe_tuned.c - the per-GPU tuned file (configs/tuned/<gpu>.json from `moeserve tune`) changes
  * the MoE auto threshold and the fused kernel's forms only for the GPU it names; missing/other-GPU/bad
- * files and entries keep the defaults; the form table's replace, drop and capacity rules. */
+ * files and entries keep the defaults; the form table's replace, drop and capacity rules; what the
+ * writer writes, the reader applies, and successive runs merge. */
 #include "moe/moe.h"
 #include "test.h"
 
@@ -108,12 +109,72 @@ static void test_forms(void) {
     CHECK(!ms_moe_fused_form(7168, 2048, 9, &g, &d));
 }
 
+/* ms_moe_tuned_write (what `moeserve tune` writes) read back by ms_moe_apply_tuned: the crossover and the
+ * best form apply; a second run for another shape keeps the first shape's form and replaces the
+ * crossover; a forms-only run keeps the crossover and replaces its own shape's form; a file that names
+ * another GPU under the same file name is not merged; an unwritable directory is an error naming it. */
+static void test_write_read(void) {
+    const int tokens[3] = {1, 8, 64};
+    const double ud[3] = {40.5, 90.25, 400}, ug[3] = {60, 95, 300};
+    const int fg[3] = {1, 2, 3}, fd[3] = {4, 4, 3};
+    const double fu[3] = {44.5, 41.25, -1};
+    ms_moe_tune_result r = {.gpu = "NVIDIA H200", .cc_major = 9, .cc_minor = 0, .decode_max_tokens = 8,
+                            .model = "configs/glm-4.5-air.json", .quant = "nvfp4", .hidden = 4096, .inter = 1408,
+                            .topk = 8, .n_experts = 128, .n_tokens = 3, .tokens = tokens, .us_decode = ud,
+                            .us_grouped = ug, .best = {4096, 1408, 9, 2, 4}, .n_forms = 3, .form_groups = fg,
+                            .form_depth = fd, .form_us = fu, .cost_model_us = 44.5};
+    char path[512], want[512];
+    ms_err err = {0};
+    snprintf(want, sizeof want, "%s/nvidia-h200.json", g_dir);
+    unlink(want);
+    CHECK_EQ_INT(ms_moe_tuned_write(g_dir, &r, path, sizeof path, &err), MS_OK);
+    CHECK_STR(path, want);
+    ms_backend h200 = fake_gpu("NVIDIA H200"), other = fake_gpu("NVIDIA-H200");
+    int g = -1, d = -1;
+    ms_moe_set_auto_threshold(16);
+    CHECK_EQ_INT(ms_moe_apply_tuned(&h200, g_dir), 1);
+    CHECK_EQ_INT(ms_moe_auto_threshold(), 8);
+    CHECK(ms_moe_fused_form(4096, 1408, 9, &g, &d));
+    CHECK_EQ_INT(g * 10 + d, 24);
+    /* another shape (GLM-5's), another crossover: both shapes' forms are in the file */
+    r.decode_max_tokens = 32, r.best = (ms_moe_form){6144, 2048, 9, 3, 3};
+    CHECK_EQ_INT(ms_moe_tuned_write(g_dir, &r, path, sizeof path, &err), MS_OK);
+    /* forms only, Air's shape again with another form: the crossover of the last full run stays */
+    r.forms_only = 1, r.decode_max_tokens = 999, r.best = (ms_moe_form){4096, 1408, 9, 1, 6};
+    CHECK_EQ_INT(ms_moe_tuned_write(g_dir, &r, path, sizeof path, &err), MS_OK);
+    ms_moe_set_fused_form(&(ms_moe_form){4096, 1408, 9, 0, 0});
+    ms_moe_set_auto_threshold(16);
+    CHECK_EQ_INT(ms_moe_apply_tuned(&h200, g_dir), 1);
+    CHECK_EQ_INT(ms_moe_auto_threshold(), 32);
+    CHECK(ms_moe_fused_form(4096, 1408, 9, &g, &d));
+    CHECK_EQ_INT(g * 10 + d, 16);
+    CHECK(ms_moe_fused_form(6144, 2048, 9, &g, &d));
+    CHECK_EQ_INT(g * 10 + d, 33);
+    /* a GPU whose name maps to the same file: the file is rewritten for it, nothing of the other kept */
+    ms_moe_set_fused_form(&(ms_moe_form){4096, 1408, 9, 0, 0});
+    ms_moe_set_fused_form(&(ms_moe_form){6144, 2048, 9, 0, 0});
+    r.gpu = "NVIDIA-H200", r.forms_only = 1, r.best = (ms_moe_form){0, 0, 0, 0, 0};
+    CHECK_EQ_INT(ms_moe_tuned_write(g_dir, &r, path, sizeof path, &err), MS_OK);
+    ms_moe_set_auto_threshold(16);
+    CHECK_EQ_INT(ms_moe_apply_tuned(&h200, g_dir), 0);
+    CHECK_EQ_INT(ms_moe_apply_tuned(&other, g_dir), 0); /* no crossover, no form: nothing to apply */
+    CHECK_EQ_INT(ms_moe_auto_threshold(), 16);
+    CHECK(!ms_moe_fused_form(6144, 2048, 9, &g, &d));
+    /* a directory that does not exist */
+    char bad[600];
+    snprintf(bad, sizeof bad, "%s/missing", g_dir);
+    CHECK_EQ_INT(ms_moe_tuned_write(bad, &r, path, sizeof path, &err), MS_ERR_IO);
+    CHECK(strstr(err.msg, "missing/nvidia-h200.json") != NULL);
+    unlink(want);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/ms_tuned_XXXXXX");
     if (!mkdtemp(g_dir)) return 1;
     RUN(test_file_name);
     RUN(test_apply);
     RUN(test_forms);
+    RUN(test_write_read);
     char p[256];
     snprintf(p, sizeof p, "%s/nvidia-h200.json", g_dir);
     unlink(p);
