@@ -481,13 +481,6 @@ int cu_attn_gqa_mma(ms_backend *b, const bf16 *q, const bf16 *kc, const bf16 *vc
     return MS_OK;
 }
 
-/* F32 data of t ([n] elements), or NULL when t is absent; *ok = 0 when t is there but not that. */
-static const float *am_f32(const ms_tensor *t, int64_t n, int *ok) {
-    if (!t || !t->data) return NULL;
-    if (t->dtype != MS_F32 || ms_tensor_numel(t) != n) *ok = 0;
-    return (const float *)t->data;
-}
-
 /* Contract in cuda_internal.cuh. */
 int cu_attn_gqa_mma_prep(ms_backend *b, const ms_attn_call *c, int *launched, ms_err *err) {
     *launched = 0;
@@ -515,9 +508,9 @@ int cu_attn_gqa_mma_prep(ms_backend *b, const ms_attn_call *c, int *launched, ms
     am_prep pp;
     memset(&a, 0, sizeof a);
     memset(&pp, 0, sizeof pp);
-    pp.bq = am_f32(p->bq, (int64_t)nh * d, &ok);
-    pp.bk = am_f32(p->bk, (int64_t)nkv * d, &ok);
-    pp.bv = am_f32(p->bv, (int64_t)nkv * d, &ok);
+    pp.bq = cu_f32_opt(p->bq, (int64_t)nh * d, &ok);
+    pp.bk = cu_f32_opt(p->bk, (int64_t)nkv * d, &ok);
+    pp.bv = cu_f32_opt(p->bv, (int64_t)nkv * d, &ok);
     if (!ok) return MS_OK;
     const int hc = nh / nkv;
     /* the biases are staged in the second K buffer; cp.async moves 16-byte pieces */

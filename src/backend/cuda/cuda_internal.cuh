@@ -779,5 +779,12 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 static inline int cu_blocks(int64_t n, int t) { return (int)((n + t - 1) / t); }
+/* F32 data of an optional tensor t of n elements (a bias): NULL when t is absent; *ok = 0 when t is there
+ * but not F32 [n] (the caller then declines or reports it: biases come from checkpoints, so not an assert). */
+static inline const float *cu_f32_opt(const ms_tensor *t, int64_t n, int *ok) {
+    if (!t || !t->data) return NULL;
+    if (t->dtype != MS_F32 || ms_tensor_numel(t) != n) *ok = 0;
+    return (const float *)t->data;
+}
 
 #endif

@@ -564,12 +564,6 @@ __global__ void k_gqa_prep(gp_io io, const float *bq, const float *bk, const flo
             vc[(size_t)s * nkv * d + c] = __float2bfloat16_rn(__bfloat162float(io.vi[(size_t)t * io.ldv + c]) + (bv ? bv[c] : 0.f));
 }
 
-static const float *f32_or_null(const ms_tensor *t, int64_t n) {
-    if (!t || !t->data) return NULL;
-    MS_ASSERT(t->dtype == MS_F32 && ms_tensor_numel(t) == n);
-    return (const float *)t->data;
-}
-
 int cu_op_gqa_prep(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_tensor *v, const ms_tensor *bq,
                    const ms_tensor *bk, const ms_tensor *bv, const int32_t *pos_d, const ms_rope_cfg *rc,
                    ms_tensor *kcache, ms_tensor *vcache, const int32_t *slot_d, const ms_tensor *qkv, ms_err *err) {
@@ -597,13 +591,18 @@ int cu_op_gqa_prep(ms_backend *b, ms_tensor *q, const ms_tensor *k, const ms_ten
         io.ki = (const bf16 *)k->data;
         io.vi = (const bf16 *)v->data;
     }
+    int bias_ok = 1;
+    const float *fbq = cu_f32_opt(bq, (int64_t)nh * d, &bias_ok), *fbk = cu_f32_opt(bk, (int64_t)nkv * d, &bias_ok),
+                *fbv = cu_f32_opt(bv, (int64_t)nkv * d, &bias_ok);
+    if (!bias_ok)
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "gqa_prep: the q/k/v biases must be F32 of %d / %d / %d elements", nh * d,
+                       nkv * d, nkv * d);
     if (T == 0) return MS_OK;
     const float *inv = NULL;
     if (rot_dim) MS_TRY(cu_rope_table(b, rc, &inv, err));
     dim3 grid((unsigned)T, (unsigned)((nh + 2 * nkv + GP_HPB - 1) / GP_HPB));
     CK(cu_launch(k_gqa_prep, grid, 256, sizeof(float) * (size_t)rot_dim, stream_of(b), io,
-                 f32_or_null(bq, (int64_t)nh * d), f32_or_null(bk, (int64_t)nkv * d),
-                 f32_or_null(bv, (int64_t)nkv * d), nh, nkv, d, pos_d, inv, rot_off, rot_dim,
+                 fbq, fbk, fbv, nh, nkv, d, pos_d, inv, rot_off, rot_dim,
                  rc ? rc->interleaved : 0, (bf16 *)kcache->data, (bf16 *)vcache->data,
                  kcache->shape[0], slot_d));
     return MS_OK;
