@@ -10,6 +10,7 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "core/dtype.h"
 #include "test.h"
+#include "test_linear.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -61,10 +62,7 @@ static qlin make_linear(int fmt, ms_dtype pdt, int64_t N, int64_t K, int with_bi
     qlin q;
     memset(&q, 0, sizeof q);
     ms_linear *W = &q.W;
-    W->name = "test.linear";
-    W->fmt = fmt;
-    W->n_out = N;
-    W->n_in = K;
+    test_linear_init(W, "test.linear", fmt, N, K);
     if (fmt == MS_WFMT_PLAIN) {
         W->w = ms_tensor_2d(pdt, N, K);
         q.w = malloc(ms_tensor_nbytes(&W->w));

@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "test.h"
+#include "test_linear.h"
 #ifdef MS_HAVE_CUDA
 #include "backend/cuda/backend_cuda.h"
 #include "backend/cuda/knobs.h"
@@ -522,11 +523,7 @@ static lpair mk_linear(ms_wfmt fmt, ms_dtype pdt, int64_t N, int64_t K, int with
     lpair L;
     memset(&L, 0, sizeof L);
     ms_linear W;
-    memset(&W, 0, sizeof W);
-    W.name = "test.linear";
-    W.fmt = fmt;
-    W.n_out = N;
-    W.n_in = K;
+    test_linear_init(&W, "test.linear", fmt, N, K);
     if (fmt == MS_WFMT_PLAIN) {
         size_t n = (size_t)(N * K);
         W.w = ms_tensor_2d(pdt, N, K);
@@ -1737,13 +1734,6 @@ static int rt_src(int e, int E_, int ng, int tie) { return tie == 1 ? 3 * (e / 3
 static lpair mk_router_gate(int E_, int H, int ng, int tie) {
     lpair L;
     memset(&L, 0, sizeof L);
-    ms_linear W;
-    memset(&W, 0, sizeof W);
-    W.name = "test.router";
-    W.fmt = MS_WFMT_PLAIN;
-    W.n_out = E_;
-    W.n_in = H;
-    W.w = ms_tensor_2d(MS_BF16, E_, H);
     uint16_t *w = malloc((size_t)E_ * H * 2);
     const float amp = 0.2f * sqrtf(64.f / (float)H); /* logits of the same spread at any H: no saturated sigmoids */
     for (int e = 0; e < E_; e++)
@@ -1751,7 +1741,7 @@ static lpair mk_router_gate(int E_, int H, int ng, int tie) {
             w[(size_t)e * H + k] = rt_src(e, E_, ng, tie) == e ? ms_f32_to_bf16(rnd_f() * amp)
                                                                 : w[(size_t)rt_src(e, E_, ng, tie) * H + k];
     L.w = w;
-    W.w.data = L.w;
+    const ms_linear W = test_plain_linear("test.router", MS_BF16, E_, H, w);
     L.g = W;
     L.c = W;
     R(GPU->ops->place_linear(GPU, &L.g, &E));

@@ -17,6 +17,7 @@
 #include "model/arch.h"
 #include "model/model.h"
 #include "test.h"
+#include "test_linear.h"
 #ifdef MS_HAVE_CUDA
 #include "backend/cuda/backend_cuda.h" /* the routed MoE kernel's launch counter */
 #include "backend/cuda/knobs.h" /* MS_CU_PDL A/B */
@@ -64,11 +65,7 @@ static ms_tensor vec_bf16(int64_t n, float base, float sc) {
 
 static ms_linear lin(int fmt, int64_t N, int64_t K, int bias) {
     ms_linear W;
-    memset(&W, 0, sizeof W);
-    W.name = "test";
-    W.fmt = fmt;
-    W.n_out = N;
-    W.n_in = K;
+    test_linear_init(&W, "test", fmt, N, K);
     float sc = 1.7f / sqrtf((float)K);
     if (fmt == MS_WFMT_PLAIN) {
         W.w = ms_tensor_2d(MS_BF16, N, K);

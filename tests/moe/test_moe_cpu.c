@@ -7,6 +7,7 @@
 #include "core/threads.h"
 #include "moe/moe.h"
 #include "test.h"
+#include "test_linear.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -33,11 +34,7 @@ typedef struct {
 } experts_t;
 
 static void make_lin(ms_linear *W, void **mem, int fmt, int64_t N, int64_t K) {
-    memset(W, 0, sizeof *W);
-    W->name = "test.expert";
-    W->fmt = fmt;
-    W->n_out = N;
-    W->n_in = K;
+    test_linear_init(W, "test.expert", fmt, N, K);
     if (fmt == MS_WFMT_PLAIN) {
         W->w = ms_tensor_2d(MS_BF16, N, K);
         uint16_t *p = malloc((size_t)(N * K) * 2);

@@ -8,6 +8,7 @@
 #include "core/dtype.h"
 #include "moe/moe.h"
 #include "test.h"
+#include "test_linear.h"
 #ifdef MS_HAVE_CUDA
 #include "backend/cuda/backend_cuda.h"
 #endif
@@ -46,11 +47,7 @@ static void *keep(layer *L, size_t n) {
 }
 
 static void fill_linear(layer *L, ms_linear *W, int64_t N, int64_t K) {
-    memset(W, 0, sizeof *W);
-    W->name = "test.expert";
-    W->fmt = L->fmt;
-    W->n_out = N;
-    W->n_in = K;
+    test_linear_init(W, "test.expert", L->fmt, N, K);
     if (L->fmt == MS_WFMT_PLAIN) {
         W->w = ms_tensor_2d(MS_BF16, N, K);
         uint16_t *w = keep(L, (size_t)(N * K) * 2);
@@ -555,14 +552,7 @@ static void routed_case(int H, int I, int n, int shared, ms_route_cfg rc, int bi
     }
     for (int i = 0; i < Er * H; i++) gw[i] = ms_f32_to_bf16(rnd_f() * 0.2f);
     for (int e = 0; e < Er; e++) bias[e] = rnd_f() * 0.05f;
-    ms_linear gate;
-    memset(&gate, 0, sizeof gate);
-    gate.name = "test.router";
-    gate.fmt = MS_WFMT_PLAIN;
-    gate.n_out = Er;
-    gate.n_in = H;
-    gate.w = ms_tensor_2d(MS_BF16, Er, H);
-    gate.w.data = gw;
+    ms_linear gate = test_plain_linear("test.router", MS_BF16, Er, H, gw);
     R(GPU->ops->place_linear(GPU, &gate, &E));
     ms_tensor bg = upload(GPU, MS_F32, 1, Er, bias), nwg = upload(GPU, MS_BF16, 1, H, nw);
     ms_tensor dg = upload(GPU, MS_F32, 1, H, delta);
