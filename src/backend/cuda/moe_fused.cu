@@ -561,12 +561,15 @@ static const struct {
 };
 #define MF_NFORMS ((int)(sizeof mf_forms / sizeof mf_forms[0]))
 
-static long long mf_launches;                /* ms_cuda_moe_fused_launches; updated atomically */
 static long long mf_routed_launches;         /* ms_cuda_moe_fused_routed_launches; the same */
 static long long mf_form_launches[MF_NFORMS]; /* ms_cuda_moe_fused_form_launches; the same */
 
 /* Contract in backend_cuda.h. */
-extern "C" long long ms_cuda_moe_fused_launches(void) { return __atomic_load_n(&mf_launches, __ATOMIC_RELAXED); }
+extern "C" long long ms_cuda_moe_fused_launches(void) { /* every launch counts in its form's counter */
+    long long n = 0;
+    for (int f = 0; f < MF_NFORMS; f++) n += __atomic_load_n(&mf_form_launches[f], __ATOMIC_RELAXED);
+    return n;
+}
 
 /* Contract in backend_cuda.h. */
 extern "C" long long ms_cuda_moe_fused_routed_launches(void) {
@@ -673,7 +676,6 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
     a.zero_off = (int)zero_off, a.red_off = (int)red_off;
     a.ring_off = (int)(red_off + (size_t)mf_forms[best].ng * MF_RED_FLOATS * sizeof(float));
     CK(mf_forms[best].go(dim3(best_grid), best_smem, cu_of(b)->stream, a, rt ? &mr : NULL));
-    __atomic_fetch_add(&mf_launches, 1, __ATOMIC_RELAXED);
     if (rt) __atomic_fetch_add(&mf_routed_launches, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&mf_form_launches[best], 1, __ATOMIC_RELAXED);
     *launched = 1;
