@@ -277,6 +277,7 @@ static void rope_case(int nh, int d, int rot_off, int rot_dim, int inter, double
 
 /* The fused bias + RoPE + cache-store op against the CPU's add, rope and kv_store on the same
  * values: q in place, the k/v cache rows of the slots written, the other rows untouched. */
+/* with_bias: a mask of the q (1), k (2) and v (4) biases present (7: all, as GLM-4.5's attention) */
 static void gqa_prep_case(int nh, int nkv, int d, int rot_dim, int with_bias, int stacked) {
     enum { T = 5, S = 12 };
     int64_t sq[3] = {T, nh, d}, skv[3] = {T, nkv, d}, sc[3] = {S, nkv, d};
@@ -287,10 +288,10 @@ static void gqa_prep_case(int nh, int nkv, int d, int rot_dim, int with_bias, in
     /* the CPU reference adds the biases on the host first (its linear would) */
     float *qb = malloc(sizeof(float) * (size_t)T * nh * d), *kb = malloc(sizeof(float) * (size_t)T * nkv * d),
           *vb = malloc(sizeof(float) * (size_t)T * nkv * d);
-    for (int i = 0; i < T * nh * d; i++) qb[i] = ms_bf16_to_f32(ms_f32_to_bf16(q[i])) + (with_bias ? bq[i % (nh * d)] : 0);
+    for (int i = 0; i < T * nh * d; i++) qb[i] = ms_bf16_to_f32(ms_f32_to_bf16(q[i])) + (with_bias & 1 ? bq[i % (nh * d)] : 0);
     for (int i = 0; i < T * nkv * d; i++) {
-        kb[i] = ms_bf16_to_f32(ms_f32_to_bf16(k[i])) + (with_bias ? bk[i % (nkv * d)] : 0);
-        vb[i] = ms_bf16_to_f32(ms_f32_to_bf16(v[i])) + (with_bias ? bv[i % (nkv * d)] : 0);
+        kb[i] = ms_bf16_to_f32(ms_f32_to_bf16(k[i])) + (with_bias & 2 ? bk[i % (nkv * d)] : 0);
+        vb[i] = ms_bf16_to_f32(ms_f32_to_bf16(v[i])) + (with_bias & 4 ? bv[i % (nkv * d)] : 0);
     }
     int32_t pos[T] = {0, 3, 17, 250, 4099}, slot[T] = {7, 0, 9, 11, 4};
     ms_tensor pg = mk_i32(GPU, T, pos), pc = mk_i32(CPU, T, pos), slg = mk_i32(GPU, T, slot), slc = mk_i32(CPU, T, slot);
@@ -309,7 +310,7 @@ static void gqa_prep_case(int nh, int nkv, int d, int rot_dim, int with_bias, in
     pair KC = act(3, sc, c0), VC = act(3, sc, c0);
     ms_tensor Qc = mk(CPU, 0, 3, sq, qb), Kc = mk(CPU, 0, 3, skv, kb), Vc = mk(CPU, 0, 3, skv, vb);
     ms_rope_cfg rc = {0, rot_dim, 0, 1e6};
-    R(GPU->ops->gqa_prep(GPU, &Qg, &Kg, &Vg, with_bias ? &Bq : NULL, with_bias ? &Bk : NULL, with_bias ? &Bv : NULL,
+    R(GPU->ops->gqa_prep(GPU, &Qg, &Kg, &Vg, with_bias & 1 ? &Bq : NULL, with_bias & 2 ? &Bk : NULL, with_bias & 4 ? &Bv : NULL,
                          pg.data, rot_dim ? &rc : NULL, &KC.g, &VC.g, slg.data, stacked ? &QKVg : NULL, &E));
     if (rot_dim) {
         R(CPU->ops->rope(CPU, &Qc, pc.data, &rc, &E));
@@ -330,10 +331,12 @@ static void gqa_prep_case(int nh, int nkv, int d, int rot_dim, int with_bias, in
 
 static void test_gqa_prep(void) {
     for (int st = 0; st < 2; st++) { /* separate q/k/v buffers, then one stacked projection output */
-        gqa_prep_case(12, 2, 128, 64, 1, st); /* GLM-4.5 style: partial NeoX rotary, q/k/v bias */
+        gqa_prep_case(12, 2, 128, 64, 7, st); /* GLM-4.5 style: partial NeoX rotary, q/k/v bias */
         gqa_prep_case(4, 4, 64, 64, 0, st);   /* full rotary, no bias */
-        gqa_prep_case(6, 3, 32, 0, 1, st);    /* no rotary dims */
-        gqa_prep_case(96, 8, 128, 64, 1, st); /* GLM-4.5-Air heads: 14 blocks of 8 heads per token */
+        gqa_prep_case(6, 3, 32, 0, 7, st);    /* no rotary dims */
+        gqa_prep_case(96, 8, 128, 64, 7, st); /* GLM-4.5-Air heads: 14 blocks of 8 heads per token */
+        gqa_prep_case(12, 2, 128, 64, 1, st); /* a q bias only */
+        gqa_prep_case(12, 2, 128, 64, 6, st); /* k and v biases, none on q */
     }
 }
 
@@ -1319,6 +1322,7 @@ static int same_finite(const float *a, const float *b, size_t n) {
  * first two modes (the test's weights are quiet: uploads synchronise) and none in the third; want_split
  * (1, or -1 for either) says whether the default mode's launches split the keys (then a merge follows),
  * and the no-split mode never does. */
+/* with_bias: a mask of the q (1), k (2) and v (4) biases present */
 static void gqa_prep_attn_case(const char *name, int nh, int nkv, int d, const ms_rope_cfg *rc, int with_bias, int page,
                                int n_seqs, const int *nnew, const int *ctx, const int32_t *slots, int want_fused,
                                int want_split) {
@@ -1341,7 +1345,7 @@ static void gqa_prep_attn_case(const char *name, int nh, int nkv, int d, const m
     ms_tensor QKV = mk(GPU, 0, 2, ws, qkv), Kr = mk(GPU, 0, 3, ks, junk), Vr = mk(GPU, 0, 3, ks, junk);
     ms_tensor Bq = mk(GPU, MS_F32, 1, &nq, bq), Bk = mk(GPU, MS_F32, 1, &nk, bk), Bv = mk(GPU, MS_F32, 1, &nk, bv);
     ms_tensor SL = mk_i32(GPU, T, slots ? slots : B.slot);
-    const ms_attn_gqa_prep pp = {&Kr, &Vr, with_bias ? &Bq : NULL, with_bias ? &Bk : NULL, with_bias ? &Bv : NULL,
+    const ms_attn_gqa_prep pp = {&Kr, &Vr, with_bias & 1 ? &Bq : NULL, with_bias & 2 ? &Bk : NULL, with_bias & 4 ? &Bv : NULL,
                                  B.mg.positions_d, SL.data, rc, &QKV};
     const float sc = 1.f / sqrtf((float)d);
     static const char *const mode_var[4] = {NULL, "MS_CU_ATTN_SPLIT_TILES", "MS_CU_ATTN_PREP", "MS_CU_ATTN_PREP"};
@@ -1414,11 +1418,11 @@ static void test_attn_gqa_prep(void) {
     for (int i = 0; i < 6; i++) {
         char nm[64];
         snprintf(nm, sizeof nm, "air b1 ctx %d", ctx1[i]);
-        gqa_prep_attn_case(nm, 96, 8, 128, &neox, 1, 16, 1, one, &ctx1[i], NULL, 1, ctx1[i] >= 1000 ? 1 : -1);
+        gqa_prep_attn_case(nm, 96, 8, 128, &neox, 7, 16, 1, one, &ctx1[i], NULL, 1, ctx1[i] >= 1000 ? 1 : -1);
     }
     /* a decode batch of 5 at uneven contexts, then the same with a slot of -1 and one past the cache */
     const int n5[5] = {1, 1, 1, 1, 1}, c5[5] = {1, 63, 64, 130, 700};
-    gqa_prep_attn_case("air b5", 96, 8, 128, &neox, 1, 16, 5, n5, c5, NULL, 1, -1);
+    gqa_prep_attn_case("air b5", 96, 8, 128, &neox, 7, 16, 5, n5, c5, NULL, 1, -1);
     {
         const uint64_t seed = rng; /* the case builds its batch first, from the same seed: the same pages */
         gbatch B;
@@ -1429,24 +1433,27 @@ static void test_attn_gqa_prep(void) {
         sl[3] = B.n_slots + 3;
         free_gbatch(&B);
         rng = seed;
-        gqa_prep_attn_case("air b5 bad slots", 96, 8, 128, &neox, 1, 16, 5, n5, c5, sl, 1, -1);
+        gqa_prep_attn_case("air b5 bad slots", 96, 8, 128, &neox, 7, 16, 5, n5, c5, sl, 1, -1);
     }
     /* head dim 64 with full rotary and no bias, page 7; no rotary dims; interleaved pairs at an offset */
     const int n3[3] = {1, 1, 1}, c3[3] = {200, 7, 64};
     gqa_prep_attn_case("d64 full rotary", 32, 4, 64, &full64, 0, 7, 3, n3, c3, NULL, 1, -1);
-    gqa_prep_attn_case("no rotary", 16, 2, 128, NULL, 1, 16, 3, n3, c3, NULL, 1, -1);
-    gqa_prep_attn_case("interleaved at 32", 16, 2, 128, &inter, 1, 16, 3, n3, c3, NULL, 1, -1);
+    gqa_prep_attn_case("no rotary", 16, 2, 128, NULL, 7, 16, 3, n3, c3, NULL, 1, -1);
+    gqa_prep_attn_case("interleaved at 32", 16, 2, 128, &inter, 7, 16, 3, n3, c3, NULL, 1, -1);
+    /* some biases absent: the kernel adds each one present and nothing for the others */
+    gqa_prep_attn_case("q bias only", 16, 2, 128, &neox, 1, 16, 3, n3, c3, NULL, 1, -1);
+    gqa_prep_attn_case("k and v biases only", 16, 2, 128, &neox, 6, 16, 3, n3, c3, NULL, 1, -1);
     /* the largest head groups the kernel stages (hc q rows and 2 bias rows of fp32 fill a K buffer of 64
      * padded bf16 rows: 34 at head dim 64, 32 at 128), and one more, which it declines */
-    gqa_prep_attn_case("34 heads a kv head, d 64", 68, 2, 64, &full64, 1, 16, 3, n3, c3, NULL, 1, -1);
-    gqa_prep_attn_case("32 heads a kv head, d 128", 64, 2, 128, &neox, 1, 16, 3, n3, c3, NULL, 1, -1);
-    gqa_prep_attn_case("35 heads a kv head, d 64 (declined)", 70, 2, 64, &full64, 1, 16, 3, n3, c3, NULL, 0, -1);
-    gqa_prep_attn_case("33 heads a kv head, d 128 (declined)", 66, 2, 128, &neox, 1, 16, 3, n3, c3, NULL, 0, -1);
+    gqa_prep_attn_case("34 heads a kv head, d 64", 68, 2, 64, &full64, 7, 16, 3, n3, c3, NULL, 1, -1);
+    gqa_prep_attn_case("32 heads a kv head, d 128", 64, 2, 128, &neox, 7, 16, 3, n3, c3, NULL, 1, -1);
+    gqa_prep_attn_case("35 heads a kv head, d 64 (declined)", 70, 2, 64, &full64, 7, 16, 3, n3, c3, NULL, 0, -1);
+    gqa_prep_attn_case("33 heads a kv head, d 128 (declined)", 66, 2, 128, &neox, 7, 16, 3, n3, c3, NULL, 0, -1);
     /* declined: a sequence with several new tokens (prefill chunk, verify), and a head group larger than a
      * block's 64 rows (the separate kernel then runs first) */
     const int nm3[3] = {1, 37, 1}, cm3[3] = {1, 250, 129};
-    gqa_prep_attn_case("mixed batch (declined)", 96, 8, 128, &neox, 1, 16, 3, nm3, cm3, NULL, 0, -1);
-    gqa_prep_attn_case("128 heads a kv head (declined)", 128, 1, 64, &full64, 1, 16, 3, n3, c3, NULL, 0, -1);
+    gqa_prep_attn_case("mixed batch (declined)", 96, 8, 128, &neox, 7, 16, 3, nm3, cm3, NULL, 0, -1);
+    gqa_prep_attn_case("128 heads a kv head (declined)", 128, 1, 64, &full64, 7, 16, 3, n3, c3, NULL, 0, -1);
 }
 #endif
 
