@@ -63,9 +63,9 @@ typedef struct ms_moe_runner {
      * score-correction bias or NULL, rc) on n->out into ids_d / w_d [rc->topk], then run() on them, all
      * in the runner's launches. Why: at one token the router is a launch of its own in the decode chain
      * (~8 us a GLM-4.5-Air layer on the H200) that the experts' kernel can do in its blocks. The same
-     * results as the backend's norm_router + run(), up to the order of the norm's sum of squares where
-     * norm_router runs the norm as a kernel of its own (CUDA: the same bits where it folds the norm into
-     * the split router, see mf_route in moe_fused.cu). May refuse with MS_ERR_UNSUPPORTED, nothing queued:
+     * results as the backend's norm_router + run() (CUDA: the same bits, see mf_route in moe_fused.cu),
+     * and as add_rmsnorm + router + run() where norm_router refuses, up to the order in which the norm's
+     * sum of squares is added. May refuse (CUDA: also under MS_CU_ROUTER=warp or MS_CU_ROUTER_UNFUSED) with MS_ERR_UNSUPPORTED, nothing queued:
      * the caller then routes and calls run(). With e->shared_last, the runner has MS_MOE_CAP_SHARED_LAST
      * and adds the shared expert; the workspace is sized as for run(). */
     int (*run_routed)(ms_backend *b, const ms_experts *e, const ms_norm_in *n, const ms_linear *gate,

@@ -88,7 +88,9 @@ static int same_shape(json_t *e, const ms_moe_form *f) {
 int ms_moe_tuned_write(const char *dir, const ms_moe_tune_result *r, char *path, size_t cap, ms_err *err) {
     char base[160], tmp[1400];
     ms_moe_tuned_file_name(r->gpu, base, sizeof base);
-    snprintf(path, cap, "%s/%s.json", dir, base);
+    const int n = snprintf(path, cap, "%s/%s.json", dir, base);
+    if (n < 0 || (size_t)n >= cap || (size_t)n + 4 >= sizeof tmp)
+        return ms_errf(err, MS_ERR_INVALID, "tuned file: the directory name %.200s is too long", dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     /* an earlier file for this GPU keeps its other shapes' forms (and, with forms_only, its crossover) */
     json_t *old = json_load_file(path, 0, NULL), *root = json_object(), *forms = json_array();

@@ -338,6 +338,23 @@ static void test_gqa_prep(void) {
         gqa_prep_case(12, 2, 128, 64, 1, st); /* a q bias only */
         gqa_prep_case(12, 2, 128, 64, 6, st); /* k and v biases, none on q */
     }
+    /* a bias that is not F32 of the heads' width (checkpoint data, not an invariant) is refused with a
+     * sentence, nothing launched */
+    int64_t sq[3] = {1, 4, 64}, skv[3] = {1, 2, 64}, sc[3] = {4, 2, 64}, nq = 4 * 64, nk = 2 * 64, nk1 = nk - 1;
+    ms_tensor Q = mk(GPU, 0, 3, sq, NULL), K = mk(GPU, 0, 3, skv, NULL), V = mk(GPU, 0, 3, skv, NULL);
+    ms_tensor KC = mk(GPU, 0, 3, sc, NULL), VC = mk(GPU, 0, 3, sc, NULL);
+    ms_tensor Bq16 = mk(GPU, MS_BF16, 1, &nq, NULL), Bk = mk(GPU, MS_F32, 1, &nk, NULL), Bshort = mk(GPU, MS_F32, 1, &nk1, NULL);
+    int32_t zero = 0;
+    ms_tensor pg = mk_i32(GPU, 1, &zero), sl = mk_i32(GPU, 1, &zero);
+    const ms_tensor *bad[2][3] = {{&Bq16, &Bk, &Bk}, {NULL, &Bk, &Bshort}};
+    for (int i = 0; i < 2; i++) {
+        const int rc = GPU->ops->gqa_prep(GPU, &Q, &K, &V, bad[i][0], bad[i][1], bad[i][2], pg.data, NULL, &KC, &VC, sl.data,
+                                          NULL, &E);
+        CHECK_MSG(rc == MS_ERR_UNSUPPORTED && strstr(E.msg, "bias"), "gqa_prep with a malformed bias (case %d): %d %s", i,
+                  rc, E.msg);
+    }
+    fr(GPU, &Q); fr(GPU, &K); fr(GPU, &V); fr(GPU, &KC); fr(GPU, &VC);
+    fr(GPU, &Bq16); fr(GPU, &Bk); fr(GPU, &Bshort); fr(GPU, &pg); fr(GPU, &sl);
 }
 
 /* The fused MLA latent preparation against the CPU's five ops (copy out, RMSNorm, copy back, RoPE

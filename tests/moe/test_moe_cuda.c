@@ -510,14 +510,17 @@ static void test_nvfp4_fused(void) {
  * fused kernel) against the backend's norm_router followed by run() on the same inputs: the ids, weights,
  * output, updated residual and normed row must be bit-identical, since the routed kernel sums
  * k_router_split's partials in its order with its arithmetic (router_dot.cuh) and its norm deals the row
- * over the router's 256 threads (CU_NORM_T) in every form. n experts (the last a folded shared expert
- * when shared), routing settings rc, bias or none. The reference runs first, then the routed call, then a
- * decoy routed call on another residual row (its own buffers), then the routed call again: a partial
- * logit, count or staged value the decoy left behind would show in the last call's bits. */
+ * over the router's 256 threads (CU_NORM_T) in every form. (Where run_routed refuses, the reference's
+ * fallback, add_rmsnorm + router, runs in its place.) n experts (the last a folded shared expert when
+ * shared), routing settings rc, bias or none. Calls: the reference on row A, the routed call on A, the
+ * reference on row B, the routed call on B (a decoy between the two on A: a partial logit, count or
+ * staged value it left behind would show in the last call's bits), the routed call on A again; each
+ * routed call is compared with its row's reference. */
 #ifdef MS_HAVE_CUDA
-/* The reference path of routed_case: norm_router (or add_rmsnorm + router where it refuses), then run(). */
-static void routed_ref(const ms_moe_runner *gr, layer *L, ms_norm_in *nin, const ms_linear *gate, const ms_tensor *bp,
-                       const ms_route_cfg *rc, ms_tensor *ig, ms_tensor *wg, ms_tensor *og, void *ws, size_t wsg) {
+/* The reference path of routed_case: norm_router (or add_rmsnorm + router where it refuses), then run().
+ * Returns 1 when norm_router took the call (the norm folded into the split router). */
+static int routed_ref(const ms_moe_runner *gr, layer *L, ms_norm_in *nin, const ms_linear *gate, const ms_tensor *bp,
+                      const ms_route_cfg *rc, ms_tensor *ig, ms_tensor *wg, ms_tensor *og, void *ws, size_t wsg) {
     const int rc0 = GPU->ops->norm_router(GPU, nin, gate, bp, rc, ig->data, wg->data, &E);
     CHECK_MSG(rc0 == MS_OK || rc0 == MS_ERR_UNSUPPORTED, "norm_router: %s", E.msg);
     if (rc0 == MS_ERR_UNSUPPORTED) {
@@ -525,10 +528,11 @@ static void routed_ref(const ms_moe_runner *gr, layer *L, ms_norm_in *nin, const
         R(GPU->ops->router(GPU, nin->out, gate, bp, rc, ig->data, wg->data, &E));
     }
     R(gr->run(GPU, &L->eg, nin->out, ig->data, wg->data, rc->topk, og, ws, wsg, &E));
+    return rc0 == MS_OK;
 }
 #endif
 
-#define RT_CALLS 4 /* routed_case's calls: reference, routed, decoy, routed again */
+#define RT_CALLS 5 /* routed_case's calls: reference A, routed A, reference B, routed B (decoy), routed A */
 /* want: run_routed takes the call; fused: each call launches the fused kernel (routed or plain); form:
  * -1 for the kernel's own choice, else the fused form f forced (MS_CU_MOE_FUSED=2+f) and its launches
  * counted */
@@ -538,7 +542,8 @@ static void routed_case(int H, int I, int n, int shared, ms_route_cfg rc, int bi
     const ms_moe_runner *cpu_r, *gr;
     if (!layer_and_runners(&L, MS_WFMT_NVFP4, n, H, I, 1, rc.topk + shared, "decode", &cpu_r, &gr)) return;
     CHECK(gr->run_routed != NULL);
-    const int Er = rc.n_experts, k = rc.topk, decoy = 2;
+    const int Er = rc.n_experts, k = rc.topk;
+    static const int row_b[RT_CALLS] = {0, 0, 1, 1, 0}, ref_of[RT_CALLS] = {0, 0, 2, 2, 0};
     L.eg.shared_last = shared;
     float *resid = malloc(sizeof(float) * (size_t)H), *resid2 = malloc(sizeof(float) * (size_t)H);
     float *delta = malloc(sizeof(float) * (size_t)H);
@@ -561,7 +566,7 @@ static void routed_case(int H, int I, int n, int shared, ms_route_cfg rc, int bi
     ms_tensor Wg = upload(GPU, MS_U8, 1, (int64_t)wsg + 1, NULL);
     ms_tensor rg[RT_CALLS], ag[RT_CALLS], ig[RT_CALLS], wg[RT_CALLS], og[RT_CALLS];
     for (int p = 0; p < RT_CALLS; p++) {
-        rg[p] = upload(GPU, MS_F32, 1, H, p == decoy ? resid2 : resid);
+        rg[p] = upload(GPU, MS_F32, 1, H, row_b[p] ? resid2 : resid);
         ag[p] = upload(GPU, MS_BF16, 1, H, NULL);
         ig[p] = upload(GPU, MS_I32, 1, k, NULL);
         wg[p] = upload(GPU, MS_F32, 1, k, NULL);
@@ -571,11 +576,13 @@ static void routed_case(int H, int I, int n, int shared, ms_route_cfg rc, int bi
     char fv[16];
     snprintf(fv, sizeof fv, "%d", 2 + form);
     if (form >= 0) setenv("MS_CU_MOE_FUSED", fv, 1);
-    const long long n0 = ms_cuda_moe_fused_launches(), f0 = form >= 0 ? ms_cuda_moe_fused_form_launches(form) : 0;
+    const long long n0 = ms_cuda_moe_fused_launches(), f0 = form >= 0 ? ms_cuda_moe_fused_form_launches(form) : 0,
+                    r0 = ms_cuda_moe_fused_routed_launches();
+    int folded = 1;
     for (int p = 0; p < RT_CALLS; p++) {
         ms_norm_in nin = {&rg[p], &dg, &nwg, 1e-5f, &ag[p]};
-        if (p == 0) {
-            routed_ref(gr, &L, &nin, &gate, bp, &rc, &ig[p], &wg[p], &og[p], Wg.data, wsg);
+        if (ref_of[p] == p) {
+            folded &= routed_ref(gr, &L, &nin, &gate, bp, &rc, &ig[p], &wg[p], &og[p], Wg.data, wsg);
         } else {
             const int rr = gr->run_routed(GPU, &L.eg, &nin, &gate, bp, &rc, ig[p].data, wg[p].data, &og[p], Wg.data,
                                           wsg, &E);
@@ -587,9 +594,19 @@ static void routed_case(int H, int I, int n, int shared, ms_route_cfg rc, int bi
     }
     R(GPU->ops->sync(GPU, &E));
     if (form >= 0) unsetenv("MS_CU_MOE_FUSED");
-    const long long nl = ms_cuda_moe_fused_launches() - n0;
+    const long long nl = ms_cuda_moe_fused_launches() - n0, nr = ms_cuda_moe_fused_routed_launches() - r0;
     CHECK_MSG(nl == fused * RT_CALLS, "H=%d I=%d E=%d top-%d: the fused kernel ran %lld times (want %d)", H, I, Er, k, nl,
               fused * RT_CALLS);
+    CHECK_MSG(nr == (want ? 3 : 0), "H=%d: the routed form ran %lld times (want %d)", H, nr, want ? 3 : 0);
+    /* the bits are the split router's with its folded norm: the reference must have folded it too, which
+     * it does when the router's grid, (E / 8) x (H / 512) blocks, fits on the GPU's SMs */
+    const int rgrid = ((Er + 7) / 8) * ((H + 511) / 512), cmp = !want || folded;
+    if (want && !folded) {
+        CHECK_MSG(GPU->gpu.n_sm < rgrid, "H=%d E=%d: the reference router did not fold the norm (%d blocks, %d SMs)", H, Er,
+                  rgrid, GPU->gpu.n_sm);
+        printf("  H=%d E=%d: %d router blocks exceed this GPU's %d SMs: the reference norm is a kernel of its own, so "
+               "only the choices' sanity is checked\n", H, Er, rgrid, GPU->gpu.n_sm);
+    }
     if (form >= 0) {
         const long long nf = ms_cuda_moe_fused_form_launches(form) - f0;
         CHECK_MSG(nf == fused * RT_CALLS, "H=%d: form %d ran %lld times (want %d)", H, form, nf, fused * RT_CALLS);
@@ -604,16 +621,18 @@ static void routed_case(int H, int I, int n, int shared, ms_route_cfg rc, int bi
             R(GPU->ops->download(GPU, hb[p][q], t[q]->data, nb[q], &E));
         }
     }
-    for (int p = 1; p < RT_CALLS; p++)
+    for (int p = 0; p < RT_CALLS && cmp; p++)
         for (int q = 0; q < 5; q++)
-            if (p != decoy)
-                CHECK_MSG(!memcmp(hb[0][q], hb[p][q], nb[q]), "H=%d I=%d E=%d top-%d bias=%d shared=%d form=%d: call %d's %s differs",
-                          H, I, Er, k, bias_on, shared, form, p, what[q]);
-    /* the choice itself is sane (the decoy's too): distinct experts of the routed range, finite positive
-     * weights, and the residual is resid + delta */
-    for (int p = 1; p <= decoy; p++) {
+            if (ref_of[p] != p)
+                CHECK_MSG(!memcmp(hb[ref_of[p]][q], hb[p][q], nb[q]),
+                          "H=%d I=%d E=%d top-%d bias=%d shared=%d form=%d: call %d's %s differs from call %d's", H, I, Er,
+                          k, bias_on, shared, form, p, what[q], ref_of[p]);
+    /* the decoy's row is another row (its normed row differs from A's), and each choice is sane: distinct
+     * experts of the routed range, finite positive weights, and the residual is resid + delta */
+    CHECK_MSG(memcmp(hb[1][1], hb[3][1], nb[1]) != 0, "H=%d: the decoy's normed row equals row A's", H);
+    for (int p = 1; p <= 3; p += 2) {
         const int32_t *ids = hb[p][2];
-        const float *wts = hb[p][3], *r1 = hb[p][0], *r0 = p == decoy ? resid2 : resid;
+        const float *wts = hb[p][3], *r1 = hb[p][0], *r0 = row_b[p] ? resid2 : resid;
         for (int j = 0; j < k; j++) {
             CHECK_MSG(ids[j] >= 0 && ids[j] < Er && isfinite(wts[j]) && wts[j] > 0, "call %d slot %d: expert %d weight %g",
                       p, j, ids[j], wts[j]);

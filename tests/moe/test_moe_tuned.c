@@ -5,6 +5,8 @@
 #include "moe/moe.h"
 #include "test.h"
 
+#include <jansson.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,6 +144,24 @@ static void test_write_read(void) {
     /* forms only, Air's shape again with another form: the crossover of the last full run stays */
     r.forms_only = 1, r.decode_max_tokens = 999, r.best = (ms_moe_form){4096, 1408, 9, 1, 6};
     CHECK_EQ_INT(ms_moe_tuned_write(g_dir, &r, path, sizeof path, &err), MS_OK);
+    /* what the reader does not use: the measured shape and per-call times carried over a forms-only run,
+     * each form entry's per-form times (the form that did not fit, -1, left out) and the cost model's */
+    json_t *root = json_load_file(path, 0, NULL);
+    CHECK(json_is_object(root));
+    json_t *mo = json_object_get(root, "measured_on"), *calls = json_object_get(root, "us_per_call");
+    CHECK_EQ_INT((int)json_integer_value(json_object_get(mo, "n_experts")), 128);
+    CHECK_EQ_INT((int)json_array_size(calls), 3);
+    CHECK(json_real_value(json_object_get(json_array_get(calls, 1), "decode")) == 90.25);
+    json_t *forms = json_object_get(root, "moe_fused_forms");
+    CHECK_EQ_INT((int)json_array_size(forms), 2); /* GLM-5's kept, Air's replaced */
+    for (size_t i = 0; i < json_array_size(forms); i++) {
+        json_t *e = json_array_get(forms, i);
+        CHECK_EQ_INT((int)json_array_size(json_object_get(e, "us_per_form")), 2);
+        CHECK(json_real_value(json_object_get(e, "cost_model_us")) == 44.5);
+        CHECK_STR(json_string_value(json_object_get(e, "experts")), "nvfp4");
+    }
+    CHECK_STR(json_string_value(json_object_get(root, "compute_capability")), "9.0");
+    json_decref(root);
     ms_moe_set_fused_form(&(ms_moe_form){4096, 1408, 9, 0, 0});
     ms_moe_set_auto_threshold(16);
     CHECK_EQ_INT(ms_moe_apply_tuned(&h200, g_dir), 1);
@@ -165,6 +185,9 @@ static void test_write_read(void) {
     snprintf(bad, sizeof bad, "%s/missing", g_dir);
     CHECK_EQ_INT(ms_moe_tuned_write(bad, &r, path, sizeof path, &err), MS_ERR_IO);
     CHECK(strstr(err.msg, "missing/nvidia-h200.json") != NULL);
+    /* a path longer than the caller's buffer is refused, not cut short */
+    CHECK_EQ_INT(ms_moe_tuned_write(g_dir, &r, path, 16, &err), MS_ERR_INVALID);
+    CHECK(strstr(err.msg, "too long") != NULL);
     unlink(want);
 }
 

@@ -330,7 +330,7 @@ typedef struct cu_norm_in {
 /* Fills o with n as cu_norm_in for one row of width K and returns 1 when the folded form applies
  * (MS_CU_NORM_FOLD allows it for the router (router = 1; the routed MoE kernel counts as the router) or
  * a projection, F32 resid and delta, bf16 w and out, 16-byte aligned, K % 8 == 0 and at most CU_NORM_U
- * 8-element units a thread of a 256-thread block); 0 otherwise. o points into n's tensors and the
+ * 8-element units for each of CU_NORM_T threads); 0 otherwise. o points into n's tensors and the
  * backend's norm counter. */
 int cu_norm_of(ms_backend *b, const ms_norm_in *n, int64_t K, int router, cu_norm_in *o);
 

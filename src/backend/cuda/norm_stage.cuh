@@ -1,6 +1,7 @@
 /* norm_stage.cuh - cu_norm_stage, the block part of a row's RMSNorm folded into the kernel that reads
- * it (cu_norm_in in cuda_internal.cuh): the streaming bf16 GEMV (gemv_bf16.cu) and the decode router
- * (elementwise.cu) include it, each in a kernel instance of its own (k_gvb<1, 2>, k_router_split<1>),
+ * it (cu_norm_in in cuda_internal.cuh): the streaming bf16 GEMV (gemv_bf16.cu), the decode router
+ * (elementwise.cu) and the routed fused MoE kernel (moe_fused.cu) include it, each in a kernel instance
+ * of its own (k_gvb<1, 2>, k_router_split<1>, k_moe_fused<NG, D, 1>),
  * so that the forms without it keep their code and registers: a call in k_gvb's other forms cost them
  * ~17% (H200, session 13: lm_head 0.283 -> 0.331 ms), so it is inlined. */
 #ifndef MS_BACKEND_CUDA_NORM_STAGE_CUH
