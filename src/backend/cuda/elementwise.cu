@@ -1235,7 +1235,7 @@ __global__ __launch_bounds__(RS_WARPS * 32) void k_router_split(const bf16 *x, c
     __threadfence();
     /* the register router when its limits hold (uniform over the block), with the scores of token t in
      * shared memory: s at t * 2E, s + bias at t * 2E + E */
-    const bool regs = E <= 32 * RS_EPL && n_group <= 32 && topk <= 32;
+    const bool regs = route_regs_fits(E, n_group, topk);
     float *sc = (float *)rssm;
     for (int i = threadIdx.x; i < T * E; i += blockDim.x) {
         const int t = i / E, ee = i - t * E;

@@ -622,12 +622,12 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
         const ms_route_cfg *rc = rt->rc;
         const int E = rc->n_experts, nks = (H + MF_RKS - 1) / MF_RKS;
         const int sc_units = (8 * E + 15) / 16, tail = rsA > sc_units ? rsA : sc_units;
-        /* route_token_regs' limits; the norm's row in CU_NORM_U units a thread of one group of 8 warps;
-         * the partials in the backend's scratch */
+        /* route_token_regs' limits; the norm's row in CU_NORM_U units for each of CU_NORM_T threads; the
+         * partials in the backend's scratch */
         if (!cu_knob(CU_KNOB_MOE_ROUTE) || cu_knob(CU_KNOB_ROUTER) != CU_ROUTER_SPLIT || cu_knob(CU_KNOB_ROUTER_UNFUSED) ||
-            !cu_of(b)->moe_part || E < 1 || E > 32 * RS_EPL || rc->n_group < 1 ||
-            rc->n_group > 32 || E % rc->n_group || rc->topk_group < 1 || rc->topk_group > rc->n_group ||
-            rc->topk < 1 || rc->topk > 32 || rc->topk > E || rc->topk != c->nslot || rt->nin.H != H ||
+            !cu_of(b)->moe_part || E < 1 || rc->n_group < 1 || rc->topk < 1 ||
+            !route_regs_fits(E, rc->n_group, rc->topk) || E % rc->n_group || rc->topk_group < 1 ||
+            rc->topk_group > rc->n_group || rc->topk > E || rc->topk != c->nslot || rt->nin.H != H ||
             H / 8 > CU_NORM_U * CU_NORM_T || ((uintptr_t)rt->W & 15) || (int64_t)nks * E > CU_MOE_PART_MAX ||
             (rt->bias && rt->bias_t != MS_F32 && rt->bias_t != MS_BF16))
             return MS_OK;

@@ -21,6 +21,11 @@ static __device__ __forceinline__ uint32_t rs_key(float f) {
  * score (ties: lower group), experts of the other groups at 0 (not -inf), top-k experts by biased
  * score (ties: lower expert), weights from the unbiased scores in choice order. */
 #define RS_EPL 8
+/* Whether route_token_regs takes a routing of E experts in n_group groups, top-k topk: both the split
+ * router's last block and the routed MoE kernel's host check ask here. */
+static __host__ __device__ inline bool route_regs_fits(int E, int n_group, int topk) {
+    return E <= 32 * RS_EPL && n_group <= 32 && topk <= 32;
+}
 static __device__ void route_token_regs(const float *s, const float *c, int E, int topk, int n_group, int topk_group, int norm,
                                         float scale, int32_t *ids, float *wout) {
     const int lane = threadIdx.x & 31;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #define __device__
+#define __host__
 #define __forceinline__ inline
 struct emu_idx { unsigned x; };
 static thread_local emu_idx threadIdx;
