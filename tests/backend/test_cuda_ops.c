@@ -863,6 +863,93 @@ static void test_linear_bf16_stream(void) {
 }
 #endif
 
+#ifdef MS_HAVE_CUDA
+/* The streaming GEMV's claiming form (k_gvd, MS_CU_BF16_STREAM_DYN): the same bits as the fixed form at
+ * the same K split, whatever share of the work is static (1, 50, 95 percent) and however the claims
+ * fall, launch after launch (its counters must be back at zero after each); every split the shape
+ * allows is forced in both (MS_CU_BF16_STREAM_KS). Then the usual cases (form_linear_case: against the
+ * CPU and the fixed form within tolerance) and the fused gate/up, each counted as the claiming form. */
+static int gvd_split_ok(int64_t K, int ks) { /* gemv_bf16.cu gb_split_ok */
+    const int64_t K8 = K / 8, kc = ((K8 + ks - 1) / ks + 31) / 32 * 32;
+    return ks == 1 || (kc >= 64 && kc * (ks - 1) < K8);
+}
+
+static void gvd_exact_case(int64_t T, int64_t N, int64_t K, int bias, ms_dtype ydt) {
+    lpair L = mk_linear(MS_WFMT_PLAIN, MS_BF16, N, K, bias);
+    int64_t xs[2] = {T, K}, ys[2] = {T, N};
+    float *x = rand_vec((size_t)(T * K), 1.f);
+    pair X = act(2, xs, x);
+    const ms_dtype gdt = ydt == MS_F32 ? MS_F32 : 0;
+    ms_tensor Y0 = mk(GPU, gdt, 2, ys, NULL), Y1 = mk(GPU, gdt, 2, ys, NULL);
+    char *smax = env_push("MS_CU_BF16_STREAM_MAX_T", "4"), *sks = env_push("MS_CU_BF16_STREAM_KS", NULL),
+         *sdyn = env_push("MS_CU_BF16_STREAM_DYN", NULL);
+    static const char *const pcts[] = {"1", "50", "95", "50"};
+    for (int ks = 1; ks <= 8; ks *= 2) {
+        if (!gvd_split_ok(K, ks)) continue;
+        char kv[8];
+        snprintf(kv, sizeof kv, "%d", ks);
+        setenv("MS_CU_BF16_STREAM_KS", kv, 1);
+        setenv("MS_CU_BF16_STREAM_DYN", "0", 1);
+        const long long f0 = ms_cuda_gvb_launches();
+        R(GPU->ops->linear(GPU, &L.g, &X.g, &Y0, &E));
+        CHECK_MSG(ms_cuda_gvb_launches() - f0 == 1, "bf16 GEMV T=%lld N=%lld K=%lld ks=%d: the fixed form did not run",
+                  (long long)T, (long long)N, (long long)K, ks);
+        float *ref = get(GPU, &Y0);
+        for (size_t p = 0; p < sizeof pcts / sizeof pcts[0]; p++) {
+            setenv("MS_CU_BF16_STREAM_DYN", pcts[p], 1);
+            const long long d0 = ms_cuda_gvd_launches();
+            R(GPU->ops->linear(GPU, &L.g, &X.g, &Y1, &E));
+            CHECK_MSG(ms_cuda_gvd_launches() - d0 == 1, "bf16 GEMV T=%lld N=%lld K=%lld ks=%d dyn=%s: the claiming form did not run",
+                      (long long)T, (long long)N, (long long)K, ks, pcts[p]);
+            float *got = get(GPU, &Y1);
+            int64_t diff = 0, first = -1;
+            for (int64_t i = 0; i < T * N; i++)
+                if (memcmp(&got[i], &ref[i], sizeof(float))) diff++, first = first < 0 ? i : first;
+            CHECK_MSG(diff == 0, "bf16 GEMV T=%lld N=%lld K=%lld ks=%d dyn=%s: %lld of %lld outputs differ from the fixed form's "
+                      "bits (first %lld: %g vs %g)", (long long)T, (long long)N, (long long)K, ks, pcts[p], (long long)diff,
+                      (long long)(T * N), (long long)first, first >= 0 ? got[first] : 0.0, first >= 0 ? ref[first] : 0.0);
+            free(got);
+        }
+        free(ref);
+    }
+    env_pop("MS_CU_BF16_STREAM_DYN", sdyn);
+    env_pop("MS_CU_BF16_STREAM_KS", sks);
+    env_pop("MS_CU_BF16_STREAM_MAX_T", smax);
+    fr(GPU, &Y0);
+    fr(GPU, &Y1);
+    pfree(&X);
+    free(x);
+    free_linear(&L);
+}
+
+static const form_knob GVD_FORM = {"MS_CU_BF16_STREAM_DYN", "80", "0", "claiming bf16 GEMV", ms_cuda_gvd_launches};
+
+static void test_linear_bf16_dyn(void) {
+    gvd_exact_case(1, 14336, 4096, 0, MS_BF16); /* GLM-4.5-Air's q|k|v: 1, 2, 4, 8 shares */
+    gvd_exact_case(1, 4096, 12288, 0, MS_F32);  /* its o_proj */
+    gvd_exact_case(3, 1000, 3112, 1, MS_F32);   /* the last of 4 shares is 5 chunks (one short step) */
+    gvd_exact_case(2, 70, 256, 1, MS_BF16);     /* fewer units than warps: everything claimed */
+    gvd_exact_case(1, 33, 40000, 1, MS_F32);
+    gvd_exact_case(4, 300, 4104, 0, MS_F32);
+    char *smax = env_push("MS_CU_BF16_STREAM_MAX_T", "4");
+    for (int64_t T = 1; T <= 4; T++) {
+        form_linear_case(&GVD_FORM, MS_WFMT_PLAIN, T, 1, 8, 1, MS_F32, 0, 0, 1, 1e-4);
+        form_linear_case(&GVD_FORM, MS_WFMT_PLAIN, T, 1000, 4096, 1, T & 1 ? MS_BF16 : MS_F32, 0, 0, 1,
+                         T & 1 ? 1e-2 : 1e-4);
+        form_linear_case(&GVD_FORM, MS_WFMT_PLAIN, T, 300, 4104, T & 1, MS_F32, 0, T == 3, 1, 1e-4);
+    }
+    form_linear_case(&GVD_FORM, MS_WFMT_PLAIN, 5, 70, 256, 0, MS_F32, 0, 0, 0, 1e-4); /* beyond the form */
+    char *dyn = env_push("MS_CU_BF16_STREAM_DYN", "80");
+    const long long n0 = ms_cuda_gvd_launches();
+    for (int64_t T = 1; T <= 4; T++) swiglu_case(MS_WFMT_PLAIN, MS_BF16, T, 72, 3112);
+    swiglu_case(MS_WFMT_PLAIN, MS_BF16, 1, 1500, 6144);
+    env_pop("MS_CU_BF16_STREAM_DYN", dyn);
+    env_pop("MS_CU_BF16_STREAM_MAX_T", smax);
+    CHECK_MSG(ms_cuda_gvd_launches() - n0 == 5, "fused gate/up at 1..4 rows: claiming form ran %lld of 5 times",
+              ms_cuda_gvd_launches() - n0);
+}
+#endif
+
 /* The fused gate/up op (shared experts, dense MLP at decode) against the CPU's two linears and
  * silu_mul; shapes it refuses must say MS_ERR_UNSUPPORTED (the forward then runs the three ops). */
 static void swiglu_case(ms_wfmt fmt, ms_dtype pdt, int64_t T, int64_t N, int64_t K) {
@@ -2286,6 +2373,7 @@ int main(void) {
 #ifdef MS_HAVE_CUDA
     RUN(test_linear_w8);
     RUN(test_linear_bf16_stream);
+    RUN(test_linear_bf16_dyn);
 #endif
     RUN(test_gqa_prep);
     RUN(test_stack_linears);

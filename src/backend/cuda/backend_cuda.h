@@ -77,6 +77,10 @@ long long ms_cuda_w8_launches(void);
 /* Launches of the streaming bf16 GEMV (gemv_bf16.cu k_gvb) so far in this process, all backends: tests
  * use it to tell which form a linear took. Thread-safe. */
 long long ms_cuda_gvb_launches(void);
+/* Of the streaming bf16 GEMV's calls, the launches of its claiming form (gemv_bf16.cu k_gvd,
+ * MS_CU_BF16_STREAM_DYN) so far in this process, all backends; not counted in ms_cuda_gvb_launches.
+ * Thread-safe. */
+long long ms_cuda_gvd_launches(void);
 /* Launches of the fused one-token MoE kernel (moe_fused.cu k_moe_fused) so far in this process, all
  * backends: tests use it to tell which form a decode MoE call took. Thread-safe. */
 long long ms_cuda_moe_fused_launches(void);

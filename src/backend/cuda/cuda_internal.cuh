@@ -129,8 +129,9 @@ static inline cudaError_t cu_launch(void (*kernel)(KArgs...), dim3 grid, dim3 bl
     return e;
 }
 
-#define MS_CU_N_SCRATCH 5
-enum { SCR_DEQ = 0, SCR_TMP = 1, SCR_TMP2 = 2, SCR_HOST = 3, SCR_ATTN = 4 /* split-K attention partials */ };
+#define MS_CU_N_SCRATCH 6
+enum { SCR_DEQ = 0, SCR_TMP = 1, SCR_TMP2 = 2, SCR_HOST = 3, SCR_ATTN = 4 /* split-K attention partials */,
+       SCR_GVD = 5 /* the claiming bf16 GEMV's counters (zeroed when the buffer moves) and partials */ };
 
 #define CU_GCACHE 256 /* cuBLASLt algorithms remembered per (shape, types, leading dims) */
 typedef struct cu_gemm_cache_ent {

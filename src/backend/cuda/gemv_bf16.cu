@@ -34,6 +34,7 @@
  * residual row with cu_norm_stage after the wait, while its first weight steps are already in flight;
  * this replaces the norm kernel before the q|k|v (or q_a|kv_a) projection and its link in the chain. */
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/gemv_walk.cuh"
 #include "backend/cuda/norm_stage.cuh"
 
 #include <string.h>
@@ -188,6 +189,207 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
     }
 }
 
+/* ---- The claiming form (MS_CU_BF16_STREAM_DYN, off by default) ----
+ *
+ * Why: k_gvb fixes every warp's rows before it starts, so the kernel lasts as long as its slowest warp.
+ * The warps stream at different rates (DRAM channels, SMs holding 3 or 4 blocks), and a 117 MB
+ * projection reaches 3.6 TB/s where the 1.2 GB lm_head reaches 4.38 (session 21). Here the work is cut
+ * into units, one K share of one row (2^kshift shares a row, kc chunks each); every warp first streams a
+ * static range of q0 units, then claims ranges of g units from a counter, so a warp that ran ahead
+ * takes more and the warps finish within about one range of each other.
+ *
+ * Same bits as k_gvb with the same K split: a unit's sum is the one k_gvb's warp computes for that
+ * (row, share) (lane-strided products in two accumulators, the same shuffle tree), and a row's shares
+ * are summed in share order from 0.f as k_gvb sums its partials. With one share a row the warp that
+ * finishes the row writes y; with several, it stores its partial in part[] and counts the row in
+ * rowcnt[]; the warp whose count completes the row sums the partials and writes y.
+ *
+ * The walk over the ranges (the load stream GB_D - 1 steps ahead of the math, the claims, the hand-over
+ * of a range from one stream to the other) is gemv_walk.cuh's, checked on the host by
+ * tests/backend/gvd_walk_emu. The counters (ctl[0] claims, ctl[1] warps done) and rowcnt are touched
+ * only after griddepcontrol.wait, so a launch sees the previous one's resets; the last warp to finish
+ * zeroes ctl, a row's finisher zeroes its rowcnt. Weights before the wait come from the static range
+ * only (the host makes q0 units hold the GB_D - 1 early steps, or sets q0 = 0 and copies nothing early). */
+struct gd_args {
+    const bf16 *w0, *w1; /* [N][K] row-major; w1 = up (mode 1) */
+    const float *bias;   /* [N] or NULL (mode 0) */
+    const bf16 *x;       /* [NT][K], 16-byte aligned */
+    void *y;             /* [NT][ldy] of y_type (mode 1: bf16) */
+    int y_type, ldy;
+    int N, K;
+    int kshift;       /* a row is 2^kshift units (K shares) */
+    int kc;           /* 16-byte chunks of a share, a multiple of 32 (the last share may be shorter) */
+    int q0;           /* units of each warp's static range (warp w: [w q0, (w + 1) q0)) */
+    int g;            /* units a claim takes */
+    int early;        /* the first GB_D - 1 steps (all in the static range) are copied before the wait */
+    float *part;      /* [N << kshift][S][NT] partials (kshift > 0) */
+    unsigned *rowcnt; /* [N] shares of a row done (kshift > 0); zero between launches */
+    unsigned *ctl;    /* [0] units claimed past the static ranges, [1] warps done; zero between launches */
+};
+
+/* y[t][n] from a row's S sums v (mode 1: silu(v0) * v1 as bf16; else v0 + bias in y_type) */
+template <int MODE>
+__device__ __forceinline__ void gd_store(const gd_args &a, int n, int t, const float (&v)[MODE == 1 ? 2 : 1]) {
+    const size_t yi = (size_t)t * a.ldy + n;
+    if (MODE == 1) ((bf16 *)a.y)[yi] = __float2bfloat16_rn(cu_silu(v[0]) * v[1]);
+    else cu_st(a.y, a.y_type, yi, v[0] + (a.bias ? a.bias[n] : 0.f));
+}
+
+/* MODE 0: y = x·Wᵀ (+ bias); 1: silu(x·w0ᵀ) * (x·w1ᵀ). Shared memory: x as NT rows of K/8 16-byte units,
+ * then each warp's weight ring [stream][stage][lane] as in k_gvb. */
+template <int NT, int MODE>
+__global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvd(gd_args a) {
+    extern __shared__ uint4 gb_smem[];
+    constexpr int S = MODE == 1 ? 2 : 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int K8 = a.K >> 3, W = gridDim.x * GB_WARPS, wid = blockIdx.x * GB_WARPS + warp;
+    const gd_shape sh = {K8, a.kc, (1 << a.kshift) - 1, a.kshift, a.N << a.kshift, W * a.q0, a.g};
+    uint4 *ring = gb_smem + NT * K8 + (size_t)warp * (S * GB_D * 32) + lane;
+    const ptrdiff_t d1 = (const uint4 *)a.w1 - (const uint4 *)a.w0;
+    gd_walk wk;
+    gd_walk_init(wk, wid * a.q0, a.q0);
+    unsigned claim = 0; /* lane 0: the answer of the claim in flight */
+    bool may_claim = false;
+    auto ask = [&]() {
+        if (lane == 0) claim = atomicAdd(&a.ctl[0], (unsigned)a.g);
+    };
+    auto take = [&]() { return __shfl_sync(0xffffffffu, claim, 0); };
+    auto put = [&](int stage) {
+        int u, j, kcu;
+        const bool real = gd_load(wk, sh, may_claim, ask, take, u, j, kcu);
+        const bool ok = real && j * 32 + lane < kcu;
+        const uint4 *src = (const uint4 *)a.w0 + (size_t)(u >> a.kshift) * K8 + (u & sh.msk) * a.kc + j * 32 + lane;
+#pragma unroll
+        for (int s = 0; s < S; s++)
+            cu_cp16(cu_saddr(ring + (s * GB_D + stage) * 32), ok ? src + (s ? d1 : 0) : (const uint4 *)a.w0, ok);
+        cu_cp_commit();
+    };
+    if (a.early) { /* the static range's first steps (see above) */
+#pragma unroll
+        for (int u = 0; u < GB_D - 1; u++) put(u);
+    }
+    cu_pdl_wait();
+    cu_pdl_trigger();
+    may_claim = true;
+    if (!a.early) {
+#pragma unroll
+        for (int u = 0; u < GB_D - 1; u++) put(u);
+    }
+    for (int i = threadIdx.x; i < NT * K8; i += GB_THREADS) gb_smem[i] = __ldcg((const uint4 *)a.x + i);
+    __syncthreads();
+
+    float acc[S][NT][2];
+#pragma unroll
+    for (int s = 0; s < S; s++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[s][t][0] = acc[s][t][1] = 0.f;
+    bool fin = false;
+    while (!fin) {
+#pragma unroll
+        for (int u = 0; u < GB_D; u++) {
+            int cu, cj, kcu;
+            bool last;
+            if (!gd_math(wk, sh, cu, cj, kcu, last)) { /* warp-uniform */
+                fin = true;
+                break;
+            }
+            cu_cp_wait<GB_D - 2>(); /* this step landed (GB_D - 1 groups were in flight) */
+            uint4 v[S];
+#pragma unroll
+            for (int s = 0; s < S; s++) v[s] = ring[(s * GB_D + u) * 32];
+            put((u + GB_D - 1) % GB_D);
+            const int c0 = (cu & sh.msk) * a.kc, ch = cj * 32 + lane;
+            if (ch < kcu) {
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    const uint4 xv = gb_smem[t * K8 + c0 + ch];
+#pragma unroll
+                    for (int s = 0; s < S; s++) gb_dot8(acc[s][t], v[s], xv);
+                }
+            }
+            if (last) { /* unit cu done */
+                float r[S][NT];
+#pragma unroll
+                for (int s = 0; s < S; s++)
+#pragma unroll
+                    for (int t = 0; t < NT; t++) {
+                        float x = acc[s][t][0] + acc[s][t][1];
+#pragma unroll
+                        for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+                        r[s][t] = x;
+                        acc[s][t][0] = acc[s][t][1] = 0.f;
+                    }
+                const int n = cu >> a.kshift;
+                if (lane == 0) {
+                    if (sh.msk == 0) {
+#pragma unroll
+                        for (int t = 0; t < NT; t++) {
+                            float vs[S];
+#pragma unroll
+                            for (int s = 0; s < S; s++) vs[s] = 0.f + r[s][t]; /* k_gvb's sum from 0.f */
+                            gd_store<MODE>(a, n, t, vs);
+                        }
+                    } else {
+                        float *p = a.part + (size_t)cu * (S * NT);
+#pragma unroll
+                        for (int s = 0; s < S; s++)
+#pragma unroll
+                            for (int t = 0; t < NT; t++) p[s * NT + t] = r[s][t];
+                        __threadfence(); /* the partial before the count */
+                        if (atomicAdd(&a.rowcnt[n], 1u) == (unsigned)sh.msk) {
+                            __threadfence(); /* every share's count seen before its partial is read */
+                            const float *q = a.part + ((size_t)n << a.kshift) * (S * NT);
+#pragma unroll
+                            for (int t = 0; t < NT; t++) {
+                                float vs[S];
+#pragma unroll
+                                for (int s = 0; s < S; s++) {
+                                    float sum = 0.f;
+                                    for (int k = 0; k <= sh.msk; k++) sum += __ldcg(q + k * (S * NT) + s * NT + t);
+                                    vs[s] = sum;
+                                }
+                                gd_store<MODE>(a, n, t, vs);
+                            }
+                            a.rowcnt[n] = 0;
+                        }
+                    }
+                }
+                __syncwarp();
+            }
+        }
+    }
+    cu_cp_wait<0>(); /* no copy outlives the block */
+    if (lane == 0) {
+        __threadfence(); /* this warp's claims and counts before its "done" */
+        if (atomicAdd(&a.ctl[1], 1u) == (unsigned)W - 1) {
+            a.ctl[0] = 0;
+            a.ctl[1] = 0;
+        }
+    }
+}
+
+static long long gvd_launches; /* ms_cuda_gvd_launches; updated atomically */
+
+/* Contract in backend_cuda.h. */
+extern "C" long long ms_cuda_gvd_launches(void) { return __atomic_load_n(&gvd_launches, __ATOMIC_RELAXED); }
+
+static cudaError_t gd_go(int mode, int T, dim3 grid, size_t smem, cudaStream_t st, const gd_args &a) {
+    switch (mode * GB_MAX_T + T - 1) {
+    case 0: return cu_launch(k_gvd<1, 0>, grid, dim3(GB_THREADS), smem, st, a);
+    case 1: return cu_launch(k_gvd<2, 0>, grid, dim3(GB_THREADS), smem, st, a);
+    case 2: return cu_launch(k_gvd<3, 0>, grid, dim3(GB_THREADS), smem, st, a);
+    case 3: return cu_launch(k_gvd<4, 0>, grid, dim3(GB_THREADS), smem, st, a);
+    case 4: return cu_launch(k_gvd<1, 1>, grid, dim3(GB_THREADS), smem, st, a);
+    case 5: return cu_launch(k_gvd<2, 1>, grid, dim3(GB_THREADS), smem, st, a);
+    case 6: return cu_launch(k_gvd<3, 1>, grid, dim3(GB_THREADS), smem, st, a);
+    default: return cu_launch(k_gvd<4, 1>, grid, dim3(GB_THREADS), smem, st, a);
+    }
+}
+
+static const void *const gd_kern[2][GB_MAX_T] = {
+    {(const void *)k_gvd<1, 0>, (const void *)k_gvd<2, 0>, (const void *)k_gvd<3, 0>, (const void *)k_gvd<4, 0>},
+    {(const void *)k_gvd<1, 1>, (const void *)k_gvd<2, 1>, (const void *)k_gvd<3, 1>, (const void *)k_gvd<4, 1>}};
+
 static long long gvb_launches; /* ms_cuda_gvb_launches; updated atomically */
 
 /* Contract in backend_cuda.h. */
@@ -211,6 +413,47 @@ static cudaError_t gb_go(int mode, int T, dim3 grid, size_t smem, cudaStream_t s
     }
 }
 
+/* The claiming form (k_gvd) for c when MS_CU_BF16_STREAM_DYN = pct (the static share of the work, in
+ * percent) and the shape suits it; *launched as cu_gemv_bf16. K split: MS_CU_BF16_STREAM_KS when set and
+ * possible, else the fewest shares that give every resident warp at least 4 units. Claims take g units,
+ * at least GB_D - 1 steps (see the kernel's comment); the static ranges are q0 units, and 0 when they
+ * could not hold GB_D - 1 steps (then nothing is copied before the wait). */
+static int gd_try(ms_backend *b, const cu_gvb_call *c, int pct, int force_ks, int *launched, ms_err *err) {
+    const int T = c->T, N = c->N, K8 = c->K / 8, S = c->mode == 1 ? 2 : 1;
+    const size_t smem = (size_t)T * c->K * 2 + (size_t)16 * GB_WARPS * S * GB_D * 32;
+    int bps = 0;
+    MS_TRY(cu_occupancy(b, gd_kern[c->mode][T - 1], GB_THREADS, smem, &bps, err));
+    if (bps <= 0) return MS_OK;
+    const long long W = (long long)bps * (b->gpu.n_sm > 0 ? b->gpu.n_sm : 132) * GB_WARPS;
+    gd_plan pl;
+    if (!gd_make_plan(N, K8, W, pct, force_ks, c->weights_quiet && cu_knob(CU_KNOB_BF16_STREAM_EARLY), GB_D, pl))
+        return MS_OK;
+    const int ks = pl.ks;
+    const size_t part_bytes = ks > 1 ? sizeof(float) * (size_t)N * ks * S * T : 0;
+    if (part_bytes > ((size_t)64 << 20)) return MS_OK;
+    /* scratch: the counters (ctl, then rowcnt from byte 64), then the partials; zeroed when it moves */
+    cu_impl *ci = cu_of(b);
+    const size_t rc_bytes = ks > 1 ? sizeof(unsigned) * (size_t)N : 0;
+    const size_t part_off = (64 + rc_bytes + 255) / 256 * 256;
+    void *old = ci->scratch[SCR_GVD], *scr = NULL;
+    const size_t old_bytes = ci->scratch_bytes[SCR_GVD];
+    MS_TRY(cu_scratch(b, SCR_GVD, part_off + part_bytes, &scr, err));
+    if (scr != old || ci->scratch_bytes[SCR_GVD] != old_bytes)
+        CK(cudaMemsetAsync(scr, 0, ci->scratch_bytes[SCR_GVD], ci->stream));
+    gd_args a;
+    memset(&a, 0, sizeof a);
+    a.w0 = c->w0, a.w1 = c->w1 ? c->w1 : c->w0, a.bias = c->bias, a.x = c->x, a.y = c->y;
+    a.y_type = c->y_type, a.ldy = c->ldy, a.N = N, a.K = c->K;
+    a.kshift = pl.kshift, a.kc = pl.kc, a.q0 = pl.q0, a.g = pl.g, a.early = pl.early;
+    a.ctl = (unsigned *)scr;
+    a.rowcnt = (unsigned *)((char *)scr + 64);
+    a.part = (float *)((char *)scr + part_off);
+    CK(gd_go(c->mode, T, dim3((unsigned)(W / GB_WARPS)), smem, ci->stream, a));
+    __atomic_fetch_add(&gvd_launches, 1, __ATOMIC_RELAXED);
+    *launched = 1;
+    return MS_OK;
+}
+
 /* Contract in cuda_internal.cuh. Launch shape: for each K split ks in {1, 2, 4, 8} (shares of whole
  * 512-byte runs, at least two runs each when split), rows per warp = ceil(N * ks / resident warps), so
  * one wave holds the grid; the split with the fewest bytes on the busiest warp wins, a smaller split on
@@ -230,6 +473,11 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     const int K8 = K / 8;
     const size_t xbytes = (size_t)T * K * 2;
     if (xbytes > 96 * 1024) return MS_OK; /* longer rows take the other forms (at 96 KB one block an SM) */
+    const int force_ks = cu_knob(CU_KNOB_BF16_STREAM_KS), dyn = cu_knob(CU_KNOB_BF16_STREAM_DYN);
+    if (dyn && !c->norm) {
+        MS_TRY(gd_try(b, c, dyn, force_ks, launched, err));
+        if (*launched) return MS_OK;
+    }
     const int nsm = b->gpu.n_sm > 0 ? b->gpu.n_sm : 132;
     const int rpw_cap = 64; /* bounds the partials in shared memory */
     const int red_units = GB_WARPS * rpw_cap * S * T / 4;
@@ -241,23 +489,22 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     const int64_t warps = (int64_t)bps * nsm * GB_WARPS;
     int best_ks = 0, best_rpw = 0;
     int64_t best_cost = 0;
-    for (int ks = 1; ks <= GB_WARPS; ks *= 2) {
-        int kc = (K8 + ks - 1) / ks;
-        kc = (kc + 31) / 32 * 32; /* whole 512-byte runs */
-        if (ks > 1 && (kc < 64 || (int64_t)kc * (ks - 1) >= K8)) break;
-        const int64_t rpw = ((int64_t)N * ks + warps - 1) / warps;
-        if (rpw > rpw_cap) continue;
-        const int64_t cost = rpw * (int64_t)(kc < K8 ? kc : K8);
-        if (!best_ks || cost * 16 < best_cost * 15) best_ks = ks, best_rpw = (int)rpw, best_cost = cost;
-    }
+    for (int pass = force_ks ? 0 : 1; pass < 2 && !best_ks; pass++) /* a forced split that cannot be: the others */
+        for (int ks = 1; ks <= GB_WARPS && gd_split_ok(K8, ks); ks *= 2) {
+            if (pass == 0 && ks != force_ks) continue;
+            const int kc = gd_share(K8, ks);
+            const int64_t rpw = ((int64_t)N * ks + warps - 1) / warps;
+            if (rpw > rpw_cap) continue;
+            const int64_t cost = rpw * (int64_t)(kc < K8 ? kc : K8);
+            if (!best_ks || cost * 16 < best_cost * 15) best_ks = ks, best_rpw = (int)rpw, best_cost = cost;
+        }
     if (!best_ks) return MS_OK;
     const int ks = best_ks, rpw = best_rpw, rows_pb = (GB_WARPS / ks) * rpw;
     gb_args a;
     memset(&a, 0, sizeof a);
     a.w0 = c->w0, a.w1 = c->w1 ? c->w1 : c->w0, a.bias = c->bias, a.x = c->x, a.y = c->y;
     a.y_type = c->y_type, a.ldy = c->ldy, a.N = N, a.K = K, a.ks = ks, a.rpw = rpw;
-    a.kc = (K8 + ks - 1) / ks;
-    a.kc = (a.kc + 31) / 32 * 32;
+    a.kc = gd_share(K8, ks);
     a.early = c->weights_quiet && cu_knob(CU_KNOB_BF16_STREAM_EARLY);
     a.red_units = red_units;
     if (c->norm) a.nin = *c->norm;
