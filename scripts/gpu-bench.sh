@@ -99,6 +99,22 @@ if "$BIN" serve --help >/dev/null 2>&1; then
       --output-file "$OUT/serve-bench.jsonl" >"$OUT/serve-bench.log" 2>&1
     rc=$?
     [ $rc = 0 ] && row "serve + bench (64 conc, 256/256)" "ok ($(( $(date +%s) - t )) s)" || row "serve + bench" "FAIL rc=$rc"
+    # where the engine thread's time went (/metrics): per step, the forward (as bench-model times it),
+    # sampling and delivery, scheduling, and the rest of its busy time
+    python3 - "$PORT" >>"$OUT/summary.txt" 2>&1 <<'PY'
+import sys, urllib.request
+m = {}
+for ln in urllib.request.urlopen('http://127.0.0.1:%s/metrics' % sys.argv[1], timeout=5).read().decode().splitlines():
+    if ln and not ln.startswith('#'):
+        k, v = ln.rsplit(' ', 1)
+        m[k] = float(v)
+g = lambda k: m.get('moeserve:engine_' + k, 0.0)
+n, d = g('steps_total'), g('decode_steps_total')
+f, s, c, b = g('forward_seconds_total'), g('sample_seconds_total'), g('schedule_seconds_total'), g('busy_seconds_total')
+if n:
+    print('engine thread: %d steps (%d decode), ms a step: forward %.2f, sample+deliver %.2f, schedule %.2f, rest %.2f (busy %.2f)'
+          % (n, d, 1e3 * f / n, 1e3 * s / n, 1e3 * c / n, 1e3 * (b - f - s - c) / n, 1e3 * b / n))
+PY
     grep -E "ready in|recorded" "$OUT/serve.log" >>"$OUT/summary.txt"
     # the headline figures first (the tail below is mostly latency percentiles and a sample reply)
     grep -E "Successful requests|Benchmark duration|Total generated|throughput" "$OUT/serve-bench.log" >>"$OUT/summary.txt"

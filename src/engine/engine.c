@@ -439,6 +439,7 @@ static void run_step(ms_engine *e) {
         }
     }
     const double t0 = ms_now();
+    e->acc.schedule_seconds += t0 - t_step;
     for (int i = 0; i < b->n_seqs; i++)
         if (s->seq_req[i]->t_admit == 0) s->seq_req[i]->t_admit = t0, n_admitted++;
     if (rc == MS_OK) {
@@ -592,6 +593,7 @@ static void *engine_main(void *arg) {
             pthread_cond_wait(&e->cv, &e->mu);
         }
         if (e->stop) break;
+        const double t_busy = ms_now();
         ms_request *in = e->inbox_head;
         e->inbox_head = e->inbox_tail = NULL;
         e->n_inbox = 0;
@@ -623,6 +625,7 @@ static void *engine_main(void *arg) {
         }
         if (healthy) run_step(e);
         else fail_all(e, e->fatal_msg);
+        e->acc.busy_seconds += ms_now() - t_busy; /* this iteration's publishing falls in the next one's */
         publish_stats(e);
         pthread_mutex_lock(&e->mu);
     }

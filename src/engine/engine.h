@@ -158,6 +158,10 @@ typedef struct ms_engine_stats {
     uint64_t decode_steps;          /* steps with one token per sequence (the ones graphs can run) */
     double forward_seconds;         /* engine thread time in the executor's forward (logits included) */
     double sample_seconds;          /* ... sampling, stop checks and token callbacks after it */
+    double schedule_seconds;        /* ... choosing the step's batch and sizing the logits buffer before it */
+    double busy_seconds;            /* engine thread time not waiting for work: the three above plus taking
+                                     * new requests and aborts and publishing these stats; what a step
+                                     * costs besides its forward is busy - forward per step */
     uint64_t integrity_failures; /* checker failures seen when idle (check_integrity) */
     double admit_rate;          /* requests admitted per second in steps that began with requests waiting
                                  * (decayed over ~5 s); -1 = not measured yet */

@@ -153,6 +153,10 @@ void ms_metrics_write(ms_metrics *m, const ms_engine_stats *es, const char *mode
           es->forward_seconds);
     gauge(o, "moeserve:engine_sample_seconds_total", "Engine time sampling and delivering tokens after steps.",
           es->sample_seconds);
+    gauge(o, "moeserve:engine_schedule_seconds_total", "Engine time choosing each step's batch before its forward.",
+          es->schedule_seconds);
+    gauge(o, "moeserve:engine_busy_seconds_total",
+          "Engine thread time not waiting for work (forward, sampling, scheduling, taking requests).", es->busy_seconds);
     counter(o, "moeserve:spec_verifications_total",
             "Speculative decoding: times a request's draft tokens were verified in one step.", es->spec_verifications);
     counter(o, "moeserve:spec_draft_tokens_total", "Speculative decoding: draft tokens proposed.", es->spec_draft_tokens);

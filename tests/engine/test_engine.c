@@ -240,6 +240,11 @@ static void test_greedy_concurrent_matches_oracle(void) {
     CHECK_EQ_INT(st.generated_tokens_total, total_gen);
     CHECK(st.preemptions > 0); /* 30 pages of 4 tokens for 8 running requests of up to 100 tokens */
     CHECK_EQ_INT(st.healthy, 1);
+    /* the engine thread's time, as /metrics reports it: the parts of a step fall inside its busy time */
+    CHECK(st.steps > 0 && st.forward_seconds > 0 && st.sample_seconds >= 0 && st.schedule_seconds >= 0);
+    CHECK_MSG(st.forward_seconds + st.sample_seconds + st.schedule_seconds <= st.busy_seconds * (1 + 1e-9),
+              "forward %.6f + sample %.6f + schedule %.6f s exceed the busy %.6f s", st.forward_seconds,
+              st.sample_seconds, st.schedule_seconds, st.busy_seconds);
     CHECK_MSG(g.f.errors == 0, "fake model: %s", g.f.first_error);
     ms_engine_destroy(e);
     coll_free(&c);
