@@ -283,7 +283,9 @@ int cmd_tune(int argc, char **argv) {
     ms_moe_tune_result res = {.gpu = b->gpu.name, .cc_major = b->gpu.cc_major, .cc_minor = b->gpu.cc_minor,
                               .forms_only = forms_only, .decode_max_tokens = cross, .model = model, .quant = quant,
                               .hidden = s.hidden, .inter = s.inter, .topk = s.topk, .n_experts = s.n_experts,
-                              .n_tokens = nt, .tokens = tokens, .us_decode = td, .us_grouped = tg, .best = rec,
+                              /* a forms-only run timed no token counts: the file keeps the old ones */
+                              .n_tokens = forms_only ? 0 : nt, .tokens = forms_only ? NULL : tokens,
+                              .us_decode = forms_only ? NULL : td, .us_grouped = forms_only ? NULL : tg, .best = rec,
                               .cost_model_us = -1};
 #ifdef MS_HAVE_CUDA
     int fg[TUNE_FORMS], fd[TUNE_FORMS];

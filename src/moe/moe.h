@@ -124,7 +124,7 @@ typedef struct ms_moe_tune_result {
     int decode_max_tokens;           /* the crossover: the decode runner up to this many tokens */
     const char *model, *quant;       /* what was measured: config path, expert format name */
     int hidden, inter, topk, n_experts;
-    int n_tokens;                    /* token counts timed, with each runner's us a call */
+    int n_tokens;                    /* token counts timed, with each runner's us a call (0 with forms_only) */
     const int *tokens;
     const double *us_decode, *us_grouped;
     ms_moe_form best;                /* the fastest fused form (groups 0: none measured) */
