@@ -866,21 +866,29 @@ static void test_linear_bf16_stream(void) {
 #ifdef MS_HAVE_CUDA
 /* The streaming GEMV's claiming form (k_gvd, MS_CU_BF16_STREAM_DYN): the same bits as the fixed form at
  * the same K split, whatever share of the work is static (1, 50, 95 percent) and however the claims
- * fall, launch after launch (its counters must be back at zero after each); every split the shape
- * allows is forced in both (MS_CU_BF16_STREAM_KS). Then the usual cases (form_linear_case: against the
- * CPU and the fixed form within tolerance) and the fused gate/up, each counted as the claiming form. */
-static int gvd_split_ok(int64_t K, int ks) { /* gemv_bf16.cu gb_split_ok */
+ * fall, launch after launch: every claiming launch writes into a fresh NaN-filled output, and the inputs
+ * alternate between two rows sets, so a row left unwritten (a count not back at zero) or a stale partial
+ * shows. Every split the shape allows is forced in both (MS_CU_BF16_STREAM_KS); mode 0 (linear) and
+ * mode 1 (fused gate/up). Then the usual cases (form_linear_case: against the CPU and the fixed form
+ * within tolerance) and swiglu_case, each counted as the claiming form. */
+static int gvd_split_ok(int64_t K, int ks) { /* gemv_walk.cuh gd_split_ok */
     const int64_t K8 = K / 8, kc = ((K8 + ks - 1) / ks + 31) / 32 * 32;
     return ks == 1 || (kc >= 64 && kc * (ks - 1) < K8);
 }
 
-static void gvd_exact_case(int64_t T, int64_t N, int64_t K, int bias, ms_dtype ydt) {
-    lpair L = mk_linear(MS_WFMT_PLAIN, MS_BF16, N, K, bias);
+/* mode 0: y = linear(L0, x), ydt; mode 1: linear_swiglu(L0, L1, x) (bf16) */
+static void gvd_run(int mode, lpair *L0, lpair *L1, pair *X, ms_tensor *Y) {
+    if (mode == 0) R(GPU->ops->linear(GPU, &L0->g, &X->g, Y, &E));
+    else R(GPU->ops->linear_swiglu(GPU, &L0->g, &L1->g, &X->g, Y, &E));
+}
+
+static void gvd_exact_case(int mode, int64_t T, int64_t N, int64_t K, int bias, ms_dtype ydt) {
+    lpair L0 = mk_linear(MS_WFMT_PLAIN, MS_BF16, N, K, mode == 0 && bias), L1 = {0};
+    if (mode == 1) L1 = mk_linear(MS_WFMT_PLAIN, MS_BF16, N, K, 0);
     int64_t xs[2] = {T, K}, ys[2] = {T, N};
-    float *x = rand_vec((size_t)(T * K), 1.f);
-    pair X = act(2, xs, x);
-    const ms_dtype gdt = ydt == MS_F32 ? MS_F32 : 0;
-    ms_tensor Y0 = mk(GPU, gdt, 2, ys, NULL), Y1 = mk(GPU, gdt, 2, ys, NULL);
+    float *xh[2] = {rand_vec((size_t)(T * K), 1.f), rand_vec((size_t)(T * K), 1.f)};
+    pair X[2] = {act(2, xs, xh[0]), act(2, xs, xh[1])};
+    const ms_dtype gdt = mode == 0 && ydt == MS_F32 ? MS_F32 : 0;
     char *smax = env_push("MS_CU_BF16_STREAM_MAX_T", "4"), *sks = env_push("MS_CU_BF16_STREAM_KS", NULL),
          *sdyn = env_push("MS_CU_BF16_STREAM_DYN", NULL);
     static const char *const pcts[] = {"1", "50", "95", "50"};
@@ -889,48 +897,65 @@ static void gvd_exact_case(int64_t T, int64_t N, int64_t K, int bias, ms_dtype y
         char kv[8];
         snprintf(kv, sizeof kv, "%d", ks);
         setenv("MS_CU_BF16_STREAM_KS", kv, 1);
-        setenv("MS_CU_BF16_STREAM_DYN", "0", 1);
-        const long long f0 = ms_cuda_gvb_launches();
-        R(GPU->ops->linear(GPU, &L.g, &X.g, &Y0, &E));
-        CHECK_MSG(ms_cuda_gvb_launches() - f0 == 1, "bf16 GEMV T=%lld N=%lld K=%lld ks=%d: the fixed form did not run",
-                  (long long)T, (long long)N, (long long)K, ks);
-        float *ref = get(GPU, &Y0);
+        float *ref[2];
+        for (int i = 0; i < 2; i++) {
+            setenv("MS_CU_BF16_STREAM_DYN", "0", 1);
+            ms_tensor Y0 = mk(GPU, gdt, 2, ys, NULL);
+            const long long f0 = ms_cuda_gvb_launches();
+            gvd_run(mode, &L0, &L1, &X[i], &Y0);
+            CHECK_MSG(ms_cuda_gvb_launches() - f0 == 1, "bf16 GEMV mode %d T=%lld N=%lld K=%lld ks=%d: the fixed form did not run",
+                      mode, (long long)T, (long long)N, (long long)K, ks);
+            ref[i] = get(GPU, &Y0);
+            fr(GPU, &Y0);
+        }
         for (size_t p = 0; p < sizeof pcts / sizeof pcts[0]; p++) {
+            const int xi = (int)(p & 1);
             setenv("MS_CU_BF16_STREAM_DYN", pcts[p], 1);
+            ms_tensor Y1 = mk(GPU, gdt, 2, ys, NULL); /* NaN until written */
             const long long d0 = ms_cuda_gvd_launches();
-            R(GPU->ops->linear(GPU, &L.g, &X.g, &Y1, &E));
-            CHECK_MSG(ms_cuda_gvd_launches() - d0 == 1, "bf16 GEMV T=%lld N=%lld K=%lld ks=%d dyn=%s: the claiming form did not run",
-                      (long long)T, (long long)N, (long long)K, ks, pcts[p]);
+            gvd_run(mode, &L0, &L1, &X[xi], &Y1);
+            CHECK_MSG(ms_cuda_gvd_launches() - d0 == 1, "bf16 GEMV mode %d T=%lld N=%lld K=%lld ks=%d dyn=%s: the claiming form did not run",
+                      mode, (long long)T, (long long)N, (long long)K, ks, pcts[p]);
             float *got = get(GPU, &Y1);
             int64_t diff = 0, first = -1;
             for (int64_t i = 0; i < T * N; i++)
-                if (memcmp(&got[i], &ref[i], sizeof(float))) diff++, first = first < 0 ? i : first;
-            CHECK_MSG(diff == 0, "bf16 GEMV T=%lld N=%lld K=%lld ks=%d dyn=%s: %lld of %lld outputs differ from the fixed form's "
-                      "bits (first %lld: %g vs %g)", (long long)T, (long long)N, (long long)K, ks, pcts[p], (long long)diff,
-                      (long long)(T * N), (long long)first, first >= 0 ? got[first] : 0.0, first >= 0 ? ref[first] : 0.0);
+                if (memcmp(&got[i], &ref[xi][i], sizeof(float))) diff++, first = first < 0 ? i : first;
+            CHECK_MSG(diff == 0, "bf16 GEMV mode %d T=%lld N=%lld K=%lld ks=%d dyn=%s: %lld of %lld outputs differ from the fixed "
+                      "form's bits (first %lld: %g vs %g)", mode, (long long)T, (long long)N, (long long)K, ks, pcts[p],
+                      (long long)diff, (long long)(T * N), (long long)first, first >= 0 ? got[first] : 0.0,
+                      first >= 0 ? ref[xi][first] : 0.0);
             free(got);
+            fr(GPU, &Y1);
         }
-        free(ref);
+        free(ref[0]);
+        free(ref[1]);
     }
     env_pop("MS_CU_BF16_STREAM_DYN", sdyn);
     env_pop("MS_CU_BF16_STREAM_KS", sks);
     env_pop("MS_CU_BF16_STREAM_MAX_T", smax);
-    fr(GPU, &Y0);
-    fr(GPU, &Y1);
-    pfree(&X);
-    free(x);
-    free_linear(&L);
+    for (int i = 0; i < 2; i++) pfree(&X[i]), free(xh[i]);
+    free_linear(&L0);
+    if (mode == 1) free_linear(&L1);
 }
 
 static const form_knob GVD_FORM = {"MS_CU_BF16_STREAM_DYN", "80", "0", "claiming bf16 GEMV", ms_cuda_gvd_launches};
 
 static void test_linear_bf16_dyn(void) {
-    gvd_exact_case(1, 14336, 4096, 0, MS_BF16); /* GLM-4.5-Air's q|k|v: 1, 2, 4, 8 shares */
-    gvd_exact_case(1, 4096, 12288, 0, MS_F32);  /* its o_proj */
-    gvd_exact_case(3, 1000, 3112, 1, MS_F32);   /* the last of 4 shares is 5 chunks (one short step) */
-    gvd_exact_case(2, 70, 256, 1, MS_BF16);     /* fewer units than warps: everything claimed */
-    gvd_exact_case(1, 33, 40000, 1, MS_F32);
-    gvd_exact_case(4, 300, 4104, 0, MS_F32);
+    /* shapes with different row counts and splits one after another: each leaves the counters for the next */
+    gvd_exact_case(0, 1, 14336, 4096, 0, MS_BF16); /* GLM-4.5-Air's q|k|v: 1, 2, 4, 8 shares */
+    gvd_exact_case(0, 1, 4096, 12288, 0, MS_F32);  /* its o_proj */
+    gvd_exact_case(0, 3, 1000, 3112, 1, MS_F32);   /* the last of 4 shares is 5 chunks (one short step) */
+    gvd_exact_case(0, 2, 70, 256, 1, MS_BF16);     /* fewer units than warps: everything claimed */
+    gvd_exact_case(0, 1, 33, 40000, 1, MS_F32);
+    gvd_exact_case(0, 4, 300, 4104, 0, MS_F32);
+    gvd_exact_case(1, 1, 1500, 6144, 0, MS_BF16); /* fused gate/up (a dense MLP at decode) */
+    gvd_exact_case(1, 3, 208, 3112, 0, MS_BF16);
+    /* nothing copied before the wait (MS_CU_BF16_STREAM_EARLY=0, read once: forgotten around it) */
+    char *early = env_push("MS_CU_BF16_STREAM_EARLY", "0");
+    cu_knob_forget(CU_KNOB_BF16_STREAM_EARLY);
+    gvd_exact_case(0, 1, 14336, 4096, 0, MS_BF16);
+    env_pop("MS_CU_BF16_STREAM_EARLY", early);
+    cu_knob_forget(CU_KNOB_BF16_STREAM_EARLY);
     char *smax = env_push("MS_CU_BF16_STREAM_MAX_T", "4");
     for (int64_t T = 1; T <= 4; T++) {
         form_linear_case(&GVD_FORM, MS_WFMT_PLAIN, T, 1, 8, 1, MS_F32, 0, 0, 1, 1e-4);

@@ -129,9 +129,10 @@ static inline cudaError_t cu_launch(void (*kernel)(KArgs...), dim3 grid, dim3 bl
     return e;
 }
 
-#define MS_CU_N_SCRATCH 6
+#define MS_CU_N_SCRATCH 7
 enum { SCR_DEQ = 0, SCR_TMP = 1, SCR_TMP2 = 2, SCR_HOST = 3, SCR_ATTN = 4 /* split-K attention partials */,
-       SCR_GVD = 5 /* the claiming bf16 GEMV's counters (zeroed when the buffer moves) and partials */ };
+       SCR_GVD = 5 /* the claiming bf16 GEMV's counters (zeroed when the buffer moves, zero between launches) */,
+       SCR_GVP = 6 /* ... and its rows' partials */ };
 
 #define CU_GCACHE 256 /* cuBLASLt algorithms remembered per (shape, types, leading dims) */
 typedef struct cu_gemm_cache_ent {

@@ -41,7 +41,7 @@
 
 #define GB_WARPS 8
 #define GB_THREADS (GB_WARPS * 32)
-#define GB_D 8     /* ring stages per warp and weight stream: 512-byte steps, GB_D - 1 in flight */
+#define GB_D GD_RING /* ring stages per warp and weight stream: 512-byte steps, GB_D - 1 in flight */
 #define GB_MAX_T 4 /* rows of x per launch (template NT = 1..4) */
 static_assert(GB_THREADS >= CU_NORM_T, "k_gvb<1, 2> folds a norm: cu_norm_stage needs CU_NORM_T threads");
 
@@ -241,7 +241,7 @@ __device__ __forceinline__ unsigned gd_add_acq_rel(unsigned *p, unsigned v) {
 template <int MODE>
 __device__ __forceinline__ void gd_store(const gd_args &a, int n, int t, const float (&v)[MODE == 1 ? 2 : 1]) {
     const size_t yi = (size_t)t * a.ldy + n;
-    if (MODE == 1) ((bf16 *)a.y)[yi] = __float2bfloat16_rn(cu_silu(v[0]) * v[1]);
+    if (MODE == 1) ((bf16 *)a.y)[yi] = __float2bfloat16_rn(cu_silu(v[0]) * v[MODE == 1 ? 1 : 0]);
     else cu_st(a.y, a.y_type, yi, v[0] + (a.bias ? a.bias[n] : 0.f));
 }
 
@@ -421,40 +421,45 @@ static cudaError_t gb_go(int mode, int T, dim3 grid, size_t smem, cudaStream_t s
 }
 
 /* The claiming form (k_gvd) for c when MS_CU_BF16_STREAM_DYN = pct (the static share of the work, in
- * percent) and the shape suits it; *launched as cu_gemv_bf16. K split: MS_CU_BF16_STREAM_KS when set and
- * possible, else the fewest shares that give every resident warp at least 4 units. Claims take g units,
- * at least GB_D - 1 steps (see the kernel's comment); the static ranges are q0 units, and 0 when they
- * could not hold GB_D - 1 steps (then nothing is copied before the wait). */
+ * percent) and the shape suits it; *launched as cu_gemv_bf16. The plan is gd_make_plan's (gemv_walk.cuh)
+ * over the resident warps, or over as many warps as units when there are fewer. */
 static int gd_try(ms_backend *b, const cu_gvb_call *c, int pct, int force_ks, int *launched, ms_err *err) {
     const int T = c->T, N = c->N, K8 = c->K / 8, S = c->mode == 1 ? 2 : 1;
     const size_t smem = (size_t)T * c->K * 2 + (size_t)16 * GB_WARPS * S * GB_D * 32;
     int bps = 0;
     MS_TRY(cu_occupancy(b, gd_kern[c->mode][T - 1], GB_THREADS, smem, &bps, err));
     if (bps <= 0) return MS_OK;
-    const long long W = (long long)bps * (b->gpu.n_sm > 0 ? b->gpu.n_sm : 132) * GB_WARPS;
+    long long W = (long long)bps * (b->gpu.n_sm > 0 ? b->gpu.n_sm : 132) * GB_WARPS;
+    const bool early = c->weights_quiet && cu_knob(CU_KNOB_BF16_STREAM_EARLY);
     gd_plan pl;
-    if (!gd_make_plan(N, K8, W, pct, force_ks, c->weights_quiet && cu_knob(CU_KNOB_BF16_STREAM_EARLY), GB_D, pl))
-        return MS_OK;
+    if (!gd_make_plan(N, K8, W, pct, force_ks, early, GB_D, pl)) return MS_OK;
+    /* fewer units than resident warps: only as many warps (in whole blocks) as units, so that the
+     * counter is not asked by thousands of warps with nothing to do */
+    const long long U = (long long)N * pl.ks;
+    if (U < W) {
+        W = (U + GB_WARPS - 1) / GB_WARPS * GB_WARPS;
+        if (!gd_make_plan(N, K8, W, pct, force_ks, early, GB_D, pl)) return MS_OK;
+    }
     const int ks = pl.ks;
     const size_t part_bytes = ks > 1 ? sizeof(float) * (size_t)N * ks * S * T : 0;
     if (part_bytes > ((size_t)64 << 20)) return MS_OK;
-    /* scratch: the counters (ctl, then rowcnt from byte 64), then the partials; zeroed when it moves */
+    /* the counters (ctl, then rowcnt from byte 64) in a slot of their own, zeroed when it moves and left
+     * zero by every launch: partials in the same buffer would land on another shape's row counts */
     cu_impl *ci = cu_of(b);
-    const size_t rc_bytes = ks > 1 ? sizeof(unsigned) * (size_t)N : 0;
-    const size_t part_off = (64 + rc_bytes + 255) / 256 * 256;
-    void *old = ci->scratch[SCR_GVD], *scr = NULL;
+    void *old = ci->scratch[SCR_GVD], *cnt = NULL, *part = NULL;
     const size_t old_bytes = ci->scratch_bytes[SCR_GVD];
-    MS_TRY(cu_scratch(b, SCR_GVD, part_off + part_bytes, &scr, err));
-    if (scr != old || ci->scratch_bytes[SCR_GVD] != old_bytes)
-        CK(cudaMemsetAsync(scr, 0, ci->scratch_bytes[SCR_GVD], ci->stream));
+    MS_TRY(cu_scratch(b, SCR_GVD, 64 + (ks > 1 ? sizeof(unsigned) * (size_t)N : 0), &cnt, err));
+    if (cnt != old || ci->scratch_bytes[SCR_GVD] != old_bytes)
+        CK(cudaMemsetAsync(cnt, 0, ci->scratch_bytes[SCR_GVD], ci->stream));
+    if (ks > 1) MS_TRY(cu_scratch(b, SCR_GVP, part_bytes, &part, err));
     gd_args a;
     memset(&a, 0, sizeof a);
     a.w0 = c->w0, a.w1 = c->w1 ? c->w1 : c->w0, a.bias = c->bias, a.x = c->x, a.y = c->y;
     a.y_type = c->y_type, a.ldy = c->ldy, a.N = N, a.K = c->K;
     a.kshift = pl.kshift, a.kc = pl.kc, a.q0 = pl.q0, a.g = pl.g, a.early = pl.early;
-    a.ctl = (unsigned *)scr;
-    a.rowcnt = (unsigned *)((char *)scr + 64);
-    a.part = (float *)((char *)scr + part_off);
+    a.ctl = (unsigned *)cnt;
+    a.rowcnt = (unsigned *)((char *)cnt + 64);
+    a.part = (float *)part;
     CK(gd_go(c->mode, T, dim3((unsigned)(W / GB_WARPS)), smem, ci->stream, a));
     __atomic_fetch_add(&gvd_launches, 1, __ATOMIC_RELAXED);
     *launched = 1;

@@ -14,6 +14,9 @@
 #ifndef MS_BACKEND_CUDA_GEMV_WALK_CUH
 #define MS_BACKEND_CUDA_GEMV_WALK_CUH
 
+/* ring stages of gemv_bf16.cu's warps (its GB_D): the load stream runs GD_RING - 1 steps ahead */
+#define GD_RING 8
+
 #if defined(__CUDACC__)
 #define GD_HD __host__ __device__ __forceinline__
 #else
@@ -43,20 +46,16 @@ struct gd_plan {
 };
 
 /* The plan for N rows of K8 chunks over W warps with pct percent of the units static (1..95) and ring
- * depth D (GB_D): ks = force_ks when set and possible, else the fewest shares that give every warp at
- * least 4 units; g such that a claimed range holds at least D - 1 steps; q0 = the static share of a
+ * depth D (GD_RING): ks = force_ks when set and possible, else the fewest shares that give every warp at
+ * least 4 units (the most the row allows when none does); g such that a claimed range holds at least D - 1 steps; q0 = the static share of a
  * warp, or 0 when that could not hold D - 1 steps (then early = false: nothing is copied before the
  * wait, where no claim may be made). false when no split fits or the units exceed 2^28. */
 GD_HD bool gd_make_plan(int N, int K8, long long W, int pct, int force_ks, bool early_wanted, int D, gd_plan &p) {
     p.ks = 0;
-    for (int k = 1; k <= 8 && gd_split_ok(K8, k); k *= 2) {
-        if (force_ks) {
-            if (k == force_ks) p.ks = k;
-            continue;
-        }
-        p.ks = k;
-        if ((long long)N * k >= 4 * W) break;
-    }
+    for (int k = 1; k <= 8 && gd_split_ok(K8, k); k *= 2)
+        if (k == force_ks) p.ks = k;
+    for (int k = 1; !p.ks && k <= 8 && gd_split_ok(K8, k); k *= 2) /* none forced, or not possible here */
+        if ((long long)N * k >= 4 * W || k == 8 || !gd_split_ok(K8, 2 * k)) p.ks = k;
     const long long U = (long long)N * p.ks;
     if (!p.ks || N <= 0 || W <= 0 || U > (1 << 28)) return false;
     p.kshift = p.ks == 1 ? 0 : p.ks == 2 ? 1 : p.ks == 4 ? 2 : 3;

@@ -122,7 +122,8 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                  "warp's rows fixed at launch (k_gvb)"},
     [CU_KNOB_BF16_STREAM_KS] = {"MS_CU_BF16_STREAM_KS", KN_INT, 0, 0, 8, NULL, 0,
                                 "1, 2, 4, 8: the streaming bf16 GEMV cuts each row's K into this many shares when the "
-                                "shape allows it (tests and tuning); 0 (or another value): its own choice"},
+                                "shape allows it (and, in the fixed form, at most 64 rows a warp; tests and tuning); 0 "
+                                "(or another value): its own choice"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */

@@ -8,7 +8,10 @@
  *   - at every step index the math stream works on the (unit, run) the load stream copied there;
  *   - every unit is computed once, its runs in order by one warp, ending with "last";
  *   - no claim is asked before the wait, and none is left unanswered;
- *   - each warp's real load steps equal its math steps.
+ *   - each warp's real load steps equal its math steps;
+ *   - every row is written once (a row of several shares by the warp whose count completes it), and the
+ *     launch leaves the claim, done and row counters at zero for the next one, also across launches of
+ *     different shapes on the same counters.
  * A plan that breaks the walk's rule (a claimed range shorter than GB_D - 1 steps followed by another)
  * must be caught: the control case. The arithmetic and the counters' memory order are test_cuda_ops'
  * to check on the GPU (test_linear_bf16_dyn: the same bits as the fixed form). */
@@ -19,7 +22,7 @@
 #include <random>
 #include <vector>
 
-static const int D = 8; /* gemv_bf16.cu GB_D */
+static const int D = GD_RING;
 
 static int n_pass, n_fail;
 
@@ -32,11 +35,20 @@ struct Warp {
     bool done = false;
 };
 
+/* The device memory a launch leaves to the next: the claim and done counters (ctl[0], ctl[1]) and the
+ * rows' share counts, which every launch must leave at zero (k_gvd's resets, modelled as it does them). */
+struct Mem {
+    unsigned ctl0 = 0, ctl1 = 0;
+    std::vector<unsigned> rowcnt = std::vector<unsigned>(1 << 16, 0u);
+};
+
 struct Sim {
     gd_shape sh;
     int W, q0;
     bool early;
-    unsigned ctr = 0;
+    Mem *mem = nullptr;
+    unsigned &ctr() { return mem->ctl0; }
+    std::vector<int> row_done;
     std::vector<Warp> wp;
     std::vector<int> inflight; /* warps with a claim not yet performed */
     std::vector<int> unit_warp, unit_next_run;
@@ -49,8 +61,8 @@ struct Sim {
     }
     void perform(int i) { /* the atomic of warp i's claim */
         Warp &x = wp[i];
-        x.answer = ctr;
-        ctr += (unsigned)sh.g;
+        x.answer = ctr();
+        ctr() += (unsigned)sh.g;
         x.claim_out = false;
         x.answered = true;
         for (size_t k = 0; k < inflight.size(); k++)
@@ -89,6 +101,7 @@ struct Sim {
         bool last;
         if (!gd_math(x.w, sh, u, j, kcu, last)) {
             x.done = true;
+            if (++mem->ctl1 == (unsigned)W) mem->ctl0 = mem->ctl1 = 0; /* the last warp done resets */
             return false;
         }
         const int s = x.w.ndone - 1;
@@ -108,6 +121,15 @@ struct Sim {
             unit_next_run[u] = j + 1;
             const bool want_last = (j + 1) * 32 >= kcu;
             if (last != want_last) err("a unit's end was misplaced");
+            if (last) { /* the unit's partial is counted; the row's last share writes it (k_gvd) */
+                const int n = u >> sh.kshift;
+                if (sh.msk == 0) {
+                    row_done[n]++;
+                } else if (mem->rowcnt[n]++ == (unsigned)sh.msk) {
+                    row_done[n]++;
+                    mem->rowcnt[n] = 0;
+                }
+            }
         } else {
             err("the math stream left the work");
         }
@@ -118,6 +140,13 @@ struct Sim {
      * performed only when taken */
     void run(int bias, bool late) {
         wp.assign((size_t)W, Warp());
+        row_done.assign((size_t)(sh.U >> sh.kshift), 0);
+        if (mem->ctl0 || mem->ctl1) err("the launch found the claim counters non-zero");
+        for (int n = 0; n < (sh.U >> sh.kshift); n++)
+            if (mem->rowcnt[(size_t)n]) {
+                err("the launch found a row count non-zero");
+                break;
+            }
         unit_warp.assign((size_t)sh.U, -1);
         unit_next_run.assign((size_t)sh.U, 0);
         for (int i = 0; i < W; i++) {
@@ -149,6 +178,17 @@ struct Sim {
                 break;
             }
         }
+        for (size_t n = 0; n < row_done.size(); n++)
+            if (row_done[n] != 1) {
+                err("a row was written other than once");
+                break;
+            }
+        if (mem->ctl0 || mem->ctl1) err("the launch left the claim counters non-zero");
+        for (size_t n = 0; n < mem->rowcnt.size(); n++)
+            if (mem->rowcnt[n]) {
+                err("the launch left a row count non-zero");
+                break;
+            }
         for (int i = 0; i < W; i++) {
             if (wp[i].claim_out || wp[i].answered) err("a claim was left in flight at the end");
             if (wp[i].w.nreal != wp[i].w.ndone) err("load and math step counts differ");
@@ -162,7 +202,9 @@ static void check(const char *name, int N, int K8, int W, const gd_plan &p, bool
     int errors = 0;
     char first[256] = "";
     for (int seed = 0; seed < 6; seed += seed_step) {
+        Mem mem;
         Sim s;
+        s.mem = &mem;
         s.sh = {K8, p.kc, p.ks - 1, p.kshift, N * p.ks, W * p.q0, p.g};
         s.W = W;
         s.q0 = p.q0;
@@ -217,6 +259,39 @@ int main() {
                     if (big && pct != 1 && pct != 80) continue;
                     check(sh.name, sh.N, sh.K8, sh.W, p, true, big ? 5 : 1);
                 }
+    /* launches of different shapes one after another on the same counters, as a decode step runs them
+     * (q|k|v at 2 shares, o_proj at 4, whole rows, 8 shares, then q|k|v again): each must find them at zero */
+    {
+        struct { int N, K8, W, ks; } seq[] = {{14336, 512, 4224, 2}, {4096, 1536, 3168, 4}, {20000, 512, 4224, 1},
+                                              {300, 5000, 96, 8}, {14336, 512, 4224, 2}, {1000, 389, 64, 4}};
+        Mem mem;
+        int errors = 0;
+        char first[256] = "";
+        for (size_t i = 0; i < sizeof seq / sizeof seq[0]; i++) {
+            gd_plan p;
+            if (!gd_make_plan(seq[i].N, seq[i].K8, seq[i].W, 80, seq[i].ks, true, D, p) || p.ks != seq[i].ks) {
+                errors++;
+                snprintf(first, sizeof first, "launch %zu: no plan with %d shares", i, seq[i].ks);
+                break;
+            }
+            Sim s;
+            s.mem = &mem;
+            s.sh = {seq[i].K8, p.kc, p.ks - 1, p.kshift, seq[i].N * p.ks, seq[i].W * p.q0, p.g};
+            s.W = seq[i].W;
+            s.q0 = p.q0;
+            s.early = p.early;
+            s.rng.seed(1000 + i);
+            s.run((int)(i % 3), i & 1);
+            if (s.errors && !errors) snprintf(first, sizeof first, "launch %zu: %s", i, s.first);
+            errors += s.errors;
+        }
+        if (errors) {
+            n_fail++;
+            printf("FAIL launches in sequence: %d errors; first: %s\n", errors, first);
+        } else {
+            n_pass++;
+        }
+    }
     /* control: claims of one unit of one step (the rule wants D - 1 steps) must show a mismatch */
     gd_plan bad;
     if (gd_make_plan(70, 32, 256, 50, 0, false, D, bad)) {
