@@ -47,9 +47,10 @@ struct gd_plan {
 
 /* The plan for N rows of K8 chunks over W warps with pct percent of the units static (1..95) and ring
  * depth D (GD_RING): ks = force_ks when set and possible, else the fewest shares that give every warp at
- * least 4 units (the most the row allows when none does); g such that a claimed range holds at least D - 1 steps; q0 = the static share of a
- * warp, or 0 when that could not hold D - 1 steps (then early = false: nothing is copied before the
- * wait, where no claim may be made). false when no split fits or the units exceed 2^28. */
+ * least 4 units (the most the row allows when none does); g such that a claimed range holds at least
+ * D - 1 steps; q0 = the static share of a warp, raised to the units that hold D - 1 steps when the work
+ * has that many for every warp (so that the early copies are kept), else 0 when it could not hold them
+ * (then early = false: nothing is copied before the wait, where no claim may be made). false when no split fits or the units exceed 2^28. */
 GD_HD bool gd_make_plan(int N, int K8, long long W, int pct, int force_ks, bool early_wanted, int D, gd_plan &p) {
     p.ks = 0;
     for (int k = 1; k <= 8 && gd_split_ok(K8, k); k *= 2)
@@ -63,7 +64,9 @@ GD_HD bool gd_make_plan(int N, int K8, long long W, int pct, int force_ks, bool 
     const int last = K8 - (p.ks - 1) * p.kc;
     p.spu_min = (gd_min(p.kc, last) + 31) / 32;
     p.g = (D - 1 + p.spu_min - 1) / p.spu_min;
-    const long long q0 = U * pct / 100 / W;
+    long long q0 = U * pct / 100 / W;
+    const long long qmin = (D - 1 + p.spu_min - 1) / p.spu_min; /* the fewest units that hold the early steps */
+    if (q0 < qmin && W * qmin <= U) q0 = qmin;
     p.q0 = (int)q0;
     p.early = early_wanted;
     if (q0 * p.spu_min < D - 1) p.q0 = 0, p.early = false;
