@@ -940,22 +940,46 @@ static void gvd_exact_case(int mode, int64_t T, int64_t N, int64_t K, int bias, 
 
 static const form_knob GVD_FORM = {"MS_CU_BF16_STREAM_DYN", "80", "0", "claiming bf16 GEMV", ms_cuda_gvd_launches};
 
+/* MS_CU_BF16_STREAM_EARLY (read once: forgotten around each change) */
+static char *gvd_early_push(const char *v) {
+    char *saved = env_push("MS_CU_BF16_STREAM_EARLY", v);
+    cu_knob_forget(CU_KNOB_BF16_STREAM_EARLY);
+    return saved;
+}
+static void gvd_early_pop(char *saved) {
+    env_pop("MS_CU_BF16_STREAM_EARLY", saved);
+    cu_knob_forget(CU_KNOB_BF16_STREAM_EARLY);
+}
+
 static void test_linear_bf16_dyn(void) {
-    /* shapes with different row counts and splits one after another: each leaves the counters for the next */
+    /* shapes with different row counts and splits one after another: each leaves the counters for the
+     * next. With copies before the wait (the default: the test's weights are placed), only shapes with
+     * a whole row for every warp take the claiming form */
     gvd_exact_case(0, 1, 14336, 4096, 0, MS_BF16); /* GLM-4.5-Air's q|k|v: 1, 2, 4, 8 shares */
     gvd_exact_case(0, 1, 4096, 12288, 0, MS_F32);  /* its o_proj */
-    gvd_exact_case(0, 3, 1000, 3112, 1, MS_F32);   /* the last of 4 shares is 5 chunks (one short step) */
-    gvd_exact_case(0, 2, 70, 256, 1, MS_BF16);     /* fewer units than warps: everything claimed */
+    gvd_exact_case(0, 2, 20000, 512, 1, MS_F32);   /* short rows: a static range of several */
+    /* nothing copied before the wait: every shape, the fully claimed ones too */
+    char *early = gvd_early_push("0");
+    gvd_exact_case(0, 1, 14336, 4096, 0, MS_BF16);
+    gvd_exact_case(0, 3, 1000, 3112, 1, MS_F32); /* the last of 4 shares is 5 chunks (one short step) */
+    gvd_exact_case(0, 2, 70, 256, 1, MS_BF16);   /* fewer units than warps: everything claimed */
     gvd_exact_case(0, 1, 33, 40000, 1, MS_F32);
     gvd_exact_case(0, 4, 300, 4104, 0, MS_F32);
     gvd_exact_case(1, 1, 1500, 6144, 0, MS_BF16); /* fused gate/up (a dense MLP at decode) */
     gvd_exact_case(1, 3, 208, 3112, 0, MS_BF16);
-    /* nothing copied before the wait (MS_CU_BF16_STREAM_EARLY=0, read once: forgotten around it) */
-    char *early = env_push("MS_CU_BF16_STREAM_EARLY", "0");
-    cu_knob_forget(CU_KNOB_BF16_STREAM_EARLY);
-    gvd_exact_case(0, 1, 14336, 4096, 0, MS_BF16);
-    env_pop("MS_CU_BF16_STREAM_EARLY", early);
-    cu_knob_forget(CU_KNOB_BF16_STREAM_EARLY);
+    gvd_early_pop(early);
+    /* with copies before the wait, a shape of fewer rows than warps stays with the fixed form */
+    {
+        char *smax = env_push("MS_CU_BF16_STREAM_MAX_T", "4"), *dyn = env_push("MS_CU_BF16_STREAM_DYN", "80");
+        const long long d0 = ms_cuda_gvd_launches(), f0 = ms_cuda_gvb_launches();
+        bf16_stream_case(1, 300, 4104, 0, MS_F32, 0);
+        CHECK_MSG(ms_cuda_gvd_launches() == d0 && ms_cuda_gvb_launches() > f0,
+                  "300 rows with early copies: claiming form ran %lld times, fixed form %lld", ms_cuda_gvd_launches() - d0,
+                  ms_cuda_gvb_launches() - f0);
+        env_pop("MS_CU_BF16_STREAM_DYN", dyn);
+        env_pop("MS_CU_BF16_STREAM_MAX_T", smax);
+    }
+    early = gvd_early_push("0");
     char *smax = env_push("MS_CU_BF16_STREAM_MAX_T", "4");
     for (int64_t T = 1; T <= 4; T++) {
         form_linear_case(&GVD_FORM, MS_WFMT_PLAIN, T, 1, 8, 1, MS_F32, 0, 0, 1, 1e-4);
@@ -970,6 +994,7 @@ static void test_linear_bf16_dyn(void) {
     swiglu_case(MS_WFMT_PLAIN, MS_BF16, 1, 1500, 6144);
     env_pop("MS_CU_BF16_STREAM_DYN", dyn);
     env_pop("MS_CU_BF16_STREAM_MAX_T", smax);
+    gvd_early_pop(early);
     CHECK_MSG(ms_cuda_gvd_launches() - n0 == 5, "fused gate/up at 1..4 rows: claiming form ran %lld of 5 times",
               ms_cuda_gvd_launches() - n0);
 }

@@ -200,9 +200,11 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
  *
  * Same bits as k_gvb with the same K split: a unit's sum is the one k_gvb's warp computes for that
  * (row, share) (lane-strided products in two accumulators, the same shuffle tree), and a row's shares
- * are summed in share order from 0.f as k_gvb sums its partials. With one share a row the warp that
- * finishes the row writes y; with several, it stores its partial in part[] and counts the row in
- * rowcnt[]; the warp whose count completes the row sums the partials and writes y.
+ * are summed in share order from 0.f as k_gvb sums its partials. A static range holds whole rows, so
+ * the warp sums their shares itself and writes y, as k_gvb does. A claimed unit may be one share of a
+ * row whose other shares other warps claimed: its warp stores the partial in part[] and counts the row
+ * in rowcnt[]; the warp whose count completes the row sums the partials and writes y. So only the
+ * claimed part of the work (the tail) pays for the count.
  *
  * The walk over the ranges (the load stream GB_D - 1 steps ahead of the math, the claims, the hand-over
  * of a range from one stream to the other) is gemv_walk.cuh's, checked on the host by
@@ -288,11 +290,11 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvd(gd_args a
     for (int i = threadIdx.x; i < NT * K8; i += GB_THREADS) gb_smem[i] = __ldcg((const uint4 *)a.x + i);
     __syncthreads();
 
-    float acc[S][NT][2];
+    float acc[S][NT][2], row[S][NT]; /* row: a static row's shares so far */
 #pragma unroll
     for (int s = 0; s < S; s++)
 #pragma unroll
-        for (int t = 0; t < NT; t++) acc[s][t][0] = acc[s][t][1] = 0.f;
+        for (int t = 0; t < NT; t++) acc[s][t][0] = acc[s][t][1] = row[s][t] = 0.f;
     bool fin = false;
     while (!fin) {
 #pragma unroll
@@ -329,8 +331,21 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvd(gd_args a
                         r[s][t] = x;
                         acc[s][t][0] = acc[s][t][1] = 0.f;
                     }
-                const int n = cu >> a.kshift;
-                if (lane == 0) {
+                const int n = cu >> a.kshift, q = cu & sh.msk;
+                if (cu < sh.ustat) { /* a static row: its shares are this warp's, in order */
+#pragma unroll
+                    for (int s = 0; s < S; s++)
+#pragma unroll
+                        for (int t = 0; t < NT; t++) row[s][t] = (q ? row[s][t] : 0.f) + r[s][t]; /* from 0.f */
+                    if (q == sh.msk && lane == 0)
+#pragma unroll
+                        for (int t = 0; t < NT; t++) {
+                            float vs[S];
+#pragma unroll
+                            for (int s = 0; s < S; s++) vs[s] = row[s][t];
+                            gd_store<MODE>(a, n, t, vs);
+                        }
+                } else if (lane == 0) {
                     if (sh.msk == 0) {
 #pragma unroll
                         for (int t = 0; t < NT; t++) {
@@ -346,14 +361,14 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvd(gd_args a
 #pragma unroll
                             for (int t = 0; t < NT; t++) p[s * NT + t] = r[s][t];
                         if (gd_add_acq_rel(&a.rowcnt[n], 1u) == (unsigned)sh.msk) { /* the row's last share */
-                            const float *q = a.part + ((size_t)n << a.kshift) * (S * NT);
+                            const float *pr = a.part + ((size_t)n << a.kshift) * (S * NT);
 #pragma unroll
                             for (int t = 0; t < NT; t++) {
                                 float vs[S];
 #pragma unroll
                                 for (int s = 0; s < S; s++) {
                                     float sum = 0.f;
-                                    for (int k = 0; k <= sh.msk; k++) sum += __ldcg(q + k * (S * NT) + s * NT + t);
+                                    for (int k = 0; k <= sh.msk; k++) sum += __ldcg(pr + k * (S * NT) + s * NT + t);
                                     vs[s] = sum;
                                 }
                                 gd_store<MODE>(a, n, t, vs);
@@ -422,7 +437,9 @@ static cudaError_t gb_go(int mode, int T, dim3 grid, size_t smem, cudaStream_t s
 
 /* The claiming form (k_gvd) for c when MS_CU_BF16_STREAM_DYN = pct (the static share of the work, in
  * percent) and the shape suits it; *launched as cu_gemv_bf16. The plan is gd_make_plan's (gemv_walk.cuh)
- * over the resident warps, or over as many warps as units when there are fewer. */
+ * over the resident warps, or over as many warps as units when there are fewer. Where weights may be
+ * copied before the PDL wait but the plan cannot (fewer rows than warps), it declines: the fixed form
+ * keeps those copies, worth more than the balance to a projection that small. */
 static int gd_try(ms_backend *b, const cu_gvb_call *c, int pct, int force_ks, int *launched, ms_err *err) {
     const int T = c->T, N = c->N, K8 = c->K / 8, S = c->mode == 1 ? 2 : 1;
     const size_t smem = (size_t)T * c->K * 2 + (size_t)16 * GB_WARPS * S * GB_D * 32;
@@ -440,6 +457,8 @@ static int gd_try(ms_backend *b, const cu_gvb_call *c, int pct, int force_ks, in
         W = (U + GB_WARPS - 1) / GB_WARPS * GB_WARPS;
         if (!gd_make_plan(N, K8, W, pct, force_ks, early, GB_D, pl)) return MS_OK;
     }
+    /* too few rows for every warp to hold the early copies in whole rows: the fixed form keeps them */
+    if (early && !pl.early) return MS_OK;
     const int ks = pl.ks;
     const size_t part_bytes = ks > 1 ? sizeof(float) * (size_t)N * ks * S * T : 0;
     if (part_bytes > ((size_t)64 << 20)) return MS_OK;

@@ -9,7 +9,8 @@
  *   - every unit is computed once, its runs in order by one warp, ending with "last";
  *   - no claim is asked before the wait, and none is left unanswered;
  *   - each warp's real load steps equal its math steps;
- *   - every row is written once (a row of several shares by the warp whose count completes it), and the
+ *   - every row is written once (a static row by its warp, its shares in order; a claimed row of several
+ *     shares by the warp whose count completes it), and the
  *     launch leaves the claim, done and row counters at zero for the next one, also across launches of
  *     different shapes on the same counters.
  * A plan that breaks the walk's rule (a claimed range shorter than GB_D - 1 steps followed by another)
@@ -48,7 +49,7 @@ struct Sim {
     bool early;
     Mem *mem = nullptr;
     unsigned &ctr() { return mem->ctl0; }
-    std::vector<int> row_done;
+    std::vector<int> row_done, local_warp, local_next;
     std::vector<Warp> wp;
     std::vector<int> inflight; /* warps with a claim not yet performed */
     std::vector<int> unit_warp, unit_next_run;
@@ -121,9 +122,20 @@ struct Sim {
             unit_next_run[u] = j + 1;
             const bool want_last = (j + 1) * 32 >= kcu;
             if (last != want_last) err("a unit's end was misplaced");
-            if (last) { /* the unit's partial is counted; the row's last share writes it (k_gvd) */
-                const int n = u >> sh.kshift;
-                if (sh.msk == 0) {
+            if (last) { /* a static row is summed by its warp; a claimed unit's partial is counted and the
+                         * row's last count writes it (k_gvd) */
+                const int n = u >> sh.kshift, q = u & sh.msk;
+                if (u < sh.ustat) {
+                    if (q == 0) {
+                        local_warp[n] = i;
+                        local_next[n] = 1;
+                    } else if (local_warp[n] != i || local_next[n] != q) {
+                        err("a static row's shares were not computed in order by one warp");
+                    } else {
+                        local_next[n]++;
+                    }
+                    if (q == sh.msk) row_done[n]++;
+                } else if (sh.msk == 0) {
                     row_done[n]++;
                 } else if (mem->rowcnt[n]++ == (unsigned)sh.msk) {
                     row_done[n]++;
@@ -141,6 +153,9 @@ struct Sim {
     void run(int bias, bool late) {
         wp.assign((size_t)W, Warp());
         row_done.assign((size_t)(sh.U >> sh.kshift), 0);
+        local_warp.assign((size_t)(sh.U >> sh.kshift), -1);
+        local_next.assign((size_t)(sh.U >> sh.kshift), 0);
+        if (sh.ustat % (sh.msk + 1)) err("the static ranges end inside a row");
         if (mem->ctl0 || mem->ctl1) err("the launch found the claim counters non-zero");
         for (int n = 0; n < (sh.U >> sh.kshift); n++)
             if (mem->rowcnt[(size_t)n]) {
@@ -211,7 +226,7 @@ static void check(const char *name, int N, int K8, int W, const gd_plan &p, bool
         s.early = p.early;
         s.rng.seed((uint64_t)seed * 7919u + (uint64_t)N * 31u + (uint64_t)K8);
         s.run(seed % 3, seed >= 3);
-        if (s.errors && !errors) snprintf(first, sizeof first, "seed %d: %s", seed, s.first);
+        if (s.errors && !errors) snprintf(first, sizeof first, "seed %d: %.200s", seed, s.first);
         errors += s.errors;
     }
     const bool ok = expect_ok ? errors == 0 : errors > 0;
@@ -282,7 +297,7 @@ int main() {
             s.early = p.early;
             s.rng.seed(1000 + i);
             s.run((int)(i % 3), i & 1);
-            if (s.errors && !errors) snprintf(first, sizeof first, "launch %zu: %s", i, s.first);
+            if (s.errors && !errors) snprintf(first, sizeof first, "launch %zu: %.200s", i, s.first);
             errors += s.errors;
         }
         if (errors) {
