@@ -953,13 +953,17 @@ static void gvd_early_pop(char *saved) {
 
 static void test_linear_bf16_dyn(void) {
     /* shapes with different row counts and splits one after another: each leaves the counters for the
-     * next. With copies before the wait (the default: the test's weights are placed), only shapes with
-     * a whole row for every warp take the claiming form */
+     * next. With copies before the wait (the test's weights are placed), only shapes with enough work
+     * for every warp to hold them take the claiming form */
+    char *early = gvd_early_push("1");
     gvd_exact_case(0, 1, 14336, 4096, 0, MS_BF16); /* GLM-4.5-Air's q|k|v: 1, 2, 4, 8 shares */
-    gvd_exact_case(0, 1, 4096, 12288, 0, MS_F32);  /* its o_proj */
+    gvd_exact_case(0, 1, 4096, 12288, 0, MS_F32);  /* its o_proj: static ranges inside rows */
     gvd_exact_case(0, 2, 20000, 512, 1, MS_F32);   /* short rows: a static range of several */
+    gvd_exact_case(1, 2, 4000, 2048, 0, MS_BF16);  /* fused gate/up, static rows of 2 and 4 shares */
+    gvd_exact_case(0, 4, 9000, 2048, 1, MS_F32);
+    gvd_early_pop(early);
     /* nothing copied before the wait: every shape, the fully claimed ones too */
-    char *early = gvd_early_push("0");
+    early = gvd_early_push("0");
     gvd_exact_case(0, 1, 14336, 4096, 0, MS_BF16);
     gvd_exact_case(0, 3, 1000, 3112, 1, MS_F32); /* the last of 4 shares is 5 chunks (one short step) */
     gvd_exact_case(0, 2, 70, 256, 1, MS_BF16);   /* fewer units than warps: everything claimed */
@@ -968,7 +972,8 @@ static void test_linear_bf16_dyn(void) {
     gvd_exact_case(1, 1, 1500, 6144, 0, MS_BF16); /* fused gate/up (a dense MLP at decode) */
     gvd_exact_case(1, 3, 208, 3112, 0, MS_BF16);
     gvd_early_pop(early);
-    /* with copies before the wait, a shape of fewer rows than warps stays with the fixed form */
+    /* with copies before the wait, a shape too small for every warp to hold them stays with the fixed form */
+    early = gvd_early_push("1");
     {
         char *smax = env_push("MS_CU_BF16_STREAM_MAX_T", "4"), *dyn = env_push("MS_CU_BF16_STREAM_DYN", "80");
         const long long d0 = ms_cuda_gvd_launches(), f0 = ms_cuda_gvb_launches();
@@ -979,6 +984,7 @@ static void test_linear_bf16_dyn(void) {
         env_pop("MS_CU_BF16_STREAM_DYN", dyn);
         env_pop("MS_CU_BF16_STREAM_MAX_T", smax);
     }
+    gvd_early_pop(early);
     early = gvd_early_push("0");
     char *smax = env_push("MS_CU_BF16_STREAM_MAX_T", "4");
     for (int64_t T = 1; T <= 4; T++) {

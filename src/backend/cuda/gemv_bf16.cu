@@ -200,11 +200,11 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
  *
  * Same bits as k_gvb with the same K split: a unit's sum is the one k_gvb's warp computes for that
  * (row, share) (lane-strided products in two accumulators, the same shuffle tree), and a row's shares
- * are summed in share order from 0.f as k_gvb sums its partials. A static range holds whole rows, so
- * the warp sums their shares itself and writes y, as k_gvb does. A claimed unit may be one share of a
- * row whose other shares other warps claimed: its warp stores the partial in part[] and counts the row
- * in rowcnt[]; the warp whose count completes the row sums the partials and writes y. So only the
- * claimed part of the work (the tail) pays for the count.
+ * are summed in share order from 0.f as k_gvb sums its partials. A row wholly inside a warp's static
+ * range is that warp's alone: it sums the shares itself and writes y, as k_gvb does. Any other unit is
+ * a share of a row that other warps share (claimed, or at the edge of a static range): its warp stores
+ * the partial in part[] and counts the row in rowcnt[]; the warp whose count completes the row sums the
+ * partials and writes y. So with static ranges of whole rows only the claimed tail pays for the count.
  *
  * The walk over the ranges (the load stream GB_D - 1 steps ahead of the math, the claims, the hand-over
  * of a range from one stream to the other) is gemv_walk.cuh's, checked on the host by
@@ -256,6 +256,7 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvd(gd_args a
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int K8 = a.K >> 3, W = gridDim.x * GB_WARPS, wid = blockIdx.x * GB_WARPS + warp;
     const gd_shape sh = {K8, a.kc, (1 << a.kshift) - 1, a.kshift, a.N << a.kshift, W * a.q0, a.g};
+    const int sb = wid * a.q0, se = sb + a.q0; /* this warp's static range */
     uint4 *ring = gb_smem + NT * K8 + (size_t)warp * (S * GB_D * 32) + lane;
     const ptrdiff_t d1 = (const uint4 *)a.w1 - (const uint4 *)a.w0;
     gd_walk wk;
@@ -290,7 +291,7 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvd(gd_args a
     for (int i = threadIdx.x; i < NT * K8; i += GB_THREADS) gb_smem[i] = __ldcg((const uint4 *)a.x + i);
     __syncthreads();
 
-    float acc[S][NT][2], row[S][NT]; /* row: a static row's shares so far */
+    float acc[S][NT][2], row[S][NT]; /* row: the shares so far of a row inside the static range */
 #pragma unroll
     for (int s = 0; s < S; s++)
 #pragma unroll
@@ -332,7 +333,7 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvd(gd_args a
                         acc[s][t][0] = acc[s][t][1] = 0.f;
                     }
                 const int n = cu >> a.kshift, q = cu & sh.msk;
-                if (cu < sh.ustat) { /* a static row: its shares are this warp's, in order */
+                if (gd_row_inside(sh, cu, sb, se)) { /* the row's shares are this warp's, in order */
 #pragma unroll
                     for (int s = 0; s < S; s++)
 #pragma unroll
@@ -438,8 +439,9 @@ static cudaError_t gb_go(int mode, int T, dim3 grid, size_t smem, cudaStream_t s
 /* The claiming form (k_gvd) for c when MS_CU_BF16_STREAM_DYN = pct (the static share of the work, in
  * percent) and the shape suits it; *launched as cu_gemv_bf16. The plan is gd_make_plan's (gemv_walk.cuh)
  * over the resident warps, or over as many warps as units when there are fewer. Where weights may be
- * copied before the PDL wait but the plan cannot (fewer rows than warps), it declines: the fixed form
- * keeps those copies, worth more than the balance to a projection that small. */
+ * copied before the PDL wait but the plan cannot (too few units for every warp to hold GB_D - 1 steps),
+ * it declines: the fixed form keeps those copies, worth more than the balance to a projection that
+ * small. */
 static int gd_try(ms_backend *b, const cu_gvb_call *c, int pct, int force_ks, int *launched, ms_err *err) {
     const int T = c->T, N = c->N, K8 = c->K / 8, S = c->mode == 1 ? 2 : 1;
     const size_t smem = (size_t)T * c->K * 2 + (size_t)16 * GB_WARPS * S * GB_D * 32;
@@ -457,7 +459,7 @@ static int gd_try(ms_backend *b, const cu_gvb_call *c, int pct, int force_ks, in
         W = (U + GB_WARPS - 1) / GB_WARPS * GB_WARPS;
         if (!gd_make_plan(N, K8, W, pct, force_ks, early, GB_D, pl)) return MS_OK;
     }
-    /* too few rows for every warp to hold the early copies in whole rows: the fixed form keeps them */
+    /* too little work for every warp to hold the early copies: the fixed form keeps them */
     if (early && !pl.early) return MS_OK;
     const int ks = pl.ks;
     const size_t part_bytes = ks > 1 ? sizeof(float) * (size_t)N * ks * S * T : 0;

@@ -40,7 +40,7 @@ struct gd_plan {
     int ks, kshift; /* shares a row, log2 */
     int kc;         /* chunks of a share (K8 when ks = 1) */
     int spu_min;    /* 512-byte steps of the shortest unit */
-    int q0;         /* units of each warp's static range (a multiple of ks: whole rows) */
+    int q0;         /* units of each warp's static range */
     int g;          /* units a claim takes */
     bool early;     /* the first GB_D - 1 steps may be copied before the PDL wait */
 };
@@ -48,10 +48,9 @@ struct gd_plan {
 /* The plan for N rows of K8 chunks over W warps with pct percent of the units static (1..95) and ring
  * depth D (GD_RING): ks = force_ks when set and possible, else the fewest shares that give every warp at
  * least 4 units (the most the row allows when none does); g such that a claimed range holds at least
- * D - 1 steps; q0 = the static share of a warp in whole rows (q0 a multiple of ks, so a static range
- * holds whole rows and the claims start at a row), raised to the rows that hold D - 1 steps when the
- * work has that many for every warp (so that the early copies are kept), else 0 when it could not hold
- * them (then early = false: nothing is copied before the wait, where no claim may be made). false when no split fits or the units exceed 2^28. */
+ * D - 1 steps; q0 = the static share of a warp, raised to the units that hold D - 1 steps when the work
+ * has that many for every warp (so that the early copies are kept), else 0 when it could not hold them
+ * (then early = false: nothing is copied before the wait, where no claim may be made). false when no split fits or the units exceed 2^28. */
 GD_HD bool gd_make_plan(int N, int K8, long long W, int pct, int force_ks, bool early_wanted, int D, gd_plan &p) {
     p.ks = 0;
     for (int k = 1; k <= 8 && gd_split_ok(K8, k); k *= 2)
@@ -65,10 +64,8 @@ GD_HD bool gd_make_plan(int N, int K8, long long W, int pct, int force_ks, bool 
     const int last = K8 - (p.ks - 1) * p.kc;
     p.spu_min = (gd_min(p.kc, last) + 31) / 32;
     p.g = (D - 1 + p.spu_min - 1) / p.spu_min;
-    /* whole rows: a warp's static range ends where a row does, so that its rows need no other warp */
-    long long q0 = U * pct / 100 / W / p.ks * p.ks;
-    /* the fewest whole rows' units that hold the early steps */
-    const long long qmin = ((D - 1 + p.spu_min - 1) / p.spu_min + p.ks - 1) / p.ks * p.ks;
+    long long q0 = U * pct / 100 / W;
+    const long long qmin = (D - 1 + p.spu_min - 1) / p.spu_min; /* the fewest units that hold the early steps */
     if (q0 < qmin && W * qmin <= U) q0 = qmin;
     p.q0 = (int)q0;
     p.early = early_wanted;
@@ -86,6 +83,14 @@ struct gd_shape {
     int ustat;  /* the first unit claims hand out: warps * q0 */
     int g;      /* units a claim takes */
 };
+
+/* 1 when every unit of unit u's row lies in [b, e) (a warp's static range): the warp computes the row's
+ * shares one after another and sums them itself; otherwise each share's partial meets the others'
+ * through global memory (k_gvd) */
+GD_HD bool gd_row_inside(const gd_shape &s, int u, int b, int e) {
+    const int r0 = u & ~s.msk;
+    return r0 >= b && r0 + s.msk < e;
+}
 
 /* chunks of unit u */
 GD_HD int gd_kcu(const gd_shape &s, int u) { return gd_min(s.kc, s.K8 - (u & s.msk) * s.kc); }

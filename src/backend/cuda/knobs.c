@@ -117,10 +117,10 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                            "one launch instead of two; 0: the router kernel first"},
     [CU_KNOB_BF16_STREAM_DYN] = {"MS_CU_BF16_STREAM_DYN", KN_INT, 0, 0, 95, NULL, 0,
                                  "1..95: the streaming bf16 GEMV (modes without a folded norm) gives each warp about "
-                                 "this percent of its work up front in whole rows and lets the warps claim the rest in "
-                                 "small ranges, so they finish together (k_gvd, same bits as k_gvb at the same K split; "
-                                 "where weights are copied before the PDL wait, only shapes with a row for every warp); "
-                                 "0: every warp's rows fixed at launch (k_gvb)"},
+                                 "this percent of its work up front and lets the warps claim the rest in small ranges, "
+                                 "so they finish together (k_gvd, same bits as k_gvb at the same K split; where weights "
+                                 "are copied before the PDL wait, only shapes with enough work for every warp to hold "
+                                 "those copies); 0: every warp's rows fixed at launch (k_gvb)"},
     [CU_KNOB_BF16_STREAM_KS] = {"MS_CU_BF16_STREAM_KS", KN_INT, 0, 0, 8, NULL, 0,
                                 "1, 2, 4, 8: the streaming bf16 GEMV cuts each row's K into this many shares when the "
                                 "shape allows it (and, in the fixed form, at most 64 rows a warp; tests and tuning); 0 "
