@@ -396,45 +396,21 @@ static long long gvd_launches; /* ms_cuda_gvd_launches; updated atomically */
 /* Contract in backend_cuda.h. */
 extern "C" long long ms_cuda_gvd_launches(void) { return __atomic_load_n(&gvd_launches, __ATOMIC_RELAXED); }
 
-static cudaError_t gd_go(int mode, int T, dim3 grid, size_t smem, cudaStream_t st, const gd_args &a) {
-    switch (mode * GB_MAX_T + T - 1) {
-    case 0: return cu_launch(k_gvd<1, 0>, grid, dim3(GB_THREADS), smem, st, a);
-    case 1: return cu_launch(k_gvd<2, 0>, grid, dim3(GB_THREADS), smem, st, a);
-    case 2: return cu_launch(k_gvd<3, 0>, grid, dim3(GB_THREADS), smem, st, a);
-    case 3: return cu_launch(k_gvd<4, 0>, grid, dim3(GB_THREADS), smem, st, a);
-    case 4: return cu_launch(k_gvd<1, 1>, grid, dim3(GB_THREADS), smem, st, a);
-    case 5: return cu_launch(k_gvd<2, 1>, grid, dim3(GB_THREADS), smem, st, a);
-    case 6: return cu_launch(k_gvd<3, 1>, grid, dim3(GB_THREADS), smem, st, a);
-    default: return cu_launch(k_gvd<4, 1>, grid, dim3(GB_THREADS), smem, st, a);
-    }
-}
-
-static const void *const gd_kern[2][GB_MAX_T] = {
-    {(const void *)k_gvd<1, 0>, (const void *)k_gvd<2, 0>, (const void *)k_gvd<3, 0>, (const void *)k_gvd<4, 0>},
-    {(const void *)k_gvd<1, 1>, (const void *)k_gvd<2, 1>, (const void *)k_gvd<3, 1>, (const void *)k_gvd<4, 1>}};
+/* k_gvd's instances by mode and rows of x: launched through this table and asked for their occupancy */
+typedef void (*gd_fn)(gd_args);
+static const gd_fn gd_kern[2][GB_MAX_T] = {{k_gvd<1, 0>, k_gvd<2, 0>, k_gvd<3, 0>, k_gvd<4, 0>},
+                                            {k_gvd<1, 1>, k_gvd<2, 1>, k_gvd<3, 1>, k_gvd<4, 1>}};
 
 static long long gvb_launches; /* ms_cuda_gvb_launches; updated atomically */
 
 /* Contract in backend_cuda.h. */
 extern "C" long long ms_cuda_gvb_launches(void) { return __atomic_load_n(&gvb_launches, __ATOMIC_RELAXED); }
 
-static const void *const gb_kern[2][GB_MAX_T] = {
-    {(const void *)k_gvb<1, 0>, (const void *)k_gvb<2, 0>, (const void *)k_gvb<3, 0>, (const void *)k_gvb<4, 0>},
-    {(const void *)k_gvb<1, 1>, (const void *)k_gvb<2, 1>, (const void *)k_gvb<3, 1>, (const void *)k_gvb<4, 1>}};
-
-static cudaError_t gb_go(int mode, int T, dim3 grid, size_t smem, cudaStream_t st, const gb_args &a) {
-    switch (mode * GB_MAX_T + T - 1) {
-    case 0: return cu_launch(k_gvb<1, 0>, grid, dim3(GB_THREADS), smem, st, a);
-    case 1: return cu_launch(k_gvb<2, 0>, grid, dim3(GB_THREADS), smem, st, a);
-    case 2: return cu_launch(k_gvb<3, 0>, grid, dim3(GB_THREADS), smem, st, a);
-    case 3: return cu_launch(k_gvb<4, 0>, grid, dim3(GB_THREADS), smem, st, a);
-    case 4: return cu_launch(k_gvb<1, 1>, grid, dim3(GB_THREADS), smem, st, a);
-    case 5: return cu_launch(k_gvb<2, 1>, grid, dim3(GB_THREADS), smem, st, a);
-    case 6: return cu_launch(k_gvb<3, 1>, grid, dim3(GB_THREADS), smem, st, a);
-    case 7: return cu_launch(k_gvb<4, 1>, grid, dim3(GB_THREADS), smem, st, a);
-    default: return cu_launch(k_gvb<1, 2>, grid, dim3(GB_THREADS), smem, st, a);
-    }
-}
+/* k_gvb's instances by mode (2: the folded norm, one row only) and rows of x */
+typedef void (*gb_fn)(gb_args);
+static const gb_fn gb_kern[3][GB_MAX_T] = {{k_gvb<1, 0>, k_gvb<2, 0>, k_gvb<3, 0>, k_gvb<4, 0>},
+                                            {k_gvb<1, 1>, k_gvb<2, 1>, k_gvb<3, 1>, k_gvb<4, 1>},
+                                            {k_gvb<1, 2>, NULL, NULL, NULL}};
 
 /* The claiming form (k_gvd) for c when MS_CU_BF16_STREAM_DYN = pct (the static share of the work, in
  * percent) and the shape suits it; *launched as cu_gemv_bf16. The plan is gd_make_plan's (gemv_walk.cuh)
@@ -446,7 +422,7 @@ static int gd_try(ms_backend *b, const cu_gvb_call *c, int pct, int force_ks, in
     const int T = c->T, N = c->N, K8 = c->K / 8, S = c->mode == 1 ? 2 : 1;
     const size_t smem = (size_t)T * c->K * 2 + (size_t)16 * GB_WARPS * S * GB_D * 32;
     int bps = 0;
-    MS_TRY(cu_occupancy(b, gd_kern[c->mode][T - 1], GB_THREADS, smem, &bps, err));
+    MS_TRY(cu_occupancy(b, (const void *)gd_kern[c->mode][T - 1], GB_THREADS, smem, &bps, err));
     if (bps <= 0) return MS_OK;
     long long W = (long long)bps * (b->gpu.n_sm > 0 ? b->gpu.n_sm : 132) * GB_WARPS;
     const bool early = c->weights_quiet && cu_knob(CU_KNOB_BF16_STREAM_EARLY);
@@ -481,7 +457,7 @@ static int gd_try(ms_backend *b, const cu_gvb_call *c, int pct, int force_ks, in
     a.ctl = (unsigned *)cnt;
     a.rowcnt = (unsigned *)((char *)cnt + 64);
     a.part = (float *)part;
-    CK(gd_go(c->mode, T, dim3((unsigned)(W / GB_WARPS)), smem, ci->stream, a));
+    CK(cu_launch(gd_kern[c->mode][T - 1], dim3((unsigned)(W / GB_WARPS)), dim3(GB_THREADS), smem, ci->stream, a));
     __atomic_fetch_add(&gvd_launches, 1, __ATOMIC_RELAXED);
     *launched = 1;
     return MS_OK;
@@ -516,8 +492,8 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     const int red_units = GB_WARPS * rpw_cap * S * T / 4;
     const size_t smem = xbytes + (size_t)16 * red_units + (size_t)16 * GB_WARPS * S * GB_D * 32;
     int bps = 0;
-    const void *kern = c->norm ? (const void *)k_gvb<1, 2> : gb_kern[c->mode][T - 1];
-    MS_TRY(cu_occupancy(b, kern, GB_THREADS, smem, &bps, err));
+    const gb_fn kern = gb_kern[c->norm ? 2 : c->mode][c->norm ? 0 : T - 1];
+    MS_TRY(cu_occupancy(b, (const void *)kern, GB_THREADS, smem, &bps, err));
     if (bps <= 0) return MS_OK;
     const int64_t warps = (int64_t)bps * nsm * GB_WARPS;
     int best_ks = 0, best_rpw = 0;
@@ -542,7 +518,7 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     a.red_units = red_units;
     if (c->norm) a.nin = *c->norm;
     const dim3 grid((unsigned)((N + rows_pb - 1) / rows_pb));
-    CK(gb_go(c->norm ? 2 : c->mode, T, grid, smem, cu_of(b)->stream, a));
+    CK(cu_launch(kern, grid, dim3(GB_THREADS), smem, cu_of(b)->stream, a));
     __atomic_fetch_add(&gvb_launches, 1, __ATOMIC_RELAXED);
     *launched = 1;
     return MS_OK;
