@@ -10,11 +10,14 @@
 #   4. moeserve serve --load-format dummy + moeserve bench (64 concurrent, random 256 in / 256 out,
 #      range ratio 1), if the build has the server
 # Logs and JSON reports go to $OUT (default ./gpu-out); a short table is printed last.
-# Knobs: BUILD, OUT, AIR_LAYERS (46), BATCHES, RUNNER (auto).
+# Knobs: BUILD, OUT, AIR_LAYERS (46), BATCHES, RUNNER (auto), PARTS (tune,air,glm5,serve: which of the
+# four steps run, for a short call that re-measures one of them).
 . "$(dirname "$0")/gpu-env.sh"
 AIR_LAYERS=${AIR_LAYERS:-46}
 BATCHES=${BATCHES:-1,8,64,256}
 RUNNER=${RUNNER:-auto}
+PARTS=,${PARTS:-tune,air,glm5,serve},
+part() { case "$PARTS" in *,$1,*) return 0;; esac; return 1; }
 T0=$(date +%s)
 rows=()
 row() { rows+=("$(printf '%-34s %s' "$1" "$2")"); }
@@ -54,7 +57,9 @@ bench_model() { # name limit_s args...
 # tune first: the decode-vs-grouped crossover (Air) and the fused one-token MoE kernel's fastest form for
 # Air's and GLM-5's expert shapes go to $OUT/tuned/<gpu>.json, which every run below applies
 # (MS_TUNED_DIR): the figures are those of the file this run leaves, to be copied to configs/tuned
-if "$BIN" tune --help >/dev/null 2>&1; then
+if ! part tune; then
+  row "tune" "not asked for (PARTS)"
+elif "$BIN" tune --help >/dev/null 2>&1; then
   t=$(date +%s)
   timeout 60 "$BIN" tune --model configs/glm-4.5-air.json --out-dir "$OUT/tuned" >"$OUT/tune.log" 2>&1 &&
     timeout 60 "$BIN" tune --model configs/glm-5.json --forms-only --out-dir "$OUT/tuned" >>"$OUT/tune.log" 2>&1
@@ -70,13 +75,15 @@ else
   row "tune" "not in this build"
 fi
 
-bench_model air-nvfp4 160 --model configs/glm-4.5-air.json --override num_hidden_layers=$AIR_LAYERS \
+part air && bench_model air-nvfp4 160 --model configs/glm-4.5-air.json --override num_hidden_layers=$AIR_LAYERS \
   --batches "$BATCHES" --ctx 256,8192 --prefill 4096
-bench_model glm5-12l-nvfp4 130 --model configs/glm-5.json --override num_hidden_layers=12 \
+part glm5 && bench_model glm5-12l-nvfp4 130 --model configs/glm-5.json --override num_hidden_layers=12 \
   --batches "$BATCHES" --ctx 1024,16384 --prefill 4096
 
 # serving benchmark, only if the server is built
-if "$BIN" serve --help >/dev/null 2>&1; then
+if ! part serve; then
+  row "serve + bench" "not asked for (PARTS)"
+elif "$BIN" serve --help >/dev/null 2>&1; then
   PORT=${PORT:-18731}
   t=$(date +%s)
   # dummy weights have no tokenizer: use a 150k-vocabulary one when given (TOKENIZER=DIR; by default
