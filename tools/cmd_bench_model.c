@@ -8,7 +8,8 @@
  * the achieved bandwidth against the machine's measured read (CPU) or copy (GPU) bandwidth.
  * Prefill is compute-bound: it reports FLOP/s against the measured GEMM rate where one exists.
  * The GPU ceilings come from the backend (ms_backend_gpu_ceilings); everything else is
- * device-independent. --profile adds a per-section breakdown of a few extra decode steps. The report
+ * device-independent. --profile adds a per-section breakdown of a few extra decode steps; --greedy-ids
+ * times decode steps as a server runs an all-greedy step (ids from the device, no logits). The report
  * ends with how many steps of each kind (decode / verify / draft) ran as recorded CUDA graphs. */
 #include "common/args.h"
 #include "common/model_args.h"
@@ -25,6 +26,7 @@
 #include <string.h>
 
 static int g_profile; /* --profile */
+static int g_greedy_ids; /* --greedy-ids: timed decode steps take the rows' greedy ids, not the logits */
 static int g_spec;    /* --speculative-num-steps N (0 = off): time verify and draft steps too */
 static int g_dummy;   /* --load-format dummy: random weights give near-flat logits */
 
@@ -372,8 +374,9 @@ static int run_decode(const ms_executor *ex, ms_forward *fw, const ms_model *m, 
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(ctx + 1));
     int32_t *arr = malloc(sizeof(int32_t) * ((size_t)B * (6 + (size_t)pps) + 1));
     float *lg = malloc(sizeof(float) * (size_t)B * (size_t)V);
-    if (!ids || !arr || !lg) {
-        free(ids), free(arr), free(lg);
+    int32_t *gid = malloc(sizeof(int32_t) * (size_t)B);
+    if (!ids || !arr || !lg || !gid) {
+        free(ids), free(arr), free(lg), free(gid);
         return ms_errf(err, MS_ERR_NOMEM, "bench-model: out of memory");
     }
     /* page-locked like the engine's logits buffer, so the timed download is the server's */
@@ -420,7 +423,9 @@ static int run_decode(const ms_executor *ex, ms_forward *fw, const ms_model *m, 
         const int warm = it < 3, timed = !warm && !timing_done;
         if (fw) ms_forward_set_record_routing(fw, !warm && !timed);
         double t0 = ms_now();
-        rc = ex->forward(ex->ctx, &b, lg, err);
+        /* a greedy server step: the ids from the device (int32 per row) instead of the logits */
+        if (g_greedy_ids && ex->forward_argmax) rc = ex->forward_argmax(ex->ctx, &b, gid, err);
+        else rc = ex->forward(ex->ctx, &b, lg, err);
         double dt = ms_now() - t0;
         if (rc) break;
         if (timed) {
@@ -486,6 +491,7 @@ static int run_decode(const ms_executor *ex, ms_forward *fw, const ms_model *m, 
     }
     free(ids);
     free(arr);
+    free(gid);
     if (ex->unpin) ex->unpin(ex->ctx, lg);
     free(lg);
     return rc;
@@ -517,6 +523,9 @@ static const ms_opt bench_model_opts[] = {
     {"mem-mb", NULL, MS_OPT_VALUE, "MB", "bandwidth probe size [256]"},
     {"json", NULL, MS_OPT_BOOL, NULL, "print the results as JSON"},
     {"profile", NULL, MS_OPT_BOOL, NULL, "add a per-section breakdown of a few extra decode steps"},
+    {"greedy-ids", NULL, MS_OPT_BOOL, NULL,
+     "time decode steps as a server's all-greedy steps run: each row's argmax taken on the device, ids "
+     "downloaded instead of the logits (where the backend can)"},
     MS_OPT_END,
 };
 
@@ -539,6 +548,7 @@ int cmd_bench_model(int argc, char **argv) {
     long long prefill = ms_args_int(&a, "prefill", 0, &bad), mem_mb = ms_args_int(&a, "mem-mb", 256, &bad);
     int json = ms_args_flag(&a, "json");
     g_profile = ms_args_flag(&a, "profile");
+    g_greedy_ids = ms_args_flag(&a, "greedy-ids");
     rc = 2; /* a flag at fault until the model opens */
     if (ms_model_args_parse(&a, "bench-model", &ma) || bad) goto done;
     if (ms_spec_args_parse(&a, "bench-model", &ma.ex)) goto done;

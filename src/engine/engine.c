@@ -35,6 +35,10 @@ struct ms_engine {
     int row_cap;
     float *logits;
     int logits_rows;
+    /* a step whose rows are all plain greedy (ms_sampler_plain_greedy) runs exec.forward_argmax: the
+     * rows' tokens come back in step_ids [max_batch_tokens] and the logits are not copied out */
+    int32_t *step_ids;
+    int ids_step;
     pthread_t thread;
     int thread_started;
     pthread_mutex_t mu;
@@ -187,8 +191,15 @@ static void sample_range(void *ctx, int64_t g0, int64_t g1, int worker) {
             const int row = row0 + j;
             ms_token_event *ev = &e->row_ev[row];
             memset(ev, 0, sizeof *ev);
-            float *lg = e->logits + (size_t)row * e->exec.vocab;
             emit = j + 1;
+            if (e->ids_step) { /* plain greedy: the device took the row's argmax (no grammar, nothing else) */
+                const int32_t tok = ev->token = e->row_tok[row] = e->step_ids[row];
+                if (j + 1 == nrow || tok != r->tokens[base + j]) break;
+                const int n_gen = base + j + 1 - r->n_prompt;
+                if (is_stop(e, r, n_gen, tok) || n_gen >= r->max_new) break;
+                continue;
+            }
+            float *lg = e->logits + (size_t)row * e->exec.vocab;
             if (gm && ms_grammar_matcher_active(gm)) {
                 /* the stop ids stay allowed once the grammar may end */
                 int32_t stops[2 * MS_MAX_STOP_IDS];
@@ -422,7 +433,13 @@ static void run_step(ms_engine *e) {
     e->need_check = 1;
     ms_err err = {0};
     int rc = MS_OK;
-    if (b->n_logits > e->logits_rows) {
+    /* all rows plain greedy: their ids from the device instead of the logits (the same tokens) */
+    e->ids_step = e->exec.forward_argmax != NULL && b->n_logits > 0;
+    for (int row = 0; e->ids_step && row < b->n_logits; row++) {
+        const ms_request *r = s->logit_req[row];
+        e->ids_step = ms_sampler_plain_greedy(&REQ_EXT(r)->sp, r->n_prompt, r->n_tokens - r->spec_n);
+    }
+    if (!e->ids_step && b->n_logits > e->logits_rows) {
         /* grow geometrically: the buffer is page-locked for the GPU, which costs time per change */
         int rows = b->n_logits > 2 * e->logits_rows ? b->n_logits : 2 * e->logits_rows;
         if (rows > e->row_cap && b->n_logits <= e->row_cap) rows = e->row_cap; /* never more rows than a step has */
@@ -443,8 +460,10 @@ static void run_step(ms_engine *e) {
     for (int i = 0; i < b->n_seqs; i++)
         if (s->seq_req[i]->t_admit == 0) s->seq_req[i]->t_admit = t0, n_admitted++;
     if (rc == MS_OK) {
-        rc = e->exec.forward(e->exec.ctx, b, e->logits, &err);
+        rc = e->ids_step ? e->exec.forward_argmax(e->exec.ctx, b, e->step_ids, &err)
+                         : e->exec.forward(e->exec.ctx, b, e->logits, &err);
         e->acc.forward_seconds += ms_now() - t0;
+        e->acc.argmax_steps += rc == MS_OK && e->ids_step;
         e->acc.decode_steps += rc == MS_OK && b->n_tokens == b->n_seqs;
         if (rc != MS_OK && err.msg[0] == '\0') ms_errf(&err, rc, "forward failed (%s)", ms_code_name(rc));
     }
@@ -638,7 +657,7 @@ static void *engine_main(void *arg) {
 static void free_step_arrays(ms_engine *e) {
     void *all[] = {e->grp_row0, e->grp_nrow, e->grp_seq, e->grp_emit, e->seq_dead, e->d_tok, e->d_pos, e->d_slot,
                    e->d_hidx, e->d_start, e->d_ctx, e->d_bt, e->d_lidx, e->d_prev, e->drafts, e->d_sreq, e->d_lreq,
-                   e->d_nd, e->d_logits};
+                   e->d_nd, e->d_logits, e->step_ids};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
 }
 
@@ -648,7 +667,7 @@ static int alloc_step_arrays(ms_engine *e, ms_err *err) {
     const size_t nt = (size_t)e->exec.max_batch_tokens, ns = (size_t)e->sched.cfg.max_running_requests + 1;
     int ok = (e->grp_row0 = malloc(nt * sizeof(int))) && (e->grp_nrow = malloc(nt * sizeof(int))) &&
              (e->grp_seq = malloc(nt * sizeof(int))) && (e->grp_emit = malloc(nt * sizeof(int))) &&
-             (e->seq_dead = calloc(ns, 1));
+             (e->seq_dead = calloc(ns, 1)) && (e->step_ids = malloc(nt * sizeof(int32_t)));
     const int N = e->cfg.speculative_num_steps;
     if (ok && N > 0) {
         const size_t mbs = (size_t)e->sched.max_blocks_seq;

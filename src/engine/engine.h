@@ -29,6 +29,11 @@ typedef struct ms_executor {
     int page_size;
     int max_batch_tokens; /* most tokens one forward accepts */
     int (*forward)(void *ctx, const ms_batch *batch, float *logits, ms_err *err);
+    /* optional: the same step, but ids [batch->n_logits] get each logit row's greedy choice (sampler.h's
+     * rule: the first index of the largest logit, NaN never, +inf as FLT_MAX, 0 when none is above
+     * -inf) instead of the rows being copied out. The engine takes it for steps whose every row would
+     * be sampled greedily with nothing else read from the logits (ms_sampler_plain_greedy). */
+    int (*forward_argmax)(void *ctx, const ms_batch *batch, int32_t *ids, ms_err *err);
     /* optional: 1 when the executor can run another forward after a failure (NULL = always) */
     int (*healthy)(void *ctx);
     /* optional: page-lock the host buffer [p, p+n) that receives logits, so downloads into it run at
@@ -156,6 +161,7 @@ typedef struct ms_engine_stats {
     uint64_t requests_failed;   /* finished with MS_FINISH_ERROR */
     uint64_t forward_errors, steps;
     uint64_t decode_steps;          /* steps with one token per sequence (the ones graphs can run) */
+    uint64_t argmax_steps;          /* steps whose rows were all greedy and came back as ids (forward_argmax) */
     double forward_seconds;         /* engine thread time in the executor's forward (logits included) */
     double sample_seconds;          /* ... sampling, stop checks and token callbacks after it */
     double schedule_seconds;        /* ... choosing the step's batch and sizing the logits buffer before it */

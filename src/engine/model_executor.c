@@ -59,6 +59,7 @@ struct exec_ctx {
     int first_bad; /* local index of the first rank that failed the current job, -1 none (under mu) */
     const ms_batch *batch;
     float *logits;
+    int32_t *ids; /* JOB_STEP: the greedy ids instead of the logits (exec_forward_argmax), else NULL */
     int draft_src;            /* JOB_DRAFT: hidden source and rows (ms_forward_mtp_run) */
     const int32_t *draft_hidx;
     ms_forward_opts fo;
@@ -228,7 +229,11 @@ static int rank_job(rank_st *r, int job, ms_err *err) {
     case JOB_OPEN: return rank_open(r, err);
     case JOB_FORWARD: return rank_forward(r, err);
     case JOB_GRAPHS: return rank_graphs(r, err);
-    case JOB_STEP: return ms_forward_run(r->f, x->batch, r->local == 0 && x->node_rank == 0 ? x->logits : NULL, err);
+    case JOB_STEP: { /* node 0's first rank takes the step's result; the others run its collectives */
+        const int mine = r->local == 0 && x->node_rank == 0;
+        if (mine && x->ids) return ms_forward_run_argmax(r->f, x->batch, x->ids, err);
+        return ms_forward_run(r->f, x->batch, mine ? x->logits : NULL, err);
+    }
     case JOB_DRAFT:
         return ms_forward_mtp_run(r->f, x->batch, x->draft_src, x->draft_hidx,
                                   r->local == 0 && x->node_rank == 0 ? x->logits : NULL, err);
@@ -360,9 +365,9 @@ static int is_broken(exec_ctx *x, ms_err *err) {
     return 1;
 }
 
-static int exec_forward(void *ctx, const ms_batch *batch, float *logits, ms_err *err) {
-    exec_ctx *x = ctx;
-    if (!x->threaded) return ms_forward_run(x->f, batch, logits, err);
+/* One step on every rank; node 0's first rank fills logits, or ids when ids is not NULL. */
+static int exec_step(exec_ctx *x, const ms_batch *batch, float *logits, int32_t *ids, ms_err *err) {
+    if (!x->threaded) return ids ? ms_forward_run_argmax(x->f, batch, ids, err) : ms_forward_run(x->f, batch, logits, err);
     if (is_broken(x, err)) return MS_ERR_RUNTIME;
     int rc = MS_OK;
     if (x->nnodes > 1) {
@@ -376,10 +381,20 @@ static int exec_forward(void *ctx, const ms_batch *batch, float *logits, ms_err 
     }
     x->batch = batch;
     x->logits = logits;
+    x->ids = ids;
     if (!rc) rc = run_job(x, JOB_STEP, err);
+    x->ids = NULL;
     /* a collective that failed leaves the communicator broken: no later step can run */
     if (rc && rc != MS_ERR_INVALID) mark_broken(x, err);
     return rc;
+}
+
+static int exec_forward(void *ctx, const ms_batch *batch, float *logits, ms_err *err) {
+    return exec_step(ctx, batch, logits, NULL, err);
+}
+
+static int exec_forward_argmax(void *ctx, const ms_batch *batch, int32_t *ids, ms_err *err) {
+    return exec_step(ctx, batch, NULL, ids, err);
 }
 
 static int exec_healthy(void *ctx) { return !is_broken(ctx, NULL); }
@@ -554,6 +569,10 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
         out->page_size = page_size;
         out->max_batch_tokens = max_batch;
         out->forward = exec_forward;
+        /* greedy steps take their ids on the device (MS_HOST_ARGMAX=1: download the logits always) */
+        const char *host_am = getenv("MS_HOST_ARGMAX");
+        if (ms_forward_can_argmax(x->f) && !(host_am && *host_am && strcmp(host_am, "0")))
+            out->forward_argmax = exec_forward_argmax;
         out->healthy = exec_healthy;
         out->pin = exec_pin;
         out->unpin = exec_unpin;

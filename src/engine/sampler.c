@@ -143,14 +143,24 @@ static inline int top_p_bucket(float d) {
     return b < (float)(MS_SAMPLER_BUCKETS - 1) ? (int)b : MS_SAMPLER_BUCKETS - 1;
 }
 
+/* 1 when a penalty, logit_bias or the min_tokens mask changes the logits at n_tokens (steps 1-2b) */
+static int any_penalty(const ms_sampling *sp, int n_prompt, int n_tokens) {
+    return (sp->repetition_penalty > 0 && sp->repetition_penalty != 1.0f) || sp->frequency_penalty != 0.0f ||
+           sp->presence_penalty != 0.0f || sp->n_logit_bias > 0 || n_tokens - n_prompt < sp->min_tokens;
+}
+
+int ms_sampler_plain_greedy(const ms_sampling *sp, int n_prompt, int n_tokens) {
+    return is_greedy(sp) && !any_penalty(sp, n_prompt, n_tokens) && !sp->logprobs && sp->top_logprobs <= 0 &&
+           !sp->grammar;
+}
+
 int ms_sampler_dist(ms_sampler *s, const ms_sampling *sp, const float *logits, const int32_t *tokens, int n_prompt,
                     int n_tokens, const int32_t **ids, const float **probs) {
     int V = s->vocab;
     float *w = s->work, *ex = s->ex;
     *ids = s->cand;
     *probs = s->prob;
-    const int pen = (sp->repetition_penalty > 0 && sp->repetition_penalty != 1.0f) || sp->frequency_penalty != 0.0f ||
-                    sp->presence_penalty != 0.0f || sp->n_logit_bias > 0 || n_tokens - n_prompt < sp->min_tokens;
+    const int pen = any_penalty(sp, n_prompt, n_tokens);
     if (is_greedy(sp) && !pen) {
         /* argmax without copying the row: a max pass the compiler vectorises (NaN never wins, +inf
          * counts as FLT_MAX as below), then the first index holding it */

@@ -55,6 +55,12 @@ double ms_rng_uniform(uint64_t st[4]);
 int ms_sampler_dist(ms_sampler *s, const ms_sampling *sp, const float *logits, const int32_t *tokens, int n_prompt,
                     int n_tokens, const int32_t **ids, const float **probs);
 
+/* 1 when ms_sampler_sample at n_tokens (and after) would return the plain argmax of the logits and
+ * read nothing else from them: greedy, no penalty, logit_bias, min_tokens mask (n_tokens - n_prompt >=
+ * min_tokens), logprobs or grammar. Such a row's token can be taken on the device (backend.h argmax,
+ * the same rule) without its logits. */
+int ms_sampler_plain_greedy(const ms_sampling *sp, int n_prompt, int n_tokens);
+
 /* Picks the next token (drawing from rng when temperature > 0) and fills ev->token, and when
  * asked for, ev->logprob and ev->n_top / top_ids / top_logprobs (largest first). Returns the token. */
 int32_t ms_sampler_sample(ms_sampler *s, const ms_sampling *sp, const float *logits, const int32_t *tokens, int n_prompt,

@@ -383,6 +383,7 @@ int ms_forward_create(ms_model *m, ms_backend *b, const ms_forward_opts *o, ms_f
         (rc = alloc2(f, &f->lnorm, ad, f->lchunk, H, err)) ||
         (rc = alloc2(f, &f->logits, MS_F32, f->lchunk, c->vocab_size, err)))
         goto fail;
+    if (b->ops->argmax && (rc = alloc2(f, &f->amax, MS_I32, T, 1, err))) goto fail;
     f->split = o->comm != NULL;
     if (f->split) {
         if (!b->ops->embed_part || !b->ops->remap_ids) {
@@ -779,6 +780,11 @@ static int head_rows(ms_forward *f, const ms_batch *bt, const ms_tensor *x, cons
                 return ms_errf(err, MS_ERR_NUMERICS, "%s token position %d produced NaN/Inf", what,
                                bt->positions[bt->logit_idx[r0 + bad]]);
         }
+        if (!graph && f->argmax_step) { /* ms_forward_run_argmax: the chunk's greedy ids, not its rows */
+            ms_tensor full = ms_tensor_2d(MS_F32, n, V);
+            full.data = dst;
+            MS_TRY(op->argmax(f->b, &full, (int32_t *)f->amax.data + r0, err));
+        }
         if (!graph && logits_host)
             FW_PROF(f, "logits_download",
                     op->download(f->b, logits_host + (int64_t)r0 * V, dst, sizeof(float) * (size_t)n * (size_t)V, err), err);
@@ -1098,6 +1104,10 @@ static int run_graph(ms_forward *f, const ms_batch *bt, int kind, int q, const i
             f->glaunch[graph_counter(g)]++;
         }
     }
+    if (f->argmax_step && kind == FW_G_MAIN) {
+        ms_tensor rows = fw_view2(&f->glogits, bt->n_tokens, V); /* the real rows: padding comes after them */
+        MS_TRY(op->argmax(f->b, &rows, (int32_t *)f->amax.data, err));
+    }
     if (logits_host)
         FW_PROF(f, "logits_download",
                 op->download(f->b, logits_host, f->glogits.data, sizeof(float) * (size_t)bt->n_tokens * (size_t)V, err),
@@ -1226,6 +1236,18 @@ int ms_forward_run(ms_forward *f, const ms_batch *bt, float *logits_host, ms_err
     MS_TRY(forward_body(f, bt, logits_host, 0, err));
     MS_TRY(f->b->ops->sync(f->b, err));
     return step_verdict(f, bt, err);
+}
+
+int ms_forward_can_argmax(const ms_forward *f) { return f->amax.data != NULL; }
+
+int ms_forward_run_argmax(ms_forward *f, const ms_batch *bt, int32_t *ids_host, ms_err *err) {
+    if (!f->amax.data)
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "forward: the %s backend takes no argmax of the logits", f->b->name);
+    f->argmax_step = 1;
+    int rc = ms_forward_run(f, bt, NULL, err);
+    f->argmax_step = 0;
+    if (rc || !ids_host || !bt->n_logits) return rc;
+    return f->b->ops->download(f->b, ids_host, f->amax.data, sizeof(int32_t) * (size_t)bt->n_logits, err);
 }
 
 /* ------------------------------------------------------------------ MTP (NEXTN) draft layer */

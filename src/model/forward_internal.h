@@ -85,6 +85,11 @@ struct ms_forward {
     int graphs_on, gmax, graph_warned, n_graphs;
     fw_graph graphs[FW_MAX_GRAPHS];
     ms_tensor glogits; /* F32 [gmax, V]: logits of graph steps */
+    /* ms_forward_run_argmax: amax I32 [max_tokens] takes each logit row's greedy choice on the backend
+     * (data NULL when the backend has no argmax op); argmax_step = 1 while such a step runs, which makes
+     * head_rows and run_graph fill amax instead of downloading logits */
+    ms_tensor amax;
+    int argmax_step;
     uint64_t glaunch[MS_GRAPH_KINDS];
     int *routed;    /* [num_layers] distinct experts of the last step (record_routing) */
     int routing_paused; /* record_routing switched off for timed steps (no per-layer download) */

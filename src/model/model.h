@@ -226,6 +226,14 @@ int ms_layer_fold_shared(const ms_layer *l, ms_experts *out, ms_err *err);
  * logits_host [n_logits, vocab] (float32). With check_numerics, a NaN/Inf fails with
  * MS_ERR_NUMERICS naming the layer, op and token position. */
 int ms_forward_run(ms_forward *f, const ms_batch *batch, float *logits_host, ms_err *err);
+/* 1 when ms_forward_run_argmax can run (the backend has an argmax op). */
+int ms_forward_can_argmax(const ms_forward *f);
+/* As ms_forward_run, but each logit row's greedy choice (backend.h's argmax rule, which is
+ * engine/sampler.h's greedy rule) is taken on the backend and only the ids come back: ids_host
+ * [n_logits] (NULL: a rank that takes no result, as under tensor parallelism). At batch 64 this moves
+ * 256 bytes instead of 39 MB of a 150k vocabulary's logits. MS_ERR_UNSUPPORTED when
+ * !ms_forward_can_argmax(f). */
+int ms_forward_run_argmax(ms_forward *f, const ms_batch *batch, int32_t *ids_host, ms_err *err);
 /* Records, for the shortest context class, the graphs of every batch bucket of: pure decode steps
  * (up to min(256, max_tokens) sequences), verification steps of opts.graph_verify_tokens tokens per
  * sequence (when 2..16; buckets up to min(256, max_tokens) / q sequences) and, with opts.mtp, chained

@@ -149,6 +149,8 @@ void ms_metrics_write(ms_metrics *m, const ms_engine_stats *es, const char *mode
     gauge(o, "moeserve:engine_healthy", "1 while the engine is healthy.", es->healthy ? 1 : 0);
     counter(o, "moeserve:engine_steps_total", "Forward steps run by the engine.", es->steps);
     counter(o, "moeserve:engine_decode_steps_total", "Steps with one token per sequence.", es->decode_steps);
+    counter(o, "moeserve:engine_argmax_steps_total",
+            "Steps whose rows were all greedy and came back from the device as token ids, not logits.", es->argmax_steps);
     gauge(o, "moeserve:engine_forward_seconds_total", "Engine time in forward steps (logits included).",
           es->forward_seconds);
     gauge(o, "moeserve:engine_sample_seconds_total", "Engine time sampling and delivering tokens after steps.",

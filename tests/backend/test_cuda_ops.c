@@ -2284,6 +2284,37 @@ static void test_checks(void) {
     R(CPU->ops->download(CPU, rc, ac.data, 12, &E));
     for (int i = 0; i < 3; i++) CHECK_EQ_INT(rg[i], rc[i]);
     CHECK_EQ_INT(rg[1], 999);
+    {
+        /* backend.h's greedy rule at its edges, on rows wider than the block (ties between threads and
+         * warps): the first of equal maxima, NaN never, +inf as FLT_MAX, 0 when nothing is above -inf */
+        enum { AR = 6, AV = 5000 };
+        const float inf = INFINITY;
+        float *e = malloc(sizeof(float) * AR * AV);
+        for (int i = 0; i < AR * AV; i++) e[i] = (float)(i % 97) * 0.01f - 2.f;
+        e[0 * AV + 4999] = 7.f, e[0 * AV + 1234] = 7.f, e[0 * AV + 3000] = 7.f;  /* the first: 1234 */
+        for (int i = 0; i < AV; i += 3) e[1 * AV + i] = NAN;                      /* NaN everywhere else */
+        e[1 * AV + 2] = 9.f, e[1 * AV + 4000] = 9.f;                             /* 2 */
+        e[2 * AV + 3333] = inf, e[2 * AV + 77] = 3.4028234663852886e38f;       /* FLT_MAX first: 77 */
+        e[3 * AV + 4001] = inf, e[3 * AV + 4002] = inf;                          /* 4001 */
+        for (int i = 0; i < AV; i++) e[4 * AV + i] = i % 2 ? -inf : NAN;         /* 0 */
+        for (int i = 0; i < AV; i++) e[5 * AV + i] = -inf;                       /* 0 */
+        const int want[AR] = {1234, 2, 77, 4001, 0, 0};
+        int64_t es[2] = {AR, AV};
+        pair EL = P2(MS_F32, MS_F32, 2, es, e);
+        int32_t z6[AR] = {0}, g6[AR], c6[AR];
+        ms_tensor eg = mk_i32(GPU, AR, z6), ec = mk_i32(CPU, AR, z6);
+        R(GPU->ops->argmax(GPU, &EL.g, eg.data, &E));
+        R(CPU->ops->argmax(CPU, &EL.c, ec.data, &E));
+        R(GPU->ops->download(GPU, g6, eg.data, sizeof g6, &E));
+        R(CPU->ops->download(CPU, c6, ec.data, sizeof c6, &E));
+        for (int i = 0; i < AR; i++) {
+            CHECK_MSG(g6[i] == want[i], "argmax row %d: GPU %d, want %d", i, g6[i], want[i]);
+            CHECK_MSG(c6[i] == want[i], "argmax row %d: CPU %d, want %d", i, c6[i], want[i]);
+        }
+        pfree(&EL);
+        fr(GPU, &eg), fr(CPU, &ec);
+        free(e);
+    }
     /* the per-step flag (--check-numerics): reset, then the smallest code of a tensor with NaN/Inf;
      * bf16 activations (Y.g) and F32 (L.g) alike */
     int32_t big = INT32_MAX, fl = 0;

@@ -25,8 +25,8 @@ typedef struct gated {
     int delay_us; /* sleep per forward */
 } gated;
 
-static int gated_forward(void *ctx, const ms_batch *b, float *logits, ms_err *err) {
-    gated *g = ctx;
+/* Holds the caller while the gate is shut, then sleeps delay_us. */
+static void gated_enter(gated *g) {
     pthread_mutex_lock(&g->mu);
     g->in_forward++;
     pthread_cond_broadcast(&g->cv);
@@ -37,7 +37,16 @@ static int gated_forward(void *ctx, const ms_batch *b, float *logits, ms_err *er
         struct timespec ts = {0, (long)delay * 1000};
         nanosleep(&ts, NULL);
     }
-    return fake_forward(&g->f, b, logits, err);
+}
+
+static int gated_forward(void *ctx, const ms_batch *b, float *logits, ms_err *err) {
+    gated_enter(ctx);
+    return fake_forward(&((gated *)ctx)->f, b, logits, err);
+}
+
+static int gated_forward_argmax(void *ctx, const ms_batch *b, int32_t *ids, ms_err *err) {
+    gated_enter(ctx);
+    return fake_forward_argmax(&((gated *)ctx)->f, b, ids, err);
 }
 
 static int gated_healthy(void *ctx) { return ((gated *)ctx)->healthy; }
@@ -249,6 +258,61 @@ static void test_greedy_concurrent_matches_oracle(void) {
     ms_engine_destroy(e);
     coll_free(&c);
     gated_free(&g);
+}
+
+/* Steps whose rows are all plain greedy take the executor's forward_argmax (ids, no logits); a step
+ * with any row that reads its logits (here: logprobs) takes the plain forward. Tokens equal the
+ * oracle's either way, the logprob requests get their logprobs, and the counters say which ran. */
+static void test_device_argmax(void) {
+    for (int mixed = 0; mixed <= 1; mixed++) {
+        gated g;
+        ms_executor ex = gated_init(&g, 64, 4, 64);
+        ex.forward_argmax = gated_forward_argmax;
+        ms_engine_config cfg = small_cfg(4);
+        ms_engine *e;
+        ms_err err = {0};
+        CHECK_EQ_INT(ms_engine_create(&cfg, &ex, &e, &err), MS_OK);
+        coll c;
+        coll_init(&c);
+        enum { N = 12 };
+        make_prompts(N, 30);
+        int max_new[N];
+        gated_set(&g, 0); /* every request queued before the first step: the logprob ones share steps */
+        for (int i = 0; i < N; i++) {
+            ms_sampling sp;
+            ms_sampling_default(&sp);
+            sp.temperature = 0;
+            /* mixed: every third request asks for logprobs and stops early; the rest run on alone */
+            sp.logprobs = mixed && i % 3 == 0;
+            sp.max_tokens = max_new[i] = sp.logprobs ? 3 : 12 + (int)rnd(20);
+            CHECK_EQ_INT(ms_engine_submit(e, prompts[i], n_prompts[i], &sp, on_event, &c.s[i], &c.s[i].id, &err), MS_OK);
+        }
+        gated_set(&g, 1);
+        if (coll_wait(&c, N)) {
+            for (int i = 0; i < N; i++) {
+                int32_t ref[MAXLEN];
+                fake_greedy_ref(prompts[i], n_prompts[i], max_new[i], VOCAB, 4.0f, ref);
+                CHECK_EQ_INT(c.s[i].n, max_new[i]);
+                CHECK_MSG(memcmp(ref, c.s[i].toks, (size_t)max_new[i] * sizeof(int32_t)) == 0, "%s: request %d differs from the oracle",
+                          mixed ? "mixed" : "greedy", i);
+                for (int j = 0; j < max_new[i] && j < MAXLEN; j++)
+                    CHECK_MSG(mixed && i % 3 == 0 ? c.s[i].logprob[j] < 0 : c.s[i].logprob[j] == 0,
+                              "request %d token %d: logprob %g", i, j, c.s[i].logprob[j]);
+            }
+        }
+        check_clean(e);
+        ms_engine_stats st;
+        ms_engine_get_stats(e, &st);
+        CHECK_EQ_INT(st.argmax_steps, (uint64_t)g.f.argmax_calls);
+        CHECK(g.f.argmax_calls > 0);
+        /* all greedy: no step returned rows; mixed: the steps with a logprob row did */
+        CHECK_MSG(mixed ? g.f.rows_calls > 0 : g.f.rows_calls == 0, "%s: %d forwards returned rows", mixed ? "mixed" : "greedy",
+                  g.f.rows_calls);
+        CHECK_MSG(g.f.errors == 0, "fake model: %s", g.f.first_error);
+        ms_engine_destroy(e);
+        coll_free(&c);
+        gated_free(&g);
+    }
 }
 
 /* Runs request X (seeded, temperature sampling) alone or among others; returns its tokens. */
@@ -810,6 +874,7 @@ static void test_idle_and_destroy(void) {
 
 int main(void) {
     RUN(test_greedy_concurrent_matches_oracle);
+    RUN(test_device_argmax);
     RUN(test_seed_reproducible_regardless_of_batching);
     RUN(test_stop_ids_and_ignore_eos);
     RUN(test_grammar_rows);

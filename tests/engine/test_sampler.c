@@ -1,5 +1,6 @@
 /* test_sampler.c - the sampler against a brute-force implementation of the documented semantics
  * (dense over the vocabulary, full sort), plus empirical draw frequencies, logprobs and RNG. */
+#include "backend/backend.h"
 #include "engine/sampler.h"
 #include "test.h"
 
@@ -227,6 +228,71 @@ static void test_greedy_equivalents(void) {
     ms_sampler_destroy(&s);
 }
 
+/* ms_sampler_plain_greedy names exactly the requests whose token is the bare argmax (what the engine
+ * may take on the device instead of the logits), and on rows where that rule has edges (ties, NaN,
+ * +inf against FLT_MAX, nothing above -inf) the sampler's choice is the backend argmax op's (CPU). */
+static void test_plain_greedy(void) {
+    ms_sampling sp;
+    ms_sampling_default(&sp);
+    CHECK(!ms_sampler_plain_greedy(&sp, 4, 4)); /* temperature 1 */
+    sp.temperature = 0;
+    CHECK(ms_sampler_plain_greedy(&sp, 4, 4));
+    sp.temperature = 1.5f, sp.top_k = 1;
+    CHECK(ms_sampler_plain_greedy(&sp, 4, 4));
+    sp.logprobs = 1;
+    CHECK(!ms_sampler_plain_greedy(&sp, 4, 4)); /* the logprob is read from the row */
+    sp.logprobs = 0, sp.top_logprobs = 2;
+    CHECK(!ms_sampler_plain_greedy(&sp, 4, 4));
+    sp.top_logprobs = 0, sp.repetition_penalty = 1.2f;
+    CHECK(!ms_sampler_plain_greedy(&sp, 4, 4));
+    sp.repetition_penalty = 1.0f, sp.frequency_penalty = 0.5f;
+    CHECK(!ms_sampler_plain_greedy(&sp, 4, 4));
+    sp.frequency_penalty = 0, sp.presence_penalty = -0.5f;
+    CHECK(!ms_sampler_plain_greedy(&sp, 4, 4));
+    sp.presence_penalty = 0, sp.n_logit_bias = 1, sp.bias_ids[0] = 3, sp.bias_vals[0] = 2;
+    CHECK(!ms_sampler_plain_greedy(&sp, 4, 4));
+    sp.n_logit_bias = 0, sp.min_tokens = 3; /* the stop ids are masked before the third new token */
+    CHECK(!ms_sampler_plain_greedy(&sp, 4, 6));
+    CHECK(ms_sampler_plain_greedy(&sp, 4, 7));
+    sp.min_tokens = 0;
+    sp.grammar = (ms_grammar_matcher *)&sp; /* never read: only whether there is one */
+    CHECK(!ms_sampler_plain_greedy(&sp, 4, 4));
+    sp.grammar = NULL;
+    CHECK(ms_sampler_plain_greedy(&sp, 4, 4));
+
+    enum { V = 6, R = 7 };
+    const float inf = INFINITY, nan = NAN, big = 3.4028234663852886e38f;
+    float rows[R][V] = {
+        {1, 5, 2, 5, 0, 5},                /* ties: the first */
+        {nan, 1, nan, 3, 3, -2},           /* NaN never wins */
+        {big, 0, inf, 1, 2, 3},            /* +inf counts as FLT_MAX: ties with it, the first wins */
+        {0, 1, 2, 3, inf, inf},            /* +inf wins over finite values */
+        {-inf, -inf, -inf, -inf, -inf, -inf}, /* nothing above -inf: 0 */
+        {nan, -inf, nan, -inf, nan, -inf}, /* the same with NaN */
+        {-inf, -3, nan, -1e30f, -3, -inf}, /* negative values only */
+    };
+    const int want[R] = {1, 3, 0, 4, 0, 0, 1};
+    ms_backend *B = NULL;
+    ms_err err = {0};
+    ms_sampler sm;
+    CHECK_EQ_INT(ms_backend_create("cpu", -1, &B, &err), MS_OK);
+    CHECK_EQ_INT(ms_sampler_init(&sm, V, &err), MS_OK);
+    ms_tensor t = ms_tensor_2d(MS_F32, R, V);
+    t.data = rows;
+    int32_t am[R];
+    CHECK_EQ_INT(B->ops->argmax(B, &t, am, &err), MS_OK);
+    int32_t tok[1] = {0};
+    for (int r = 0; r < R; r++) {
+        uint64_t rng[4];
+        ms_rng_seed(rng, 1);
+        ms_token_event ev;
+        CHECK_MSG(ms_sampler_sample(&sm, &sp, rows[r], tok, 1, 1, rng, &ev) == want[r], "row %d: sampler", r);
+        CHECK_MSG(am[r] == want[r], "row %d: argmax op gave %d, want %d", r, am[r], want[r]);
+    }
+    ms_sampler_destroy(&sm);
+    ms_backend_destroy(B);
+}
+
 /* Draw frequencies follow the distribution (fixed seed: deterministic, tolerance ~5 sigma). */
 static void test_empirical_frequencies(void) {
     enum { V = 6, N = 40000 };
@@ -316,6 +382,7 @@ int main(void) {
     RUN(test_penalties_by_hand);
     RUN(test_logit_bias_min_tokens);
     RUN(test_greedy_equivalents);
+    RUN(test_plain_greedy);
     RUN(test_empirical_frequencies);
     RUN(test_logprobs);
     RUN(test_rng_streams);

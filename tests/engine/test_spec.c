@@ -148,6 +148,7 @@ typedef struct run_opts {
     int logprobs;
     int n_stop;     /* stop id per request: the greedy reference's token at index stop_at[i] */
     ms_grammar *grammar; /* every other request (even i) constrained by it */
+    int argmax;          /* the executor offers forward_argmax (greedy steps come back as ids) */
 } run_opts;
 
 static int stop_at[MAXR];
@@ -159,6 +160,7 @@ static void run(const run_opts *o, int n, ms_engine_stats *st, fake_exec *fout) 
     f.any_logit_rows = 1;
     f.hold = 1; /* released once every request is submitted: the same schedule however threads run */
     ms_executor ex = fake_executor(&f);
+    if (o->argmax) ex.forward_argmax = fake_forward_argmax;
     ms_engine_config cfg;
     ms_engine_config_default(&cfg);
     cfg.page_size = o->page_size;
@@ -262,19 +264,34 @@ static void test_wrong_drafts_all_rejected(void) {
     CHECK(st.spec_pages_freed > 0);
 }
 
-/* rows of one step accept different lengths; small pool (preemption), small chunks, prefix hits */
+/* The executor's greedy ids (forward_argmax) were what every step with logit rows took: all rows
+ * were plain greedy, verification rows included. */
+static void check_all_argmax(const fake_exec *f, const ms_engine_stats *st) {
+    CHECK_MSG(f->rows_calls == 0 && f->argmax_calls > 0, "%d forwards returned rows, %d ids", f->rows_calls, f->argmax_calls);
+    CHECK_EQ_INT(st->argmax_steps, (uint64_t)f->argmax_calls);
+}
+
+/* rows of one step accept different lengths; small pool (preemption), small chunks, prefix hits; the
+ * second time with the verification rows' tokens taken as greedy ids on the "device" */
 static void test_mixed_continuous_batching(void) {
     enum { N = 24 };
     make_prompts(N, 60);
-    run_opts o = {4, D_MIXED, 40, 4, 8, 0, 0, 0};
-    ms_engine_stats st;
-    run(&o, N, &st, NULL);
-    check_greedy(N, 0);
-    CHECK(st.spec_accepted_tokens > 0 && st.spec_accepted_tokens < st.spec_draft_tokens);
-    CHECK(st.preemptions > 0);
-    printf("  mixed: accepted %llu of %llu drafts, %llu preemptions, %llu pages freed\n",
-           (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens,
-           (unsigned long long)st.preemptions, (unsigned long long)st.spec_pages_freed);
+    for (int am = 0; am <= 1; am++) {
+        run_opts o = {4, D_MIXED, 40, 4, 8, 0, 0, 0};
+        o.argmax = am;
+        ms_engine_stats st;
+        fake_exec f;
+        run(&o, N, &st, &f);
+        check_greedy(N, 0);
+        CHECK(st.spec_accepted_tokens > 0 && st.spec_accepted_tokens < st.spec_draft_tokens);
+        CHECK(st.preemptions > 0);
+        if (am) check_all_argmax(&f, &st);
+        else CHECK_EQ_INT(st.argmax_steps, 0);
+        fake_free(&f);
+        printf("  mixed%s: accepted %llu of %llu drafts, %llu preemptions, %llu pages freed\n", am ? " (ids)" : "",
+               (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens,
+               (unsigned long long)st.preemptions, (unsigned long long)st.spec_pages_freed);
+    }
 }
 
 /* a stop id inside an accepted run ends the request at it */
@@ -282,10 +299,16 @@ static void test_stop_inside_accepted_run(void) {
     enum { N = 16 };
     make_prompts(N, 30);
     for (int i = 0; i < N; i++) max_new[i] = 20 + (int)rnd(20), stop_at[i] = 1 + (int)rnd(15);
-    run_opts o = {4, D_ORACLE, 200, 4, 16, 0, 0, 1};
-    ms_engine_stats st;
-    run(&o, N, &st, NULL);
-    check_greedy(N, 1);
+    for (int am = 0; am <= 1; am++) {
+        run_opts o = {4, D_ORACLE, 200, 4, 16, 0, 0, 1};
+        o.argmax = am;
+        ms_engine_stats st;
+        fake_exec f;
+        run(&o, N, &st, &f);
+        check_greedy(N, 1);
+        if (am) check_all_argmax(&f, &st);
+        fake_free(&f);
+    }
 }
 
 /* seeded sampling with logprobs: the same tokens and logprobs with and without speculation */

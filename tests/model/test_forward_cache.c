@@ -623,6 +623,75 @@ static void check_graph_verify(ms_model *m, const char *name) {
     free(out[1]);
 }
 
+/* ms_forward_run_argmax: each logit row's id is the greedy choice (backend.h's rule) of the logits
+ * ms_forward_run gives for the same step: an eager prefill of NS x P0 = 78 rows (two chunks of 64
+ * logit rows) and decode steps, with graphs (recorded on the second decode step, the ids then taken from
+ * the graph's logits) and without. Each step runs twice (logits, then ids; the second rewrites the same
+ * K/V). The two runs of a step may take different paths on the GPU (a shape's first step runs op by op,
+ * its second records), so there the chosen id's logit must be within the graph check's 1e-2 of the
+ * row's largest; on the CPU the id is exactly the first largest. A plain step after each argmax step
+ * returns the same logits (nothing of the argmax path stays behind). */
+static void check_argmax_steps(ms_model *m, const char *name) {
+    enum { NS = 6, P0 = 13, STEPS = 4, LEN = P0 + STEPS, PPS = (LEN + PS - 1) / PS, MAXT = 80 };
+    int32_t ids[NS][LEN];
+    for (int s = 0; s < NS; s++)
+        for (int i = 0; i < LEN; i++) ids[s][i] = (int32_t)(3 + rnd() % (V - 3));
+    for (int g = 0; g < 2; g++) {
+        ms_forward_opts o = {.max_tokens = MAXT, .n_pages = NS * PPS, .page_size = PS, .moe_runner = "auto", .graphs = g};
+        ms_forward *f = NULL;
+        CHECK(ms_forward_create(m, B, &o, &f, &E) == MS_OK);
+        if (!f) return;
+        CHECK_MSG(ms_forward_can_argmax(f), "%s: the backend has no argmax", name);
+        float *lg = malloc(sizeof(float) * MAXT * V), *lg2 = malloc(sizeof(float) * MAXT * V);
+        int32_t tok[MAXT], pos[MAXT], slot[MAXT], lidx[MAXT], start[NS + 1], ctx[NS], bt[NS * PPS], am[MAXT];
+        for (int s = 0; s < NS; s++)
+            for (int j = 0; j < PPS; j++) bt[s * PPS + j] = s * PPS + j;
+        int near = 0;
+        for (int t = 0; t <= STEPS; t++) {
+            const int p0 = t ? P0 + t - 1 : 0, n = t ? 1 : P0; /* step 0: the prefill; then one token each */
+            int T = 0;
+            for (int s = 0; s < NS; s++) {
+                start[s] = T;
+                ctx[s] = p0 + n;
+                for (int i = 0; i < n; i++, T++) {
+                    tok[T] = ids[s][p0 + i], pos[T] = p0 + i, lidx[T] = T;
+                    slot[T] = bt[s * PPS + (p0 + i) / PS] * PS + (p0 + i) % PS;
+                }
+            }
+            start[NS] = T;
+            ms_batch b = {T, NS, tok, pos, start, ctx, slot, bt, PPS, PS, T, lidx};
+            CHECK(ms_forward_run(f, &b, lg, &E) == MS_OK);
+            for (int r = 0; r < T; r++) am[r] = -1;
+            int rc = ms_forward_run_argmax(f, &b, am, &E);
+            CHECK_MSG(rc == MS_OK, "%s: %s", name, E.msg);
+            for (int r = 0; r < T; r++) {
+                const float *row = lg + (size_t)r * V;
+                int best = 0;
+                for (int v = 1; v < V; v++) if (row[v] > row[best]) best = v;
+                if (am[r] == best) continue;
+                const int ok = g_gpu && am[r] >= 0 && am[r] < V && row[am[r]] >= row[best] - 1e-2f;
+                near += ok;
+                CHECK_MSG(ok, "%s, graphs %d, step %d row %d: id %d, the logits' first largest is %d", name, g, t, r, am[r], best);
+            }
+            CHECK(ms_forward_run(f, &b, lg2, &E) == MS_OK);
+            CHECK_MSG(all_close(lg2, lg, T, g_gpu ? 1e-2 : 0, "a plain step after an argmax step"), "%s", name);
+        }
+        ms_graph_counts gc;
+        ms_forward_graph_counts(f, &gc);
+        printf("  %s, graphs %d: %llu decode graph launches, %d near-tie ids\n", name, g,
+               (unsigned long long)gc.launches[MS_GRAPH_DECODE], near);
+        if (g && g_gpu) CHECK(gc.launches[MS_GRAPH_DECODE] > 0);
+        free(lg), free(lg2);
+        ms_forward_free(f);
+    }
+}
+
+static void test_argmax_steps(void) {
+    check_argmax_steps(placed(build_glm4(MS_WFMT_NVFP4, MS_WFMT_PLAIN, 1)), "glm4_moe nvfp4 experts");
+    check_argmax_steps(placed(build_dsa(4, 1)), "glm_moe_dsa topk 4");
+    afree_all();
+}
+
 static void test_graph_decode(void) {
     check_graph_decode(placed(build_glm4(MS_WFMT_NVFP4, MS_WFMT_PLAIN, 1)), "glm4_moe nvfp4 experts");
     check_graph_decode(placed(build_dsa(4, 1)), "glm_moe_dsa topk 4");
@@ -784,6 +853,7 @@ int main(int argc, char **argv) {
     RUN(test_odd_dims);
     RUN(test_graph_decode);
     RUN(test_graph_verify);
+    RUN(test_argmax_steps);
     RUN(test_pdl_ab);
     RUN(test_check_numerics);
     RUN(test_moe_routed);

@@ -23,6 +23,8 @@ typedef struct fake_exec {
     int vocab, n_pages, page_size, max_batch_tokens;
     int32_t *kv_tok, *kv_pos;      /* [n_pages * page_size] */
     int calls;
+    int rows_calls;                 /* forwards that returned logit rows (fake_forward, n_logits > 0) */
+    int argmax_calls;               /* forwards that returned the rows' greedy ids (fake_forward_argmax) */
     int fail_at_call;               /* forward number (1-based) that fails; 0 = never */
     int fail_code;
     int max_tokens_seen, max_seqs_seen, max_chunk_seen, max_prefill_seen;
@@ -56,8 +58,7 @@ static inline void fake_err(fake_exec *f, const char *msg, int a, int b) {
     if (f->errors++ == 0) snprintf(f->first_error, sizeof f->first_error, "%s (%d, %d)", msg, a, b);
 }
 
-static inline int fake_forward(void *ctx, const ms_batch *b, float *logits, ms_err *err) {
-    fake_exec *f = ctx;
+static inline int fake_step(fake_exec *f, const ms_batch *b, float *logits, ms_err *err) {
     for (int w = 0; __atomic_load_n(&f->hold, __ATOMIC_ACQUIRE); w++) {
         if (w >= 100000) { /* ~10 s */
             fake_err(f, "hold was never released", w, 0);
@@ -115,6 +116,28 @@ static inline int fake_forward(void *ctx, const ms_batch *b, float *logits, ms_e
     }
     free(ctxbuf);
     return MS_OK;
+}
+
+static inline int fake_argmax(const float *x, int n);
+
+/* ms_executor.forward: the step, its logit rows into logits [n_logits, vocab]. */
+static inline int fake_forward(void *ctx, const ms_batch *b, float *logits, ms_err *err) {
+    fake_exec *f = ctx;
+    f->rows_calls += b->n_logits > 0;
+    return fake_step(f, b, logits, err);
+}
+
+/* ms_executor.forward_argmax: the same step, each logit row's greedy id into ids [n_logits] (the
+ * fake's logits are finite, so backend.h's rule is the first index of the largest) and no rows. */
+static inline int fake_forward_argmax(void *ctx, const ms_batch *b, int32_t *ids, ms_err *err) {
+    fake_exec *f = ctx;
+    float *lg = malloc(sizeof(float) * (size_t)b->n_logits * (size_t)f->vocab + 1);
+    if (!lg) return ms_errf(err, MS_ERR_NOMEM, "fake executor: out of memory");
+    f->argmax_calls++;
+    int rc = fake_step(f, b, lg, err);
+    for (int r = 0; !rc && r < b->n_logits; r++) ids[r] = fake_argmax(lg + (size_t)r * f->vocab, f->vocab);
+    free(lg);
+    return rc;
 }
 
 static inline void fake_init(fake_exec *f, int vocab, int n_pages, int page_size, int max_batch_tokens) {

@@ -8,6 +8,7 @@
 #include "core/dtype.h"
 
 #include <cblas.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -703,9 +704,12 @@ static int cpu_argmax(ms_backend *b, const ms_tensor *logits, int32_t *out, ms_e
     int64_t V, R = rows_of(logits, &V);
     for (int64_t r = 0; r < R; r++) {
         const float *l = (const float *)logits->data + r * V;
+        float m = -INFINITY; /* backend.h's rule: NaN never wins (v > m is false), +inf as FLT_MAX */
         int64_t best = 0;
-        for (int64_t i = 1; i < V; i++)
-            if (l[i] > l[best]) best = i;
+        for (int64_t i = 0; i < V; i++) {
+            const float v = l[i] > FLT_MAX ? FLT_MAX : l[i];
+            if (v > m) m = v, best = i;
+        }
         out[r] = (int32_t)best;
     }
     return MS_OK;

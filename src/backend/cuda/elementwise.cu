@@ -8,6 +8,7 @@
 #include "backend/cuda/route_regs.cuh"
 #include "backend/cuda/router_dot.cuh"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -916,6 +917,9 @@ int cu_op_find_nonfinite(ms_backend *b, const ms_tensor *x, int64_t *bad_row, ms
     return MS_OK;
 }
 
+/* One block a row: backend.h's greedy rule. Each thread keeps the first index of its largest value
+ * (strictly greater only, from -inf: NaN and -inf never take an index, +inf counts as FLT_MAX); the
+ * block then takes the largest value, the lowest index among equals; no index at all gives 0. */
 __global__ void k_argmax(const float *x, int64_t V, int32_t *out) {
     cu_pdl_wait();
     cu_pdl_trigger();
@@ -925,8 +929,8 @@ __global__ void k_argmax(const float *x, int64_t V, int32_t *out) {
     float bv = -INFINITY;
     int32_t bi = 0x7fffffff;
     for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-        float v = row[i];
-        if (v > bv || (bi == 0x7fffffff && !isnan(v))) { bv = v; bi = (int32_t)i; }
+        const float r = row[i], v = r > FLT_MAX ? FLT_MAX : r; /* NaN stays NaN: v > bv is false */
+        if (v > bv) { bv = v; bi = (int32_t)i; }
     }
     for (int o = 16; o > 0; o >>= 1) {
         float ov = __shfl_xor_sync(0xffffffffu, bv, o);
@@ -948,7 +952,7 @@ int cu_op_argmax(ms_backend *b, const ms_tensor *logits, int32_t *out_d, ms_err 
     int64_t V = last_dim(logits);
     int64_t R = V ? ms_tensor_numel(logits) / V : 0;
     if (R == 0) return MS_OK;
-    CK(cu_launch(k_argmax, (unsigned)R, 256, 0, stream_of(b), (const float *)logits->data, V, out_d));
+    CK(cu_launch(k_argmax, (unsigned)R, 1024, 0, stream_of(b), (const float *)logits->data, V, out_d)); /* a 150k row is ~600 KB: one SM, many loads in flight */
     return MS_OK;
 }
 
