@@ -71,6 +71,7 @@ struct ms_engine {
     uint8_t *seq_dead;      /* [max_running] sequence of the step whose request finished */
     /* speculative decoding (cfg.speculative_num_steps > 0): draft step batch arrays */
     int32_t *d_tok, *d_pos, *d_slot, *d_hidx, *d_start, *d_ctx, *d_bt, *d_lidx, *d_prev, *drafts;
+    int32_t *d_ids; /* a draft step's greedy ids from exec.draft_argmax (then d_logits stays unused) */
     ms_request **d_sreq, **d_lreq;
     int *d_nd;
     float *d_logits;
@@ -329,6 +330,7 @@ static void draft_phase(ms_engine *e, const ms_batch *b) {
     const int N = e->cfg.speculative_num_steps, V = e->exec.vocab, ps = s->cfg.page_size;
     if (N <= 0) return;
     const int use_mtp = e->exec.draft && (!e->cfg.draft_fn || e->cfg.draft_fn_after_layer);
+    const int dev_ids = e->exec.draft_argmax != NULL; /* drafts are greedy: their ids from the device */
     int T = 0, S = 0, NL = 0;
     for (int i = 0; i < b->n_seqs; i++) {
         if (e->seq_dead[i]) continue;
@@ -359,7 +361,8 @@ static void draft_phase(ms_engine *e, const ms_batch *b) {
         int mb = fill_block_table(e, e->d_sreq, e->d_ctx, S);
         ms_batch db = {T, S, e->d_tok, e->d_pos, e->d_start, e->d_ctx, e->d_slot, e->d_bt, mb, ps, NL, e->d_lidx};
         ms_err err = {0};
-        int rc = e->exec.draft(e->exec.ctx, &db, 0, e->d_hidx, e->d_logits, &err);
+        int rc = dev_ids ? e->exec.draft_argmax(e->exec.ctx, &db, 0, e->d_hidx, e->d_ids, &err)
+                         : e->exec.draft(e->exec.ctx, &db, 0, e->d_hidx, e->d_logits, &err);
         e->acc.spec_draft_steps++;
         if (rc != MS_OK) {
             if (!e->draft_warned++) MS_LOGW("engine: a draft step failed (%s); those requests decode without drafts", err.msg);
@@ -373,7 +376,7 @@ static void draft_phase(ms_engine *e, const ms_batch *b) {
         int n_max = N < r->max_new - n_gen - 1 ? N : r->max_new - n_gen - 1;
         int nd = ms_sched_reserve_drafts(s, r, n_max);
         int32_t *d = e->drafts + (size_t)q * N;
-        if (use_mtp && nd > 0) d[0] = argmax_row(e->d_logits + (size_t)q * V, V);
+        if (use_mtp && nd > 0) d[0] = dev_ids ? e->d_ids[q] : argmax_row(e->d_logits + (size_t)q * V, V);
         e->d_nd[q] = nd;
         e->d_prev[q] = q; /* its row in the last draft step's logit rows */
         max_nd = nd > max_nd ? nd : max_nd;
@@ -400,7 +403,8 @@ static void draft_phase(ms_engine *e, const ms_batch *b) {
         int mb = fill_block_table(e, e->d_sreq, e->d_ctx, n);
         ms_batch db = {n, n, e->d_tok, e->d_pos, e->d_start, e->d_ctx, e->d_slot, e->d_bt, mb, ps, n, e->d_lidx};
         ms_err err = {0};
-        int rc = e->exec.draft(e->exec.ctx, &db, 1, e->d_hidx, e->d_logits, &err);
+        int rc = dev_ids ? e->exec.draft_argmax(e->exec.ctx, &db, 1, e->d_hidx, e->d_ids, &err)
+                         : e->exec.draft(e->exec.ctx, &db, 1, e->d_hidx, e->d_logits, &err);
         e->acc.spec_draft_steps++;
         if (rc != MS_OK) {
             if (!e->draft_warned++) MS_LOGW("engine: a draft step failed (%s); drafts cut short", err.msg);
@@ -409,7 +413,8 @@ static void draft_phase(ms_engine *e, const ms_batch *b) {
             break;
         }
         for (int q = 0; q < NL; q++)
-            if (e->d_nd[q] > j) e->drafts[(size_t)q * N + j] = argmax_row(e->d_logits + (size_t)e->d_prev[q] * V, V);
+            if (e->d_nd[q] > j)
+                e->drafts[(size_t)q * N + j] = dev_ids ? e->d_ids[e->d_prev[q]] : argmax_row(e->d_logits + (size_t)e->d_prev[q] * V, V);
     }
     for (int q = 0; q < NL; q++) {
         ms_request *r = e->d_lreq[q];
@@ -657,7 +662,7 @@ static void *engine_main(void *arg) {
 static void free_step_arrays(ms_engine *e) {
     void *all[] = {e->grp_row0, e->grp_nrow, e->grp_seq, e->grp_emit, e->seq_dead, e->d_tok, e->d_pos, e->d_slot,
                    e->d_hidx, e->d_start, e->d_ctx, e->d_bt, e->d_lidx, e->d_prev, e->drafts, e->d_sreq, e->d_lreq,
-                   e->d_nd, e->d_logits, e->step_ids};
+                   e->d_nd, e->d_logits, e->step_ids, e->d_ids};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
 }
 
@@ -676,7 +681,8 @@ static int alloc_step_arrays(ms_engine *e, ms_err *err) {
              (e->d_bt = malloc(ns * mbs * 4)) && (e->d_lidx = malloc(ns * 4)) && (e->d_prev = malloc(ns * 4)) &&
              (e->drafts = malloc(ns * (size_t)N * 4)) && (e->d_sreq = malloc(ns * sizeof(ms_request *))) &&
              (e->d_lreq = malloc(ns * sizeof(ms_request *))) && (e->d_nd = malloc(ns * sizeof(int))) &&
-             (e->d_logits = malloc(ns * (size_t)e->exec.vocab * sizeof(float)));
+             (e->d_ids = malloc(ns * sizeof(int32_t))) &&
+             (e->exec.draft_argmax || (e->d_logits = malloc(ns * (size_t)e->exec.vocab * sizeof(float))));
     }
     return ok ? MS_OK : ms_errf(err, MS_ERR_NOMEM, "engine: out of memory for step arrays (%zu tokens)", nt);
 }

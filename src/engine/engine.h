@@ -49,6 +49,9 @@ typedef struct ms_executor {
      * position positions[t], paired with hidden row hid_idx[t] of the last main step (hid_src 0) or
      * of the last draft step's logit rows (hid_src 1); fills logits [n_logits, vocab] (host float32). */
     int (*draft)(void *ctx, const ms_batch *batch, int hid_src, const int32_t *hid_idx, float *logits, ms_err *err);
+    /* optional, with draft: the same step, but ids [n_logits] get each logit row's greedy choice (drafts
+     * are greedy; forward_argmax's rule) instead of the rows being copied out */
+    int (*draft_argmax)(void *ctx, const ms_batch *batch, int hid_src, const int32_t *hid_idx, int32_t *ids, ms_err *err);
 } ms_executor;
 
 typedef struct ms_sampling {

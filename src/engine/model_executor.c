@@ -234,9 +234,11 @@ static int rank_job(rank_st *r, int job, ms_err *err) {
         if (mine && x->ids) return ms_forward_run_argmax(r->f, x->batch, x->ids, err);
         return ms_forward_run(r->f, x->batch, mine ? x->logits : NULL, err);
     }
-    case JOB_DRAFT:
-        return ms_forward_mtp_run(r->f, x->batch, x->draft_src, x->draft_hidx,
-                                  r->local == 0 && x->node_rank == 0 ? x->logits : NULL, err);
+    case JOB_DRAFT: {
+        const int mine = r->local == 0 && x->node_rank == 0;
+        if (mine && x->ids) return ms_forward_mtp_run_argmax(r->f, x->batch, x->draft_src, x->draft_hidx, x->ids, err);
+        return ms_forward_mtp_run(r->f, x->batch, x->draft_src, x->draft_hidx, mine ? x->logits : NULL, err);
+    }
     case JOB_CLOSE: rank_close(r); return MS_OK;
     }
     return MS_OK;
@@ -401,17 +403,30 @@ static int exec_healthy(void *ctx) { return !is_broken(ctx, NULL); }
 
 /* One MTP draft step on every rank of this node (open refuses speculation on multi-node runs: the
  * step plan sent to other nodes has no draft form yet). */
-static int exec_draft(void *ctx, const ms_batch *batch, int hid_src, const int32_t *hid_idx, float *logits, ms_err *err) {
-    exec_ctx *x = ctx;
-    if (!x->threaded) return ms_forward_mtp_run(x->f, batch, hid_src, hid_idx, logits, err);
+static int draft_step(exec_ctx *x, const ms_batch *batch, int hid_src, const int32_t *hid_idx, float *logits, int32_t *ids,
+                      ms_err *err) {
+    if (!x->threaded)
+        return ids ? ms_forward_mtp_run_argmax(x->f, batch, hid_src, hid_idx, ids, err)
+                   : ms_forward_mtp_run(x->f, batch, hid_src, hid_idx, logits, err);
     if (is_broken(x, err)) return MS_ERR_RUNTIME;
     x->batch = batch;
     x->logits = logits;
+    x->ids = ids;
     x->draft_src = hid_src;
     x->draft_hidx = hid_idx;
     int rc = run_job(x, JOB_DRAFT, err);
+    x->ids = NULL;
     if (rc && rc != MS_ERR_INVALID) mark_broken(x, err);
     return rc;
+}
+
+static int exec_draft(void *ctx, const ms_batch *batch, int hid_src, const int32_t *hid_idx, float *logits, ms_err *err) {
+    return draft_step(ctx, batch, hid_src, hid_idx, logits, NULL, err);
+}
+
+static int exec_draft_argmax(void *ctx, const ms_batch *batch, int hid_src, const int32_t *hid_idx, int32_t *ids,
+                             ms_err *err) {
+    return draft_step(ctx, batch, hid_src, hid_idx, NULL, ids, err);
 }
 
 static void exec_free(exec_ctx *x) {
@@ -571,12 +586,13 @@ int ms_model_executor_open(const ms_exec_opts *o, ms_executor *out, ms_model **m
         out->forward = exec_forward;
         /* greedy steps take their ids on the device (MS_HOST_ARGMAX=1: download the logits always) */
         const char *host_am = getenv("MS_HOST_ARGMAX");
-        if (ms_forward_can_argmax(x->f) && !(host_am && *host_am && strcmp(host_am, "0")))
-            out->forward_argmax = exec_forward_argmax;
+        const int dev_am = ms_forward_can_argmax(x->f) && !(host_am && *host_am && strcmp(host_am, "0"));
+        if (dev_am) out->forward_argmax = exec_forward_argmax;
         out->healthy = exec_healthy;
         out->pin = exec_pin;
         out->unpin = exec_unpin;
         if (x->fo.mtp) out->draft = exec_draft;
+        if (x->fo.mtp && dev_am) out->draft_argmax = exec_draft_argmax;
         MS_LOGI("executor: %s on %s, KV cache %d pages x %d tokens (%.1f MiB per rank), max %d tokens per step%s",
                 x->m->cfg.model_type, x->b->name, x->fo.n_pages, page_size,
                 (double)ms_forward_kv_bytes_per_token(x->m, x->b) * x->fo.n_pages * page_size / 1048576.0, max_batch,

@@ -1104,7 +1104,7 @@ static int run_graph(ms_forward *f, const ms_batch *bt, int kind, int q, const i
             f->glaunch[graph_counter(g)]++;
         }
     }
-    if (f->argmax_step && kind == FW_G_MAIN) {
+    if (f->argmax_step) {
         ms_tensor rows = fw_view2(&f->glogits, bt->n_tokens, V); /* the real rows: padding comes after them */
         MS_TRY(op->argmax(f->b, &rows, (int32_t *)f->amax.data, err));
     }
@@ -1240,14 +1240,18 @@ int ms_forward_run(ms_forward *f, const ms_batch *bt, float *logits_host, ms_err
 
 int ms_forward_can_argmax(const ms_forward *f) { return f->amax.data != NULL; }
 
+/* The ids of the step just run with argmax_step set (amax, synced by the step) into ids_host. */
+static int argmax_ids(ms_forward *f, const ms_batch *bt, int rc, int32_t *ids_host, ms_err *err) {
+    f->argmax_step = 0;
+    if (rc || !ids_host || !bt->n_logits) return rc;
+    return f->b->ops->download(f->b, ids_host, f->amax.data, sizeof(int32_t) * (size_t)bt->n_logits, err);
+}
+
 int ms_forward_run_argmax(ms_forward *f, const ms_batch *bt, int32_t *ids_host, ms_err *err) {
     if (!f->amax.data)
         return ms_errf(err, MS_ERR_UNSUPPORTED, "forward: the %s backend takes no argmax of the logits", f->b->name);
     f->argmax_step = 1;
-    int rc = ms_forward_run(f, bt, NULL, err);
-    f->argmax_step = 0;
-    if (rc || !ids_host || !bt->n_logits) return rc;
-    return f->b->ops->download(f->b, ids_host, f->amax.data, sizeof(int32_t) * (size_t)bt->n_logits, err);
+    return argmax_ids(f, bt, ms_forward_run(f, bt, NULL, err), ids_host, err);
 }
 
 /* ------------------------------------------------------------------ MTP (NEXTN) draft layer */
@@ -1303,4 +1307,12 @@ int ms_forward_mtp_run(ms_forward *f, const ms_batch *bt, int hid_src, const int
     MS_TRY(f->b->ops->upload(f->b, f->hidx.data, hid_idx, sizeof(int32_t) * (size_t)T, err));
     MS_TRY(mtp_body(f, bt, hid_src, logits_host, 0, err));
     return f->b->ops->sync(f->b, err);
+}
+
+int ms_forward_mtp_run_argmax(ms_forward *f, const ms_batch *bt, int hid_src, const int32_t *hid_idx, int32_t *ids_host,
+                              ms_err *err) {
+    if (!f->amax.data)
+        return ms_errf(err, MS_ERR_UNSUPPORTED, "forward: the %s backend takes no argmax of the logits", f->b->name);
+    f->argmax_step = 1;
+    return argmax_ids(f, bt, ms_forward_mtp_run(f, bt, hid_src, hid_idx, NULL, err), ids_host, err);
 }

@@ -293,6 +293,11 @@ enum { MS_MTP_HID_TARGET = 0, MS_MTP_HID_DRAFT = 1 };
  * per sequence, logits on some) run op by op. Every rank of a split runs it with the same batch. */
 int ms_forward_mtp_run(ms_forward *f, const ms_batch *bt, int hid_src, const int32_t *hid_idx, float *logits_host,
                        ms_err *err);
+/* As ms_forward_mtp_run, with each logit row's greedy choice taken on the backend (the draft's token:
+ * drafts are always greedy) into ids_host [n_logits] instead of the logits (as ms_forward_run_argmax).
+ * MS_ERR_UNSUPPORTED when !ms_forward_can_argmax(f). */
+int ms_forward_mtp_run_argmax(ms_forward *f, const ms_batch *bt, int hid_src, const int32_t *hid_idx, int32_t *ids_host,
+                              ms_err *err);
 /* Test hook: overwrites rows [0, n) of the kept target hidden rows with h [n, H] (float32, host) as
  * if a main step had produced them; ms_forward_get_hidden reads them back (float32). */
 int ms_forward_set_hidden(ms_forward *f, const float *h, int n, ms_err *err);

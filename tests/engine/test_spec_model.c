@@ -218,6 +218,17 @@ static void model_check(const char *fixture) {
     run(dst, 3, H_NONE, &st);
     check_same("MTP drafts");
     CHECK(st.spec_verifications > 0 && st.spec_draft_steps > 0);
+    /* the greedy steps and the drafts took their ids from the backend's argmax (test_mtp checks those
+     * ids against the logits step by step); with the logits copied out and argmaxed on the host
+     * instead (MS_HOST_ARGMAX=1) the outputs are the same and no step takes the device's ids */
+    CHECK_MSG(st.argmax_steps > 0, "%s: no step took the backend's argmax", fixture);
+    ms_engine_stats hs;
+    setenv("MS_HOST_ARGMAX", "1", 1);
+    run(dst, 3, H_NONE, &hs);
+    unsetenv("MS_HOST_ARGMAX");
+    check_same("MTP drafts, host argmax");
+    CHECK_EQ_INT(hs.argmax_steps, 0);
+    CHECK(hs.spec_verifications > 0 && hs.spec_draft_steps > 0);
     printf("  %s, MTP drafts: %llu verifications, %llu of %llu accepted, %llu draft steps, %llu pages freed\n", fixture,
            (unsigned long long)st.spec_verifications, (unsigned long long)st.spec_accepted_tokens,
            (unsigned long long)st.spec_draft_tokens, (unsigned long long)st.spec_draft_steps,

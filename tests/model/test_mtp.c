@@ -18,7 +18,12 @@
  *
  * `test_mtp cuda` (scripts/gpu-check.sh) runs the transformers check on the GPU within TOL_GPU (bf16
  * activations) and compares the GPU's MTP logits with the CPU's on the add_mtp checkpoints, with the
- * hidden rows of the main step kept by a CUDA graph decode step as well. */
+ * hidden rows of the main step kept by a CUDA graph decode step as well.
+ *
+ * The speculative lockstep (spec_graphs) runs every main and MTP step on three forwards: op by op,
+ * with graphs, and with graphs through the argmax forms (ms_forward_run_argmax /
+ * ms_forward_mtp_run_argmax, the engine's greedy and draft steps): the graphs' logits within tol of
+ * op by op, and each argmax id the first largest of the graphs' logit row. */
 #include "backend/backend.h"
 #include "core/fileutil.h"
 #include "engine/model_executor.h"
@@ -468,11 +473,13 @@ static void test_gpu_glm_moe_dsa(void) { gpu_vs_cpu("glm_moe_dsa"); }
  * see the same inputs at every step even where a near-tie would part their own greedy choices. */
 enum { SG_N = 3 };
 typedef struct {
-    ms_forward *f[2];
+    ms_forward *f[3]; /* op by op, graphs, graphs taking the argmax forms (sg_ids) */
     float *lg[2];
     int V;
     double worst;            /* max over steps and rows of rel_diff(graphs, op by op) */
     int rows, argmax_same, near_ties, argmax_parted, fails;
+    int ids_rows, ids_near, ids_bad; /* the graphs forward's argmax steps (sg_ids) */
+    int32_t *ids;
 } sg_run;
 
 static int argmax_f(const float *x, int n) {
@@ -501,6 +508,28 @@ static void sg_compare(sg_run *r, int n) {
     }
 }
 
+/* After a step, the same step on the third forward (graphs, as the second) through its argmax form (rc
+ * = its status; a step cannot simply run again on one forward: a chained draft step overwrites the
+ * hidden rows it reads): each id must be the first largest of the second forward's logit rows, which
+ * took the same path; on the GPU a value within 1e-2 of it (relative) is counted apart. */
+static int sg_ids(sg_run *r, int rc, int n) {
+    if (rc != MS_OK) {
+        fprintf(stderr, "    argmax step: %s\n", E.msg);
+        r->fails++;
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        const float *row = r->lg[1] + (size_t)i * r->V;
+        const int best = argmax_f(row, r->V), id = r->ids[i];
+        r->ids_rows++;
+        if (id == best) continue;
+        const int near = g_gpu && id >= 0 && id < r->V && row[id] >= row[best] - 1e-2f * fmaxf(1.f, fabsf(row[best]));
+        r->ids_near += near;
+        r->ids_bad += !near;
+    }
+    return 1;
+}
+
 static int sg_main(sg_run *r, const ms_batch *b) {
     for (int k = 0; k < 2; k++)
         if (ms_forward_run(r->f[k], b, r->lg[k], &E) != MS_OK) {
@@ -509,7 +538,7 @@ static int sg_main(sg_run *r, const ms_batch *b) {
             return 0;
         }
     sg_compare(r, b->n_logits);
-    return 1;
+    return sg_ids(r, ms_forward_run_argmax(r->f[2], b, r->ids, &E), b->n_logits);
 }
 
 static int sg_mtp(sg_run *r, const ms_batch *b, int src, const int32_t *hidx) {
@@ -520,7 +549,7 @@ static int sg_mtp(sg_run *r, const ms_batch *b, int src, const int32_t *hidx) {
             return 0;
         }
     sg_compare(r, b->n_logits);
-    return 1;
+    return sg_ids(r, ms_forward_mtp_run_argmax(r->f[2], b, src, hidx, r->ids, &E), b->n_logits);
 }
 
 /* logits on each sequence's last token only (as the engine asks for prefill and first draft steps) */
@@ -538,23 +567,25 @@ static const ms_batch *last_only(bbuf *u) {
  * hidden rows of the main step, when every sequence accepted nothing). Logits compared at every step
  * within tol (per row: max |graph - op by op| / max(1, max |op by op|)). */
 static void spec_graphs_case(const char *name, const char *dir, int ns, const int *page0, int p0, int chunk, int rounds, double tol) {
-    ms_model *m[2] = {load(dir, 1), load(dir, 1)};
-    sg_run r = {{NULL, NULL}, {NULL, NULL}, 0, 0, 0, 0, 0, 0, 0};
-    for (int k = 0; k < 2 && m[k]; k++) {
+    ms_model *m[3] = {load(dir, 1), load(dir, 1), load(dir, 1)};
+    sg_run r = {{NULL, NULL, NULL}, {NULL, NULL}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL};
+    for (int k = 0; k < 3 && m[k]; k++) {
         ms_forward_opts o = {0};
         o.max_tokens = MAXT, o.n_pages = NPAGES, o.page_size = PS, o.moe_runner = "auto", o.mtp = 1;
-        o.graphs = k, o.graph_verify_tokens = k ? SG_N + 1 : 0;
+        o.graphs = k > 0, o.graph_verify_tokens = k ? SG_N + 1 : 0;
         int rc = ms_forward_create(m[k], B, &o, &r.f[k], &E);
         if (rc) fprintf(stderr, "    forward: %s\n", E.msg);
         CHECK(rc == MS_OK);
     }
-    if (!r.f[0] || !r.f[1]) {
-        for (int k = 0; k < 2; k++) ms_forward_free(r.f[k]), ms_model_free(m[k]);
+    if (!r.f[0] || !r.f[1] || !r.f[2]) {
+        for (int k = 0; k < 3; k++) ms_forward_free(r.f[k]), ms_model_free(m[k]);
         return;
     }
     const int V = r.V = m[0]->cfg.vocab_size;
-    int nrec = 0;
+    int nrec = 0, nrec2 = 0;
+    CHECK(ms_forward_record_graphs(r.f[2], &nrec2, &E) == MS_OK);
     CHECK(ms_forward_record_graphs(r.f[1], &nrec, &E) == MS_OK);
+    CHECK_EQ_INT(nrec2, nrec);
     ms_graph_counts g0, g1;
     ms_forward_graph_counts(r.f[1], &g1);
     if (g_gpu) {
@@ -568,6 +599,7 @@ static void spec_graphs_case(const char *name, const char *dir, int ns, const in
         CHECK_EQ_INT(nrec, 0);
     }
     for (int k = 0; k < 2; k++) r.lg[k] = malloc(sizeof(float) * (size_t)MAXT * V);
+    r.ids = malloc(sizeof(int32_t) * MAXT);
     int32_t seq[4][NPAGES * PS + 8], L[4], d[4][SG_N], acc[4];
     for (int s = 0; s < ns; s++)
         for (int i = 0; i < p0; i++) seq[s][i] = 3 + (i * (31 + 6 * s) + 7 * s) % (V - 3);
@@ -655,6 +687,10 @@ static void spec_graphs_case(const char *name, const char *dir, int ns, const in
     CHECK_EQ_INT(n_verify, rounds);
     CHECK_MSG(r.worst <= tol, "%s: graph logits differ from op by op by %.3e (tol %.0e)", name, r.worst, tol);
     CHECK_MSG(r.argmax_parted == 0, "%s: %d greedy tokens differ with a clear top-2 gap", name, r.argmax_parted);
+    printf("  %s, %d sequence%s: argmax steps %d rows, %d near-equal ids, %d wrong\n", name, ns, ns > 1 ? "s" : "", r.ids_rows,
+           r.ids_near, r.ids_bad);
+    CHECK(r.ids_rows > 0);
+    CHECK_MSG(r.ids_bad == 0, "%s: %d argmax ids are not their row's largest", name, r.ids_bad);
     for (int k = 0; k < MS_GRAPH_KINDS; k++) CHECK_EQ_INT((int)g0.launches[k], 0);
     if (g_gpu) {
         /* every verification and chained draft step replayed a graph recorded at start (contexts stay
@@ -669,7 +705,9 @@ static void spec_graphs_case(const char *name, const char *dir, int ns, const in
     } else {
         for (int k = 0; k < MS_GRAPH_KINDS; k++) CHECK_EQ_INT((int)g1.launches[k], 0);
     }
-    for (int k = 0; k < 2; k++) ms_forward_free(r.f[k]), ms_model_free(m[k]), free(r.lg[k]);
+    for (int k = 0; k < 2; k++) free(r.lg[k]);
+    for (int k = 0; k < 3; k++) ms_forward_free(r.f[k]), ms_model_free(m[k]);
+    free(r.ids);
 }
 
 /* On the GPU the comparison shows the graphs replay the op-by-op kernels: one sequence (no padding:
