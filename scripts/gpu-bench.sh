@@ -119,8 +119,9 @@ g = lambda k: m.get('moeserve:engine_' + k, 0.0)
 n, d = g('steps_total'), g('decode_steps_total')
 f, s, c, b = g('forward_seconds_total'), g('sample_seconds_total'), g('schedule_seconds_total'), g('busy_seconds_total')
 if n:
-    print('engine thread: %d steps (%d decode), ms a step: forward %.2f, sample+deliver %.2f, schedule %.2f, rest %.2f (busy %.2f)'
-          % (n, d, 1e3 * f / n, 1e3 * s / n, 1e3 * c / n, 1e3 * (b - f - s - c) / n, 1e3 * b / n))
+    print('engine thread: %d steps (%d decode, %d with greedy ids from the device), ms a step: forward %.2f, '
+          'sample+deliver %.2f, schedule %.2f, rest %.2f (busy %.2f)'
+          % (n, d, g('argmax_steps_total'), 1e3 * f / n, 1e3 * s / n, 1e3 * c / n, 1e3 * (b - f - s - c) / n, 1e3 * b / n))
 PY
     grep -E "ready in|recorded" "$OUT/serve.log" >>"$OUT/summary.txt"
     # the headline figures first (the tail below is mostly latency percentiles and a sample reply)
