@@ -549,6 +549,8 @@ int cmd_bench_model(int argc, char **argv) {
     int json = ms_args_flag(&a, "json");
     g_profile = ms_args_flag(&a, "profile");
     g_greedy_ids = ms_args_flag(&a, "greedy-ids");
+    if (g_greedy_ids && getenv("MS_HOST_ARGMAX") && strcmp(getenv("MS_HOST_ARGMAX"), "0"))
+        fprintf(stderr, "bench-model: --greedy-ids with MS_HOST_ARGMAX set: the steps download the logits\n");
     rc = 2; /* a flag at fault until the model opens */
     if (ms_model_args_parse(&a, "bench-model", &ma) || bad) goto done;
     if (ms_spec_args_parse(&a, "bench-model", &ma.ex)) goto done;

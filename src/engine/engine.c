@@ -299,13 +299,6 @@ static void note_admissions(ms_engine *e, int queued, double dt, int n) {
 
 /* ---- speculative decoding: drafts ---- */
 
-static int argmax_row(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 /* Fills a block table of S sequences from their requests' pages, rows as long as the longest
  * context (ctx[i] tokens each); returns the row length. */
 static int fill_block_table(ms_engine *e, ms_request **req, const int32_t *ctx, int S) {
@@ -376,7 +369,7 @@ static void draft_phase(ms_engine *e, const ms_batch *b) {
         int n_max = N < r->max_new - n_gen - 1 ? N : r->max_new - n_gen - 1;
         int nd = ms_sched_reserve_drafts(s, r, n_max);
         int32_t *d = e->drafts + (size_t)q * N;
-        if (use_mtp && nd > 0) d[0] = dev_ids ? e->d_ids[q] : argmax_row(e->d_logits + (size_t)q * V, V);
+        if (use_mtp && nd > 0) d[0] = dev_ids ? e->d_ids[q] : ms_greedy_argmax(e->d_logits + (size_t)q * V, V);
         e->d_nd[q] = nd;
         e->d_prev[q] = q; /* its row in the last draft step's logit rows */
         max_nd = nd > max_nd ? nd : max_nd;
@@ -414,7 +407,7 @@ static void draft_phase(ms_engine *e, const ms_batch *b) {
         }
         for (int q = 0; q < NL; q++)
             if (e->d_nd[q] > j)
-                e->drafts[(size_t)q * N + j] = dev_ids ? e->d_ids[e->d_prev[q]] : argmax_row(e->d_logits + (size_t)e->d_prev[q] * V, V);
+                e->drafts[(size_t)q * N + j] = dev_ids ? e->d_ids[e->d_prev[q]] : ms_greedy_argmax(e->d_logits + (size_t)e->d_prev[q] * V, V);
     }
     for (int q = 0; q < NL; q++) {
         ms_request *r = e->d_lreq[q];

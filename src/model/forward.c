@@ -248,7 +248,8 @@ void ms_forward_free(ms_forward *f) {
     ms_tensor *all[] = {&f->x, &f->a, &f->delta, &f->g, &f->u, &f->moe_out, &f->sh_out, &f->q, &f->k, &f->v, &f->qkv,
                         &f->attn, &f->qa, &f->qb, &f->qabs, &f->kva, &f->c, &f->olat, &f->vout, &f->qI, &f->kI,
                         &f->iw, &f->topk, &f->ids, &f->rw, &f->rlog, &f->lrows, &f->lnorm, &f->logits, &f->moe_ws,
-                        &f->db.buf, &f->glogits, &f->lgather, &f->nf_flag, &f->hid, &f->mtp_out, &f->mcat, &f->hidx};
+                        &f->db.buf, &f->glogits, &f->lgather, &f->nf_flag, &f->hid, &f->mtp_out, &f->mcat, &f->hidx,
+                        &f->amax};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free_t(f, all[i]);
     graphs_reset(f);
     free_t(f, &f->ids2);

@@ -2287,7 +2287,7 @@ static void test_checks(void) {
     {
         /* backend.h's greedy rule at its edges, on rows wider than the block (ties between threads and
          * warps): the first of equal maxima, NaN never, +inf as FLT_MAX, 0 when nothing is above -inf */
-        enum { AR = 6, AV = 5000 };
+        enum { AR = 7, AV = 5000 };
         const float inf = INFINITY;
         float *e = malloc(sizeof(float) * AR * AV);
         for (int i = 0; i < AR * AV; i++) e[i] = (float)(i % 97) * 0.01f - 2.f;
@@ -2298,10 +2298,12 @@ static void test_checks(void) {
         e[3 * AV + 4001] = inf, e[3 * AV + 4002] = inf;                          /* 4001 */
         for (int i = 0; i < AV; i++) e[4 * AV + i] = i % 2 ? -inf : NAN;         /* 0 */
         for (int i = 0; i < AV; i++) e[5 * AV + i] = -inf;                       /* 0 */
-        const int want[AR] = {1234, 2, 77, 4001, 0, 0};
+        e[6 * AV + 3000 + 1024] = 8.f, e[6 * AV + 3000] = 8.f; /* one thread's own tie (1024 apart): 3000 */
+        const int want[AR] = {1234, 2, 77, 4001, 0, 0, 3000};
         int64_t es[2] = {AR, AV};
         pair EL = P2(MS_F32, MS_F32, 2, es, e);
-        int32_t z6[AR] = {0}, g6[AR], c6[AR];
+        int32_t z6[AR], g6[AR], c6[AR];
+        for (int i = 0; i < AR; i++) z6[i] = -1; /* rows whose answer is 0 must be written */
         ms_tensor eg = mk_i32(GPU, AR, z6), ec = mk_i32(CPU, AR, z6);
         R(GPU->ops->argmax(GPU, &EL.g, eg.data, &E));
         R(CPU->ops->argmax(CPU, &EL.c, ec.data, &E));

@@ -9,6 +9,10 @@
  *     is extended over them);
  *   - the MTP steps run, then every draft replaced by a wrong token (all rejected).
  * Asserts on the accept counters and on pages returned by rollbacks, and on an empty pool at the end.
+ * The executor is held until every request is queued, so a run's steps do not depend on thread timing.
+ * The greedy steps and the drafts take their ids from the backend (forward_argmax, draft_argmax): the
+ * outputs equal a run with MS_HOST_ARGMAX=1, and so do the drafts the MTP layer makes (a hook records
+ * them, with their positions, per request; drafts never change outputs, so only this sees them).
  *
  * `test_spec_model cuda` (scripts/gpu-check.sh) serves the same requests with MTP drafts on the GPU,
  * once with CUDA graphs and once without (--disable-cuda-graph): asserts that the executor recorded
@@ -56,8 +60,9 @@ static void on_event(void *user, const ms_token_event *ev) {
     pthread_mutex_unlock(&mu);
 }
 
-enum { H_NONE, H_REPLAY, H_WRONG };
+enum { H_NONE, H_REPLAY, H_WRONG, H_TAP };
 static int g_hook;
+static uint64_t g_tap[NR]; /* H_TAP: per request, a hash of every draft the MTP layer made and its position */
 static int g_gpu;          /* cuda mode */
 static int g_nograph;      /* run() with --disable-cuda-graph */
 static ms_graph_counts g_gc; /* run(): the executor's graph counters before it closed */
@@ -65,6 +70,16 @@ static ms_graph_counts g_gc; /* run(): the executor's graph counters before it c
 /* the reference continuation of the request whose prompt and output so far are tokens[0..n) */
 static int hook(void *user, const int32_t *tokens, int n_tokens, int np, int32_t *o, int max) {
     (void)user;
+    if (g_hook == H_TAP) { /* the MTP layer's drafts, kept as they are */
+        for (int i = 0; i < NR; i++) {
+            if (n_prompt[i] != np || memcmp(tokens, prompts[i], sizeof(int32_t) * (size_t)np)) continue;
+            uint64_t h = g_tap[i] ^ (uint64_t)n_tokens * 0x9E3779B97F4A7C15ull;
+            for (int j = 0; j < max; j++) h = (h ^ (uint64_t)(uint32_t)o[j]) * 1099511628211ull;
+            g_tap[i] = h;
+            break;
+        }
+        return max;
+    }
     for (int i = 0; i < NR; i++) {
         if (n_prompt[i] != np || memcmp(tokens, prompts[i], sizeof(int32_t) * (size_t)np)) continue;
         int k = n_tokens - np;
@@ -77,6 +92,63 @@ static int hook(void *user, const int32_t *tokens, int n_tokens, int np, int32_t
         return n;
     }
     return 0;
+}
+
+/* The executor behind a gate: no step runs until every request is queued, so the engine's batches (and
+ * so every step's inputs) are the same in every run of the same requests, whatever the threads' timing. */
+typedef struct held {
+    ms_executor in;
+    int hold; /* atomic */
+} held;
+static void held_wait(held *h) {
+    for (int w = 0; __atomic_load_n(&h->hold, __ATOMIC_ACQUIRE) && w < 300000; w++) { /* ~30 s at most */
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+}
+static int held_forward(void *ctx, const ms_batch *b, float *l, ms_err *err) {
+    held *h = ctx;
+    held_wait(h);
+    return h->in.forward(h->in.ctx, b, l, err);
+}
+static int held_forward_argmax(void *ctx, const ms_batch *b, int32_t *ids, ms_err *err) {
+    held *h = ctx;
+    held_wait(h);
+    return h->in.forward_argmax(h->in.ctx, b, ids, err);
+}
+static int held_draft(void *ctx, const ms_batch *b, int src, const int32_t *hidx, float *l, ms_err *err) {
+    held *h = ctx;
+    return h->in.draft(h->in.ctx, b, src, hidx, l, err);
+}
+static int held_draft_argmax(void *ctx, const ms_batch *b, int src, const int32_t *hidx, int32_t *ids, ms_err *err) {
+    held *h = ctx;
+    return h->in.draft_argmax(h->in.ctx, b, src, hidx, ids, err);
+}
+static int held_healthy(void *ctx) {
+    held *h = ctx;
+    return h->in.healthy ? h->in.healthy(h->in.ctx) : 1;
+}
+static int held_pin(void *ctx, void *p, size_t n) {
+    held *h = ctx;
+    return h->in.pin ? h->in.pin(h->in.ctx, p, n) : 0;
+}
+static void held_unpin(void *ctx, void *p) {
+    held *h = ctx;
+    if (h->in.unpin) h->in.unpin(h->in.ctx, p);
+}
+static ms_executor held_wrap(held *h, const ms_executor *in) {
+    h->in = *in;
+    h->hold = 1;
+    ms_executor e = *in;
+    e.ctx = h;
+    e.forward = held_forward;
+    e.forward_argmax = in->forward_argmax ? held_forward_argmax : NULL;
+    e.draft = in->draft ? held_draft : NULL;
+    e.draft_argmax = in->draft_argmax ? held_draft_argmax : NULL;
+    e.healthy = held_healthy;
+    e.pin = held_pin;
+    e.unpin = held_unpin;
+    return e;
 }
 
 /* Runs every request through one engine on dir; fills got[] and *st. */
@@ -106,7 +178,9 @@ static void run(const char *dir, int steps, int hk, ms_engine_stats *st) {
     g_hook = hk;
     if (hk != H_NONE) ec.draft_fn = hook, ec.draft_fn_after_layer = 1;
     ms_engine *e = NULL;
-    CHECK_EQ_INT(ms_engine_create(&ec, &ex, &e, &err), MS_OK);
+    held h;
+    const ms_executor hx = held_wrap(&h, &ex);
+    CHECK_EQ_INT(ms_engine_create(&ec, &hx, &e, &err), MS_OK);
     if (!e) {
         ms_model_executor_close(&ex);
         return;
@@ -121,6 +195,7 @@ static void run(const char *dir, int steps, int hk, ms_engine_stats *st) {
         sp.ignore_eos = 1;
         CHECK_EQ_INT(ms_engine_submit(e, prompts[i], n_prompt[i], &sp, on_event, &got[i], NULL, &err), MS_OK);
     }
+    __atomic_store_n(&h.hold, 0, __ATOMIC_RELEASE);
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
     dl.tv_sec += 120;
@@ -229,6 +304,25 @@ static void model_check(const char *fixture) {
     check_same("MTP drafts, host argmax");
     CHECK_EQ_INT(hs.argmax_steps, 0);
     CHECK(hs.spec_verifications > 0 && hs.spec_draft_steps > 0);
+    /* the drafts themselves (which do not change the outputs): the held executor makes both runs' steps
+     * the same, so each request's drafts with their positions must be too, host argmax against the
+     * device's draft ids (several requests a draft step: the rows' order matters) */
+    uint64_t tap_host[NR];
+    memset(g_tap, 0, sizeof g_tap);
+    setenv("MS_HOST_ARGMAX", "1", 1);
+    run(dst, 3, H_TAP, &hs);
+    unsetenv("MS_HOST_ARGMAX");
+    check_same("tapped drafts, host argmax");
+    memcpy(tap_host, g_tap, sizeof tap_host);
+    memset(g_tap, 0, sizeof g_tap);
+    run(dst, 3, H_TAP, &hs);
+    check_same("tapped drafts");
+    int tapped = 0;
+    for (int i = 0; i < NR; i++) {
+        tapped += g_tap[i] != 0;
+        CHECK_MSG(g_tap[i] == tap_host[i], "%s: request %d's drafts differ between device ids and host argmax", fixture, i);
+    }
+    CHECK(tapped > 0);
     printf("  %s, MTP drafts: %llu verifications, %llu of %llu accepted, %llu draft steps, %llu pages freed\n", fixture,
            (unsigned long long)st.spec_verifications, (unsigned long long)st.spec_accepted_tokens,
            (unsigned long long)st.spec_draft_tokens, (unsigned long long)st.spec_draft_steps,

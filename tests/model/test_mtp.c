@@ -538,6 +538,7 @@ static int sg_main(sg_run *r, const ms_batch *b) {
             return 0;
         }
     sg_compare(r, b->n_logits);
+    for (int i = 0; i < b->n_logits; i++) r->ids[i] = -1;
     return sg_ids(r, ms_forward_run_argmax(r->f[2], b, r->ids, &E), b->n_logits);
 }
 
@@ -549,6 +550,7 @@ static int sg_mtp(sg_run *r, const ms_batch *b, int src, const int32_t *hidx) {
             return 0;
         }
     sg_compare(r, b->n_logits);
+    for (int i = 0; i < b->n_logits; i++) r->ids[i] = -1;
     return sg_ids(r, ms_forward_mtp_run_argmax(r->f[2], b, src, hidx, r->ids, &E), b->n_logits);
 }
 

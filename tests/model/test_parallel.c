@@ -19,9 +19,12 @@
 #define PAGE 4
 
 static const char *g_bin;
+static int g_ids_rows; /* rows checked through the executor's forward_argmax */
 
 /* Runs the fixed schedule on an executor: logits of every position [N_ROWS, V]; the decode steps feed
- * `feed` (the reference's greedy choices) when given, else this run's own argmax (written to feed). */
+ * `feed` (the reference's greedy choices) when given, else this run's own argmax (written to feed).
+ * Each step runs again through forward_argmax (the engine's all-greedy steps; the K/V written again
+ * are the same): every id must be the first largest of the step's logit row, on every split. */
 static int run_schedule(const ms_executor *ex, int32_t *toks, float *logits, int V, int feed_given, ms_err *err) {
     const int nb = (N_ROWS + PAGE - 1) / PAGE;
     int32_t bt[16], pos[N_ROWS], slot[N_ROWS], lidx[N_ROWS], st[2];
@@ -34,6 +37,20 @@ static int run_schedule(const ms_executor *ex, int32_t *toks, float *logits, int
         int32_t ctx = done + n;
         ms_batch b = {n, 1, toks + done, pos, st, &ctx, slot, bt, nb, PAGE, n, lidx};
         MS_TRY(ex->forward(ex->ctx, &b, logits + (int64_t)done * V, err));
+        if (ex->forward_argmax) {
+            int32_t ids[N_ROWS];
+            for (int i = 0; i < n; i++) ids[i] = -1;
+            MS_TRY(ex->forward_argmax(ex->ctx, &b, ids, err));
+            for (int i = 0; i < n; i++) {
+                const float *r = logits + (int64_t)(done + i) * V;
+                int best = 0;
+                for (int v = 1; v < V; v++) best = r[v] > r[best] ? v : best;
+                if (ids[i] != best)
+                    return ms_errf(err, MS_ERR_RUNTIME, "position %d: forward_argmax gave %d, the logits' first largest is %d",
+                                   done + i, ids[i], best);
+            }
+            g_ids_rows += n;
+        }
         done += n;
         if (done >= N_PROMPT && done < N_ROWS && !feed_given) { /* greedy next token */
             const float *r = logits + (int64_t)(done - 1) * V;
@@ -139,6 +156,7 @@ static void test_fixtures_bf16(void) {
     check_model("tests/fixtures/glm4_moe_legacy", glm4);
     check_model("tests/fixtures/glm_moe_dsa", NULL);
     check_model("tests/fixtures/glm_moe_dsa_legacy", NULL);
+    CHECK_MSG(g_ids_rows > 0, "no step went through forward_argmax");
 }
 
 /* Writes a wide bf16 checkpoint of arch and its FP8 / NVFP4 quantizations into base-{bf16,fp8,nvfp4}. */

@@ -699,19 +699,39 @@ static int cpu_nonfinite_flag(ms_backend *b, const ms_tensor *x, int32_t code, i
     return MS_OK;
 }
 
+typedef struct argmax_ctx {
+    const float *x;
+    int64_t V;
+    int32_t *out;
+} argmax_ctx;
+
+/* rows [b, e): backend.h's rule, in two passes as the sampler's greedy path (a max the compiler can
+ * vectorise: NaN never wins, +inf counts as FLT_MAX; then the first index holding it; 0 when the max is
+ * -inf) */
+static void argmax_fn(void *ctx, int64_t b, int64_t e, int worker) {
+    (void)worker;
+    const argmax_ctx *c = ctx;
+    for (int64_t r = b; r < e; r++) {
+        const float *l = c->x + r * c->V;
+        float m = -INFINITY;
+        for (int64_t i = 0; i < c->V; i++) m = l[i] > m ? l[i] : m;
+        if (m > FLT_MAX) m = FLT_MAX;
+        int64_t best = 0;
+        if (m > -INFINITY)
+            for (int64_t i = 0; i < c->V; i++)
+                if ((l[i] > FLT_MAX ? FLT_MAX : l[i]) == m) {
+                    best = i;
+                    break;
+                }
+        c->out[r] = (int32_t)best;
+    }
+}
+
 static int cpu_argmax(ms_backend *b, const ms_tensor *logits, int32_t *out, ms_err *err) {
     check_f32(logits);
     int64_t V, R = rows_of(logits, &V);
-    for (int64_t r = 0; r < R; r++) {
-        const float *l = (const float *)logits->data + r * V;
-        float m = -INFINITY; /* backend.h's rule: NaN never wins (v > m is false), +inf as FLT_MAX */
-        int64_t best = 0;
-        for (int64_t i = 0; i < V; i++) {
-            const float v = l[i] > FLT_MAX ? FLT_MAX : l[i];
-            if (v > m) m = v, best = i;
-        }
-        out[r] = (int32_t)best;
-    }
+    argmax_ctx c = {logits->data, V, out};
+    ms_pool_run(cpu_of(b)->pool, R, ms_cpu_grain(2.0 * (double)V), argmax_fn, &c);
     return MS_OK;
 }
 
