@@ -248,7 +248,7 @@ typedef struct ms_backend_ops {
      * *flag_d = min(*flag_d, code). flag_d: one int32 in backend memory. Optional (NULL: the forward
      * uses find_nonfinite, which waits). */
     int (*nonfinite_flag)(ms_backend *b, const ms_tensor *x, int32_t code, int32_t *flag_d, ms_err *err);
-    /* out_d[r] = the greedy choice of logits row r (F32 [R, V]), by engine/sampler.h's rule: the first
+    /* out_d[r] = the greedy choice of logits row r (F32 [R, V]), by ms_greedy_argmax's rule (core/tensor.h): the first
      * index holding the largest value, where NaN never wins and +inf counts as FLT_MAX; 0 when no value
      * is above -inf. So a step whose rows are all greedy can download R ids instead of R x V floats. */
     int (*argmax)(ms_backend *b, const ms_tensor *logits, int32_t *out_d, ms_err *err);

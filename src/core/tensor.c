@@ -1,7 +1,10 @@
-/* tensor.c - tensor view helpers and the reference dequantization of one weight row. */
+/* tensor.c - tensor view helpers, the reference dequantization of one weight row and the greedy choice of a logits row. */
 #include "core/tensor.h"
 
 #include "core/status.h"
+
+#include <float.h>
+#include <math.h>
 
 int64_t ms_tensor_numel(const ms_tensor *t) {
     int64_t n = 1;
@@ -93,4 +96,14 @@ size_t ms_linear_nbytes(const ms_linear *W) {
     if (W->scale.data) n += ms_tensor_nbytes(&W->scale);
     if (W->bias.data) n += ms_tensor_nbytes(&W->bias);
     return n;
+}
+
+int64_t ms_greedy_argmax(const float *x, int64_t n) {
+    float m = -INFINITY;
+    for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m; /* NaN: x[i] > m is false */
+    if (m > FLT_MAX) m = FLT_MAX;
+    if (m > -INFINITY)
+        for (int64_t i = 0; i < n; i++)
+            if ((x[i] > FLT_MAX ? FLT_MAX : x[i]) == m) return i;
+    return 0;
 }

@@ -56,6 +56,10 @@ typedef struct ms_linear {
 /* Dequantizes row n of W into out[0..n_in) as float32, exactly per the format definition. W must be
  * in host memory. Used by the CPU backend, quantize round trips and tests. */
 void ms_linear_dequant_row(const ms_linear *W, int64_t n, float *out);
+/* The greedy choice of a row x [n] of logits (engine/sampler.h step 3, backend.h's argmax op): the
+ * first index holding the largest value, where NaN never wins and +inf counts as FLT_MAX; 0 when no
+ * value is above -inf. Two passes: a max the compiler vectorises, then the first index holding it. */
+int64_t ms_greedy_argmax(const float *x, int64_t n);
 /* Bytes of weight data (w + scale + bias). */
 size_t ms_linear_nbytes(const ms_linear *W);
 

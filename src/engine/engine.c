@@ -8,6 +8,7 @@
 
 #include "core/fileutil.h"
 #include "core/log.h"
+#include "core/tensor.h"
 #include "core/threads.h"
 #include "engine/sampler.h"
 #include "sched/sched.h"
@@ -193,35 +194,34 @@ static void sample_range(void *ctx, int64_t g0, int64_t g1, int worker) {
             ms_token_event *ev = &e->row_ev[row];
             memset(ev, 0, sizeof *ev);
             emit = j + 1;
-            if (e->ids_step) { /* plain greedy: the device took the row's argmax (no grammar, nothing else) */
-                const int32_t tok = ev->token = e->row_tok[row] = e->step_ids[row];
-                if (j + 1 == nrow || tok != r->tokens[base + j]) break;
-                const int n_gen = base + j + 1 - r->n_prompt;
-                if (is_stop(e, r, n_gen, tok) || n_gen >= r->max_new) break;
-                continue;
-            }
-            float *lg = e->logits + (size_t)row * e->exec.vocab;
-            if (gm && ms_grammar_matcher_active(gm)) {
-                /* the stop ids stay allowed once the grammar may end */
-                int32_t stops[2 * MS_MAX_STOP_IDS];
-                int ns = 0;
-                for (int i = 0; i < sp->n_stop_ids; i++) stops[ns++] = sp->stop_ids[i];
-                if (!sp->ignore_eos)
-                    for (int i = 0; i < e->exec.n_eos; i++) stops[ns++] = e->exec.eos_ids[i];
-                if (ms_sampler_apply_grammar(sm, gm, stops, ns, lg) == 0) {
-                    e->row_tok[row] = -1; /* the grammar cannot go on: run_step ends the request */
-                    break;
+            int32_t tok;
+            if (e->ids_step) { /* plain greedy, no grammar: the device took the row's argmax */
+                tok = ev->token = e->step_ids[row];
+            } else {
+                float *lg = e->logits + (size_t)row * e->exec.vocab;
+                if (gm && ms_grammar_matcher_active(gm)) {
+                    /* the stop ids stay allowed once the grammar may end */
+                    int32_t stops[2 * MS_MAX_STOP_IDS];
+                    int ns = 0;
+                    for (int i = 0; i < sp->n_stop_ids; i++) stops[ns++] = sp->stop_ids[i];
+                    if (!sp->ignore_eos)
+                        for (int i = 0; i < e->exec.n_eos; i++) stops[ns++] = e->exec.eos_ids[i];
+                    if (ms_sampler_apply_grammar(sm, gm, stops, ns, lg) == 0) {
+                        e->row_tok[row] = -1; /* the grammar cannot go on: run_step ends the request */
+                        break;
+                    }
+                } else if (gm) {
+                    /* the free prefix (thinking): the reply may not end before the constrained content
+                     * has begun, else a "stop" would come with no content at all */
+                    for (int i = 0; i < sp->n_stop_ids; i++)
+                        if (sp->stop_ids[i] >= 0 && sp->stop_ids[i] < e->exec.vocab) lg[sp->stop_ids[i]] = -INFINITY;
+                    if (!sp->ignore_eos)
+                        for (int i = 0; i < e->exec.n_eos; i++)
+                            if (e->exec.eos_ids[i] >= 0 && e->exec.eos_ids[i] < e->exec.vocab) lg[e->exec.eos_ids[i]] = -INFINITY;
                 }
-            } else if (gm) {
-                /* the free prefix (thinking): the reply may not end before the constrained content
-                 * has begun, else a "stop" would come with no content at all */
-                for (int i = 0; i < sp->n_stop_ids; i++)
-                    if (sp->stop_ids[i] >= 0 && sp->stop_ids[i] < e->exec.vocab) lg[sp->stop_ids[i]] = -INFINITY;
-                if (!sp->ignore_eos)
-                    for (int i = 0; i < e->exec.n_eos; i++)
-                        if (e->exec.eos_ids[i] >= 0 && e->exec.eos_ids[i] < e->exec.vocab) lg[e->exec.eos_ids[i]] = -INFINITY;
+                tok = ms_sampler_sample(sm, sp, lg, r->tokens, r->n_prompt, base + j, REQ_EXT(r)->rng, ev);
             }
-            int32_t tok = e->row_tok[row] = ms_sampler_sample(sm, sp, lg, r->tokens, r->n_prompt, base + j, REQ_EXT(r)->rng, ev);
+            e->row_tok[row] = tok;
             if (gm) ms_grammar_matcher_accept(gm, tok); /* a stop id is refused and ends the request anyway */
             if (j + 1 == nrow || tok != r->tokens[base + j]) break; /* the last row, or a rejected draft */
             const int n_gen = base + j + 1 - r->n_prompt;
@@ -369,7 +369,7 @@ static void draft_phase(ms_engine *e, const ms_batch *b) {
         int n_max = N < r->max_new - n_gen - 1 ? N : r->max_new - n_gen - 1;
         int nd = ms_sched_reserve_drafts(s, r, n_max);
         int32_t *d = e->drafts + (size_t)q * N;
-        if (use_mtp && nd > 0) d[0] = dev_ids ? e->d_ids[q] : ms_greedy_argmax(e->d_logits + (size_t)q * V, V);
+        if (use_mtp && nd > 0) d[0] = dev_ids ? e->d_ids[q] : (int32_t)ms_greedy_argmax(e->d_logits + (size_t)q * V, V);
         e->d_nd[q] = nd;
         e->d_prev[q] = q; /* its row in the last draft step's logit rows */
         max_nd = nd > max_nd ? nd : max_nd;
@@ -407,7 +407,7 @@ static void draft_phase(ms_engine *e, const ms_batch *b) {
         }
         for (int q = 0; q < NL; q++)
             if (e->d_nd[q] > j)
-                e->drafts[(size_t)q * N + j] = dev_ids ? e->d_ids[e->d_prev[q]] : ms_greedy_argmax(e->d_logits + (size_t)e->d_prev[q] * V, V);
+                e->drafts[(size_t)q * N + j] = dev_ids ? e->d_ids[e->d_prev[q]] : (int32_t)ms_greedy_argmax(e->d_logits + (size_t)e->d_prev[q] * V, V);
     }
     for (int q = 0; q < NL; q++) {
         ms_request *r = e->d_lreq[q];

@@ -5,6 +5,8 @@
  * every bucket above the one where the cumulative mass reaches top_p, and sorts only that one. */
 #include "engine/sampler.h"
 
+#include "core/tensor.h"
+
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -143,21 +145,6 @@ static inline int top_p_bucket(float d) {
     return b < (float)(MS_SAMPLER_BUCKETS - 1) ? (int)b : MS_SAMPLER_BUCKETS - 1;
 }
 
-int ms_greedy_argmax(const float *logits, int V) {
-    /* without copying the row: a max pass the compiler vectorises (NaN never wins, +inf counts as
-     * FLT_MAX as below), then the first index holding it */
-    float m = -INFINITY;
-    for (int i = 0; i < V; i++) {
-        const float v = logits[i];
-        m = v > m ? v : m;
-    }
-    if (m > FLT_MAX) m = FLT_MAX;
-    if (m > -INFINITY)
-        for (int i = 0; i < V; i++)
-            if ((logits[i] > FLT_MAX ? FLT_MAX : logits[i]) == m) return i;
-    return 0;
-}
-
 /* 1 when a penalty, logit_bias or the min_tokens mask changes the logits at n_tokens (steps 1-2b) */
 static int any_penalty(const ms_sampling *sp, int n_prompt, int n_tokens) {
     return (sp->repetition_penalty > 0 && sp->repetition_penalty != 1.0f) || sp->frequency_penalty != 0.0f ||
@@ -177,7 +164,7 @@ int ms_sampler_dist(ms_sampler *s, const ms_sampling *sp, const float *logits, c
     *probs = s->prob;
     const int pen = any_penalty(sp, n_prompt, n_tokens);
     if (is_greedy(sp) && !pen) {
-        const int best = ms_greedy_argmax(logits, V);
+        const int best = (int)ms_greedy_argmax(logits, V);
         s->cand[0] = best;
         s->prob[0] = 1.0f;
         return 1;

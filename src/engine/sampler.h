@@ -55,11 +55,6 @@ double ms_rng_uniform(uint64_t st[4]);
 int ms_sampler_dist(ms_sampler *s, const ms_sampling *sp, const float *logits, const int32_t *tokens, int n_prompt,
                     int n_tokens, const int32_t **ids, const float **probs);
 
-/* The greedy choice of logits [V] (step 3): the first index holding the largest value, where NaN
- * never wins and +inf counts as FLT_MAX; 0 when no value is above -inf. backend.h's argmax op takes
- * the same rule. */
-int ms_greedy_argmax(const float *logits, int V);
-
 /* 1 when ms_sampler_sample at n_tokens (and after) would return the plain argmax of the logits and
  * read nothing else from them: greedy, no penalty, logit_bias, min_tokens mask (n_tokens - n_prompt >=
  * min_tokens), logprobs or grammar. Such a row's token can be taken on the device (backend.h argmax,

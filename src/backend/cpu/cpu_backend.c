@@ -8,7 +8,6 @@
 #include "core/dtype.h"
 
 #include <cblas.h>
-#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -705,26 +704,11 @@ typedef struct argmax_ctx {
     int32_t *out;
 } argmax_ctx;
 
-/* rows [b, e): backend.h's rule, in two passes as the sampler's greedy path (a max the compiler can
- * vectorise: NaN never wins, +inf counts as FLT_MAX; then the first index holding it; 0 when the max is
- * -inf) */
+/* rows [b, e): backend.h's rule (ms_greedy_argmax) */
 static void argmax_fn(void *ctx, int64_t b, int64_t e, int worker) {
     (void)worker;
     const argmax_ctx *c = ctx;
-    for (int64_t r = b; r < e; r++) {
-        const float *l = c->x + r * c->V;
-        float m = -INFINITY;
-        for (int64_t i = 0; i < c->V; i++) m = l[i] > m ? l[i] : m;
-        if (m > FLT_MAX) m = FLT_MAX;
-        int64_t best = 0;
-        if (m > -INFINITY)
-            for (int64_t i = 0; i < c->V; i++)
-                if ((l[i] > FLT_MAX ? FLT_MAX : l[i]) == m) {
-                    best = i;
-                    break;
-                }
-        c->out[r] = (int32_t)best;
-    }
+    for (int64_t r = b; r < e; r++) c->out[r] = (int32_t)ms_greedy_argmax(c->x + r * c->V, c->V);
 }
 
 static int cpu_argmax(ms_backend *b, const ms_tensor *logits, int32_t *out, ms_err *err) {
