@@ -864,6 +864,66 @@ static void test_linear_bf16_stream(void) {
 #endif
 
 #ifdef MS_HAVE_CUDA
+/* The streaming GEMV's tensor-core step (k_gvb's TC form, MS_CU_BF16_STREAM_MMA=1; gemv_tc.cuh): the same
+ * shapes as test_linear_bf16_stream against the CPU and against the CUDA-core step (the knob at 0), F32
+ * within 1e-4 of the largest output, bf16 within 1e-2. It runs at 1..3 rows of x in a linear and 1..2 in
+ * fused gate/up (more would spill its accumulators: the CUDA-core step takes those), and with the norm
+ * folded in. x spanning 2^-20 .. 2^10 (the tensor core's fp32 sums of products of mixed magnitudes)
+ * within 1e-3; a NaN in one row of x makes that row NaN and leaves the others right (the form's zero
+ * padding after each row of x in shared memory). The host emulation (test_gemv_tc_emu) checks the
+ * placement of the operands on the fragments against a float64 reference. */
+static const form_knob GVB_TC_FORM = {"MS_CU_BF16_STREAM_MMA", "1", "0", "tensor-core streaming bf16 GEMV",
+                                      ms_cuda_gvb_tc_launches};
+
+static void bf16_mma_case(int64_t T, int64_t N, int64_t K, int bias, ms_dtype ydt, int wide, int nan) {
+    form_linear_case(&GVB_TC_FORM, MS_WFMT_PLAIN, T, N, K, bias, ydt, wide, nan, T <= 3,
+                     wide ? 1e-3 : ydt == MS_F32 ? 1e-4 : 1e-2);
+}
+
+static void norm_linear_case(int64_t N, int64_t K, int bias, ms_dtype ydt, int want);
+
+static void test_linear_bf16_mma(void) {
+    char *smax = env_push("MS_CU_BF16_STREAM_MAX_T", "4");
+    for (int64_t T = 1; T <= 4; T++) {
+        bf16_mma_case(T, 1, 8, 1, MS_F32, 0, 0);
+        bf16_mma_case(T, 7, 24, 0, MS_BF16, 0, 0);
+        bf16_mma_case(T, 70, 3112, T & 1, MS_F32, 0, 0);
+        bf16_mma_case(T, 40, 12288, 0, MS_F32, 0, 0);
+        bf16_mma_case(T, 1000, 4096, 1, T & 1 ? MS_BF16 : MS_F32, 0, 0);
+        bf16_mma_case(T, 300, 4104, 0, MS_F32, 1, 0);
+        bf16_mma_case(T, 300, 1000, 1, MS_F32, 0, T > 1);
+    }
+    static const int64_t odd[][2] = {{168, 136}, {136, 120}, {40, 136}, {97, 136}, {192, 112}, {256, 48}, {384, 80},
+                                     {112, 192}, {8, 112}, {97, 112}};
+    for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++)
+        for (int64_t T = 1; T <= 3; T++) bf16_mma_case(T, odd[i][0], odd[i][1], (int)(i & 1), i & 2 ? MS_BF16 : MS_F32, 0, 0);
+    bf16_mma_case(1, 33, 40000, 1, MS_F32, 0, 0);
+    bf16_mma_case(1, 20000, 512, 0, MS_F32, 0, 0);
+    bf16_mma_case(1, 14336, 4096, 1, MS_BF16, 0, 0); /* GLM-4.5-Air's q|k|v and o_proj */
+    bf16_mma_case(1, 4096, 12288, 0, MS_BF16, 0, 0);
+    /* fused gate/up: swiglu_case's checks, counted */
+    char *tc = env_push("MS_CU_BF16_STREAM_MMA", "1");
+    const long long n0 = ms_cuda_gvb_tc_launches();
+    for (int64_t T = 1; T <= 4; T++) swiglu_case(MS_WFMT_PLAIN, MS_BF16, T, 72, 3112);
+    swiglu_case(MS_WFMT_PLAIN, MS_BF16, 1, 1500, 6144);
+    swiglu_case(MS_WFMT_PLAIN, MS_BF16, 2, 80, 112);
+    CHECK_MSG(ms_cuda_gvb_tc_launches() - n0 == 4, "fused gate/up at 1..2 rows: tensor-core step ran %lld of 4 times",
+              ms_cuda_gvb_tc_launches() - n0);
+    /* the folded norm's instance (norm_linear_case: two calls each) */
+    char *fold = env_push("MS_CU_NORM_FOLD", "1");
+    const long long n1 = ms_cuda_gvb_tc_launches();
+    norm_linear_case(14336, 4096, 1, MS_BF16, 1);
+    norm_linear_case(97, 112, 0, MS_F32, 1);
+    norm_linear_case(300, 8192, 0, MS_F32, 1);
+    CHECK_MSG(ms_cuda_gvb_tc_launches() - n1 == 6, "norm_linear: tensor-core step ran %lld of 6 times",
+              ms_cuda_gvb_tc_launches() - n1);
+    env_pop("MS_CU_NORM_FOLD", fold);
+    env_pop("MS_CU_BF16_STREAM_MMA", tc);
+    env_pop("MS_CU_BF16_STREAM_MAX_T", smax);
+}
+#endif
+
+#ifdef MS_HAVE_CUDA
 /* The streaming GEMV's claiming form (k_gvd, MS_CU_BF16_STREAM_DYN): the same bits as the fixed form at
  * the same K split, whatever share of the work is static (1, 50, 95 percent) and however the claims
  * fall, launch after launch: every claiming launch writes into a fresh NaN-filled output, and the inputs
@@ -2463,6 +2523,7 @@ int main(void) {
     RUN(test_linear_w8);
     RUN(test_linear_bf16_stream);
     RUN(test_linear_bf16_dyn);
+    RUN(test_linear_bf16_mma);
 #endif
     RUN(test_gqa_prep);
     RUN(test_stack_linears);

@@ -35,6 +35,7 @@
  * this replaces the norm kernel before the q|k|v (or q_a|kv_a) projection and its link in the chain. */
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/gemv_walk.cuh"
+#include "backend/cuda/gemv_tc.cuh"
 #include "backend/cuda/norm_stage.cuh"
 
 #include <string.h>
@@ -74,10 +75,11 @@ __device__ __forceinline__ void gb_dot8(float (&acc)[2], const uint4 &w, const u
 }
 
 /* MODE 0: y = x·Wᵀ (+ bias); 1: silu(x·w0ᵀ) * (x·w1ᵀ); 2 (NT = 1): as 0 with x computed from a.nin (its own
- * instance, so that the other forms carry none of its code). Shared memory: x as NT rows of K/8 16-byte
- * units, the partials red[row of block][kq][stream][t] (red_units), then each warp's weight ring
- * [stream][stage][lane] of 16-byte units. */
-template <int NT, int MODE>
+ * instance, so that the other forms carry none of its code). TC 1: each step's products on tensor cores
+ * (gemv_tc.cuh), else on CUDA cores. Shared memory: x as NT rows of K/8 16-byte units, the partials
+ * red[row of block][kq][stream][t] (red_units), then each warp's weight ring [stream][stage][lane] of
+ * 16-byte units. */
+template <int NT, int MODE, int TC>
 __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a) {
     extern __shared__ uint4 gb_smem[];
     constexpr int S = MODE == 1 ? 2 : 1;
@@ -97,20 +99,37 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
      * and step: each lane reads back only what it copied, so no warp barrier), GB_D - 1 steps ahead of
      * the math. The load stream is at row li, run lj; lp = this lane's 16-byte chunk there in w0 (w1's is
      * lp + d1). Steps past the warp's work copy zeros (nothing is read). */
-    float *red = (float *)(gb_smem + NT * K8);
-    uint4 *ring = gb_smem + NT * K8 + a.red_units + (size_t)warp * (S * GB_D * 32) + lane;
+    const int K8p = TC ? K8 + 32 : K8; /* x's row stride in shared memory (TC: 32 zero units after each row) */
+    float *red = (float *)(gb_smem + NT * K8p);
+    uint4 *ring = gb_smem + NT * K8p + a.red_units + (size_t)warp * (S * GB_D * 32) + lane;
     int li = 0, lj = 0;
     const uint4 *lp = (const uint4 *)wp[0] + lane;
     const ptrdiff_t d1 = (const uint4 *)wp[S - 1] - (const uint4 *)wp[0];
     const int skip = K8 - spr * 32; /* from past a row's last run to the next row's first */
+    /* The TC form walks by counts down instead (fewer instructions a step, its point): nload steps left to
+     * copy, lleft of them in the load stream's row; only a row's last run can have lanes past the share
+     * (kc not a multiple of 32), those with last_ok false. */
+    int nload = nsteps, lleft = spr;
+    const bool last_ok = lane < kc - (spr - 1) * 32;
     auto put = [&](int stage) {
-        const bool ok = li < nrow && lj * 32 + lane < kc;
+        if constexpr (TC) {
+            const bool ok = nload > 0 && (lleft != 1 || last_ok);
 #pragma unroll
-        for (int s = 0; s < S; s++)
-            cu_cp16(cu_saddr(ring + (s * GB_D + stage) * 32), ok ? lp + (s ? d1 : 0) : (const uint4 *)a.w0, ok);
-        cu_cp_commit();
-        lp += 32;
-        if (++lj == spr) lj = 0, li++, lp += skip;
+            for (int s = 0; s < S; s++)
+                cu_cp16(cu_saddr(ring + (s * GB_D + stage) * 32), ok ? lp + (s ? d1 : 0) : (const uint4 *)a.w0, ok);
+            cu_cp_commit();
+            lp += 32;
+            nload--;
+            if (--lleft == 0) lleft = spr, lp += skip;
+        } else {
+            const bool ok = li < nrow && lj * 32 + lane < kc;
+#pragma unroll
+            for (int s = 0; s < S; s++)
+                cu_cp16(cu_saddr(ring + (s * GB_D + stage) * 32), ok ? lp + (s ? d1 : 0) : (const uint4 *)a.w0, ok);
+            cu_cp_commit();
+            lp += 32;
+            if (++lj == spr) lj = 0, li++, lp += skip;
+        }
     };
     if (a.early) { /* the first GB_D - 1 steps before the previous kernel completes: see the file comment */
 #pragma unroll
@@ -123,50 +142,108 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
         for (int u = 0; u < GB_D - 1; u++) put(u);
     }
 
-    if (MODE == 2) {
+    if constexpr (TC) { /* x rows K8p apart, each unit in gt_step's order, zeros after each row */
+        if (MODE == 2) {
+            cu_norm_stage(a.nin, gb_smem, 0, K8, gridDim.x, blockIdx.x == 0);
+            for (int i = threadIdx.x; i < K8; i += GB_THREADS) gb_smem[i] = gt_perm(gb_smem[i]);
+        } else {
+            for (int i = threadIdx.x; i < NT * K8; i += GB_THREADS) {
+                const int t = i / K8;
+                gb_smem[i + t * 32] = gt_perm(__ldcg((const uint4 *)a.x + i));
+            }
+        }
+        for (int i = threadIdx.x; i < NT * 32; i += GB_THREADS) gb_smem[(i / 32 + 1) * K8p - 32 + i % 32] = make_uint4(0u, 0u, 0u, 0u);
+        __syncthreads();
+    } else if (MODE == 2) {
         cu_norm_stage(a.nin, gb_smem, 0, K8, gridDim.x, blockIdx.x == 0);
     } else {
         for (int i = threadIdx.x; i < NT * K8; i += GB_THREADS) gb_smem[i] = __ldcg((const uint4 *)a.x + i);
         __syncthreads();
     }
 
-    float acc[S][NT][2];
+    if constexpr (TC) {
+        /* acc: each (stream, row of x)'s two C fragments, the dot product on their diagonals (gemv_tc.cuh).
+         * Step s0 + u is row ci's run spr - cleft; xo = this lane's chunk of x there. A lane past the share
+         * (warp-wide mma) hands zero weights, copied so, and meets the zeros after x's row. */
+        float acc[S][NT][2][4];
 #pragma unroll
-    for (int s = 0; s < S; s++)
+        for (int s = 0; s < S; s++)
 #pragma unroll
-        for (int t = 0; t < NT; t++) acc[s][t][0] = acc[s][t][1] = 0.f;
-    int ci = 0, cj = 0; /* step being computed: row ci, run cj */
-    for (int s0 = 0; s0 < nsteps; s0 += GB_D) {
+            for (int t = 0; t < NT; t++)
 #pragma unroll
-        for (int u = 0; u < GB_D; u++) {
-            if (s0 + u >= nsteps) break; /* warp-uniform */
-            cu_cp_wait<GB_D - 2>();         /* step s0 + u landed (GB_D - 1 groups were in flight) */
-            uint4 v[S];
+                for (int i = 0; i < 8; i++) acc[s][t][i / 4][i % 4] = 0.f;
+        int ci = 0, cleft = spr, xo = c0 + lane;
+        for (int s0 = 0; s0 < nsteps; s0 += GB_D) {
 #pragma unroll
-            for (int s = 0; s < S; s++) v[s] = ring[(s * GB_D + u) * 32];
-            put((u + GB_D - 1) % GB_D); /* step s0 + u + GB_D - 1, into the stage read at step s0 + u - 1 */
-            const int ch = cj * 32 + lane;
-            if (ch < kc) {
+            for (int u = 0; u < GB_D; u++) {
+                if (s0 + u >= nsteps) break; /* warp-uniform */
+                cu_cp_wait<GB_D - 2>();         /* step s0 + u landed (GB_D - 1 groups were in flight) */
+                uint4 v[S];
+#pragma unroll
+                for (int s = 0; s < S; s++) v[s] = ring[(s * GB_D + u) * 32];
+                put((u + GB_D - 1) % GB_D);
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
-                    const uint4 xv = gb_smem[t * K8 + c0 + ch];
+                    const uint4 xv = gb_smem[t * K8p + xo];
 #pragma unroll
-                    for (int s = 0; s < S; s++) gb_dot8(acc[s][t], v[s], xv);
+                    for (int s = 0; s < S; s++) gt_step(acc[s][t], v[s], xv);
+                }
+                xo += 32;
+                if (--cleft == 0) { /* row ci done: its warp sum to red */
+#pragma unroll
+                    for (int s = 0; s < S; s++)
+#pragma unroll
+                        for (int t = 0; t < NT; t++) {
+                            const float r = gt_sum(acc[s][t], lane);
+                            if (lane == 0) red[(((rg * a.rpw + ci) * ks + kq) * S + s) * NT + t] = r;
+#pragma unroll
+                            for (int i = 0; i < 8; i++) acc[s][t][i / 4][i % 4] = 0.f;
+                        }
+                    cleft = spr;
+                    xo = c0 + lane;
+                    ci++;
                 }
             }
-            if (++cj == spr) { /* row ci done: its warp sum to red */
+        }
+    } else {
+        float acc[S][NT][2];
 #pragma unroll
-                for (int s = 0; s < S; s++)
+        for (int s = 0; s < S; s++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[s][t][0] = acc[s][t][1] = 0.f;
+        int ci = 0, cj = 0; /* step being computed: row ci, run cj */
+        for (int s0 = 0; s0 < nsteps; s0 += GB_D) {
+#pragma unroll
+            for (int u = 0; u < GB_D; u++) {
+                if (s0 + u >= nsteps) break; /* warp-uniform */
+                cu_cp_wait<GB_D - 2>();         /* step s0 + u landed (GB_D - 1 groups were in flight) */
+                uint4 v[S];
+#pragma unroll
+                for (int s = 0; s < S; s++) v[s] = ring[(s * GB_D + u) * 32];
+                put((u + GB_D - 1) % GB_D); /* step s0 + u + GB_D - 1, into the stage read at step s0 + u - 1 */
+                const int ch = cj * 32 + lane;
+                if (ch < kc) {
 #pragma unroll
                     for (int t = 0; t < NT; t++) {
-                        float r = acc[s][t][0] + acc[s][t][1];
+                        const uint4 xv = gb_smem[t * K8 + c0 + ch];
 #pragma unroll
-                        for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
-                        if (lane == 0) red[(((rg * a.rpw + ci) * ks + kq) * S + s) * NT + t] = r;
-                        acc[s][t][0] = acc[s][t][1] = 0.f;
+                        for (int s = 0; s < S; s++) gb_dot8(acc[s][t], v[s], xv);
                     }
-                cj = 0;
-                ci++;
+                }
+                if (++cj == spr) { /* row ci done: its warp sum to red */
+#pragma unroll
+                    for (int s = 0; s < S; s++)
+#pragma unroll
+                        for (int t = 0; t < NT; t++) {
+                            float r = acc[s][t][0] + acc[s][t][1];
+#pragma unroll
+                            for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+                            if (lane == 0) red[(((rg * a.rpw + ci) * ks + kq) * S + s) * NT + t] = r;
+                            acc[s][t][0] = acc[s][t][1] = 0.f;
+                        }
+                    cj = 0;
+                    ci++;
+                }
             }
         }
     }
@@ -406,11 +483,23 @@ static long long gvb_launches; /* ms_cuda_gvb_launches; updated atomically */
 /* Contract in backend_cuda.h. */
 extern "C" long long ms_cuda_gvb_launches(void) { return __atomic_load_n(&gvb_launches, __ATOMIC_RELAXED); }
 
-/* k_gvb's instances by mode (2: the folded norm, one row only) and rows of x */
+static long long gvb_tc_launches; /* ms_cuda_gvb_tc_launches; updated atomically */
+
+/* Contract in backend_cuda.h. */
+extern "C" long long ms_cuda_gvb_tc_launches(void) { return __atomic_load_n(&gvb_tc_launches, __ATOMIC_RELAXED); }
+
+/* k_gvb's instances by step (CUDA cores, tensor cores), mode (2: the folded norm, one row only) and rows of x.
+ * The tensor-core step keeps two C fragments per stream and row of x; where that spills under the launch
+ * bounds (ptxas, sm_90a: 4 bytes at <4, 0>, 36 at <3, 1>, 616 at <4, 1>) there is no such instance and the
+ * CUDA-core step runs. */
 typedef void (*gb_fn)(gb_args);
-static const gb_fn gb_kern[3][GB_MAX_T] = {{k_gvb<1, 0>, k_gvb<2, 0>, k_gvb<3, 0>, k_gvb<4, 0>},
-                                            {k_gvb<1, 1>, k_gvb<2, 1>, k_gvb<3, 1>, k_gvb<4, 1>},
-                                            {k_gvb<1, 2>, NULL, NULL, NULL}};
+static const gb_fn gb_kern[2][3][GB_MAX_T] = {
+    {{k_gvb<1, 0, 0>, k_gvb<2, 0, 0>, k_gvb<3, 0, 0>, k_gvb<4, 0, 0>},
+     {k_gvb<1, 1, 0>, k_gvb<2, 1, 0>, k_gvb<3, 1, 0>, k_gvb<4, 1, 0>},
+     {k_gvb<1, 2, 0>, NULL, NULL, NULL}},
+    {{k_gvb<1, 0, 1>, k_gvb<2, 0, 1>, k_gvb<3, 0, 1>, NULL},
+     {k_gvb<1, 1, 1>, k_gvb<2, 1, 1>, NULL, NULL},
+     {k_gvb<1, 2, 1>, NULL, NULL, NULL}}};
 
 /* The claiming form (k_gvd) for c when MS_CU_BF16_STREAM_DYN = pct (the static share of the work, in
  * percent) and the shape suits it; *launched as cu_gemv_bf16. The plan is gd_make_plan's (gemv_walk.cuh)
@@ -490,9 +579,12 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     const int nsm = b->gpu.n_sm > 0 ? b->gpu.n_sm : 132;
     const int rpw_cap = 64; /* bounds the partials in shared memory */
     const int red_units = GB_WARPS * rpw_cap * S * T / 4;
-    const size_t smem = xbytes + (size_t)16 * red_units + (size_t)16 * GB_WARPS * S * GB_D * 32;
+    /* the tensor-core step (mma.sync bf16: sm_80 on) where asked for and this mode and row count have it */
+    const int tc = cu_knob(CU_KNOB_BF16_STREAM_MMA) && b->gpu.cc_major >= 8 &&
+                   gb_kern[1][c->norm ? 2 : c->mode][c->norm ? 0 : T - 1];
+    const gb_fn kern = gb_kern[tc][c->norm ? 2 : c->mode][c->norm ? 0 : T - 1];
+    const size_t smem = xbytes + (tc ? (size_t)T * 512 : 0) + (size_t)16 * red_units + (size_t)16 * GB_WARPS * S * GB_D * 32;
     int bps = 0;
-    const gb_fn kern = gb_kern[c->norm ? 2 : c->mode][c->norm ? 0 : T - 1];
     MS_TRY(cu_occupancy(b, (const void *)kern, GB_THREADS, smem, &bps, err));
     if (bps <= 0) return MS_OK;
     const int64_t warps = (int64_t)bps * nsm * GB_WARPS;
@@ -520,6 +612,7 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     const dim3 grid((unsigned)((N + rows_pb - 1) / rows_pb));
     CK(cu_launch(kern, grid, dim3(GB_THREADS), smem, cu_of(b)->stream, a));
     __atomic_fetch_add(&gvb_launches, 1, __ATOMIC_RELAXED);
+    if (tc) __atomic_fetch_add(&gvb_tc_launches, 1, __ATOMIC_RELAXED);
     *launched = 1;
     return MS_OK;
 }

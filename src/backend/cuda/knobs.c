@@ -125,6 +125,11 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                 "1, 2, 4, 8: the streaming bf16 GEMV cuts each row's K into this many shares when the "
                                 "shape allows it (and, in the fixed form, at most 64 rows a warp; tests and tuning); 0 "
                                 "(or another value): its own choice"},
+    [CU_KNOB_BF16_STREAM_MMA] = {"MS_CU_BF16_STREAM_MMA", KN_INT, 0, 0, 1, NULL, 0,
+                                 "1: the streaming bf16 GEMV's fixed form (k_gvb) computes each 512-byte step on tensor "
+                                 "cores (two mma.sync a lane's 16 bytes, gemv_tc.cuh) instead of 24 CUDA-core "
+                                 "instructions; results within fp32 summation order of the CUDA-core form, not the "
+                                 "same bits; 0: CUDA cores"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */
