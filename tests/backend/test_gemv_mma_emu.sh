@@ -8,9 +8,8 @@
 # by test_cuda_ops and test_moe_cuda on the GPU machine.
 set -u
 cd "$(dirname "$0")/../.."
-OUTDIR=${MS_BUILD:-build}/gemv_mma_emu
-mkdir -p "$OUTDIR"
-fail() { echo "FAIL $1"; echo "## test_gemv_mma_emu: 0 passed, 1 failed"; exit 1; }
+. tests/backend/emu_lib.sh
+emu_init gemv_mma_emu
 cat src/backend/cuda/gemv_mma.cuh src/backend/cuda/gemv_mma.cu |
   sed -e 's|^#include "backend/cuda/cuda_internal.cuh"$|#include "emu.h"|' \
     -e '/^#include "backend\/cuda\/gemv_mma.cuh"$/d' \
@@ -24,18 +23,13 @@ for gone in 'asm' '<<<' 'extern __shared__' '#include "backend/cuda/cuda_interna
   grep -q -- "$gone" "$OUTDIR/gm_emu.cpp" && fail "gemv_mma.cu changed shape: '$gone' is still there after the rewrite (update this script)"
 done
 grep -q 'emu_launch(k_gmma' "$OUTDIR/gm_emu.cpp" || fail "gemv_mma.cu changed shape: kernel launch not found (update this script)"
-CXX=${CXX:-g++}
-CC=${CC:-gcc}
-flags="-std=c++20 -O1 -g -Isrc -Itests/backend/gemv_mma_emu -I$OUTDIR -pthread"
-san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 # the knob table (src/backend/cuda/knobs.c) is the library's own, compiled as C
 build() { # extra flags
-  $CC -std=c11 -D_GNU_SOURCE -O1 -g -Isrc "$@" -c -o "$OUTDIR/knobs.o" src/backend/cuda/knobs.c &&
-    $CXX $flags "$@" -o "$OUTDIR/gemv_mma_emu" tests/backend/gemv_mma_emu/main.cpp "$OUTDIR/knobs.o"
+  ${CC:-gcc} -std=c11 -D_GNU_SOURCE -O1 -g -Isrc "$@" -c -o "$OUTDIR/knobs.o" src/backend/cuda/knobs.c &&
+    ${CXX:-g++} -std=c++20 -O1 -g -Isrc -Itests/backend/gemv_mma_emu -I"$OUTDIR" -pthread "$@" \
+      -o "$OUTDIR/gemv_mma_emu" tests/backend/gemv_mma_emu/main.cpp "$OUTDIR/knobs.o"
 }
-if ! build $san 2>"$OUTDIR/build.log"; then
-  build 2>>"$OUTDIR/build.log" || { cat "$OUTDIR/build.log"; fail "building the emulation"; }
-fi
+emu_build build
 timeout 600 "$OUTDIR/gemv_mma_emu"
 rc=$?
 [ $rc = 0 ] || echo "FAIL emulation exited with $rc"

@@ -8,9 +8,8 @@
 # the GPU machine.
 set -u
 cd "$(dirname "$0")/../.."
-OUTDIR=${MS_BUILD:-build}/mla_mma_emu
-mkdir -p "$OUTDIR"
-fail() { echo "FAIL $1"; echo "## test_mla_mma_emu: 0 passed, 1 failed"; exit 1; }
+. tests/backend/emu_lib.sh
+emu_init mla_mma_emu
 sed -e 's|^#include "backend/cuda/cuda_internal.cuh"$|#include "emu.h"|' \
     -e 's|extern __shared__ __align__(16) unsigned char mm_sm\[\];|unsigned char *mm_sm = EB->smem;|' \
     -e 's|^__device__ __forceinline__ void mm_pair_sync(int id, int n) { asm volatile.*$|static inline void mm_pair_sync(int id, int n) { emu_pair_sync(id, n); }|' \
@@ -25,13 +24,11 @@ grep -q 'emu_launch(k_mla_mma' "$OUTDIR/mla_emu.cpp" || fail "attn_mla_mma.cu ch
 sed -n '/^\/\* Two floats as a bf16x2 register/,/^__device__ __forceinline__ float warp_sum/p' \
     src/backend/cuda/cuda_internal.cuh | sed -e '$d' >"$OUTDIR/frag_tiles.inc"
 grep -q 'cu_pv_tile' "$OUTDIR/frag_tiles.inc" || fail "cuda_internal.cuh changed shape: cu_pv_tile not found (update this script)"
-CXX=${CXX:-g++}
-flags="-std=c++20 -O1 -g -fno-strict-aliasing -Itests/backend/mla_mma_emu -I$OUTDIR -pthread -Wno-unused-function"
-san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
-if ! $CXX $flags $san -o "$OUTDIR/mla_mma_emu" tests/backend/mla_mma_emu/main.cpp 2>"$OUTDIR/build.log"; then
-  $CXX $flags -o "$OUTDIR/mla_mma_emu" tests/backend/mla_mma_emu/main.cpp 2>>"$OUTDIR/build.log" ||
-    { cat "$OUTDIR/build.log"; fail "building the emulation"; }
-fi
+build() {
+  ${CXX:-g++} -std=c++20 -O1 -g -fno-strict-aliasing -Itests/backend/mla_mma_emu -I"$OUTDIR" -pthread -Wno-unused-function \
+    "$@" -o "$OUTDIR/mla_mma_emu" tests/backend/mla_mma_emu/main.cpp
+}
+emu_build build
 # twice: copies landing at their wait (catches a read before the wait or barrier), then landing at once
 # (catches a copy issued into a buffer another warp still reads)
 rc=0

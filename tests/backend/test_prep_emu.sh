@@ -10,9 +10,8 @@
 # test_absorb_rope) on the GPU machine.
 set -u
 cd "$(dirname "$0")/../.."
-OUTDIR=${MS_BUILD:-build}/prep_emu
-mkdir -p "$OUTDIR"
-fail() { echo "FAIL $1"; echo "## test_prep_emu: 0 passed, 1 failed"; exit 1; }
+. tests/backend/emu_lib.sh
+emu_init prep_emu
 # one function: from the line starting with $1 to the first line that is "}" (or that line alone when
 # it closes itself)
 cut_fn() { awk -v pat="$1" 'index($0, pat) == 1 { f = 1; if ($0 ~ /}$/) { print; exit } } f { print } f && /^}/ { exit }' \
@@ -35,11 +34,9 @@ sed -i 's|__shared__ float sh\[32\];|float *sh = EMU_SH;|' "$OUTDIR/prep_cut.cpp
 for gone in 'asm' '__shared__'; do
   grep -q -- "$gone" "$OUTDIR/prep_cut.cpp" && fail "elementwise.cu changed shape: '$gone' left in the cut kernels (update this script)"
 done
-CXX=${CXX:-g++}
-flags="-std=c++20 -O1 -g -ffp-contract=off -Isrc -I$OUTDIR -Itests/backend/prep_emu -pthread"
-san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
-if ! $CXX $flags $san -o "$OUTDIR/prep_emu" tests/backend/prep_emu/main.cpp 2>"$OUTDIR/build.log"; then
-  $CXX $flags -o "$OUTDIR/prep_emu" tests/backend/prep_emu/main.cpp 2>>"$OUTDIR/build.log" ||
-    { cat "$OUTDIR/build.log"; fail "building the emulation"; }
-fi
+build() {
+  ${CXX:-g++} -std=c++20 -O1 -g -ffp-contract=off -Isrc -I"$OUTDIR" -Itests/backend/prep_emu -pthread "$@" \
+    -o "$OUTDIR/prep_emu" tests/backend/prep_emu/main.cpp
+}
+emu_build build
 timeout 600 "$OUTDIR/prep_emu"

@@ -7,8 +7,8 @@
 # by test_cuda_ops (test_router_decode) on the GPU machine.
 set -u
 cd "$(dirname "$0")/../.."
-OUTDIR=${MS_BUILD:-build}/route_emu
-mkdir -p "$OUTDIR"
+. tests/backend/emu_lib.sh
+emu_init route_emu
 # cu_norm_in (cuda_internal.cuh) and cu_norm_stage (norm_stage.cuh: the folded norm of k_router_split<1>), then k_router_split's section of
 # elementwise.cu, their CUDA-only lines swapped for split.cpp's shims (the block's shared memory: one
 # static array, the blocks running one after another)
@@ -19,17 +19,12 @@ mkdir -p "$OUTDIR"
     src/backend/cuda/elementwise.cu; } |
   sed -e '/into L2 for the last block/d' -e '/prefetch.global.L2/d' \
       -e 's|extern __shared__ uint4 rssm\[\];|uint4 *rssm = EMU_SMEM;|' -e 's|__shared__ bool last;|static bool last;|' \
-      >"$OUTDIR/rs_emu.cpp" || { echo "FAIL cutting k_router_split"; echo "## test_route_emu: 0 passed, 1 failed"; exit 1; }
+      >"$OUTDIR/rs_emu.cpp" || fail "cutting k_router_split"
 for gone in 'asm' '__shared__'; do
-  grep -q -- "$gone" "$OUTDIR/rs_emu.cpp" && { echo "FAIL elementwise.cu changed shape: '$gone' left in k_router_split's section (update this script)"; echo "## test_route_emu: 0 passed, 1 failed"; exit 1; }
+  grep -q -- "$gone" "$OUTDIR/rs_emu.cpp" && fail "elementwise.cu changed shape: '$gone' left in k_router_split's section (update this script)"
 done
-grep -q 'static void cu_norm_stage' "$OUTDIR/rs_emu.cpp" || { echo "FAIL cu_norm_stage not found in norm_stage.cuh"; echo "## test_route_emu: 0 passed, 1 failed"; exit 1; }
-grep -q 'void k_router_split' "$OUTDIR/rs_emu.cpp" || { echo "FAIL k_router_split not found in elementwise.cu"; echo "## test_route_emu: 0 passed, 1 failed"; exit 1; }
-CXX=${CXX:-g++}
-flags="-std=c++20 -O1 -g -Isrc -I$OUTDIR -Itests/backend/route_emu -pthread"
-san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
-if ! $CXX $flags $san -o "$OUTDIR/route_emu" tests/backend/route_emu/main.cpp 2>"$OUTDIR/build.log"; then
-  $CXX $flags -o "$OUTDIR/route_emu" tests/backend/route_emu/main.cpp 2>>"$OUTDIR/build.log" ||
-    { cat "$OUTDIR/build.log"; echo "FAIL building the emulation"; echo "## test_route_emu: 0 passed, 1 failed"; exit 1; }
-fi
+grep -q 'static void cu_norm_stage' "$OUTDIR/rs_emu.cpp" || fail "cu_norm_stage not found in norm_stage.cuh"
+grep -q 'void k_router_split' "$OUTDIR/rs_emu.cpp" || fail "k_router_split not found in elementwise.cu"
+build() { ${CXX:-g++} -std=c++20 -O1 -g -Isrc -I"$OUTDIR" -Itests/backend/route_emu -pthread "$@" -o "$OUTDIR/route_emu" tests/backend/route_emu/main.cpp; }
+emu_build build
 timeout 600 "$OUTDIR/route_emu"
