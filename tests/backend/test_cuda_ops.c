@@ -730,9 +730,10 @@ static char *fp4_push(const char *v) { return env_push("MS_CU_GEMV_FP4", v); }
 static void fp4_pop(char *prev) { env_pop("MS_CU_GEMV_FP4", prev); }
 
 /* One linear through a form the knob `var` selects: with var = on the form's launch counter must move
- * exactly when `want`, with var = off it must not, and the first result is held to the CPU (and, finite,
- * to the second) within tol of the largest output. x: random, every element scaled by 2^-20 .. 2^10 with
- * wide, a NaN in its last row with nan (that row's outputs must all be NaN, the others right). */
+ * exactly when `want` (either way when want < 0), with var = off it must not, and the first result is
+ * held to the CPU (and, finite, to the second) within tol of the largest output. x: random, every
+ * element scaled by 2^-20 .. 2^10 with wide, a NaN in its last row with nan (that row's outputs must all
+ * be NaN, the others right). */
 typedef struct {
     const char *var, *on, *off, *name; /* the knob, its two values, the form's name in messages */
     long long (*launches)(void);       /* the form's launch counter */
@@ -754,7 +755,7 @@ static void form_linear_case(const form_knob *fk, ms_wfmt fmt, int64_t T, int64_
     const long long n0 = fk->launches();
     R(GPU->ops->linear(GPU, &L.g, &X.g, &Y.g, &E));
     const int ran = fk->launches() > n0;
-    CHECK_MSG(ran == want, "%s linear T=%lld N=%lld K=%lld: %s %s", ms_wfmt_name(fmt, MS_BF16), (long long)T,
+    CHECK_MSG(want < 0 || ran == want, "%s linear T=%lld N=%lld K=%lld: %s %s", ms_wfmt_name(fmt, MS_BF16), (long long)T,
               (long long)N, (long long)K, fk->name, want ? "did not run" : "ran where it should not");
     setenv(fk->var, fk->off, 1); /* the caller's value comes back with env_pop below */
     const long long n1 = fk->launches();
@@ -918,6 +919,30 @@ static void test_linear_bf16_mma(void) {
     CHECK_MSG(ms_cuda_gvb_tc_launches() - n1 == 6, "norm_linear: tensor-core step ran %lld of 6 times",
               ms_cuda_gvb_tc_launches() - n1);
     env_pop("MS_CU_NORM_FOLD", fold);
+    env_pop("MS_CU_BF16_STREAM_MMA", tc);
+    env_pop("MS_CU_BF16_STREAM_MAX_T", smax);
+}
+
+/* The deeper rings (MS_CU_BF16_STREAM_DEEP=1: 10 or 12 stages where they keep more steps in flight an
+ * SM), one row of x, with both steps: against the CPU and the 8-stage ring, as test_linear_bf16_stream.
+ * On the H100/H200 (sm_90, 227 KB of shared memory an SM) GLM-4.5-Air's projections must take one: its
+ * q|k|v (4 KB rows) keeps four blocks an SM with 10 stages, its o_proj (24 KB of x) three with 12. */
+static const form_knob GVB_DEEP_FORM = {"MS_CU_BF16_STREAM_DEEP", "1", "0", "deeper-ring streaming bf16 GEMV",
+                                        ms_cuda_gvb_deep_launches};
+
+static void test_linear_bf16_deep(void) {
+    char *smax = env_push("MS_CU_BF16_STREAM_MAX_T", "4"), *tc = env_push("MS_CU_BF16_STREAM_MMA", NULL);
+    const int h = GPU->gpu.cc_major == 9 ? 1 : -1;
+    for (int m = 0; m < 2; m++) {
+        setenv("MS_CU_BF16_STREAM_MMA", m ? "1" : "0", 1);
+        form_linear_case(&GVB_DEEP_FORM, MS_WFMT_PLAIN, 1, 14336, 4096, 1, MS_BF16, 0, 0, h, 1e-2);
+        form_linear_case(&GVB_DEEP_FORM, MS_WFMT_PLAIN, 1, 4096, 12288, 0, MS_F32, 0, 0, h, 1e-4);
+        form_linear_case(&GVB_DEEP_FORM, MS_WFMT_PLAIN, 1, 70, 3112, 1, MS_F32, 0, 0, -1, 1e-4);
+        form_linear_case(&GVB_DEEP_FORM, MS_WFMT_PLAIN, 1, 33, 40000, 0, MS_F32, 0, 0, -1, 1e-4);
+        form_linear_case(&GVB_DEEP_FORM, MS_WFMT_PLAIN, 1, 300, 1000, 1, MS_F32, 0, 1, -1, 1e-4);
+        form_linear_case(&GVB_DEEP_FORM, MS_WFMT_PLAIN, 1, 97, 136, 0, MS_BF16, 0, 0, -1, 1e-2);
+        form_linear_case(&GVB_DEEP_FORM, MS_WFMT_PLAIN, 2, 300, 4096, 0, MS_F32, 0, 0, 0, 1e-4); /* one row only */
+    }
     env_pop("MS_CU_BF16_STREAM_MMA", tc);
     env_pop("MS_CU_BF16_STREAM_MAX_T", smax);
 }
@@ -2524,6 +2549,7 @@ int main(void) {
     RUN(test_linear_bf16_stream);
     RUN(test_linear_bf16_dyn);
     RUN(test_linear_bf16_mma);
+    RUN(test_linear_bf16_deep);
 #endif
     RUN(test_gqa_prep);
     RUN(test_stack_linears);

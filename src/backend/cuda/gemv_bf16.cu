@@ -76,10 +76,12 @@ __device__ __forceinline__ void gb_dot8(float (&acc)[2], const uint4 &w, const u
 
 /* MODE 0: y = x·Wᵀ (+ bias); 1: silu(x·w0ᵀ) * (x·w1ᵀ); 2 (NT = 1): as 0 with x computed from a.nin (its own
  * instance, so that the other forms carry none of its code). TC 1: each step's products on tensor cores
- * (gemv_tc.cuh), else on CUDA cores. Shared memory: x as NT rows of K/8 16-byte units, the partials
+ * (gemv_tc.cuh), else on CUDA cores. D: ring stages a warp and stream, D - 1 steps in flight (GB_D, or
+ * deeper where MS_CU_BF16_STREAM_DEEP lets the host use the shared memory that its blocks an SM leave).
+ * Shared memory: x as NT rows of K/8 16-byte units (TC: K/8 + 32, the last 32 zero), the partials
  * red[row of block][kq][stream][t] (red_units), then each warp's weight ring [stream][stage][lane] of
  * 16-byte units. */
-template <int NT, int MODE, int TC>
+template <int NT, int MODE, int TC, int D = GB_D>
 __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a) {
     extern __shared__ uint4 gb_smem[];
     constexpr int S = MODE == 1 ? 2 : 1;
@@ -95,13 +97,13 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
 #pragma unroll
     for (int s = 0; s < S; s++) wp[s] = (s ? a.w1 : a.w0) + (size_t)(nrow > 0 ? r0 : 0) * K + (size_t)c0 * 8;
 
-    /* Weights stream through this warp's ring of GB_D stages in shared memory (cp.async, 16 bytes a lane
-     * and step: each lane reads back only what it copied, so no warp barrier), GB_D - 1 steps ahead of
+    /* Weights stream through this warp's ring of D stages in shared memory (cp.async, 16 bytes a lane
+     * and step: each lane reads back only what it copied, so no warp barrier), D - 1 steps ahead of
      * the math. The load stream is at row li, run lj; lp = this lane's 16-byte chunk there in w0 (w1's is
      * lp + d1). Steps past the warp's work copy zeros (nothing is read). */
     const int K8p = TC ? K8 + 32 : K8; /* x's row stride in shared memory (TC: 32 zero units after each row) */
     float *red = (float *)(gb_smem + NT * K8p);
-    uint4 *ring = gb_smem + NT * K8p + a.red_units + (size_t)warp * (S * GB_D * 32) + lane;
+    uint4 *ring = gb_smem + NT * K8p + a.red_units + (size_t)warp * (S * D * 32) + lane;
     int li = 0, lj = 0;
     const uint4 *lp = (const uint4 *)wp[0] + lane;
     const ptrdiff_t d1 = (const uint4 *)wp[S - 1] - (const uint4 *)wp[0];
@@ -116,7 +118,7 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
             const bool ok = nload > 0 && (lleft != 1 || last_ok);
 #pragma unroll
             for (int s = 0; s < S; s++)
-                cu_cp16(cu_saddr(ring + (s * GB_D + stage) * 32), ok ? lp + (s ? d1 : 0) : (const uint4 *)a.w0, ok);
+                cu_cp16(cu_saddr(ring + (s * D + stage) * 32), ok ? lp + (s ? d1 : 0) : (const uint4 *)a.w0, ok);
             cu_cp_commit();
             lp += 32;
             nload--;
@@ -125,21 +127,21 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
             const bool ok = li < nrow && lj * 32 + lane < kc;
 #pragma unroll
             for (int s = 0; s < S; s++)
-                cu_cp16(cu_saddr(ring + (s * GB_D + stage) * 32), ok ? lp + (s ? d1 : 0) : (const uint4 *)a.w0, ok);
+                cu_cp16(cu_saddr(ring + (s * D + stage) * 32), ok ? lp + (s ? d1 : 0) : (const uint4 *)a.w0, ok);
             cu_cp_commit();
             lp += 32;
             if (++lj == spr) lj = 0, li++, lp += skip;
         }
     };
-    if (a.early) { /* the first GB_D - 1 steps before the previous kernel completes: see the file comment */
+    if (a.early) { /* the first D - 1 steps before the previous kernel completes: see the file comment */
 #pragma unroll
-        for (int u = 0; u < GB_D - 1; u++) put(u);
+        for (int u = 0; u < D - 1; u++) put(u);
     }
     cu_pdl_wait();
     cu_pdl_trigger();
     if (!a.early) {
 #pragma unroll
-        for (int u = 0; u < GB_D - 1; u++) put(u);
+        for (int u = 0; u < D - 1; u++) put(u);
     }
 
     if constexpr (TC) { /* x rows K8p apart, each unit in gt_step's order, zeros after each row */
@@ -173,15 +175,15 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
 #pragma unroll
                 for (int i = 0; i < 8; i++) acc[s][t][i / 4][i % 4] = 0.f;
         int ci = 0, cleft = spr, xo = c0 + lane;
-        for (int s0 = 0; s0 < nsteps; s0 += GB_D) {
+        for (int s0 = 0; s0 < nsteps; s0 += D) {
 #pragma unroll
-            for (int u = 0; u < GB_D; u++) {
+            for (int u = 0; u < D; u++) {
                 if (s0 + u >= nsteps) break; /* warp-uniform */
-                cu_cp_wait<GB_D - 2>();         /* step s0 + u landed (GB_D - 1 groups were in flight) */
+                cu_cp_wait<D - 2>();         /* step s0 + u landed (D - 1 groups were in flight) */
                 uint4 v[S];
 #pragma unroll
-                for (int s = 0; s < S; s++) v[s] = ring[(s * GB_D + u) * 32];
-                put((u + GB_D - 1) % GB_D);
+                for (int s = 0; s < S; s++) v[s] = ring[(s * D + u) * 32];
+                put((u + D - 1) % D);
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
                     const uint4 xv = gb_smem[t * K8p + xo];
@@ -212,15 +214,15 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
 #pragma unroll
             for (int t = 0; t < NT; t++) acc[s][t][0] = acc[s][t][1] = 0.f;
         int ci = 0, cj = 0; /* step being computed: row ci, run cj */
-        for (int s0 = 0; s0 < nsteps; s0 += GB_D) {
+        for (int s0 = 0; s0 < nsteps; s0 += D) {
 #pragma unroll
-            for (int u = 0; u < GB_D; u++) {
+            for (int u = 0; u < D; u++) {
                 if (s0 + u >= nsteps) break; /* warp-uniform */
-                cu_cp_wait<GB_D - 2>();         /* step s0 + u landed (GB_D - 1 groups were in flight) */
+                cu_cp_wait<D - 2>();         /* step s0 + u landed (D - 1 groups were in flight) */
                 uint4 v[S];
 #pragma unroll
-                for (int s = 0; s < S; s++) v[s] = ring[(s * GB_D + u) * 32];
-                put((u + GB_D - 1) % GB_D); /* step s0 + u + GB_D - 1, into the stage read at step s0 + u - 1 */
+                for (int s = 0; s < S; s++) v[s] = ring[(s * D + u) * 32];
+                put((u + D - 1) % D); /* step s0 + u + D - 1, into the stage read at step s0 + u - 1 */
                 const int ch = cj * 32 + lane;
                 if (ch < kc) {
 #pragma unroll
@@ -488,6 +490,11 @@ static long long gvb_tc_launches; /* ms_cuda_gvb_tc_launches; updated atomically
 /* Contract in backend_cuda.h. */
 extern "C" long long ms_cuda_gvb_tc_launches(void) { return __atomic_load_n(&gvb_tc_launches, __ATOMIC_RELAXED); }
 
+static long long gvb_deep_launches; /* ms_cuda_gvb_deep_launches; updated atomically */
+
+/* Contract in backend_cuda.h. */
+extern "C" long long ms_cuda_gvb_deep_launches(void) { return __atomic_load_n(&gvb_deep_launches, __ATOMIC_RELAXED); }
+
 /* k_gvb's instances by step (CUDA cores, tensor cores), mode (2: the folded norm, one row only) and rows of x.
  * The tensor-core step keeps two C fragments per stream and row of x; where that spills under the launch
  * bounds (ptxas, sm_90a: 4 bytes at <4, 0>, 36 at <3, 1>, 616 at <4, 1>) there is no such instance and the
@@ -500,6 +507,18 @@ static const gb_fn gb_kern[2][3][GB_MAX_T] = {
     {{k_gvb<1, 0, 1>, k_gvb<2, 0, 1>, k_gvb<3, 0, 1>, NULL},
      {k_gvb<1, 1, 1>, k_gvb<2, 1, 1>, NULL, NULL},
      {k_gvb<1, 2, 1>, NULL, NULL, NULL}}};
+
+/* Deeper rings (MS_CU_BF16_STREAM_DEEP) for the one-row linear, by step: a block of 8 warps leaves part of
+ * the SM's shared memory unused where its x is long (GLM-4.5-Air's o_proj: 24 KB of x, three 58 KB blocks
+ * an SM), and a warp's bytes in flight are its ring's depth. */
+static const int gb_deep_d[2] = {10, 12};
+static const gb_fn gb_deep[2][2] = {{k_gvb<1, 0, 0, 10>, k_gvb<1, 0, 0, 12>}, {k_gvb<1, 0, 1, 10>, k_gvb<1, 0, 1, 12>}};
+
+/* Dynamic shared memory of a k_gvb launch: T rows of x of K bf16 (tc: 512 zero bytes after each), the
+ * partials (red_units 16-byte units), the rings of D stages of 8 warps and S streams. */
+static size_t gb_smem_bytes(int T, int K, int S, int tc, int red_units, int D) {
+    return (size_t)T * K * 2 + (tc ? (size_t)T * 512 : 0) + (size_t)16 * red_units + (size_t)16 * GB_WARPS * S * D * 32;
+}
 
 /* The claiming form (k_gvd) for c when MS_CU_BF16_STREAM_DYN = pct (the static share of the work, in
  * percent) and the shape suits it; *launched as cu_gemv_bf16. The plan is gd_make_plan's (gemv_walk.cuh)
@@ -582,11 +601,22 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     /* the tensor-core step (mma.sync bf16: sm_80 on) where asked for and this mode and row count have it */
     const int tc = cu_knob(CU_KNOB_BF16_STREAM_MMA) && b->gpu.cc_major >= 8 &&
                    gb_kern[1][c->norm ? 2 : c->mode][c->norm ? 0 : T - 1];
-    const gb_fn kern = gb_kern[tc][c->norm ? 2 : c->mode][c->norm ? 0 : T - 1];
-    const size_t smem = xbytes + (tc ? (size_t)T * 512 : 0) + (size_t)16 * red_units + (size_t)16 * GB_WARPS * S * GB_D * 32;
-    int bps = 0;
+    gb_fn kern = gb_kern[tc][c->norm ? 2 : c->mode][c->norm ? 0 : T - 1];
+    size_t smem = gb_smem_bytes(T, K, S, tc, red_units, GB_D);
+    int bps = 0, depth = GB_D;
     MS_TRY(cu_occupancy(b, (const void *)kern, GB_THREADS, smem, &bps, err));
     if (bps <= 0) return MS_OK;
+    if (cu_knob(CU_KNOB_BF16_STREAM_DEEP) && T == 1 && c->mode == 0 && !c->norm) {
+        /* the ring that keeps the most steps in flight an SM (blocks x (D - 1)); on a tie the more blocks */
+        for (int i = 0; i < 2; i++) {
+            const int dd = gb_deep_d[i];
+            const size_t sd = gb_smem_bytes(T, K, S, tc, red_units, dd);
+            int bd = 0;
+            MS_TRY(cu_occupancy(b, (const void *)gb_deep[tc][i], GB_THREADS, sd, &bd, err));
+            if (bd > 0 && (bd * (dd - 1) > bps * (depth - 1) || (bd * (dd - 1) == bps * (depth - 1) && bd > bps)))
+                kern = gb_deep[tc][i], smem = sd, bps = bd, depth = dd;
+        }
+    }
     const int64_t warps = (int64_t)bps * nsm * GB_WARPS;
     int best_ks = 0, best_rpw = 0;
     int64_t best_cost = 0;
@@ -613,6 +643,7 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     CK(cu_launch(kern, grid, dim3(GB_THREADS), smem, cu_of(b)->stream, a));
     __atomic_fetch_add(&gvb_launches, 1, __ATOMIC_RELAXED);
     if (tc) __atomic_fetch_add(&gvb_tc_launches, 1, __ATOMIC_RELAXED);
+    if (depth != GB_D) __atomic_fetch_add(&gvb_deep_launches, 1, __ATOMIC_RELAXED);
     *launched = 1;
     return MS_OK;
 }

@@ -4,8 +4,8 @@
  * the shapes the host's plan can give (K splits 1, 2, 4; several rows a warp; warps and blocks with no
  * rows) and the ones that reach the form's edges: a row of K not a multiple of 256 (lanes past a K
  * share in a row's last run, which must meet zero weights and finite x), 1..3 rows of x, the fused
- * gate/up mode, the folded-norm instance, and an infinite x value in one row of x that must not reach
- * another row's results. Shared memory starts as NaN (emu.h's poison), so x read past what the kernel
+ * gate/up mode, the folded-norm instance, the deeper rings (10, 12 stages), and an infinite x value in
+ * one row of x that must not reach another row's results. Shared memory starts as NaN (emu.h's poison), so x read past what the kernel
  * staged shows. The GPU's own mma and timing are test_cuda_ops' and the benchmarks' (GPU machine). */
 #include "gvb_emu.cpp"
 
@@ -18,6 +18,7 @@ struct gcase {
     int N, K, NT, mode, ks, rpw;
     int bias, y_f32; /* mode 0 */
     int inf_row;     /* >= 0: x[inf_row][0] = +inf (needs NT > 1; the other rows are checked) */
+    int D;           /* ring stages (0: GB_D; 10 or 12: the deeper rings of MS_CU_BF16_STREAM_DEEP, NT 1, mode 0) */
 };
 
 static uint16_t bfr(std::mt19937 &r, float scale) {
@@ -25,15 +26,23 @@ static uint16_t bfr(std::mt19937 &r, float scale) {
     return ms_f32_to_bf16(u(r));
 }
 
-template <int NT, int MODE, int TC>
+template <int NT, int MODE, int TC, int D = GB_D>
 static void launch(const gb_args &a, int rows_pb, size_t smem) {
     gridDim = dim3((unsigned)((a.N + rows_pb - 1) / rows_pb));
-    emu_launch(k_gvb<NT, MODE, TC>, gridDim, GB_THREADS, smem, a);
+    emu_launch(k_gvb<NT, MODE, TC, D>, gridDim, GB_THREADS, smem, a);
 }
 
 template <int NT>
 static void run_nt(const gcase &c, int tc, const gb_args &a, int rows_pb, size_t smem) {
-    if (c.mode == 0) (tc ? launch<NT, 0, 1> : launch<NT, 0, 0>)(a, rows_pb, smem);
+    if (c.D) {
+        if constexpr (NT == 1) {
+            if (c.mode != 0 || (c.D != 10 && c.D != 12)) abort();
+            if (c.D == 10) (tc ? launch<1, 0, 1, 10> : launch<1, 0, 0, 10>)(a, rows_pb, smem);
+            else (tc ? launch<1, 0, 1, 12> : launch<1, 0, 0, 12>)(a, rows_pb, smem);
+        } else {
+            abort();
+        }
+    } else if (c.mode == 0) (tc ? launch<NT, 0, 1> : launch<NT, 0, 0>)(a, rows_pb, smem);
     else if (c.mode == 1) (tc ? launch<NT, 1, 1> : launch<NT, 1, 0>)(a, rows_pb, smem);
     else if constexpr (NT == 1) (tc ? launch<1, 2, 1> : launch<1, 2, 0>)(a, rows_pb, smem);
     else abort();
@@ -54,7 +63,7 @@ static void run_case(const gcase &c, unsigned seed) {
     const int red_units = GB_WARPS * rpw_cap * S * c.NT / 4;
     for (int tc = 0; tc < 2; tc++) {
         const size_t smem = (size_t)c.NT * c.K * 2 + (tc ? (size_t)c.NT * 512 : 0) + (size_t)16 * red_units +
-                            (size_t)16 * GB_WARPS * S * GB_D * 32;
+                            (size_t)16 * GB_WARPS * S * (c.D ? c.D : GB_D) * 32;
         const int yt = c.mode == 0 && c.y_f32 ? MS_F32 : MS_BF16, ldy = c.N + 3;
         std::vector<float> yf((size_t)c.NT * ldy, NAN);
         std::vector<uint16_t> yb((size_t)c.NT * ldy, 0x7fc0);
@@ -134,6 +143,9 @@ int main() {
         {"folded-norm instance, K 808, 2 rows a warp", 27, 808, 1, 2, 1, 2, 1, 1, -1},
         {"two rows of x, x[1][0] infinite, K 808: row 0 unharmed", 23, 808, 2, 0, 1, 2, 0, 1, 1},
         {"three rows of x, x[0][0] infinite, K 1344 in 2 shares: rows 1, 2 unharmed", 17, 1344, 3, 0, 2, 1, 0, 1, 0},
+        {"ring of 10 stages, K 808, 3 rows a warp, bias", 41, 808, 1, 0, 1, 3, 1, 1, -1, 10},
+        {"ring of 12 stages, K 1344 in 2 shares, 2 rows a warp", 45, 1344, 1, 0, 2, 2, 0, 1, -1, 12},
+        {"ring of 12 stages, K 4096 in 4 shares, a row shorter than the ring", 30, 4096, 1, 0, 4, 1, 1, 0, -1, 12},
     };
     unsigned seed = 1;
     for (const gcase &c : cases) run_case(c, seed++);
