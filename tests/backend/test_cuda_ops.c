@@ -732,8 +732,8 @@ static void fp4_pop(char *prev) { env_pop("MS_CU_GEMV_FP4", prev); }
 /* One linear through a form the knob `var` selects: with var = on the form's launch counter must move
  * exactly when `want` (either way when want < 0), with var = off it must not, and the first result is
  * held to the CPU (and, finite, to the second) within tol of the largest output. x: random, every
- * element scaled by 2^-20 .. 2^10 with wide, a NaN in its last row with nan (that row's outputs must all
- * be NaN, the others right). */
+ * element scaled by 2^-20 .. 2^10 with wide, a NaN in its last row with nan (at its first element when
+ * nan is 2, else a third in; that row's outputs must all be NaN, the others right). */
 typedef struct {
     const char *var, *on, *off, *name; /* the knob, its two values, the form's name in messages */
     long long (*launches)(void);       /* the form's launch counter */
@@ -746,7 +746,7 @@ static void form_linear_case(const form_knob *fk, ms_wfmt fmt, int64_t T, int64_
     float *x = rand_vec((size_t)(T * K), 1.f);
     if (wide)
         for (int64_t i = 0; i < T * K; i++) x[i] = ldexpf(x[i], (int)(rnd_u32() % 31u) - 20);
-    if (nan) x[(T - 1) * K + K / 3] = NAN;
+    if (nan) x[(T - 1) * K + (nan == 2 ? 0 : K / 3)] = NAN;
     pair X = act(2, xs, x);
     const ms_dtype gdt = ydt == MS_F32 ? MS_F32 : 0;
     pair Y = {mk(GPU, gdt, 2, ys, NULL), mk(CPU, 0, 2, ys, NULL)};
@@ -870,8 +870,9 @@ static void test_linear_bf16_stream(void) {
  * within 1e-4 of the largest output, bf16 within 1e-2. It runs at 1..3 rows of x in a linear and 1..2 in
  * fused gate/up (more would spill its accumulators: the CUDA-core step takes those), and with the norm
  * folded in. x spanning 2^-20 .. 2^10 (the tensor core's fp32 sums of products of mixed magnitudes)
- * within 1e-3; a NaN in one row of x makes that row NaN and leaves the others right (the form's zero
- * padding after each row of x in shared memory). The host emulation (test_gemv_tc_emu) checks the
+ * within 1e-3; a NaN in one row of x makes that row NaN and leaves the others right; with the NaN first
+ * in the last row and K / 8 not a multiple of 32, the lanes past the end of the row before it would
+ * meet it were there no zero padding after each row of x in shared memory. The host emulation (test_gemv_tc_emu) checks the
  * placement of the operands on the fragments against a float64 reference. */
 static const form_knob GVB_TC_FORM = {"MS_CU_BF16_STREAM_MMA", "1", "0", "tensor-core streaming bf16 GEMV",
                                       ms_cuda_gvb_tc_launches};
@@ -893,6 +894,7 @@ static void test_linear_bf16_mma(void) {
         bf16_mma_case(T, 1000, 4096, 1, T & 1 ? MS_BF16 : MS_F32, 0, 0);
         bf16_mma_case(T, 300, 4104, 0, MS_F32, 1, 0);
         bf16_mma_case(T, 300, 1000, 1, MS_F32, 0, T > 1);
+        if (T > 1) bf16_mma_case(T, 300, 808, 0, MS_F32, 0, 2);
     }
     static const int64_t odd[][2] = {{168, 136}, {136, 120}, {40, 136}, {97, 136}, {192, 112}, {256, 48}, {384, 80},
                                      {112, 192}, {8, 112}, {97, 112}};

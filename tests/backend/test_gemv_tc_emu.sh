@@ -3,7 +3,7 @@
 # tensor-core step (gemv_tc.cuh, MS_CU_BF16_STREAM_MMA), checked without a GPU: the kernel's part of the
 # file is compiled for the host with cuda_internal.cuh swapped for tests/backend/gemv_tc_emu/gvb_emu.h
 # (every CUDA thread a host thread, mma.sync rebuilt from the PTX ISA fragment tables, cp.async landing at
-# its wait) under the address and undefined-behaviour sanitizers, and compared with a float64 reference
+# its wait, then in a second pass at issue) under the address and undefined-behaviour sanitizers, and compared with a float64 reference
 # (tests/backend/gemv_tc_emu/main.cpp). The GPU itself is covered by test_cuda_ops on the GPU machine.
 set -u
 cd "$(dirname "$0")/../.."
@@ -23,4 +23,12 @@ build() {
     -Wno-unused-function "$@" -o "$OUTDIR/gemv_tc_emu" tests/backend/gemv_tc_emu/main.cpp
 }
 emu_build build
-timeout 900 "$OUTDIR/gemv_tc_emu"
+# twice: copies landing at their wait (a read before it shows), then at issue (a copy into a ring stage
+# still to be read shows)
+rc=0
+for early in 0 1; do
+  MS_EMU_CP_EARLY=$early timeout 900 "$OUTDIR/gemv_tc_emu"
+  r=$?
+  [ $r = 0 ] || { echo "FAIL emulation (MS_EMU_CP_EARLY=$early) exited with $r"; rc=$r; }
+done
+exit $rc

@@ -9,9 +9,10 @@
  * step. Here every warp streams whole 512-byte runs of one row at a time through a shared-memory ring,
  * GB_D - 1 steps (3.5 KB a warp, ~110 KB an SM) ahead of its math, so HBM sees long sequential reads
  * and enough bytes in flight, and the multiply-adds run on CUDA cores (~35 instructions per 16 weight
- * bytes at one row, well under the issue rate at full bandwidth: tensor cores would only add fragment
- * shuffling). Holding the steps in registers instead (version 1 in bench/NOTES.md) capped the depth at
- * 4 steps and the kernel at ~2.9 TB/s. H200, ncu: the lm_head streams at 4.38 TB/s (91% of the DRAM
+ * bytes at one row), or on tensor cores with MS_CU_BF16_STREAM_MMA (gemv_tc.cuh: each lane's 16 bytes
+ * placed so that no fragment shuffling is needed; ~21 fewer instructions a step, under measurement).
+ * Holding the steps in registers instead (version 1 in bench/NOTES.md) capped the depth at 4 steps and
+ * the kernel at ~2.9 TB/s. H200, ncu: the lm_head streams at 4.38 TB/s (91% of the DRAM
  * peak), GLM-4.5-Air's 117 MB q|k|v at 3.6 (ramp and tail of a 32 us kernel).
  *
  * Work split. A block is GB_WARPS warps over (GB_WARPS / ks) row groups x ks K shares; warp (rg, kq)
@@ -268,6 +269,13 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
     }
 }
 
+/* Dynamic shared memory of a k_gvb launch: T rows of x of K bf16 (tc: 512 zero bytes after each), the
+ * partials (red_units 16-byte units), the rings of D stages of 8 warps and S streams. (Here, before the
+ * claiming form, so that the host emulation of k_gvb sizes its launches with it.) */
+static size_t gb_smem_bytes(int T, int K, int S, int tc, int red_units, int D) {
+    return (size_t)T * K * 2 + (tc ? (size_t)T * 512 : 0) + (size_t)16 * red_units + (size_t)16 * GB_WARPS * S * D * 32;
+}
+
 /* ---- The claiming form (MS_CU_BF16_STREAM_DYN, off by default) ----
  *
  * Why: k_gvb fixes every warp's rows before it starts, so the kernel lasts as long as its slowest warp.
@@ -498,7 +506,8 @@ extern "C" long long ms_cuda_gvb_deep_launches(void) { return __atomic_load_n(&g
 /* k_gvb's instances by step (CUDA cores, tensor cores), mode (2: the folded norm, one row only) and rows of x.
  * The tensor-core step keeps two C fragments per stream and row of x; where that spills under the launch
  * bounds (ptxas, sm_90a: 4 bytes at <4, 0>, 36 at <3, 1>, 616 at <4, 1>) there is no such instance and the
- * CUDA-core step runs. */
+ * CUDA-core step runs. The folded-norm instance spills in both steps (48 bytes, 64 with tensor cores:
+ * the norm's registers, outside the step loop). */
 typedef void (*gb_fn)(gb_args);
 static const gb_fn gb_kern[2][3][GB_MAX_T] = {
     {{k_gvb<1, 0, 0>, k_gvb<2, 0, 0>, k_gvb<3, 0, 0>, k_gvb<4, 0, 0>},
@@ -513,12 +522,6 @@ static const gb_fn gb_kern[2][3][GB_MAX_T] = {
  * an SM), and a warp's bytes in flight are its ring's depth. */
 static const int gb_deep_d[2] = {10, 12};
 static const gb_fn gb_deep[2][2] = {{k_gvb<1, 0, 0, 10>, k_gvb<1, 0, 0, 12>}, {k_gvb<1, 0, 1, 10>, k_gvb<1, 0, 1, 12>}};
-
-/* Dynamic shared memory of a k_gvb launch: T rows of x of K bf16 (tc: 512 zero bytes after each), the
- * partials (red_units 16-byte units), the rings of D stages of 8 warps and S streams. */
-static size_t gb_smem_bytes(int T, int K, int S, int tc, int red_units, int D) {
-    return (size_t)T * K * 2 + (tc ? (size_t)T * 512 : 0) + (size_t)16 * red_units + (size_t)16 * GB_WARPS * S * D * 32;
-}
 
 /* The claiming form (k_gvd) for c when MS_CU_BF16_STREAM_DYN = pct (the static share of the work, in
  * percent) and the shape suits it; *launched as cu_gemv_bf16. The plan is gd_make_plan's (gemv_walk.cuh)

@@ -26,8 +26,9 @@
  * x67}), so that one 16-byte load gives both B pairs in adjacent registers: the mma takes operands in
  * aligned register pairs and quads, and any other order costs moves at every step.
  *
- * Accuracy: bf16 products are exact in fp32 and the tensor core adds them in fp32, so the result is
- * the CUDA-core form's up to summation order (not the same bits). A lane with no weights at a step
+ * Accuracy: bf16 products are exact in fp32 and the tensor core sums them into the fp32 accumulator
+ * (its own adding, not an IEEE round-to-nearest at each add), so the result is the CUDA-core form's up
+ * to summation order and that rounding (not the same bits). A lane with no weights at a step
  * (past the end of a K share) hands zeros as weights (copied so) and must meet finite x: its x meets its
  * own weights on the diagonal, so the kernel pads each x row with zeros rather than read past it. */
 #ifndef MS_BACKEND_CUDA_GEMV_TC_CUH

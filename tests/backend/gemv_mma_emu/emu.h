@@ -5,7 +5,8 @@
  * {0,1,4,5} else g+8, column 2t+(i&1) (+8 for i >= 4); b_i k 2t+(i&1) (+8 for i >= 2), column g;
  * c_i row g (i < 2) else g+8, column 2t+(i&1)) and accumulated in float64, fma.rn.bf16x2 aborts
  * unless its product is an exact normal bf16, cp.async copies happen at the wait that covers their
- * group (cp.async.wait_group N lands all committed groups but the newest N). */
+ * group (cp.async.wait_group N lands all committed groups but the newest N), or with MS_EMU_CP_EARLY=1
+ * when issued. */
 #ifndef MS_TESTS_GEMV_MMA_EMU_H
 #define MS_TESTS_GEMV_MMA_EMU_H
 #include <cstdint>
@@ -142,11 +143,23 @@ static inline uint32_t gm_bmul2(uint32_t a, uint32_t b) {
  * wait that covers its group, so a read before the right wait sees the old bytes */
 static thread_local std::vector<int> *cpgid;
 static thread_local int cp_open; /* the thread's commit count: the group new copies join */
+/* MS_EMU_CP_EARLY=1: copies land when issued instead of at their wait, so a copy into a stage or buffer
+ * that is still to be read shows in the result */
+static const bool emu_cp_early = getenv("MS_EMU_CP_EARLY") && atoi(getenv("MS_EMU_CP_EARLY"));
 static inline void gm_cp16(void *smem, const void *gmem, int src_bytes) {
+    if (emu_cp_early) {
+        if (src_bytes == 16) memcpy(smem, gmem, 16);
+        else memset(smem, 0, 16);
+        return;
+    }
     cpq->push_back({smem, {gmem, src_bytes}});
     cpgid->push_back(cp_open);
 }
 static inline void gm_cp8(void *smem, const void *gmem) {
+    if (emu_cp_early) {
+        memcpy(smem, gmem, 8);
+        return;
+    }
     cpq->push_back({smem, {gmem, 8}});
     cpgid->push_back(cp_open);
 }

@@ -62,8 +62,7 @@ static void run_case(const gcase &c, unsigned seed) {
     const int rows_pb = (GB_WARPS / c.ks) * c.rpw, rpw_cap = 64;
     const int red_units = GB_WARPS * rpw_cap * S * c.NT / 4;
     for (int tc = 0; tc < 2; tc++) {
-        const size_t smem = (size_t)c.NT * c.K * 2 + (tc ? (size_t)c.NT * 512 : 0) + (size_t)16 * red_units +
-                            (size_t)16 * GB_WARPS * S * (c.D ? c.D : GB_D) * 32;
+        const size_t smem = gb_smem_bytes(c.NT, c.K, S, tc, red_units, c.D ? c.D : GB_D);
         const int yt = c.mode == 0 && c.y_f32 ? MS_F32 : MS_BF16, ldy = c.N + 3;
         std::vector<float> yf((size_t)c.NT * ldy, NAN);
         std::vector<uint16_t> yb((size_t)c.NT * ldy, 0x7fc0);
@@ -137,7 +136,7 @@ int main() {
         {"one row, K 808 (runs of 5 lanes at a row's end), 3 rows a warp, bf16", 50, 808, 1, 0, 1, 3, 0, 0, -1},
         {"two rows of x, K 808, whole rows, bias, f32", 29, 808, 2, 0, 1, 1, 1, 1, -1},
         {"three rows of x, K 1344 in 2 shares (the last of 72 chunks), f32", 21, 1344, 3, 0, 2, 1, 0, 1, -1},
-        {"one row, K 4096 in 4 shares, 5 rows a warp (warps and a block without rows)", 100, 4096, 1, 0, 4, 5, 1, 1, -1},
+        {"one row, K 4096 in 4 shares, 5 rows a warp (the last block's second row group without rows)", 93, 4096, 1, 0, 4, 5, 1, 1, -1},
         {"fused gate/up, one row, K 1344 in 2 shares", 33, 1344, 1, 1, 2, 1, 0, 0, -1},
         {"fused gate/up, two rows of x, K 808, 2 rows a warp", 19, 808, 2, 1, 1, 2, 0, 0, -1},
         {"folded-norm instance, K 808, 2 rows a warp", 27, 808, 1, 2, 1, 2, 1, 1, -1},
@@ -149,6 +148,8 @@ int main() {
     };
     unsigned seed = 1;
     for (const gcase &c : cases) run_case(c, seed++);
-    printf("## test_gemv_tc_emu: %d passed, %d failed\n", n_pass, n_fail);
+    const char *early = getenv("MS_EMU_CP_EARLY");
+    printf("## test_gemv_tc_emu%s: %d passed, %d failed\n", early && atoi(early) ? " (copies landing at issue)" : "", n_pass,
+           n_fail);
     return n_fail ? 1 : 0;
 }
