@@ -115,22 +115,18 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
     int nload = nsteps, lleft = spr;
     const bool last_ok = lane < kc - (spr - 1) * 32;
     auto put = [&](int stage) {
-        if constexpr (TC) {
-            const bool ok = nload > 0 && (lleft != 1 || last_ok);
+        bool ok;
+        if constexpr (TC) ok = nload > 0 && (lleft != 1 || last_ok);
+        else ok = li < nrow && lj * 32 + lane < kc;
 #pragma unroll
-            for (int s = 0; s < S; s++)
-                cu_cp16(cu_saddr(ring + (s * D + stage) * 32), ok ? lp + (s ? d1 : 0) : (const uint4 *)a.w0, ok);
-            cu_cp_commit();
-            lp += 32;
+        for (int s = 0; s < S; s++)
+            cu_cp16(cu_saddr(ring + (s * D + stage) * 32), ok ? lp + (s ? d1 : 0) : (const uint4 *)a.w0, ok);
+        cu_cp_commit();
+        lp += 32;
+        if constexpr (TC) {
             nload--;
             if (--lleft == 0) lleft = spr, lp += skip;
         } else {
-            const bool ok = li < nrow && lj * 32 + lane < kc;
-#pragma unroll
-            for (int s = 0; s < S; s++)
-                cu_cp16(cu_saddr(ring + (s * D + stage) * 32), ok ? lp + (s ? d1 : 0) : (const uint4 *)a.w0, ok);
-            cu_cp_commit();
-            lp += 32;
             if (++lj == spr) lj = 0, li++, lp += skip;
         }
     };
@@ -167,7 +163,10 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
     if constexpr (TC) {
         /* acc: each (stream, row of x)'s two C fragments, the dot product on their diagonals (gemv_tc.cuh).
          * Step s0 + u is row ci's run spr - cleft; xo = this lane's chunk of x there. A lane past the share
-         * (warp-wide mma) hands zero weights, copied so, and meets the zeros after x's row. */
+         * (warp-wide mma) hands zero weights, copied so, and meets the zeros after x's row. A loop of its own:
+         * one loop with both steps under `if constexpr` (three shapes tried) changed the scheduling of the
+         * CUDA-core instances' code, the default path, whose speed this kernel's history shows to move with
+         * its layout; merge once the tensor-core step is measured. */
         float acc[S][NT][2][4];
 #pragma unroll
         for (int s = 0; s < S; s++)
