@@ -23,12 +23,4 @@ build() {
     -Wno-unused-function "$@" -o "$OUTDIR/gemv_tc_emu" tests/backend/gemv_tc_emu/main.cpp
 }
 emu_build build
-# twice: copies landing at their wait (a read before it shows), then at issue (a copy into a ring stage
-# still to be read shows)
-rc=0
-for early in 0 1; do
-  MS_EMU_CP_EARLY=$early timeout 900 "$OUTDIR/gemv_tc_emu"
-  r=$?
-  [ $r = 0 ] || { echo "FAIL emulation (MS_EMU_CP_EARLY=$early) exited with $r"; rc=$r; }
-done
-exit $rc
+emu_run_both_landings "$OUTDIR/gemv_tc_emu"

@@ -29,12 +29,4 @@ build() {
     "$@" -o "$OUTDIR/mla_mma_emu" tests/backend/mla_mma_emu/main.cpp
 }
 emu_build build
-# twice: copies landing at their wait (catches a read before the wait or barrier), then landing at once
-# (catches a copy issued into a buffer another warp still reads)
-rc=0
-for early in 0 1; do
-  MS_EMU_CP_EARLY=$early timeout 900 "$OUTDIR/mla_mma_emu"
-  r=$?
-  [ $r = 0 ] || { echo "FAIL emulation (MS_EMU_CP_EARLY=$early) exited with $r"; rc=$r; }
-done
-exit $rc
+emu_run_both_landings "$OUTDIR/mla_mma_emu"
