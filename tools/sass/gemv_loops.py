@@ -5,10 +5,9 @@ super-step (64 bytes of 16 rows: 1 KB of weights per warp), for the nvfp4 forms 
 NT> is compiled alone for sm_90a (nvcc -cubin -lineinfo) and measured with sass_count.py (opcode table
 and loop bounds there). Run from the repository root: tools/sass/gemv_loops.py [F,M,NT ...]
 (default: the nvfp4 forms at M = 0 and 1, NT = 1)."""
-import collections, os, re, subprocess, sys, tempfile
+import collections, os, sys, tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sass_count as S
-import struct
 
 SRC = 'src/backend/cuda/gemv_mma.cu'
 
@@ -27,25 +26,10 @@ def main():
     print('%-12s %5s %5s | %6s %5s %5s %5s %5s %5s | %s' % ('k_gmma', 'regs', 'spill', 'total', 'alu', 'fma', 'fp16',
                                                          'tens', 'lsu', 'per super-step, by opcode'))
     for f, m, nt in combos:
-        one = os.path.join(tmp, 'one.cu')
-        open(one, 'w').write(src[:cut] + '\ntemplate __global__ void k_gmma<%d, %d, %d>(gm_args);\n' % (f, m, nt))
-        cub = os.path.join(tmp, 'k.cubin')
-        r = subprocess.run(['nvcc', '-std=c++17', '-O3', '-lineinfo', '-gencode=arch=compute_90a,code=sm_90a', '-Isrc',
-                            '--expt-relaxed-constexpr', '-cubin', '-Xptxas', '-v', '-o', cub, one],
-                           capture_output=True, text=True)
-        if r.returncode: sys.exit(r.stderr)
-        regs = re.search(r'Used (\d+) registers', r.stderr).group(1)
-        spill = re.search(r'(\d+) bytes spill stores', r.stderr).group(1)
+        regs, spill, raw, ops, where = S.compile_one(
+            src[:cut] + '\ntemplate __global__ void k_gmma<%d, %d, %d>(gm_args);\n' % (f, m, nt), tmp, 'one.cu')
         L, per = loop_line(src, f)
-        secs = S.sections(cub)
-        code = secs[[n for n in secs if n.startswith('.text.')][0]]
-        raw = [struct.unpack_from('<Q', code, i)[0] for i in range(0, len(code), 16)]
-        ops = [o & 0xfff for o in raw]
-        lt = sorted(S.line_table(cub))
-        line_of, j = [], 0
-        for i in range(len(ops)):
-            while j + 1 < len(lt) and lt[j + 1][0] <= i * 16: j += 1
-            line_of.append(lt[j][1])
+        line_of = [n for _, n in where]
         ends = [i for i in range(len(ops)) if ops[i] & 0x1ff == 0x147 and raw[i] >> 63 and line_of[i] == L]
         if not ends: sys.exit('no backward branch of line %d in k_gmma<%d,%d,%d>' % (L, f, m, nt))
         hi = ends[0]

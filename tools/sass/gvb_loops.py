@@ -6,23 +6,13 @@ steps unrolled) measured with sass_count.py's opcode table. The row-end block (f
 or `if (++cj == spr) {` to its `ci++;` line, with gemv_tc.cuh's gt_sum: the warp sum and partial store,
 once a row, not once a step) is counted apart, so `step` is what every step issues. Run from the repository root:
 tools/sass/gvb_loops.py [NT,MODE,TC[,D] ...] (default: NT 1, modes 0 and 1, TC 0 and 1, D = GB_D)."""
-import collections, os, re, struct, subprocess, sys, tempfile
+import collections, os, sys, tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sass_count as S
 
 SRC = 'src/backend/cuda/gemv_bf16.cu'
 TCH = 'src/backend/cuda/gemv_tc.cuh'
 GB_D = 8
-
-def line_table(path):
-    """[(address, file, line)] of the cubin's kernel (readelf --debug-dump=decodedline): sass_count.py's, with
-    the file, since the step's math is inlined from gemv_tc.cuh"""
-    txt = subprocess.run(['readelf', '--debug-dump=decodedline', path], capture_output=True, text=True).stdout
-    rows = []
-    for l in txt.splitlines():
-        m = re.match(r'^(\S+\.cuh?)\S*\s+(\d+)\s+(0x[0-9a-f]+|0)\s', l)
-        if m: rows.append((int(m.group(3), 16), os.path.basename(m.group(1)), int(m.group(2))))
-    return rows
 
 def line_of_text(lines, text, start=0):
     for n in range(start, len(lines)):
@@ -49,24 +39,8 @@ def main():
     tmp = tempfile.mkdtemp()
     print('%-12s %5s %5s | %6s %6s | %s' % ('k_gvb', 'regs', 'spill', 'step', 'row', 'per step, by opcode'))
     for nt, m, tc, d in combos:
-        one = os.path.join(tmp, 'gemv_bf16.cu')
-        open(one, 'w').write(src[:cut] + '\ntemplate __global__ void k_gvb<%d, %d, %d, %d>(gb_args);\n' % (nt, m, tc, d))
-        cub = os.path.join(tmp, 'k.cubin')
-        r = subprocess.run(['nvcc', '-std=c++17', '-O3', '-lineinfo', '-gencode=arch=compute_90a,code=sm_90a', '-Isrc',
-                            '--expt-relaxed-constexpr', '-cubin', '-Xptxas', '-v', '-o', cub, one],
-                           capture_output=True, text=True)
-        if r.returncode: sys.exit(r.stderr)
-        regs = re.search(r'Used (\d+) registers', r.stderr).group(1)
-        spill = re.search(r'(\d+) bytes spill stores', r.stderr).group(1)
-        secs = S.sections(cub)
-        code = secs[[n for n in secs if n.startswith('.text.')][0]]
-        raw = [struct.unpack_from('<Q', code, i)[0] for i in range(0, len(code), 16)]
-        ops = [o & 0xfff for o in raw]
-        lt = sorted(line_table(cub))
-        line_of, j = [], 0
-        for i in range(len(ops)):
-            while j + 1 < len(lt) and lt[j + 1][0] <= i * 16: j += 1
-            line_of.append(lt[j][1:])
+        regs, spill, raw, ops, line_of = S.compile_one(
+            src[:cut] + '\ntemplate __global__ void k_gvb<%d, %d, %d, %d>(gb_args);\n' % (nt, m, tc, d), tmp, 'gemv_bf16.cu')
         main_file = os.path.basename(SRC)
         ends = [i for i in range(len(ops)) if ops[i] & 0x1ff == 0x147 and raw[i] >> 63 and line_of[i] == (main_file, loops[tc])]
         if not ends: sys.exit('no backward branch of line %d in k_gvb<%d,%d,%d,%d>' % (loops[tc], nt, m, tc, d))

@@ -10,7 +10,7 @@ usage: sass_count.py CUBIN KERNEL_SUBSTRING FIRST_LINE LAST_LINE [--all | --loop
   the range is [lowest, highest] address of instructions whose line is in [FIRST_LINE, LAST_LINE];
   --loop LINE: instead the loop closed by the first backward branch of source line LINE (the loop
   header) after the first of those instructions: from the branch's target to the branch"""
-import collections, re, struct, subprocess, sys
+import collections, os, re, struct, subprocess, sys
 
 NAMES = {  # opcode (low 12 bits) -> (name, pipe)
     0x202: ('MOV', 'alu'), 0x802: ('MOV', 'alu'), 0xc02: ('MOV', 'alu'),
@@ -63,14 +63,41 @@ def bra_target(lo64, i):
     units = hi * 256 + ((lo64 >> 16) & 0xff)
     return i + 1 + units // 4
 
-def line_table(path):
-    """[(address, line)] of the cubin's single kernel (readelf --debug-dump=decodedline)."""
+def line_table_files(path):
+    """[(address, source file's base name, line)] of the cubin's single kernel (readelf
+    --debug-dump=decodedline): the file tells inlined header lines apart."""
     txt = subprocess.run(['readelf', '--debug-dump=decodedline', path], capture_output=True, text=True).stdout
     rows = []
     for l in txt.splitlines():
-        m = re.match(r'^\S+\.cu\S*\s+(\d+)\s+(0x[0-9a-f]+|0)\s', l)
-        if m: rows.append((int(m.group(2), 16), int(m.group(1))))
+        m = re.match(r'^(\S+\.cuh?)\S*\s+(\d+)\s+(0x[0-9a-f]+|0)\s', l)
+        if m: rows.append((int(m.group(3), 16), os.path.basename(m.group(1)), int(m.group(2))))
     return rows
+
+def line_table(path):
+    """[(address, line)] of the cubin's single kernel."""
+    return [(a, n) for a, _, n in line_table_files(path)]
+
+def compile_one(src, tmp, name):
+    """Compiles source text src (one kernel instance) for sm_90a into tmp/name's cubin (nvcc -cubin -lineinfo);
+    returns (registers, spill store bytes, raw 64-bit low words, opcodes, (file, line) of each instruction).
+    Exits with nvcc's message when it fails."""
+    one, cub = os.path.join(tmp, name), os.path.join(tmp, 'k.cubin')
+    open(one, 'w').write(src)
+    r = subprocess.run(['nvcc', '-std=c++17', '-O3', '-lineinfo', '-gencode=arch=compute_90a,code=sm_90a', '-Isrc',
+                        '--expt-relaxed-constexpr', '-cubin', '-Xptxas', '-v', '-o', cub, one], capture_output=True, text=True)
+    if r.returncode: sys.exit(r.stderr)
+    regs = re.search(r'Used (\d+) registers', r.stderr).group(1)
+    spill = re.search(r'(\d+) bytes spill stores', r.stderr).group(1)
+    secs = sections(cub)
+    code = secs[[n for n in secs if n.startswith('.text.')][0]]
+    raw = [struct.unpack_from('<Q', code, i)[0] for i in range(0, len(code), 16)]
+    ops = [o & 0xfff for o in raw]
+    lt = sorted(line_table_files(cub))
+    where, j = [], 0
+    for i in range(len(ops)):
+        while j + 1 < len(lt) and lt[j + 1][0] <= i * 16: j += 1
+        where.append(lt[j][1:])
+    return regs, spill, raw, ops, where
 
 def main():
     path, kname, l0, l1 = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
