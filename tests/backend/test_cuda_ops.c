@@ -925,29 +925,6 @@ static void test_linear_bf16_mma(void) {
     env_pop("MS_CU_BF16_STREAM_MAX_T", smax);
 }
 
-/* The deeper rings (MS_CU_BF16_STREAM_DEEP=1: 10 or 12 stages where they keep more steps in flight an
- * SM), one row of x, with both steps: against the CPU and the 8-stage ring, as test_linear_bf16_stream.
- * On the H100/H200 (sm_90, 227 KB of shared memory an SM) GLM-4.5-Air's projections must take one: its
- * q|k|v (4 KB rows) keeps four blocks an SM with 10 stages, its o_proj (24 KB of x) three with 12. */
-static const form_knob GVB_DEEP_FORM = {"MS_CU_BF16_STREAM_DEEP", "1", "0", "deeper-ring streaming bf16 GEMV",
-                                        ms_cuda_gvb_deep_launches};
-
-static void test_linear_bf16_deep(void) {
-    char *smax = env_push("MS_CU_BF16_STREAM_MAX_T", "4"), *tc = env_push("MS_CU_BF16_STREAM_MMA", NULL);
-    const int h = GPU->gpu.cc_major == 9 ? 1 : -1;
-    for (int m = 0; m < 2; m++) {
-        setenv("MS_CU_BF16_STREAM_MMA", m ? "1" : "0", 1);
-        form_linear_case(&GVB_DEEP_FORM, MS_WFMT_PLAIN, 1, 14336, 4096, 1, MS_BF16, 0, 0, h, 1e-2);
-        form_linear_case(&GVB_DEEP_FORM, MS_WFMT_PLAIN, 1, 4096, 12288, 0, MS_F32, 0, 0, h, 1e-4);
-        form_linear_case(&GVB_DEEP_FORM, MS_WFMT_PLAIN, 1, 70, 3112, 1, MS_F32, 0, 0, -1, 1e-4);
-        form_linear_case(&GVB_DEEP_FORM, MS_WFMT_PLAIN, 1, 33, 40000, 0, MS_F32, 0, 0, -1, 1e-4);
-        form_linear_case(&GVB_DEEP_FORM, MS_WFMT_PLAIN, 1, 300, 1000, 1, MS_F32, 0, 1, -1, 1e-4);
-        form_linear_case(&GVB_DEEP_FORM, MS_WFMT_PLAIN, 1, 97, 136, 0, MS_BF16, 0, 0, -1, 1e-2);
-        form_linear_case(&GVB_DEEP_FORM, MS_WFMT_PLAIN, 2, 300, 4096, 0, MS_F32, 0, 0, 0, 1e-4); /* one row only */
-    }
-    env_pop("MS_CU_BF16_STREAM_MMA", tc);
-    env_pop("MS_CU_BF16_STREAM_MAX_T", smax);
-}
 #endif
 
 #ifdef MS_HAVE_CUDA
@@ -2551,7 +2528,6 @@ int main(void) {
     RUN(test_linear_bf16_stream);
     RUN(test_linear_bf16_dyn);
     RUN(test_linear_bf16_mma);
-    RUN(test_linear_bf16_deep);
 #endif
     RUN(test_gqa_prep);
     RUN(test_stack_linears);

@@ -172,8 +172,8 @@ typedef struct cu_impl {
     int have_wgmma; /* cu_gw_probe at creation: the wgmma grouped GEMM is in this build's code */
     int smem_per_sm; /* cudaDevAttrMaxSharedMemoryPerMultiprocessor (bytes) */
     /* cu_occupancy's answers per (kernel, threads, shared bytes): per backend, because the shared-memory
-     * limit it sets with them is a per-device attribute. Sized for GLM-5's shapes times the streaming
-     * GEMV's ring depths (MS_CU_BF16_STREAM_DEEP asks three per call); past it answers are not kept */
+     * limit it sets with them is a per-device attribute. Sized for GLM-5's shapes with room to spare;
+     * past it answers are not kept */
     struct { const void *k; int threads; size_t smem; int bps; } occ_memo[96];
     int n_occ_memo;
     uint64_t epoch; /* bumped when a scratch buffer moves (recorded graphs hold its old address) */

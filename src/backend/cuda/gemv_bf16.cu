@@ -77,8 +77,9 @@ __device__ __forceinline__ void gb_dot8(float (&acc)[2], const uint4 &w, const u
 
 /* MODE 0: y = x·Wᵀ (+ bias); 1: silu(x·w0ᵀ) * (x·w1ᵀ); 2 (NT = 1): as 0 with x computed from a.nin (its own
  * instance, so that the other forms carry none of its code). TC 1: each step's products on tensor cores
- * (gemv_tc.cuh), else on CUDA cores. D: ring stages a warp and stream, D - 1 steps in flight (GB_D, or
- * deeper where MS_CU_BF16_STREAM_DEEP lets the host use the shared memory that its blocks an SM leave).
+ * (gemv_tc.cuh), else on CUDA cores. D: ring stages a warp and stream, D - 1 steps in flight; the GPU runs
+ * GB_D only (rings of 10 and 12 stages where the SM's shared memory held them measured slower, bench/NOTES.md
+ * session 26), the host emulation (tests/backend/gemv_tc_emu) checks the walk at other depths too.
  * Shared memory: x as NT rows of K/8 16-byte units (TC: K/8 + 32, the last 32 zero), the partials
  * red[row of block][kq][stream][t] (red_units), then each warp's weight ring [stream][stage][lane] of
  * 16-byte units. */
@@ -497,11 +498,6 @@ static long long gvb_tc_launches; /* ms_cuda_gvb_tc_launches; updated atomically
 /* Contract in backend_cuda.h. */
 extern "C" long long ms_cuda_gvb_tc_launches(void) { return __atomic_load_n(&gvb_tc_launches, __ATOMIC_RELAXED); }
 
-static long long gvb_deep_launches; /* ms_cuda_gvb_deep_launches; updated atomically */
-
-/* Contract in backend_cuda.h. */
-extern "C" long long ms_cuda_gvb_deep_launches(void) { return __atomic_load_n(&gvb_deep_launches, __ATOMIC_RELAXED); }
-
 /* k_gvb's instances by step (CUDA cores, tensor cores), mode (2: the folded norm, one row only) and rows of x.
  * The tensor-core step keeps two C fragments per stream and row of x; where that spills under the launch
  * bounds (ptxas, sm_90a: 4 bytes at <4, 0>, 36 at <3, 1>, 616 at <4, 1>) there is no such instance and the
@@ -515,12 +511,6 @@ static const gb_fn gb_kern[2][3][GB_MAX_T] = {
     {{k_gvb<1, 0, 1>, k_gvb<2, 0, 1>, k_gvb<3, 0, 1>, NULL},
      {k_gvb<1, 1, 1>, k_gvb<2, 1, 1>, NULL, NULL},
      {k_gvb<1, 2, 1>, NULL, NULL, NULL}}};
-
-/* Deeper rings (MS_CU_BF16_STREAM_DEEP) for the one-row linear, by step: a block of 8 warps leaves part of
- * the SM's shared memory unused where its x is long (GLM-4.5-Air's o_proj: 24 KB of x, three 58 KB blocks
- * an SM), and a warp's bytes in flight are its ring's depth. */
-static const int gb_deep_d[2] = {10, 12};
-static const gb_fn gb_deep[2][2] = {{k_gvb<1, 0, 0, 10>, k_gvb<1, 0, 0, 12>}, {k_gvb<1, 0, 1, 10>, k_gvb<1, 0, 1, 12>}};
 
 /* The claiming form (k_gvd) for c when MS_CU_BF16_STREAM_DYN = pct (the static share of the work, in
  * percent) and the shape suits it; *launched as cu_gemv_bf16. The plan is gd_make_plan's (gemv_walk.cuh)
@@ -603,22 +593,11 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     /* the tensor-core step (mma.sync bf16: sm_80 on) where asked for and this mode and row count have it */
     const int tc = cu_knob(CU_KNOB_BF16_STREAM_MMA) && b->gpu.cc_major >= 8 &&
                    gb_kern[1][c->norm ? 2 : c->mode][c->norm ? 0 : T - 1];
-    gb_fn kern = gb_kern[tc][c->norm ? 2 : c->mode][c->norm ? 0 : T - 1];
-    size_t smem = gb_smem_bytes(T, K, S, tc, red_units, GB_D);
-    int bps = 0, depth = GB_D;
+    const gb_fn kern = gb_kern[tc][c->norm ? 2 : c->mode][c->norm ? 0 : T - 1];
+    const size_t smem = gb_smem_bytes(T, K, S, tc, red_units, GB_D);
+    int bps = 0;
     MS_TRY(cu_occupancy(b, (const void *)kern, GB_THREADS, smem, &bps, err));
     if (bps <= 0) return MS_OK;
-    if (cu_knob(CU_KNOB_BF16_STREAM_DEEP) && T == 1 && c->mode == 0 && !c->norm) {
-        /* the ring that keeps the most steps in flight an SM (blocks x (D - 1)); on a tie the more blocks */
-        for (int i = 0; i < 2; i++) {
-            const int dd = gb_deep_d[i];
-            const size_t sd = gb_smem_bytes(T, K, S, tc, red_units, dd);
-            int bd = 0;
-            MS_TRY(cu_occupancy(b, (const void *)gb_deep[tc][i], GB_THREADS, sd, &bd, err));
-            if (bd > 0 && (bd * (dd - 1) > bps * (depth - 1) || (bd * (dd - 1) == bps * (depth - 1) && bd > bps)))
-                kern = gb_deep[tc][i], smem = sd, bps = bd, depth = dd;
-        }
-    }
     const int64_t warps = (int64_t)bps * nsm * GB_WARPS;
     int best_ks = 0, best_rpw = 0;
     int64_t best_cost = 0;
@@ -645,7 +624,6 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     CK(cu_launch(kern, grid, dim3(GB_THREADS), smem, cu_of(b)->stream, a));
     __atomic_fetch_add(&gvb_launches, 1, __ATOMIC_RELAXED);
     if (tc) __atomic_fetch_add(&gvb_tc_launches, 1, __ATOMIC_RELAXED);
-    if (depth != GB_D) __atomic_fetch_add(&gvb_deep_launches, 1, __ATOMIC_RELAXED);
     *launched = 1;
     return MS_OK;
 }

@@ -130,11 +130,6 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                  "cores (two mma.sync a lane's 16 bytes, gemv_tc.cuh) instead of 24 CUDA-core "
                                  "instructions; results within fp32 summation order of the CUDA-core form, not the "
                                  "same bits; 0: CUDA cores"},
-    [CU_KNOB_BF16_STREAM_DEEP] = {"MS_CU_BF16_STREAM_DEEP", KN_INT, 0, 0, 1, NULL, 0,
-                                  "1: the streaming bf16 GEMV's fixed form at one row of x (linears without a folded "
-                                  "norm) takes a ring of 10 or 12 stages a warp instead of 8 where that keeps more "
-                                  "weight bytes in flight an SM (the shared memory its blocks an SM leave, e.g. beside "
-                                  "a 24 KB x); 0: 8 stages"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */

@@ -4,7 +4,8 @@
  * the shapes the host's plan can give (K splits 1, 2, 4; several rows a warp; warps and blocks with no
  * rows) and the ones that reach the form's edges: a row of K not a multiple of 256 (lanes past a K
  * share in a row's last run, which must meet zero weights and finite x), 1..3 rows of x, the fused
- * gate/up mode, the folded-norm instance, the deeper rings (10, 12 stages), and an infinite x value in
+ * gate/up mode, the folded-norm instance, rings of 10 and 12 stages (the template's depth; the GPU runs
+ * 8), and an infinite x value in
  * one row of x that must not reach another row's results. Shared memory starts as NaN (emu.h's poison), so x read past what the kernel
  * staged shows. The GPU's own mma and timing are test_cuda_ops' and the benchmarks' (GPU machine). */
 #include "gvb_emu.cpp"
@@ -18,7 +19,7 @@ struct gcase {
     int N, K, NT, mode, ks, rpw;
     int bias, y_f32; /* mode 0 */
     int inf_row;     /* >= 0: x[inf_row][0] = +inf (needs NT > 1; the other rows are checked) */
-    int D;           /* ring stages (0: GB_D; 10 or 12: the deeper rings of MS_CU_BF16_STREAM_DEEP, NT 1, mode 0) */
+    int D;           /* ring stages (0: GB_D; 10 or 12: deeper rings, NT 1, mode 0; not launched on the GPU) */
 };
 
 static uint16_t bfr(std::mt19937 &r, float scale) {
