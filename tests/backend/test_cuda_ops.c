@@ -848,6 +848,17 @@ static void test_linear_bf16_stream(void) {
     bf16_stream_case(5, 70, 256, 0, MS_F32, 0); /* beyond the form: another one, same results */
     bf16_stream_case(1, 300, 1024, 0, MS_F32, 1);
     bf16_stream_case(3, 300, 4104, 1, MS_F32, 1);
+    /* the grid over several waves (MS_CU_BF16_STREAM_WAVES): more, smaller blocks, the same results; Air's
+     * q|k|v and o_proj, and shapes where the rows run out before the last blocks */
+    char *waves = env_push("MS_CU_BF16_STREAM_WAVES", "3");
+    bf16_stream_case(1, 14336, 4096, 1, MS_BF16, 0);
+    bf16_stream_case(1, 4096, 12288, 0, MS_F32, 0);
+    for (int64_t T = 1; T <= 4; T++) bf16_stream_case(T, 1000, 4096, 1, MS_F32, 0);
+    bf16_stream_case(2, 97, 136, 0, MS_F32, 0);
+    setenv("MS_CU_BF16_STREAM_WAVES", "8", 1);
+    bf16_stream_case(1, 4096, 12288, 1, MS_F32, 1);
+    bf16_stream_case(3, 20000, 512, 0, MS_BF16, 0);
+    env_pop("MS_CU_BF16_STREAM_WAVES", waves);
     /* fused gate/up (dense MLP at decode): swiglu_case's checks, plus the counter */
     char *saved = env_push("MS_CU_BF16_STREAM_MAX_T", "4");
     const long long n0 = ms_cuda_gvb_launches();
