@@ -565,7 +565,7 @@ static int gd_try(ms_backend *b, const cu_gvb_call *c, int pct, int force_ks, in
 
 /* Contract in cuda_internal.cuh. Launch shape: for each K split ks in {1, 2, 4, 8} (shares of whole
  * 512-byte runs, at least two runs each when split), rows per warp = ceil(N * ks / resident warps), so
- * one wave holds the grid (MS_CU_BF16_STREAM_WAVES: that many waves); the split with the fewest bytes on
+ * one wave holds the grid; the split with the fewest bytes on
  * the busiest warp wins, a smaller split on ties within 1/16 (fewer partials, longer sequential runs). */
 int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err) {
     *launched = 0;
@@ -598,8 +598,7 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     int bps = 0;
     MS_TRY(cu_occupancy(b, (const void *)kern, GB_THREADS, smem, &bps, err));
     if (bps <= 0) return MS_OK;
-    /* MS_CU_BF16_STREAM_WAVES: the work over that many waves of resident warps */
-    const int64_t warps = (int64_t)bps * nsm * GB_WARPS * cu_knob(CU_KNOB_BF16_STREAM_WAVES);
+    const int64_t warps = (int64_t)bps * nsm * GB_WARPS;
     int best_ks = 0, best_rpw = 0;
     int64_t best_cost = 0;
     for (int pass = force_ks ? 0 : 1; pass < 2 && !best_ks; pass++) /* a forced split that cannot be: the others */

@@ -130,11 +130,11 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                  "cores (two mma.sync a lane's 16 bytes, gemv_tc.cuh) instead of 24 CUDA-core "
                                  "instructions; results within fp32 summation order of the CUDA-core form, not the "
                                  "same bits; 0: CUDA cores"},
-    [CU_KNOB_BF16_STREAM_WAVES] = {"MS_CU_BF16_STREAM_WAVES", KN_INT, 1, 1, 8, NULL, 0,
-                                   "the streaming bf16 GEMV's fixed form (k_gvb) sizes its grid for this many waves "
-                                   "of resident blocks: 1 (default) gives every warp its whole share at launch; more "
-                                   "cuts the work into smaller blocks that the hardware hands to SMs as others end, "
-                                   "evening out SMs that finish early (measurement)"},
+    [CU_KNOB_ATTN_CLUSTER] = {"MS_CU_ATTN_CLUSTER", KN_INT, 1, 0, 2, NULL, 0,
+                              "the GQA tensor-core attention kernel, when it splits keys over at most "
+                              "8 blocks, launches them as a thread-block cluster that merges the partials "
+                              "through distributed shared memory (no merge kernel; the same bits); 2: the same "
+                              "with the next kernel launched only as the blocks end; 0: the merge kernel"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */
