@@ -1711,8 +1711,19 @@ static void test_attn_gqa_prep(void) {
 static void test_attn_gqa_batches(void) {
     { /* a prefill chunk of 300 tokens after a cached prefix of 200 */
         int nn[1] = {300}, cx[1] = {500};
+#ifdef MS_HAVE_CUDA
+        const long long k0 = ms_cuda_attn_prep_form_launches(2);
+#endif
         gqa_batch_case("prefill", 96, 8, 128, 16, 1, nn, cx);
         gqa_batch_case("prefill", 32, 4, 64, 7, 1, nn, cx);
+#ifdef MS_HAVE_CUDA
+        /* with 132 SMs both split their keys (480 and 152 blocks against 4 an SM: 2 and 4 ranges), with fewer
+         * at least the second: on sm_90 the cluster merges, so the bit comparison with the merge kernel
+         * above was between the two paths */
+        if (GPU->gpu.cc_major == 9)
+            CHECK_MSG(ms_cuda_attn_prep_form_launches(2) - k0 >= 1, "prefill: %lld launches merged in a cluster",
+                      ms_cuda_attn_prep_form_launches(2) - k0);
+#endif
     }
     { /* decodes at contexts 1, 64, 65, 129 and 1000, a chunk of 37 after 213 cached, a fresh prompt of 70 */
         int nn[7] = {1, 37, 1, 1, 70, 1, 1}, cx[7] = {1, 250, 64, 65, 70, 129, 1000};

@@ -117,13 +117,14 @@ __device__ __forceinline__ int am_first_block(const int32_t *seq_start, int s, i
 struct am_blk {
     int tb, ntok, nhc, hq0;
 };
-__device__ __forceinline__ am_blk am_block_rows(const am_args &a, int s, int x) {
+__device__ __forceinline__ am_blk am_block_rows(const int32_t *seq_start, int s, int x, int tpb, int n_chunks, int hc,
+                                                int g) {
     am_blk r;
-    r.tb = a.seq_start[s] + (x - am_first_block(a.seq_start, s, a.tpb)) * a.tpb;
-    r.ntok = min(a.tpb, a.seq_start[s + 1] - r.tb);
-    const int kvh = blockIdx.y / a.n_chunks, h0 = (blockIdx.y % a.n_chunks) * a.hc;
-    r.nhc = min(a.hc, a.g - h0);
-    r.hq0 = kvh * a.g + h0;
+    r.tb = seq_start[s] + (x - am_first_block(seq_start, s, tpb)) * tpb;
+    r.ntok = min(tpb, seq_start[s + 1] - r.tb);
+    const int kvh = blockIdx.y / n_chunks, h0 = (blockIdx.y % n_chunks) * hc;
+    r.nhc = min(hc, g - h0);
+    r.hq0 = kvh * g + h0;
     return r;
 }
 
@@ -163,32 +164,37 @@ __device__ __forceinline__ void am_cluster_put(const float (&o)[D / 8][4], const
         }
     }
 }
-/* (not inlined: its registers would join the key loop's, which is at the launch bound's limit) */
-template <int D> __device__ __noinline__ void am_cluster_merge(const am_args &a, int s) {
+/* (not inlined: its registers would join the key loop's, which is at the launch bound's limit; am_args'
+ * fields by value, as a reference to the kernel parameter made every launch copy it to the stack.) The
+ * block's rows (am_block_rows of sequence s) are recomputed here from the meta rather than kept in
+ * registers through the key loop. */
+template <int D>
+__device__ __noinline__ void am_cluster_merge(const int32_t *seq_start, int s, int tpb, int n_chunks, int hc, int g,
+                                              int nh, int ns, bf16 *out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    __trap(); /* no cluster code in this build's image: the host never asks for it (cu_impl.have_wgmma) */
+#endif
     constexpr int PS = D + 2;
     extern __shared__ __align__(16) unsigned char am_sm[];
     float *const ps = (float *)am_sm;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    /* the block's rows again (from the meta, not kept in registers through the key loop) */
-    const am_blk blk = am_block_rows(a, s, (int)gridDim.x - 1 - (int)blockIdx.x);
-    const int tb = blk.tb, ntok = blk.ntok, nhc = blk.nhc, hq0 = blk.hq0;
+    const am_blk b = am_block_rows(seq_start, s, (int)gridDim.x - 1 - (int)blockIdx.x, tpb, n_chunks, hc, g);
     cu_cluster_sync();
-    const int ns = a.n_split;
     const uint32_t base = cu_saddr(ps);
     for (int r = (int)blockIdx.z * AM_WARPS + warp; r < AM_BM; r += ns * AM_WARPS) {
-        const int ti = r / a.hc, hi = r % a.hc;
+        const int ti = r / hc, hi = r % hc, tb = b.tb, ntok = b.ntok, nhc = b.nhc, hq0 = b.hq0;
         if (ti >= ntok || hi >= nhc) continue; /* warp-uniform: a row no block of the cluster has */
         const uint32_t rz = lane < ns ? cu_dsmem_map(base, (unsigned)lane) + (uint32_t)(r * PS) * 4u : 0u;
         const float mz = lane < ns ? cu_dsmem_ldf(rz + D * 4u) : -INFINITY;
         float M = mz;
 #pragma unroll
-        for (int s = 16; s; s >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, s));
+        for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
         const float e = mz == -INFINITY ? 0.f : expf(mz - M);
         float L = e > 0.f ? cu_dsmem_ldf(rz + (D + 1) * 4u) * e : 0.f;
 #pragma unroll
-        for (int s = 16; s; s >>= 1) L += __shfl_xor_sync(0xffffffffu, L, s);
+        for (int o = 16; o; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
         const float inv = L > 0.f ? 1.f / L : 0.f;
-        bf16 *op = a.out + ((size_t)(tb + ti) * a.nh + hq0 + hi) * D;
+        bf16 *op = out + ((size_t)(tb + ti) * nh + hq0 + hi) * D;
 #pragma unroll
         for (int c0 = 0; c0 < D; c0 += 32) {
             float acc = 0.f;
@@ -232,7 +238,7 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep p
     __syncthreads();
     const int s = sh_seq;
     if (s < 0) return;
-    const am_blk blk = am_block_rows(a, s, x);
+    const am_blk blk = am_block_rows(a.seq_start, s, x, a.tpb, a.n_chunks, a.hc, a.g);
     if (blk.ntok <= 0) return; /* a spare block of this sequence */
     const int tb = blk.tb, ntok = blk.ntok, nhc = blk.nhc, hq0 = blk.hq0, kvh = blockIdx.y / a.n_chunks;
 
@@ -461,7 +467,7 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep p
     }
     if (a.cl) { /* block-uniform (and cluster-uniform: the blocks of a cluster share x and y) */
         am_cluster_put<D>(o, m, l, lim);
-        am_cluster_merge<D>(a, sh_seq);
+        am_cluster_merge<D>(a.seq_start, sh_seq, a.tpb, a.n_chunks, a.hc, a.g, a.nh, a.n_split, a.out);
         return;
     }
 #pragma unroll
@@ -542,10 +548,12 @@ static int am_run(ms_backend *b, am_args *a, const am_prep *pp, const bf16 *q, c
     const int tiles = m->max_ctx > 0 ? (m->max_ctx + AM_BN - 1) / AM_BN : 1;
     if (tiles <= cu_knob(CU_KNOB_ATTN_SPLIT_TILES)) allow_split = 0;
     MS_TRY(cu_attn_split(b, groups * nkv * a->n_chunks, tiles, 4, T, nh, d, allow_split, &a->n_split, &a->part, err));
-    /* a split over at most 8 blocks (a portable cluster) merges in its cluster on sm_90 (this build's
-     * cluster code is the sm_90a one; the compute_80 PTX has none), else in k_attn_combine */
+    /* a split over at most 8 blocks (a portable cluster) merges in its cluster on sm_90 where the sm_90a
+     * image runs (have_wgmma's probe: the compute_80 PTX, JIT-compiled, has no cluster code), else in
+     * k_attn_combine */
     a->cl = 0;
-    if (a->n_split > 1 && a->n_split <= AM_MAX_CLUSTER && b->gpu.cc_major == 9) a->cl = cu_knob(CU_KNOB_ATTN_CLUSTER);
+    if (a->n_split > 1 && a->n_split <= AM_MAX_CLUSTER && b->gpu.cc_major == 9 && cu_of(b)->have_wgmma)
+        a->cl = cu_knob(CU_KNOB_ATTN_CLUSTER);
     const int64_t gx = ((int64_t)T + (int64_t)(hb->n_seqs + 1) * (a->tpb - 1)) / a->tpb; /* P(n_seqs) */
     dim3 grid((unsigned)gx, (unsigned)(nkv * a->n_chunks), (unsigned)a->n_split);
     const size_t sm = (d == 64 ? am_smem_bytes<64>() : am_smem_bytes<128>()) + prep_sm;
