@@ -56,7 +56,11 @@ extern "C" int ms_cuda_device_info(int device, ms_gpu_info *info, ms_err *err) {
 
 int cu_pdl_enabled(void) {
     enum { MAXDEV = 64 };
-    static int cc_ok[MAXDEV]; /* per device: 0 not asked yet, 1 below sm_90, 2 sm_90+ (racy writes store one value) */
+    /* per device: 0 not asked yet, 1 no, 2 sm_90 (racy writes store one value). Only compute capability 9:
+     * this build's code for later GPUs is the compute_80 PTX, JIT-compiled, whose kernels have no
+     * griddepcontrol.wait (compiled out below sm_90), so a launch allowed to start early there would read
+     * what the previous kernel is still writing. */
+    static int cc_ok[MAXDEV];
     if (!cu_knob(CU_KNOB_PDL)) return 0;
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) {
@@ -71,7 +75,7 @@ int cu_pdl_enabled(void) {
             (void)cudaGetLastError();
             major = 0;
         }
-        v = major >= 9 ? 2 : 1;
+        v = major == 9 ? 2 : 1;
         __atomic_store_n(&cc_ok[dev], v, __ATOMIC_RELAXED);
     }
     return v == 2;

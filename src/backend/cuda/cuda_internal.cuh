@@ -48,7 +48,8 @@ typedef __nv_bfloat16 bf16;
 /* ---- Programmatic Dependent Launch (PDL) ----
  * Every kernel of ours is launched through cu_launch and opens with cu_pdl_wait(); cu_pdl_trigger();
  * before anything else. With PDL on (knob MS_CU_PDL, default 1, and a GPU of compute capability
- * >= 9.0), cu_launch marks the launch "programmatic stream serialization allowed": the kernel may start
+ * 9.x, the one this build has sm_90 code for: later GPUs JIT the compute_80 PTX, whose kernels have no
+ * wait), cu_launch marks the launch "programmatic stream serialization allowed": the kernel may start
  * while the previous kernel on the stream is still running, as soon as every block of that one has
  * executed griddepcontrol.launch_dependents (or exited). It then does its prologue (block scheduling,
  * parameter loads) and parks in griddepcontrol.wait, which returns once every prerequisite grid has
@@ -103,7 +104,7 @@ __device__ __forceinline__ void cu_pdl_trigger() {
 #endif
 }
 /* 1 when our launches on the current device carry the PDL attribute: MS_CU_PDL (read once) is not 0
- * and the current device has compute capability >= 9.0 (cached per device). backend.cu. */
+ * and the current device has compute capability 9.x (cached per device). backend.cu. */
 int cu_pdl_enabled(void);
 /* kernel<<<grid, block, smem, stream>>>(args...) through cudaLaunchKernelEx, with programmatic stream
  * serialization allowed when cu_pdl_enabled() (see above; every kernel launched this way must open
