@@ -1333,12 +1333,12 @@ static void gqa_batch_case(const char *name, int nh, int nkv, int d, int page, i
     const float sc = 1.f / sqrtf((float)d);
     R(CPU->ops->attn_gqa(CPU, &Q.c, &K.c, &V.c, &B.mc, sc, &oc, &E));
     float *ref = get(CPU, &oc);
-    /* the last mode, a split merged by the merge kernel instead of in a cluster, must give the default's
-     * bits (where no split has 2..8 ranges both take the same path) */
-    static const char *modes[4] = {NULL, "MS_ATTN_NO_SPLIT", "MS_ATTN_NO_MMA", "MS_CU_ATTN_CLUSTER"};
-    static const char *vals[4] = {NULL, "1", "1", "0"};
+    /* the last two modes, a split merged by the merge kernel and in a cluster, must give the default's bits
+     * (where no split has 2..8 ranges all take the same path) */
+    static const char *modes[5] = {NULL, "MS_ATTN_NO_SPLIT", "MS_ATTN_NO_MMA", "MS_CU_ATTN_CLUSTER", "MS_CU_ATTN_CLUSTER"};
+    static const char *vals[5] = {NULL, "1", "1", "0", "1"};
     float *a0 = NULL;
-    for (int mo = 0; mo < 4; mo++) {
+    for (int mo = 0; mo < 5; mo++) {
         char *saved = modes[mo] ? env_push(modes[mo], vals[mo]) : NULL;
         ms_tensor og = mk(GPU, 0, 3, qs, NULL); /* NaN-poisoned */
         R(GPU->ops->attn_gqa(GPU, &Q.g, &K.g, &V.g, &B.mg, sc, &og, &E));
@@ -1347,9 +1347,9 @@ static void gqa_batch_case(const char *name, int nh, int nkv, int d, int page, i
         double e = row_err(a, ref, (size_t)T * nh, d);
         CHECK_MSG(e <= 2e-2, "%s nh=%d nkv=%d d=%d page=%d (%s): row rel err %.3g", name, nh, nkv, d, page,
                   modes[mo] ? modes[mo] : "default", e);
-        if (mo == 3)
-            CHECK_MSG(same_finite(a, a0, (size_t)T * nh * d), "%s nh=%d nkv=%d d=%d page=%d: the merge kernel's output "
-                      "differs from the default's", name, nh, nkv, d, page);
+        if (mo >= 3)
+            CHECK_MSG(same_finite(a, a0, (size_t)T * nh * d), "%s nh=%d nkv=%d d=%d page=%d (%s=%s): output differs from "
+                      "the default's", name, nh, nkv, d, page, modes[mo], vals[mo]);
         if (mo == 0) a0 = a;
         else free(a);
         fr(GPU, &og);
@@ -1582,14 +1582,15 @@ static void gqa_prep_attn_case(const char *name, int nh, int nkv, int d, const m
     const ms_attn_gqa_prep pp = {&Kr, &Vr, with_bias & 1 ? &Bq : NULL, with_bias & 2 ? &Bk : NULL, with_bias & 4 ? &Bv : NULL,
                                  B.mg.positions_d, SL.data, rc, &QKV};
     const float sc = 1.f / sqrtf((float)d);
-    /* modes: default; no key split; the prep fused but read after the wait; not fused; the split merged by
-     * the merge kernel instead of in a cluster; the cluster with the late trigger. The last two must give
-     * the default's output bits (the same arithmetic in the same order). */
-    static const char *const mode_var[6] = {NULL, "MS_CU_ATTN_SPLIT_TILES", "MS_CU_ATTN_PREP", "MS_CU_ATTN_PREP",
-                                            "MS_CU_ATTN_CLUSTER", "MS_CU_ATTN_CLUSTER"};
-    static const char *const mode_val[6] = {NULL, "1048576", "1", "0", "0", "2"};
+    /* modes: default; no key split; the prep fused but read after the wait; not fused; a split merged by
+     * the merge kernel, in a cluster, in a cluster with the late trigger. The last three must give the
+     * default's output bits (the same arithmetic in the same order, whichever the default is). */
+    static const char *const mode_var[7] = {NULL, "MS_CU_ATTN_SPLIT_TILES", "MS_CU_ATTN_PREP", "MS_CU_ATTN_PREP",
+                                            "MS_CU_ATTN_CLUSTER", "MS_CU_ATTN_CLUSTER", "MS_CU_ATTN_CLUSTER"};
+    static const char *const mode_val[7] = {NULL, "1048576", "1", "0", "0", "1", "2"};
+    const int cl_default = cu_knob(CU_KNOB_ATTN_CLUSTER) != 0;
     float *out0 = NULL; /* the default mode's output */
-    for (int mo = 0; mo < 6; mo++) {
+    for (int mo = 0; mo < 7; mo++) {
         ms_tensor Q[2], K[2], V[2], O[2];
         for (int f = 0; f < 2; f++) {
             Q[f] = mk(GPU, 0, 3, qs, NULL);
@@ -1618,10 +1619,12 @@ static void gqa_prep_attn_case(const char *name, int nh, int nkv, int d, const m
                   mo == 3 ? 0 : want_fused);
         CHECK_MSG(early == (mo < 2 || mo > 3 ? fused : 0), "%s (%s): %lld of %lld fused launches read before the wait",
                   name, mname, early, fused);
-        /* the cluster merge where the split has 2..8 ranges (want_cluster), never without a split or with it off */
-        if (mo == 1 || mo == 4 || want_cluster >= 0)
-            CHECK_MSG(clustered == (mo == 1 || mo == 4 ? 0 : want_cluster), "%s (%s): %lld launches merged in a cluster",
-                      name, mname, clustered);
+        /* the cluster merge where the split has 2..8 ranges (want_cluster) and the knob is on (modes 5, 6,
+         * and the others by the default), never without a split or with the knob off */
+        const int cl_on = mo == 5 || mo == 6 || (mo != 1 && mo != 4 && cl_default);
+        if (!cl_on || want_cluster >= 0)
+            CHECK_MSG(clustered == (cl_on ? want_cluster : 0), "%s (%s): %lld launches merged in a cluster", name, mname,
+                      clustered);
         if (mo == 1 || (mo == 0 && want_split >= 0))
             CHECK_MSG(split == (mo == 1 ? 0 : want_split * fused), "%s (%s): %lld of %lld fused launches split the keys",
                       name, mname, split, fused);
@@ -1718,8 +1721,8 @@ static void test_attn_gqa_batches(void) {
         gqa_batch_case("prefill", 32, 4, 64, 7, 1, nn, cx);
 #ifdef MS_HAVE_CUDA
         /* with 132 SMs both split their keys (480 and 152 blocks against 4 an SM: 2 and 4 ranges), with fewer
-         * at least the second: on sm_90 the cluster merges, so the bit comparison with the merge kernel
-         * above was between the two paths */
+         * at least the second: on sm_90 the cluster merges (MS_CU_ATTN_CLUSTER=1 at least), so the bit
+         * comparison above was between the two paths */
         if (GPU->gpu.cc_major == 9)
             CHECK_MSG(ms_cuda_attn_prep_form_launches(2) - k0 >= 1, "prefill: %lld launches merged in a cluster",
                       ms_cuda_attn_prep_form_launches(2) - k0);
