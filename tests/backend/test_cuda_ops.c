@@ -1292,13 +1292,6 @@ static void free_gbatch(gbatch *B) {
     free(B->tok); free(B->pos); free(B->slot); free(B->tseq); free(B->seq_start); free(B->ctx); free(B->table);
 }
 
-/* 1 when the n floats of a and b are the same bits and all finite (a NaN would be a row nobody wrote). */
-static int same_finite(const float *a, const float *b, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(a[i]) || memcmp(&a[i], &b[i], sizeof(float))) return 0;
-    return 1;
-}
-
 /* Attention outputs compared row by row (a row = one token's head): max |a-r| over the row divided
  * by the row's max |r| (at least 0.1), so one row with a wrong mask is not hidden among thousands. */
 static double row_err(const float *a, const float *r, size_t rows, int d) {
@@ -1333,28 +1326,19 @@ static void gqa_batch_case(const char *name, int nh, int nkv, int d, int page, i
     const float sc = 1.f / sqrtf((float)d);
     R(CPU->ops->attn_gqa(CPU, &Q.c, &K.c, &V.c, &B.mc, sc, &oc, &E));
     float *ref = get(CPU, &oc);
-    /* the last two modes, a split merged by the merge kernel and in a cluster, must give the default's bits
-     * (where no split has 2..8 ranges all take the same path) */
-    static const char *modes[5] = {NULL, "MS_ATTN_NO_SPLIT", "MS_ATTN_NO_MMA", "MS_CU_ATTN_CLUSTER", "MS_CU_ATTN_CLUSTER"};
-    static const char *vals[5] = {NULL, "1", "1", "0", "1"};
-    float *a0 = NULL;
-    for (int mo = 0; mo < 5; mo++) {
-        char *saved = modes[mo] ? env_push(modes[mo], vals[mo]) : NULL;
+    static const char *modes[3] = {NULL, "MS_ATTN_NO_SPLIT", "MS_ATTN_NO_MMA"};
+    for (int mo = 0; mo < 3; mo++) {
+        if (modes[mo]) setenv(modes[mo], "1", 1);
         ms_tensor og = mk(GPU, 0, 3, qs, NULL); /* NaN-poisoned */
         R(GPU->ops->attn_gqa(GPU, &Q.g, &K.g, &V.g, &B.mg, sc, &og, &E));
-        if (modes[mo]) env_pop(modes[mo], saved);
+        if (modes[mo]) unsetenv(modes[mo]);
         float *a = get(GPU, &og);
         double e = row_err(a, ref, (size_t)T * nh, d);
         CHECK_MSG(e <= 2e-2, "%s nh=%d nkv=%d d=%d page=%d (%s): row rel err %.3g", name, nh, nkv, d, page,
                   modes[mo] ? modes[mo] : "default", e);
-        if (mo >= 3)
-            CHECK_MSG(same_finite(a, a0, (size_t)T * nh * d), "%s nh=%d nkv=%d d=%d page=%d (%s=%s): output differs from "
-                      "the default's", name, nh, nkv, d, page, modes[mo], vals[mo]);
-        if (mo == 0) a0 = a;
-        else free(a);
+        free(a);
         fr(GPU, &og);
     }
-    free(a0);
     free(ref);
     fr(CPU, &oc);
     pfree(&K); pfree(&V); pfree(&Q);
@@ -1543,6 +1527,13 @@ static void test_attn_impls(void) {
 }
 
 #ifdef MS_HAVE_CUDA
+/* 1 when the n floats of a and b are the same bits and all finite (a NaN would be a row nobody wrote). */
+static int same_finite(const float *a, const float *b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(a[i]) || memcmp(&a[i], &b[i], sizeof(float))) return 0;
+    return 1;
+}
+
 /* The attention implementation that takes raw q/k/v rows (MS_ATTN_CAP_GQA_PREP, ms_attn_call.prep)
  * against gqa_prep's kernel followed by the same implementation on the prepared rows: the output, the
  * rotated q and both caches must be the same bits (the fused kernel does gqa_prep's arithmetic through
@@ -1559,7 +1550,7 @@ static void test_attn_impls(void) {
 /* with_bias: a mask of the q (1), k (2) and v (4) biases present */
 static void gqa_prep_attn_case(const char *name, int nh, int nkv, int d, const ms_rope_cfg *rc, int with_bias, int page,
                                int n_seqs, const int *nnew, const int *ctx, const int32_t *slots, int want_fused,
-                               int want_split, int want_cluster) {
+                               int want_split) {
     gbatch B;
     make_gbatch(&B, n_seqs, nnew, ctx, page);
     const int T = B.bt.n_tokens, S = B.n_slots;
@@ -1582,15 +1573,9 @@ static void gqa_prep_attn_case(const char *name, int nh, int nkv, int d, const m
     const ms_attn_gqa_prep pp = {&Kr, &Vr, with_bias & 1 ? &Bq : NULL, with_bias & 2 ? &Bk : NULL, with_bias & 4 ? &Bv : NULL,
                                  B.mg.positions_d, SL.data, rc, &QKV};
     const float sc = 1.f / sqrtf((float)d);
-    /* modes: default; no key split; the prep fused but read after the wait; not fused; a split merged by
-     * the merge kernel, in a cluster, in a cluster with the late trigger. The last three must give the
-     * default's output bits (the same arithmetic in the same order, whichever the default is). */
-    static const char *const mode_var[7] = {NULL, "MS_CU_ATTN_SPLIT_TILES", "MS_CU_ATTN_PREP", "MS_CU_ATTN_PREP",
-                                            "MS_CU_ATTN_CLUSTER", "MS_CU_ATTN_CLUSTER", "MS_CU_ATTN_CLUSTER"};
-    static const char *const mode_val[7] = {NULL, "1048576", "1", "0", "0", "1", "2"};
-    const int cl_default = cu_knob(CU_KNOB_ATTN_CLUSTER) != 0;
-    float *out0 = NULL; /* the default mode's output */
-    for (int mo = 0; mo < 7; mo++) {
+    static const char *const mode_var[4] = {NULL, "MS_CU_ATTN_SPLIT_TILES", "MS_CU_ATTN_PREP", "MS_CU_ATTN_PREP"};
+    static const char *const mode_val[4] = {NULL, "1048576", "1", "0"};
+    for (int mo = 0; mo < 4; mo++) {
         ms_tensor Q[2], K[2], V[2], O[2];
         for (int f = 0; f < 2; f++) {
             Q[f] = mk(GPU, 0, 3, qs, NULL);
@@ -1605,26 +1590,19 @@ static void gqa_prep_attn_case(const char *name, int nh, int nkv, int d, const m
         R(ms_attn_run(impl, GPU, &c0, &E));
         /* the call with the raw rows */
         const long long n0 = ms_cuda_attn_prep_launches(), e0 = ms_cuda_attn_prep_form_launches(0),
-                        s0 = ms_cuda_attn_prep_form_launches(1), k0 = ms_cuda_attn_prep_form_launches(2);
+                        s0 = ms_cuda_attn_prep_form_launches(1);
         const ms_attn_call c1 = {MS_ATTN_GQA, &Q[1], &K[1], &V[1], &B.mg, NULL, 0, 0, sc, &O[1], &pp};
         R(ms_attn_run(impl, GPU, &c1, &E));
         const long long fused = ms_cuda_attn_prep_launches() - n0, early = ms_cuda_attn_prep_form_launches(0) - e0,
-                        split = ms_cuda_attn_prep_form_launches(1) - s0,
-                        clustered = ms_cuda_attn_prep_form_launches(2) - k0;
+                        split = ms_cuda_attn_prep_form_launches(1) - s0;
         if (mode_var[mo]) env_pop(mode_var[mo], saved);
         char mname[64];
         if (mode_var[mo]) snprintf(mname, sizeof mname, "%s=%s", mode_var[mo], mode_val[mo]);
         else snprintf(mname, sizeof mname, "default");
         CHECK_MSG(fused == (mo == 3 ? 0 : want_fused), "%s (%s): %lld fused launches, %d expected", name, mname, fused,
                   mo == 3 ? 0 : want_fused);
-        CHECK_MSG(early == (mo < 2 || mo > 3 ? fused : 0), "%s (%s): %lld of %lld fused launches read before the wait",
-                  name, mname, early, fused);
-        /* the cluster merge where the split has 2..8 ranges (want_cluster) and the knob is on (modes 5, 6,
-         * and the others by the default), never without a split or with the knob off */
-        const int cl_on = mo == 5 || mo == 6 || (mo != 1 && mo != 4 && cl_default);
-        if (!cl_on || want_cluster >= 0)
-            CHECK_MSG(clustered == (cl_on ? want_cluster : 0), "%s (%s): %lld launches merged in a cluster", name, mname,
-                      clustered);
+        CHECK_MSG(early == (mo < 2 ? fused : 0), "%s (%s): %lld of %lld fused launches read before the wait", name, mname,
+                  early, fused);
         if (mo == 1 || (mo == 0 && want_split >= 0))
             CHECK_MSG(split == (mo == 1 ? 0 : want_split * fused), "%s (%s): %lld of %lld fused launches split the keys",
                       name, mname, split, fused);
@@ -1634,18 +1612,13 @@ static void gqa_prep_attn_case(const char *name, int nh, int nkv, int d, const m
             float *a = get(GPU, pairs[i][0]), *b = get(GPU, pairs[i][1]);
             CHECK_MSG(same_finite(a, b, (size_t)ms_tensor_numel(pairs[i][0])), "%s (%s): %s differs from gqa_prep + attention",
                       name, mname, what[i]);
-            if (i == 0 && mo >= 4)
-                CHECK_MSG(out0 && same_finite(b, out0, (size_t)ms_tensor_numel(pairs[0][1])),
-                          "%s (%s): output differs from the default's", name, mname);
-            if (i == 0 && mo == 0) out0 = b;
-            else free(b);
             free(a);
+            free(b);
         }
         for (int f = 0; f < 2; f++) {
             fr(GPU, &Q[f]); fr(GPU, &K[f]); fr(GPU, &V[f]); fr(GPU, &O[f]);
         }
     }
-    free(out0);
     /* an implementation without the capability refuses the raw rows with a sentence */
     for (const ms_attn_impl *const *ip = ms_attn_impls(); *ip; ip++) {
         if (strcmp((*ip)->backend, "cuda") || ((*ip)->caps & MS_ATTN_CAP_GQA_PREP)) continue;
@@ -1667,16 +1640,14 @@ static void test_attn_gqa_prep(void) {
      * one whole tile, one key past it, 256 (the benchmark's), 1000 and 4097 (split-K, the last range
      * holding the new key alone in its tile) */
     const int one[1] = {1}, ctx1[6] = {1, 64, 65, 256, 1000, 4097};
-    const int cl9 = GPU->gpu.cc_major == 9; /* the cluster merge's build (sm_90a) and GPU */
     for (int i = 0; i < 6; i++) {
         char nm[64];
         snprintf(nm, sizeof nm, "air b1 ctx %d", ctx1[i]);
-        gqa_prep_attn_case(nm, 96, 8, 128, &neox, 7, 16, 1, one, &ctx1[i], NULL, 1, ctx1[i] >= 1000 ? 1 : -1,
-                           cl9 && ctx1[i] > 64 && ctx1[i] <= 512); /* 2..8 ranges: the cluster merges */
+        gqa_prep_attn_case(nm, 96, 8, 128, &neox, 7, 16, 1, one, &ctx1[i], NULL, 1, ctx1[i] >= 1000 ? 1 : -1);
     }
     /* a decode batch of 5 at uneven contexts, then the same with a slot of -1 and one past the cache */
     const int n5[5] = {1, 1, 1, 1, 1}, c5[5] = {1, 63, 64, 130, 700};
-    gqa_prep_attn_case("air b5", 96, 8, 128, &neox, 7, 16, 5, n5, c5, NULL, 1, -1, 0); /* 11 ranges: the merge kernel */
+    gqa_prep_attn_case("air b5", 96, 8, 128, &neox, 7, 16, 5, n5, c5, NULL, 1, -1);
     {
         const uint64_t seed = rng; /* the case builds its batch first, from the same seed: the same pages */
         gbatch B;
@@ -1687,46 +1658,35 @@ static void test_attn_gqa_prep(void) {
         sl[3] = B.n_slots + 3;
         free_gbatch(&B);
         rng = seed;
-        gqa_prep_attn_case("air b5 bad slots", 96, 8, 128, &neox, 7, 16, 5, n5, c5, sl, 1, -1, 0);
+        gqa_prep_attn_case("air b5 bad slots", 96, 8, 128, &neox, 7, 16, 5, n5, c5, sl, 1, -1);
     }
     /* head dim 64 with full rotary and no bias, page 7; no rotary dims; interleaved pairs at an offset */
     const int n3[3] = {1, 1, 1}, c3[3] = {200, 7, 64};
-    gqa_prep_attn_case("d64 full rotary", 32, 4, 64, &full64, 0, 7, 3, n3, c3, NULL, 1, -1, cl9);
-    gqa_prep_attn_case("no rotary", 16, 2, 128, NULL, 7, 16, 3, n3, c3, NULL, 1, -1, -1);
-    gqa_prep_attn_case("interleaved at 32", 16, 2, 128, &inter, 7, 16, 3, n3, c3, NULL, 1, -1, -1);
+    gqa_prep_attn_case("d64 full rotary", 32, 4, 64, &full64, 0, 7, 3, n3, c3, NULL, 1, -1);
+    gqa_prep_attn_case("no rotary", 16, 2, 128, NULL, 7, 16, 3, n3, c3, NULL, 1, -1);
+    gqa_prep_attn_case("interleaved at 32", 16, 2, 128, &inter, 7, 16, 3, n3, c3, NULL, 1, -1);
     /* some biases absent: the kernel adds each one present and nothing for the others */
-    gqa_prep_attn_case("q bias only", 16, 2, 128, &neox, 1, 16, 3, n3, c3, NULL, 1, -1, -1);
-    gqa_prep_attn_case("k and v biases only", 16, 2, 128, &neox, 6, 16, 3, n3, c3, NULL, 1, -1, -1);
+    gqa_prep_attn_case("q bias only", 16, 2, 128, &neox, 1, 16, 3, n3, c3, NULL, 1, -1);
+    gqa_prep_attn_case("k and v biases only", 16, 2, 128, &neox, 6, 16, 3, n3, c3, NULL, 1, -1);
     /* the largest head groups the kernel stages (hc q rows and 2 bias rows of fp32 fill a K buffer of 64
      * padded bf16 rows: 34 at head dim 64, 32 at 128), and one more, which it declines */
-    gqa_prep_attn_case("34 heads a kv head, d 64", 68, 2, 64, &full64, 7, 16, 3, n3, c3, NULL, 1, -1, -1);
-    gqa_prep_attn_case("32 heads a kv head, d 128", 64, 2, 128, &neox, 7, 16, 3, n3, c3, NULL, 1, -1, cl9);
-    gqa_prep_attn_case("35 heads a kv head, d 64 (declined)", 70, 2, 64, &full64, 7, 16, 3, n3, c3, NULL, 0, -1, -1);
-    gqa_prep_attn_case("33 heads a kv head, d 128 (declined)", 66, 2, 128, &neox, 7, 16, 3, n3, c3, NULL, 0, -1, -1);
+    gqa_prep_attn_case("34 heads a kv head, d 64", 68, 2, 64, &full64, 7, 16, 3, n3, c3, NULL, 1, -1);
+    gqa_prep_attn_case("32 heads a kv head, d 128", 64, 2, 128, &neox, 7, 16, 3, n3, c3, NULL, 1, -1);
+    gqa_prep_attn_case("35 heads a kv head, d 64 (declined)", 70, 2, 64, &full64, 7, 16, 3, n3, c3, NULL, 0, -1);
+    gqa_prep_attn_case("33 heads a kv head, d 128 (declined)", 66, 2, 128, &neox, 7, 16, 3, n3, c3, NULL, 0, -1);
     /* declined: a sequence with several new tokens (prefill chunk, verify), and a head group larger than a
      * block's 64 rows (the separate kernel then runs first) */
     const int nm3[3] = {1, 37, 1}, cm3[3] = {1, 250, 129};
-    gqa_prep_attn_case("mixed batch (declined)", 96, 8, 128, &neox, 7, 16, 3, nm3, cm3, NULL, 0, -1, -1);
-    gqa_prep_attn_case("128 heads a kv head (declined)", 128, 1, 64, &full64, 7, 16, 3, n3, c3, NULL, 0, -1, -1);
+    gqa_prep_attn_case("mixed batch (declined)", 96, 8, 128, &neox, 7, 16, 3, nm3, cm3, NULL, 0, -1);
+    gqa_prep_attn_case("128 heads a kv head (declined)", 128, 1, 64, &full64, 7, 16, 3, n3, c3, NULL, 0, -1);
 }
 #endif
 
 static void test_attn_gqa_batches(void) {
     { /* a prefill chunk of 300 tokens after a cached prefix of 200 */
         int nn[1] = {300}, cx[1] = {500};
-#ifdef MS_HAVE_CUDA
-        const long long k0 = ms_cuda_attn_prep_form_launches(2);
-#endif
         gqa_batch_case("prefill", 96, 8, 128, 16, 1, nn, cx);
         gqa_batch_case("prefill", 32, 4, 64, 7, 1, nn, cx);
-#ifdef MS_HAVE_CUDA
-        /* with 132 SMs both split their keys (480 and 152 blocks against 4 an SM: 2 and 4 ranges), with fewer
-         * at least the second: on sm_90 the cluster merges (MS_CU_ATTN_CLUSTER=1 at least), so the bit
-         * comparison above was between the two paths */
-        if (GPU->gpu.cc_major == 9)
-            CHECK_MSG(ms_cuda_attn_prep_form_launches(2) - k0 >= 1, "prefill: %lld launches merged in a cluster",
-                      ms_cuda_attn_prep_form_launches(2) - k0);
-#endif
     }
     { /* decodes at contexts 1, 64, 65, 129 and 1000, a chunk of 37 after 213 cached, a fresh prompt of 70 */
         int nn[7] = {1, 37, 1, 1, 70, 1, 1}, cx[7] = {1, 250, 64, 65, 70, 129, 1000};

@@ -14,9 +14,7 @@
  * sequence s owns blocks [P(s), P(s+1)) with P(s) = ceil((seq_start[s] + s*(tpb-1)) / tpb), which
  * leaves room for ceil(n_s / tpb) groups; the grid is walked backwards so the longest (latest) rows
  * start first. With n_split > 1 (small grids) blockIdx.z takes a range of the block's key tiles and
- * writes unnormalised partials (O, m, l) in k_attn's format; cu_attn_combine merges them, or, for a split
- * over at most 8 blocks on sm_90, the split's blocks are one thread-block cluster and merge them
- * through distributed shared memory (am_cluster_merge) with the same bits, one kernel fewer.
+ * writes unnormalised partials (O, m, l) in k_attn's format; cu_attn_combine merges them.
  *
  * Decode steps with the preparation fused (PREP, backend/attn.h ms_attn_gqa_prep): every sequence has one
  * new token, so a block's rows are that token's heads and only the block whose key range holds the last
@@ -75,7 +73,6 @@
 #define AM_THREADS (AM_WARPS * 32)
 #define AM_BM (AM_WARPS * 16) /* query rows per block */
 #define AM_BN 64              /* keys per tile */
-#define AM_MAX_CLUSTER 8      /* blocks of a key split merged in a cluster at most (the portable size) */
 
 struct am_args {
     const bf16 *q, *k, *v;
@@ -85,9 +82,7 @@ struct am_args {
     const int32_t *positions, *seq_start, *block_table;
     int max_blocks, page_size;
     int n_split;
-    int cl;      /* 1, 2: the n_split blocks of a key split are a cluster and merge in it (MS_CU_ATTN_CLUSTER);
-                  * 2: no early trigger. 0: part, or no split. (In n_split's padding: am_args keeps its size.) */
-    float *part; /* n_split > 1 without cl: [T][nh][n_split][D + 2] */
+    float *part; /* n_split > 1: [T][nh][n_split][D + 2] */
 };
 
 /* PREP only: row t of the raw q / k / v at qi / ki / vi + t * ldq / ldk / ldv; F32 biases or NULL; RoPE
@@ -112,22 +107,6 @@ __device__ __forceinline__ int am_first_block(const int32_t *seq_start, int s, i
     return (seq_start[s] + (s + 1) * (tpb - 1)) / tpb;
 }
 
-/* The rows of block x (blocks walked backwards, see the header) of sequence s and of blockIdx.y's head
- * chunk: first token, tokens (<= 0 for a spare block), heads of the chunk and its first query head. */
-struct am_blk {
-    int tb, ntok, nhc, hq0;
-};
-__device__ __forceinline__ am_blk am_block_rows(const int32_t *seq_start, int s, int x, int tpb, int n_chunks, int hc,
-                                                int g) {
-    am_blk r;
-    r.tb = seq_start[s] + (x - am_first_block(seq_start, s, tpb)) * tpb;
-    r.ntok = min(tpb, seq_start[s + 1] - r.tb);
-    const int kvh = blockIdx.y / n_chunks, h0 = (blockIdx.y % n_chunks) * hc;
-    r.nhc = min(hc, g - h0);
-    r.hq0 = kvh * g + h0;
-    return r;
-}
-
 /* (cu_saddr, cu_cp16, cu_ldsm4, cu_ldsm4t, cu_mma_bf16, cu_pack_bf16 etc. are in cuda_internal.cuh.) */
 
 template <int D> static constexpr size_t am_smem_bytes() { return (size_t)2 * 2 * AM_BN * (D + 8) * sizeof(bf16); }
@@ -137,85 +116,13 @@ static size_t am_prep_bytes(int hc, int d, int rot_dim) {
     return (size_t)(hc + 2) * d * sizeof(bf16) + (size_t)rot_dim * sizeof(float);
 }
 
-/* The split-K merge inside a cluster (a.cl; am_cluster_put, then am_cluster_merge): the n_split blocks of one (token group, KV head chunk),
- * ranks 0..n_split-1 = blockIdx.z = key ranges, each put their rows' partials (O unnormalised, the max
- * in natural log, the sum) into their own shared memory, [AM_BM rows][D + 2] floats over the free tile
- * buffers; after a cluster barrier warp w of rank z merges rows z * AM_WARPS + w + k * n_split * AM_WARPS
- * reading every rank's partials of the row through distributed shared memory, with k_attn_combine's
- * arithmetic in its order (attention.cu: max and sum over a warp's lanes by the same butterflies, each
- * column summed over the ranges in rank order), so the output has its bits; a second barrier keeps each
- * block's shared memory alive until the others have read it. Why: the merge kernel is one more link of
- * a decode layer's dependent chain (bench/NOTES.md, session 27). */
-template <int D>
-__device__ __forceinline__ void am_cluster_put(const float (&o)[D / 8][4], const float (&m)[2], const float (&l)[2],
-                                               const int (&lim)[2]) {
-    extern __shared__ __align__(16) unsigned char am_sm[];
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-    __syncthreads(); /* every warp is done with the tile buffers */
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        if (lim[hf] < 0) continue;
-        float *p = (float *)am_sm + (warp * 16 + gq + 8 * hf) * (D + 2);
-#pragma unroll
-        for (int dt = 0; dt < D / 8; dt++) *(float2 *)(p + dt * 8 + 2 * tq) = make_float2(o[dt][2 * hf], o[dt][2 * hf + 1]);
-        if (tq == 0) {
-            p[D] = m[hf] * 0.69314718f; /* natural-log max, as k_attn_combine reads it */
-            p[D + 1] = l[hf];
-        }
-    }
-}
-/* (not inlined: its registers would join the key loop's, which is at the launch bound's limit; am_args'
- * fields by value, as a reference to the kernel parameter made every launch copy it to the stack.) The
- * block's rows (am_block_rows of sequence s) are recomputed here from the meta rather than kept in
- * registers through the key loop. */
-template <int D>
-__device__ __noinline__ void am_cluster_merge(const int32_t *seq_start, int s, int tpb, int n_chunks, int hc, int g,
-                                              int nh, int ns, bf16 *out) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-    __trap(); /* no cluster code in this build's image: the host never asks for it (cu_impl.have_wgmma) */
-#endif
-    constexpr int PS = D + 2;
-    extern __shared__ __align__(16) unsigned char am_sm[];
-    float *const ps = (float *)am_sm;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const am_blk b = am_block_rows(seq_start, s, (int)gridDim.x - 1 - (int)blockIdx.x, tpb, n_chunks, hc, g);
-    cu_cluster_sync();
-    const uint32_t base = cu_saddr(ps);
-    for (int r = (int)blockIdx.z * AM_WARPS + warp; r < AM_BM; r += ns * AM_WARPS) {
-        const int ti = r / hc, hi = r % hc, tb = b.tb, ntok = b.ntok, nhc = b.nhc, hq0 = b.hq0;
-        if (ti >= ntok || hi >= nhc) continue; /* warp-uniform: a row no block of the cluster has */
-        const uint32_t rz = lane < ns ? cu_dsmem_map(base, (unsigned)lane) + (uint32_t)(r * PS) * 4u : 0u;
-        const float mz = lane < ns ? cu_dsmem_ldf(rz + D * 4u) : -INFINITY;
-        float M = mz;
-#pragma unroll
-        for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-        const float e = mz == -INFINITY ? 0.f : expf(mz - M);
-        float L = e > 0.f ? cu_dsmem_ldf(rz + (D + 1) * 4u) * e : 0.f;
-#pragma unroll
-        for (int o = 16; o; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-        const float inv = L > 0.f ? 1.f / L : 0.f;
-        bf16 *op = out + ((size_t)(tb + ti) * nh + hq0 + hi) * D;
-#pragma unroll
-        for (int c0 = 0; c0 < D; c0 += 32) {
-            float acc = 0.f;
-            for (int z = 0; z < ns; z++) {
-                const float ez = __shfl_sync(0xffffffffu, e, z);
-                const uint32_t pz = __shfl_sync(0xffffffffu, rz, z);
-                if (ez > 0.f) acc += cu_dsmem_ldf(pz + (uint32_t)(c0 + lane) * 4u) * ez;
-            }
-            op[c0 + lane] = __float2bfloat16_rn(acc * inv);
-        }
-    }
-    cu_cluster_sync();
-}
-
 template <int D, bool PREP>
 __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep pp) {
     /* a decode step's PREP launch reads everything but the raw rows before the wait (file comment) */
     const bool early = PREP && pp.early;
     if (!early) {
         cu_pdl_wait();
-        if (a.cl != 2) cu_pdl_trigger();
+        cu_pdl_trigger();
     }
     constexpr int LDS = D + 8;            /* shared row stride in elements */
     constexpr int KS = D / 16;            /* k-steps of Q·Kᵀ */
@@ -238,9 +145,12 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep p
     __syncthreads();
     const int s = sh_seq;
     if (s < 0) return;
-    const am_blk blk = am_block_rows(a.seq_start, s, x, a.tpb, a.n_chunks, a.hc, a.g);
-    if (blk.ntok <= 0) return; /* a spare block of this sequence */
-    const int tb = blk.tb, ntok = blk.ntok, nhc = blk.nhc, hq0 = blk.hq0, kvh = blockIdx.y / a.n_chunks;
+    const int s1 = a.seq_start[s + 1];
+    const int tb = a.seq_start[s] + (x - am_first_block(a.seq_start, s, a.tpb)) * a.tpb;
+    if (tb >= s1) return; /* a spare block of this sequence */
+    const int ntok = min(a.tpb, s1 - tb);
+    const int kvh = blockIdx.y / a.n_chunks, h0 = (blockIdx.y % a.n_chunks) * a.hc;
+    const int nhc = min(a.hc, a.g - h0), hq0 = kvh * a.g + h0;
 
     /* this thread's two rows (g and g+8 of its warp's tile): last visible key, -1 = empty row */
     int lim[2];
@@ -358,7 +268,7 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep p
         for (int j = tid; j < half; j += AM_THREADS) sincosf((float)p * pp.inv[j], &cs[half + j], &cs[j]);
         if (early) {
             cu_pdl_wait();
-            if (a.cl != 2) cu_pdl_trigger();
+            cu_pdl_trigger();
             put_rows();
             cu_cp_commit();
             cu_cp_wait<0>();
@@ -465,11 +375,6 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep p
         l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 1);
         l[hf] += __shfl_xor_sync(0xffffffffu, l[hf], 2);
     }
-    if (a.cl) { /* block-uniform (and cluster-uniform: the blocks of a cluster share x and y) */
-        am_cluster_put<D>(o, m, l, lim);
-        am_cluster_merge<D>(a.seq_start, sh_seq, a.tpb, a.n_chunks, a.hc, a.g, a.nh, a.n_split, a.out);
-        return;
-    }
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         if (lim[hf] < 0) continue;
@@ -493,14 +398,10 @@ __global__ __launch_bounds__(AM_THREADS, 3) void k_attn_mma(am_args a, am_prep p
     }
 }
 
-static long long am_cluster_launches; /* ms_cuda_attn_prep_form_launches(2); updated atomically */
-
 template <int D, bool PREP>
 static int am_launch(ms_backend *b, const am_args *a, const am_prep *pp, dim3 grid, size_t sm, ms_err *err) {
     CK(cudaFuncSetAttribute(k_attn_mma<D, PREP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    CK(cu_launch_cl(k_attn_mma<D, PREP>, grid, AM_THREADS, sm, cu_of(b)->stream, a->cl ? (unsigned)a->n_split : 1u, *a,
-                    *pp));
-    if (a->cl) __atomic_fetch_add(&am_cluster_launches, 1, __ATOMIC_RELAXED);
+    CK(cu_launch(k_attn_mma<D, PREP>, grid, AM_THREADS, sm, cu_of(b)->stream, *a, *pp));
     return MS_OK;
 }
 
@@ -515,7 +416,6 @@ extern "C" long long ms_cuda_attn_prep_launches(void) { return __atomic_load_n(&
 extern "C" long long ms_cuda_attn_prep_form_launches(int which) {
     return which == 0   ? __atomic_load_n(&am_prep_early_launches, __ATOMIC_RELAXED)
            : which == 1 ? __atomic_load_n(&am_prep_split_launches, __ATOMIC_RELAXED)
-           : which == 2 ? __atomic_load_n(&am_cluster_launches, __ATOMIC_RELAXED)
                         : 0;
 }
 
@@ -548,12 +448,6 @@ static int am_run(ms_backend *b, am_args *a, const am_prep *pp, const bf16 *q, c
     const int tiles = m->max_ctx > 0 ? (m->max_ctx + AM_BN - 1) / AM_BN : 1;
     if (tiles <= cu_knob(CU_KNOB_ATTN_SPLIT_TILES)) allow_split = 0;
     MS_TRY(cu_attn_split(b, groups * nkv * a->n_chunks, tiles, 4, T, nh, d, allow_split, &a->n_split, &a->part, err));
-    /* a split over at most 8 blocks (a portable cluster) merges in its cluster on sm_90 where the sm_90a
-     * image runs (have_wgmma's probe: the compute_80 PTX, JIT-compiled, has no cluster code), else in
-     * k_attn_combine */
-    a->cl = 0;
-    if (a->n_split > 1 && a->n_split <= AM_MAX_CLUSTER && b->gpu.cc_major == 9 && cu_of(b)->have_wgmma)
-        a->cl = cu_knob(CU_KNOB_ATTN_CLUSTER);
     const int64_t gx = ((int64_t)T + (int64_t)(hb->n_seqs + 1) * (a->tpb - 1)) / a->tpb; /* P(n_seqs) */
     dim3 grid((unsigned)gx, (unsigned)(nkv * a->n_chunks), (unsigned)a->n_split);
     const size_t sm = (d == 64 ? am_smem_bytes<64>() : am_smem_bytes<128>()) + prep_sm;
@@ -568,7 +462,7 @@ static int am_run(ms_backend *b, am_args *a, const am_prep *pp, const bf16 *q, c
     } else {
         MS_TRY((am_launch<128, false>(b, a, pp, grid, sm, err)));
     }
-    return a->cl ? MS_OK : cu_attn_combine(b, a->part, a->n_split, T, nh, d, out, err);
+    return cu_attn_combine(b, a->part, a->n_split, T, nh, d, out, err);
 }
 
 /* Contract in cuda_internal.cuh. */

@@ -93,9 +93,8 @@ long long ms_cuda_moe_fused_routed_launches(void);
  * so far in this process, all backends: tests tell by it whether a decode step took the fused form. */
 long long ms_cuda_attn_prep_launches(void);
 /* Of those, the launches that read before their PDL wait (which = 0: pp.early, MS_CU_ATTN_PREP=2 with
- * the weights quiet) and those whose keys were split across blocks (which = 1: a merge follows); and
- * (which = 2) the launches of that kernel, fused or not, whose split merged inside a thread-block
- * cluster instead of a merge kernel (MS_CU_ATTN_CLUSTER); 0 for another which. Thread-safe. */
+ * the weights quiet) and those whose keys were split across blocks (which = 1: a merge follows); 0 for
+ * another which. Thread-safe. */
 long long ms_cuda_attn_prep_form_launches(int which);
 /* Launch form f of that kernel (f >= 0, MS_CU_MOE_FUSED=2+f forces it): 1 with groups of 8 warps a
  * block and ring depth set, 0 when the kernel has no form f. */

@@ -108,39 +108,26 @@ __device__ __forceinline__ void cu_pdl_trigger() {
 int cu_pdl_enabled(void);
 /* kernel<<<grid, block, smem, stream>>>(args...) through cudaLaunchKernelEx, with programmatic stream
  * serialization allowed when cu_pdl_enabled() (see above; every kernel launched this way must open
- * with cu_pdl_wait), as thread-block clusters of cluster_z blocks along z when cluster_z > 1 (the grid's
- * z a multiple of it, at most 8; sm_90 and later, the caller checks). Returns the launch error
- * (cudaSuccess when queued) and leaves none behind for cudaGetLastError, so call sites wrap it in CK()
- * instead of CK_LAUNCH(). */
+ * with cu_pdl_wait). Returns the launch error (cudaSuccess when queued) and leaves none behind for
+ * cudaGetLastError, so call sites wrap it in CK() instead of CK_LAUNCH(). */
 template <typename... KArgs, typename... Args>
-static inline cudaError_t cu_launch_cl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                                       cudaStream_t stream, unsigned cluster_z, Args &&...args) {
-    cudaLaunchAttribute attr[2];
+static inline cudaError_t cu_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                    Args &&...args) {
+    cudaLaunchAttribute attr[1];
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cfg.attrs = attr;
     if (cu_pdl_enabled()) {
-        attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    if (cluster_z > 1) {
-        attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-        attr[cfg.numAttrs].val.clusterDim.x = 1;
-        attr[cfg.numAttrs].val.clusterDim.y = 1;
-        attr[cfg.numAttrs++].val.clusterDim.z = cluster_z;
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
     }
     cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
     if (e != cudaSuccess) (void)cudaGetLastError();
     return e;
-}
-/* cu_launch_cl without clusters: the launch every kernel of the backend but the clustered ones takes. */
-template <typename... KArgs, typename... Args>
-static inline cudaError_t cu_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                                    Args &&...args) {
-    return cu_launch_cl(kernel, grid, block, smem, stream, 1u, static_cast<Args &&>(args)...);
 }
 
 #define MS_CU_N_SCRATCH 7
@@ -695,30 +682,6 @@ __device__ __forceinline__ void cu_wg_proxy_fence() { asm volatile("fence.proxy.
 
 /* Shared-memory address of a generic pointer into shared memory. */
 __device__ __forceinline__ uint32_t cu_saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-/* Thread-block clusters (sm_90 on): the barrier of every thread of the cluster (release / acquire: a
- * block's shared stores before it are seen by the others' reads after it; every thread of every block
- * must reach it, so only at block-uniform points), the address of shared address sa (cu_saddr) in the
- * cluster's block `rank` (its shared window, to which offsets add), and a float load from such an
- * address. Compiled to nothing below sm_90, where the host launches no clusters. */
-__device__ __forceinline__ void cu_cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ uint32_t cu_dsmem_map(uint32_t sa, unsigned rank) {
-    uint32_t ra = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(sa), "r"(rank));
-#endif
-    return ra;
-}
-__device__ __forceinline__ float cu_dsmem_ldf(uint32_t ra) {
-    float v = 0.f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra));
-#endif
-    return v;
-}
 /* 16-byte global -> shared copy; full == false writes 16 zero bytes and reads nothing. */
 __device__ __forceinline__ void cu_cp16(uint32_t dst, const void *src, bool full) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(full ? 16 : 0) : "memory");

@@ -130,12 +130,6 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                  "cores (two mma.sync a lane's 16 bytes, gemv_tc.cuh) instead of 24 CUDA-core "
                                  "instructions; results within fp32 summation order of the CUDA-core form, not the "
                                  "same bits; 0: CUDA cores"},
-    [CU_KNOB_ATTN_CLUSTER] = {"MS_CU_ATTN_CLUSTER", KN_INT, 0, 0, 2, NULL, 0,
-                              "1: the GQA tensor-core attention kernel, when it splits keys over at most "
-                              "8 blocks, launches them as a thread-block cluster that merges the partials "
-                              "through distributed shared memory (no merge kernel; the same bits); 2: the same "
-                              "with the next kernel launched only as the blocks end; 0 (default until measured "
-                              "on a GPU): the merge kernel"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */
