@@ -565,8 +565,9 @@ static int gd_try(ms_backend *b, const cu_gvb_call *c, int pct, int force_ks, in
 
 /* Contract in cuda_internal.cuh. Launch shape: for each K split ks in {1, 2, 4, 8} (shares of whole
  * 512-byte runs, at least two runs each when split), rows per warp = ceil(N * ks / resident warps), so
- * one wave holds the grid; the split with the fewest bytes on
- * the busiest warp wins, a smaller split on ties within 1/16 (fewer partials, longer sequential runs). */
+ * one wave holds the grid (several waves of smaller blocks measured slower, bench/NOTES.md session 27);
+ * the split with the fewest bytes on the busiest warp wins, a smaller split on ties within 1/16 (fewer
+ * partials, longer sequential runs). */
 int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err) {
     *launched = 0;
     const int T = c->T, N = c->N, K = c->K, S = c->mode == 1 ? 2 : 1;
