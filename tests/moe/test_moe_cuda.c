@@ -700,57 +700,6 @@ static void test_nvfp4_routed(void) {
     }
     rng = rng_saved;
 }
-/* MS_CU_MOE_L2PF (moe_fused.cu's MF_PF_*): the L2 prefetches are hints, so the results may not change
- * with them, and the extra slot first (bits 2 and 8) changes only the order of phase B's sum over the
- * slots. Every setting against the CPU with the shared expert folded in, in the forms the tuned file
- * names for Air and GLM-5, (2, 4) and (3, 3), and a one-group form, with launches counted per form; a
- * shape whose phase B does not fit 60% of the L2 in all its 9 slots (4096 x 1536: 3.5 MB a slot, so
- * the prefetch stops after 8 on a 50 MB L2); and the routed form's bits against the reference path under
- * the same setting. A prefetch at a bad address would fault here (the kernel's bounds are the rows the
- * ring reads). */
-static void test_nvfp4_l2pf(void) {
-    const uint64_t rng_saved = rng;
-    const int want = GPU->gpu.cc_major >= 8;
-    const int forms[3] = {fused_form_of(2, 4), fused_form_of(3, 3), fused_form_of(1, 4)};
-    CHECK_MSG(forms[0] >= 0 && forms[1] >= 0 && forms[2] >= 0, "fused forms (2, 4), (3, 3), (1, 4)");
-    static const char *vals[5] = {"1", "2", "8", "3", "11"};
-    const ms_route_cfg r32 = {32, 8, 1, 1, 1, 1.0f}, g32 = {32, 8, 8, 4, 1, 2.5f};
-    for (int i = 0; i < 5; i++) {
-        setenv("MS_CU_MOE_L2PF", vals[i], 1);
-        static const int shp[2][2] = {{512, 256}, {4096, 1536}};
-        for (int sh = 0; sh < 2; sh++) {
-            layer L;
-            const ms_moe_runner *cpu_r, *gr;
-            if (!layer_and_runners(&L, MS_WFMT_NVFP4, sh ? 10 : 16, shp[sh][0], shp[sh][1], 1, 9, "decode", &cpu_r, &gr))
-                continue;
-            for (int f = 0; f < 3; f++) {
-                if (forms[f] < 0) continue;
-                char fv[16];
-                snprintf(fv, sizeof fv, "%d", 2 + forms[f]);
-                setenv("MS_CU_MOE_FUSED", fv, 1);
-#ifdef MS_HAVE_CUDA
-                const long long n0 = ms_cuda_moe_fused_form_launches(forms[f]);
-#endif
-                run_case_sh(&L, cpu_r, gr, 1, 8, 0, 1);
-                run_case_sh(&L, cpu_r, gr, 1, 3, 3, 1);
-                run_case(&L, cpu_r, gr, 1, 8, 3); /* no shared expert: the bits that need one do nothing */
-#ifdef MS_HAVE_CUDA
-                const long long nf = ms_cuda_moe_fused_form_launches(forms[f]) - n0;
-                CHECK_MSG(nf == (want ? 3 : 0), "MS_CU_MOE_L2PF=%s H=%d: form %d ran %lld times", vals[i], shp[sh][0],
-                          forms[f], nf);
-#endif
-                unsetenv("MS_CU_MOE_FUSED");
-                if (sh) break; /* the large shape in the first form only */
-            }
-            free_layer(&L);
-        }
-        routed_case(4096, 128, 33, 1, r32, 1, want, want, forms[0]);
-        routed_case(6144, 128, 33, 1, g32, 1, want, want, forms[1]);
-        routed_case(640, 256, 129, 1, (ms_route_cfg){128, 8, 1, 1, 1, 1.0f}, 1, want, want, -1);
-        unsetenv("MS_CU_MOE_L2PF");
-    }
-    rng = rng_saved;
-}
 static void test_bf16_odd(void) { fmt_case(MS_WFMT_PLAIN, 72, 40); }
 static void test_fp8_odd(void) { fmt_case(MS_WFMT_FP8, 80, 56); }
 static void test_nvfp4_odd(void) { fmt_case(MS_WFMT_NVFP4, 80, 48); }
@@ -805,7 +754,6 @@ int main(void) {
     RUN(test_nvfp4_w8);
     RUN(test_nvfp4_fused);
     RUN(test_nvfp4_routed);
-    RUN(test_nvfp4_l2pf);
     RUN(test_bf16_odd);
     RUN(test_fp8_odd);
     RUN(test_nvfp4_odd);

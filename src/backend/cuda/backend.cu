@@ -1033,7 +1033,6 @@ extern "C" int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err)
         if (e2 == cudaSuccess) e2 = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
         if (e2 == cudaSuccess) e2 = cudaDeviceGetAttribute(&c->max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
         if (e2 == cudaSuccess) e2 = cudaDeviceGetAttribute(&c->smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
-        if (e2 == cudaSuccess) e2 = cudaDeviceGetAttribute(&c->l2_bytes, cudaDevAttrL2CacheSize, device);
         c->lt_ws_bytes = 32u << 20;
         if (e2 == cudaSuccess) e2 = cudaMalloc(&c->lt_ws, c->lt_ws_bytes);
         if (e2 != cudaSuccess) {

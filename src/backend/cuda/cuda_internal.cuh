@@ -172,7 +172,6 @@ typedef struct cu_impl {
     int max_smem_optin;
     int have_wgmma; /* cu_gw_probe at creation: the wgmma grouped GEMM is in this build's code */
     int smem_per_sm; /* cudaDevAttrMaxSharedMemoryPerMultiprocessor (bytes) */
-    int l2_bytes;    /* cudaDevAttrL2CacheSize (bytes): what the fused MoE kernel may ask the L2 to hold */
     /* cu_occupancy's answers per (kernel, threads, shared bytes): per backend, because the shared-memory
      * limit it sets with them is a per-device attribute. Sized for GLM-5's shapes with room to spare;
      * past it answers are not kept */

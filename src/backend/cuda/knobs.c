@@ -130,12 +130,6 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                  "cores (two mma.sync a lane's 16 bytes, gemv_tc.cuh) instead of 24 CUDA-core "
                                  "instructions; results within fp32 summation order of the CUDA-core form, not the "
                                  "same bits; 0: CUDA cores"},
-    [CU_KNOB_MOE_L2PF] = {"MS_CU_MOE_L2PF", KN_INT, 0, 0, 15, NULL, 0,
-                          "bits of the one-token fused MoE kernel's L2 prefetches (moe_fused.cu): 1 each group asks "
-                          "the L2 for its down-projection rows once its gate/up items are done (the phase "
-                          "boundary's idle memory time); 2 the shared expert's slot first and its gate/up rows "
-                          "asked for right after the wait (the routing's idle memory time); 8 the shared "
-                          "expert's slot first alone; 4 unused; 0: none"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */

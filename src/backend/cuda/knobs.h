@@ -39,7 +39,6 @@ typedef enum cu_knob_id {
     CU_KNOB_BF16_STREAM_DYN,   /* MS_CU_BF16_STREAM_DYN: 0..95, default 0 (read at every call) */
     CU_KNOB_BF16_STREAM_KS,    /* MS_CU_BF16_STREAM_KS: 0, 1, 2, 4 or 8, default 0 (read at every call) */
     CU_KNOB_BF16_STREAM_MMA,   /* MS_CU_BF16_STREAM_MMA: 0 or 1, default 0 (read at every call) */
-    CU_KNOB_MOE_L2PF,          /* MS_CU_MOE_L2PF: 0..15 bits, default 0 (read at every call) */
     CU_KNOB_COUNT
 } cu_knob_id;
 

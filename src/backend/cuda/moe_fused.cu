@@ -62,14 +62,6 @@
 #define MF_RED_FLOATS (2 * 7 * 2 * 32) /* a group's reduction buffers: [parity][warps 1-7][row g, g + 8][lane] */
 #define MF_XPOW 64     /* x and h are staged times 2^MF_XPOW (see mf_step) */
 #define MF_ALIGN 128   /* the dynamic window's base, rounded up in the kernel (bytes) */
-/* L2 prefetches (MS_CU_MOE_L2PF, mf_args.pf). Why: the kernel's memory sits idle in two windows, while
- * every block routes (norm, router, grid barrier, routing: no expert known yet) and while the groups
- * that finished phase A wait at the phase boundary for the last ones. A bulk prefetch asks the L2 for
- * bytes the kernel will read soon without holding a register, a ring stage or an instruction slot while
- * they come; the ring's copies then hit the L2. */
-#define MF_PF_B 1      /* each group's phase B rows, once its phase A items are done */
-#define MF_PF_X 2      /* the shared (extra) expert's gate/up rows, right after the wait (implies XFIRST) */
-#define MF_PF_XFIRST 8 /* the extra slot first in the slot table (its items are the first round's) */
 static_assert(MF_WARPS * 32 >= CU_NORM_T, "the routed form folds a norm: cu_norm_stage needs CU_NORM_T threads");
 
 /* A valid slot's weights (rows of 16-byte units; scales e4m3 per 16 k) and factors. */
@@ -85,7 +77,6 @@ struct mf_args {
     const float *wts;          /* [nslot] */
     int nslot, extra_id, H, I; /* extra_id >= 0: slot nslot is that expert with weight 1 */
     int n_experts;             /* table entries; ids outside [0, n_experts) are skipped like -1 */
-    int pf;                    /* L2 prefetch bits MF_PF_* (low byte) | slots of phase B to prefetch << 8 */
     const bf16 *x; /* [H] */
     bf16 *h;       /* [nslot + 1 with an extra slot, I] workspace (row v = valid slot v) */
     void *out;     /* [H], out_type */
@@ -289,31 +280,6 @@ __device__ __forceinline__ void mf_wait_count(const unsigned *p, unsigned target
     }
 }
 
-/* Asks the L2 for the 16-byte-aligned part of [p, p + n) (cp.async.bulk.prefetch: a hint, no data
- * returned, nothing waited for; sm_90 only, nothing below). */
-__device__ __forceinline__ void mf_l2pf(const uint8_t *p, size_t n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const uintptr_t a0 = ((uintptr_t)p + 15) & ~(uintptr_t)15, a1 = ((uintptr_t)p + n) & ~(uintptr_t)15;
-    for (uintptr_t q = a0; q < a1; q += (uintptr_t)1 << 20) { /* pieces of at most 1 MiB */
-        const uintptr_t e = a1 - q < ((uintptr_t)1 << 20) ? a1 : q + ((uintptr_t)1 << 20);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(q), "r"((unsigned)(e - q)) : "memory");
-    }
-#endif
-}
-
-/* MF_PF_B: the lane's share of the L2 prefetches of the group's phase B items (grp0, grp0 + ngrp, ...
- * below itemsB): each item's 16 down rows (8 I bytes) and their scales (I bytes) of the first nvp valid
- * slots, which are the first super-steps of every warp's slot-major walk. */
-__device__ __noinline__ void mf_pf_b(const mf_slot *sl, int nvp, int grp0, int ngrp, int itemsB, int I, int lane) {
-    const int nb = grp0 < itemsB ? (itemsB - grp0 + ngrp - 1) / ngrp : 0, nops = nb * nvp * 2;
-    for (int j = lane; j < nops; j += 32) {
-        const int v = (j >> 1) % nvp;
-        const size_t item = (size_t)grp0 + (size_t)((j >> 1) / nvp) * (size_t)ngrp;
-        if (j & 1) mf_l2pf(sl[v].s[2] + item * (size_t)I, (size_t)I);
-        else mf_l2pf(sl[v].w[2] + item * (size_t)8 * I, (size_t)8 * I);
-    }
-}
-
 /* Barrier of one group's 8 warps (named barrier 1 + group; __syncthreads is barrier 0). */
 __device__ __forceinline__ void mf_group_sync(int grp) {
     asm volatile("bar.sync %0, %1;" ::"r"(grp + 1), "r"(MF_WARPS * 32) : "memory");
@@ -341,22 +307,8 @@ __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) void k_moe_fused(mf_args a, 
         }
     };
     if (R && r.early && grp0 < nru) rload(grp0);
-    /* MF_PF_X: this block's share of the extra expert's gate, up and their scales (threads 0-3, one
-     * each), located before the wait (the host sets the bit only when the weights are quiet) and asked
-     * for after it, when the previous kernel's streaming is over */
-    __shared__ const uint8_t *s_pfx[4]; /* each of threads 0-3 its own: no barrier between write and read */
-    __shared__ unsigned s_pfx_n[4];      /* (kept in shared memory, not registers, across the wait: in
-                                          * registers the three-group forms spilled) */
-    if ((a.pf & MF_PF_X) && threadIdx.x < 4) {
-        const cu_wdesc &e = (threadIdx.x & 1) ? a.U[a.extra_id] : a.G[a.extra_id];
-        const size_t tot = (threadIdx.x < 2 ? (size_t)(a.H / 2) : (size_t)(a.H / 16)) * (size_t)a.I;
-        const size_t per = ((tot + gridDim.x - 1) / gridDim.x + 15) & ~(size_t)15, o = per * blockIdx.x;
-        s_pfx[threadIdx.x] = (const uint8_t *)(threadIdx.x < 2 ? e.w : e.scale) + o;
-        s_pfx_n[threadIdx.x] = (unsigned)(o >= tot ? 0 : tot - o < per ? tot - o : per);
-    }
     cu_pdl_wait();
     cu_pdl_trigger();
-    if ((a.pf & MF_PF_X) && threadIdx.x < 4 && s_pfx_n[threadIdx.x]) mf_l2pf(s_pfx[threadIdx.x], s_pfx_n[threadIdx.x]);
     extern __shared__ uint4 mf_smem_raw[];
     __shared__ mf_slot sl[MF_MAXS];
     __shared__ int s_valid[MF_MAXS];
@@ -421,18 +373,14 @@ __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) void k_moe_fused(mf_args a, 
         if (blockIdx.x == 0 && threadIdx.x < r.topk) r.ids[threadIdx.x] = s_ids[threadIdx.x], r.wts[threadIdx.x] = s_wts[threadIdx.x];
     }
 
-    /* the slot table: one thread per slot reads its id and descriptors; then the valid ones compacted.
-     * The extra slot is last, or first with MF_PF_XFIRST (the host sets it only with an extra slot): its
-     * items then go out in the first round */
+    /* the slot table: one thread per slot reads its id and descriptors; then the valid ones compacted */
     const int ns = a.nslot + (a.extra_id >= 0);
     if (threadIdx.x < ns) {
-        const int s = threadIdx.x;
-        const int id = s < a.nslot ? (R ? s_ids[s] : a.ids[s]) : a.extra_id;
-        const int at = (a.pf & MF_PF_XFIRST) ? (s + 1) % ns : s; /* with the extra slot first, its place */
-        s_valid[at] = id >= 0 && id < a.n_experts;
+        const int s = threadIdx.x, id = s < a.nslot ? (R ? s_ids[s] : a.ids[s]) : a.extra_id;
+        s_valid[s] = id >= 0 && id < a.n_experts;
         if (id >= 0 && id < a.n_experts) {
             const cu_wdesc g = a.G[id], u = a.U[id], d = a.D[id];
-            mf_slot &o = sl[at];
+            mf_slot &o = sl[s];
             o.w[0] = (const uint8_t *)g.w, o.w[1] = (const uint8_t *)u.w, o.w[2] = (const uint8_t *)d.w;
             o.s[0] = (const uint8_t *)g.scale, o.s[1] = (const uint8_t *)u.scale, o.s[2] = (const uint8_t *)d.scale;
             static_assert(MF_XPOW == 64, "the factors below are 2^(126 - MF_XPOW)");
@@ -536,8 +484,6 @@ __global__ __launch_bounds__(NG * MF_WARPS * 32, 1) void k_moe_fused(mf_args a, 
             }
         }
     }
-
-    if ((a.pf & MF_PF_B) && w == 1) mf_pf_b(sl, min(nv, a.pf >> 8), grp0, ngrp, itemsB, I, lane);
 
     /* ---- phase boundary: every block's h is stored and visible ---- */
     __syncthreads();
@@ -728,18 +674,6 @@ int cu_moe_fused(ms_backend *b, const cu_moe_fused_call *c, int *launched, ms_er
     a.extra_id = c->extra_slot - 1, a.n_experts = c->n_experts;
     a.x = c->x, a.h = c->h, a.out = c->out, a.out_type = c->out_type, a.sync = cu_of(b)->moe_sync;
     a.zero_off = (int)zero_off, a.red_off = (int)red_off;
-    {
-        /* MS_CU_MOE_L2PF: the phase B slots that 60% of the L2 holds (GLM-5's 9 slots of 7 MB would not
-         * all stay), the extra expert's prefetch only where its descriptors may be read before the wait */
-        const int pk = cu_knob(CU_KNOB_MOE_L2PF), has_x = c->extra_slot > 0;
-        int bits = pk & MF_PF_B;
-        if ((pk & MF_PF_X) && has_x && c->extra_slot <= c->n_experts && cu_of(b)->weights_quiet) bits |= MF_PF_X;
-        if ((pk & (MF_PF_X | MF_PF_XFIRST)) && has_x) bits |= MF_PF_XFIRST;
-        const double slot_b = (double)H * (double)I * 9.0 / 16.0; /* a slot's down rows and scales */
-        int nvp = (int)(0.6 * (double)cu_of(b)->l2_bytes / slot_b);
-        nvp = nvp < 0 ? 0 : nvp > MF_MAXS ? MF_MAXS : nvp;
-        a.pf = bits | (nvp << 8);
-    }
     a.ring_off = (int)(red_off + (size_t)mf_forms[best].ng * MF_RED_FLOATS * sizeof(float));
     CK(mf_forms[best].go(dim3(best_grid), best_smem, cu_of(b)->stream, a, rt ? &mr : NULL));
     if (rt) __atomic_fetch_add(&mf_routed_launches, 1, __ATOMIC_RELAXED);
