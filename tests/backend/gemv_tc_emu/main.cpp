@@ -6,7 +6,8 @@
  * share in a row's last run, which must meet zero weights and finite x), 1..3 rows of x, the fused
  * gate/up mode, the folded-norm instance, rings of 10 and 12 stages (the template's depth; the GPU runs
  * 8), and an infinite x value in one row of x that must not reach another row's results. Shared memory
- * starts as NaN (emu.h's poison), so x read past what the kernel staged shows. The GPU's own mma and timing are test_cuda_ops' and the benchmarks' (GPU machine). */
+ * starts as NaN (emu.h's poison), so x read past what the kernel staged shows. The GPU's own mma and
+ * timing are test_cuda_ops' and the benchmarks' (GPU machine). */
 #include "gvb_emu.cpp"
 
 #include <random>
