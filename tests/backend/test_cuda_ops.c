@@ -1005,6 +1005,7 @@ static void gvd_exact_case(int mode, int64_t T, int64_t N, int64_t K, int bias, 
 
 static const form_knob GVD_FORM = {"MS_CU_BF16_STREAM_DYN", "80", "0", "claiming bf16 GEMV", ms_cuda_gvd_launches};
 
+
 /* MS_CU_BF16_STREAM_EARLY (read once: forgotten around each change) */
 static char *gvd_early_push(const char *v) {
     char *saved = env_push("MS_CU_BF16_STREAM_EARLY", v);
@@ -1014,6 +1015,70 @@ static char *gvd_early_push(const char *v) {
 static void gvd_early_pop(char *saved) {
     env_pop("MS_CU_BF16_STREAM_EARLY", saved);
     cu_knob_forget(CU_KNOB_BF16_STREAM_EARLY);
+}
+
+/* The fixed form's L2 prefetch before the PDL wait (MS_CU_BF16_STREAM_L2PF, at K >= _MINK): a hint, so
+ * the same bits as without it, for any step count (past a warp's last step, across its rows' ends, with K
+ * shares whose last run is partial) and launch after launch (the inputs alternate between two rows of x,
+ * each output fresh and NaN-filled). Each prefetching launch is counted; at K below _MINK none prefetches. */
+static void gvb_l2pf_case(int mode, int64_t T, int64_t N, int64_t K, int64_t mink, int want) {
+    lpair L0 = mk_linear(MS_WFMT_PLAIN, MS_BF16, N, K, mode == 0), L1 = {0};
+    if (mode == 1) L1 = mk_linear(MS_WFMT_PLAIN, MS_BF16, N, K, 0);
+    int64_t xs[2] = {T, K}, ys[2] = {T, N};
+    float *xh[2] = {rand_vec((size_t)(T * K), 1.f), rand_vec((size_t)(T * K), 1.f)};
+    pair X[2] = {act(2, xs, xh[0]), act(2, xs, xh[1])};
+    const ms_dtype gdt = mode == 0 ? MS_F32 : 0;
+    char mink_s[24];
+    snprintf(mink_s, sizeof mink_s, "%lld", (long long)mink);
+    char *smax = env_push("MS_CU_BF16_STREAM_MAX_T", "4"), *spf = env_push("MS_CU_BF16_STREAM_L2PF", "0"),
+         *smk = env_push("MS_CU_BF16_STREAM_L2PF_MINK", mink_s);
+    float *ref[2];
+    for (int i = 0; i < 2; i++) {
+        ms_tensor Y0 = mk(GPU, gdt, 2, ys, NULL);
+        gvd_run(mode, &L0, &L1, &X[i], &Y0);
+        ref[i] = get(GPU, &Y0);
+        fr(GPU, &Y0);
+    }
+    static const char *const steps[] = {"1", "7", "64", "256", "30"};
+    for (size_t p = 0; p < sizeof steps / sizeof steps[0]; p++) {
+        const int xi = (int)(p & 1);
+        setenv("MS_CU_BF16_STREAM_L2PF", steps[p], 1);
+        R(GPU->ops->sync(GPU, &E)); /* the weights are quiet: the early copies (and the prefetch) are on */
+        ms_tensor Y1 = mk(GPU, gdt, 2, ys, NULL);
+        const long long f0 = ms_cuda_gvb_launches(), p0 = ms_cuda_gvb_l2pf_launches();
+        gvd_run(mode, &L0, &L1, &X[xi], &Y1);
+        CHECK_MSG(ms_cuda_gvb_launches() - f0 == 1 && ms_cuda_gvb_l2pf_launches() - p0 == want,
+                  "bf16 GEMV L2 prefetch mode %d T=%lld N=%lld K=%lld steps %s: %lld fixed-form launches, %lld prefetching "
+                  "(want 1, %d)", mode, (long long)T, (long long)N, (long long)K, steps[p],
+                  ms_cuda_gvb_launches() - f0, ms_cuda_gvb_l2pf_launches() - p0, want);
+        float *got = get(GPU, &Y1);
+        int64_t diff = 0;
+        for (int64_t i = 0; i < T * N; i++) diff += memcmp(&got[i], &ref[xi][i], sizeof(float)) != 0;
+        CHECK_MSG(diff == 0, "bf16 GEMV L2 prefetch mode %d T=%lld N=%lld K=%lld steps %s: %lld of %lld outputs differ",
+                  mode, (long long)T, (long long)N, (long long)K, steps[p], (long long)diff, (long long)(T * N));
+        free(got);
+        fr(GPU, &Y1);
+    }
+    env_pop("MS_CU_BF16_STREAM_L2PF_MINK", smk);
+    env_pop("MS_CU_BF16_STREAM_L2PF", spf);
+    env_pop("MS_CU_BF16_STREAM_MAX_T", smax);
+    for (int i = 0; i < 2; i++) free(ref[i]), pfree(&X[i]), free(xh[i]);
+    free_linear(&L0);
+    if (mode == 1) free_linear(&L1);
+}
+
+static void test_linear_bf16_l2pf(void) {
+    char *early = gvd_early_push("1");
+    gvb_l2pf_case(0, 1, 4096, 12288, 8192, 1); /* Air's o_proj */
+    gvb_l2pf_case(0, 1, 6144, 16384, 8192, 1); /* GLM-5's */
+    gvb_l2pf_case(0, 1, 14336, 4096, 8192, 0); /* Air's q|k|v: below the threshold */
+    gvb_l2pf_case(0, 2, 97, 8200, 0, 1);       /* K / 8 = 1025: a partial last run in every share */
+    gvb_l2pf_case(0, 1, 40, 12288, 0, 1);      /* few rows: warps with none */
+    gvb_l2pf_case(0, 3, 300, 1000, 0, 1);
+    gvb_l2pf_case(0, 1, 7, 24, 0, 1);          /* one run a row: the prefetch crosses rows at every step */
+    gvb_l2pf_case(1, 1, 1500, 8192, 0, 1);     /* fused gate/up: both streams */
+    gvb_l2pf_case(1, 2, 80, 112, 0, 1);
+    gvd_early_pop(early);
 }
 
 static void test_linear_bf16_dyn(void) {
@@ -1679,6 +1744,26 @@ static void test_attn_gqa_prep(void) {
     const int nm3[3] = {1, 37, 1}, cm3[3] = {1, 250, 129};
     gqa_prep_attn_case("mixed batch (declined)", 96, 8, 128, &neox, 7, 16, 3, nm3, cm3, NULL, 0, -1);
     gqa_prep_attn_case("128 heads a kv head (declined)", 128, 1, 64, &full64, 7, 16, 3, n3, c3, NULL, 0, -1);
+}
+#endif
+
+#ifdef MS_HAVE_CUDA
+/* MS_CU_ATTN_MERGE_EARLY: the split-K merge triggers the next kernel before its own wait. Its arithmetic is
+ * unchanged, so the split cases above hold with it: Air's heads at contexts whose keys are split (the
+ * fused decode form against gqa_prep + attention, bit for bit, and against the CPU), and a batch with a
+ * long context against the CPU. */
+static void test_attn_merge_early(void) {
+    char *saved = env_push("MS_CU_ATTN_MERGE_EARLY", "1");
+    const ms_rope_cfg neox = {0, 64, 0, 1e6};
+    const int one[1] = {1}, ctx[3] = {256, 1000, 4097};
+    for (int i = 0; i < 3; i++) {
+        char nm[64];
+        snprintf(nm, sizeof nm, "air b1 ctx %d, early merge", ctx[i]);
+        gqa_prep_attn_case(nm, 96, 8, 128, &neox, 7, 16, 1, one, &ctx[i], NULL, 1, ctx[i] >= 1000 ? 1 : -1);
+    }
+    int nn[3] = {1, 1, 1}, cx[3] = {2000, 1, 333};
+    gqa_batch_case("decode3, early merge", 96, 8, 128, 16, 3, nn, cx);
+    env_pop("MS_CU_ATTN_MERGE_EARLY", saved);
 }
 #endif
 
@@ -2529,6 +2614,7 @@ int main(void) {
     RUN(test_linear_bf16_stream);
     RUN(test_linear_bf16_dyn);
     RUN(test_linear_bf16_mma);
+    RUN(test_linear_bf16_l2pf);
 #endif
     RUN(test_gqa_prep);
     RUN(test_stack_linears);
@@ -2536,6 +2622,7 @@ int main(void) {
     RUN(test_attn_gqa_batches);
 #ifdef MS_HAVE_CUDA
     RUN(test_attn_gqa_prep);
+    RUN(test_attn_merge_early);
 #endif
     RUN(test_mla_attn);
     RUN(test_attn_impls);

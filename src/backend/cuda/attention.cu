@@ -193,10 +193,15 @@ __global__ __launch_bounds__(AT_THREADS) void k_attn(at_args a) {
  * sums its columns over the ranges with independent loads. The first form recomputed exp per column
  * and range and walked the ranges serially: 14 us for GLM-5's 64 heads x 512 at 33 ranges. A range
  * whose max is -inf (no key) is skipped, whatever its partial row holds. */
+/* EARLY (MS_CU_ATTN_MERGE_EARLY): trigger before the wait, so that the kernel after the merge (the output
+ * projection, whose weight copies before its own wait are all it does early) launches while the attention
+ * still runs. Safe by cuda_internal.cuh's PDL argument: the merge is launched only once every attention
+ * block has started, and the next kernel's wait still waits for the merge's completion. */
 #define AC_MAX_SPLIT 64
-__global__ void k_attn_combine(const float *part, int n_split, int Dv, int nh, bf16 *out) {
+template <int EARLY> __global__ void k_attn_combine(const float *part, int n_split, int Dv, int nh, bf16 *out) {
+    if (EARLY) cu_pdl_trigger();
     cu_pdl_wait();
-    cu_pdl_trigger();
+    if (!EARLY) cu_pdl_trigger();
     __shared__ float s_e[AC_MAX_SPLIT];
     __shared__ float s_inv;
     const int t = blockIdx.x, h = blockIdx.y;
@@ -266,7 +271,8 @@ int cu_attn_combine(ms_backend *b, const float *part, int n_split, int T, int nh
     if (n_split <= 1) return MS_OK;
     MS_ASSERT(n_split <= AC_MAX_SPLIT); /* cu_attn_split caps the ranges */
     dim3 cg(T, nh, (Dv + 127) / 128);
-    CK(cu_launch(k_attn_combine, cg, 128, 0, cu_of(b)->stream, part, n_split, Dv, nh, out));
+    CK(cu_launch(cu_knob(CU_KNOB_ATTN_MERGE_EARLY) ? k_attn_combine<1> : k_attn_combine<0>, cg, 128, 0,
+                 cu_of(b)->stream, part, n_split, Dv, nh, out));
     return MS_OK;
 }
 

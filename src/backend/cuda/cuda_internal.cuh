@@ -686,6 +686,14 @@ __device__ __forceinline__ uint32_t cu_saddr(const void *p) { return (uint32_t)_
 __device__ __forceinline__ void cu_cp16(uint32_t dst, const void *src, bool full) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(full ? 16 : 0) : "memory");
 }
+/* Asks the L2 for the bytes [p, p + n): a hint (cp.async.bulk.prefetch, sm_90 on; nothing below), no data
+ * returned, nothing to wait for. p and n must be multiples of 16. Only for bytes no device work in flight
+ * writes (weights under cu_impl.weights_quiet). */
+__device__ __forceinline__ void cu_l2_prefetch(const void *p, unsigned n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
+#endif
+}
 __device__ __forceinline__ void cu_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 /* Waits until at most N of this thread's committed cp.async groups are pending. */
 template <int N> __device__ __forceinline__ void cu_cp_wait() {

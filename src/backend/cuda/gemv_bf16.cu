@@ -58,7 +58,7 @@ struct gb_args {
     int rpw; /* rows per warp */
     int kc;  /* 16-byte chunks in a K share (the last share may be shorter) */
     int early; /* the weights are not written by device work in flight: their first steps are copied before
-                * griddepcontrol.wait */
+                * griddepcontrol.wait (bit 0); early >> 1 more steps a warp are asked of the L2 there */
     int red_units; /* 16-byte units of shared memory for the partials (before the rings) */
     cu_norm_in nin; /* MODE 2: x is computed from it (cu_norm_stage), not read */
 };
@@ -73,6 +73,20 @@ __device__ __forceinline__ void gb_dot8(float (&acc)[2], const uint4 &w, const u
     acc[1] = fmaf(cu_bf_hi(w.z), cu_bf_hi(xv.z), acc[1]);
     acc[0] = fmaf(cu_bf_lo(w.w), cu_bf_lo(xv.w), acc[0]);
     acc[1] = fmaf(cu_bf_hi(w.w), cu_bf_hi(xv.w), acc[1]);
+}
+
+/* The L2 prefetch before the wait (MS_CU_BF16_STREAM_L2PF): steps [s0, s0 + pf) of a warp's walk, the rows
+ * (K elements apart from w, the warp's first row at its K share) of spr 512-byte runs over kc 16-byte
+ * chunks, as contiguous pieces, one bulk prefetch a row. Out of line: the kernel's prologue registers are
+ * the step loop's. */
+__device__ __noinline__ void gb_l2pf(const bf16 *w, int K, int kc, int spr, int nsteps, int s0, int pf) {
+    const int end = min(nsteps, s0 + pf);
+    for (int s = s0; s < end;) {
+        const int row = s / spr, run = s - row * spr, n = min(end - s, spr - run);
+        const unsigned lo = (unsigned)run * 512u, hi = min((unsigned)(run + n) * 512u, (unsigned)kc * 16u);
+        cu_l2_prefetch((const char *)(w + (size_t)row * K) + lo, hi - lo);
+        s += n;
+    }
 }
 
 /* MODE 0: y = x·Wᵀ (+ bias); 1: silu(x·w0ᵀ) * (x·w1ᵀ); 2 (NT = 1): as 0 with x computed from a.nin (its own
@@ -134,6 +148,9 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
     if (a.early) { /* the first D - 1 steps before the previous kernel completes: see the file comment */
 #pragma unroll
         for (int u = 0; u < D - 1; u++) put(u);
+        if (a.early > 1 && lane == 0) /* and the next early >> 1 steps asked of the L2 */
+#pragma unroll
+            for (int s = 0; s < S; s++) gb_l2pf(wp[s], K, kc, spr, nsteps, D - 1, a.early >> 1);
     }
     cu_pdl_wait();
     cu_pdl_trigger();
@@ -493,7 +510,11 @@ static long long gvb_launches; /* ms_cuda_gvb_launches; updated atomically */
 /* Contract in backend_cuda.h. */
 extern "C" long long ms_cuda_gvb_launches(void) { return __atomic_load_n(&gvb_launches, __ATOMIC_RELAXED); }
 
-static long long gvb_tc_launches; /* ms_cuda_gvb_tc_launches; updated atomically */
+static long long gvb_tc_launches;   /* ms_cuda_gvb_tc_launches; updated atomically */
+static long long gvb_l2pf_launches; /* ms_cuda_gvb_l2pf_launches; updated atomically */
+
+/* Contract in backend_cuda.h. */
+extern "C" long long ms_cuda_gvb_l2pf_launches(void) { return __atomic_load_n(&gvb_l2pf_launches, __ATOMIC_RELAXED); }
 
 /* Contract in backend_cuda.h. */
 extern "C" long long ms_cuda_gvb_tc_launches(void) { return __atomic_load_n(&gvb_tc_launches, __ATOMIC_RELAXED); }
@@ -619,12 +640,14 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     a.y_type = c->y_type, a.ldy = c->ldy, a.N = N, a.K = K, a.ks = ks, a.rpw = rpw;
     a.kc = gd_share(K8, ks);
     a.early = c->weights_quiet && cu_knob(CU_KNOB_BF16_STREAM_EARLY);
+    if (a.early && K >= cu_knob(CU_KNOB_BF16_STREAM_L2PF_MINK)) a.early |= cu_knob(CU_KNOB_BF16_STREAM_L2PF) << 1;
     a.red_units = red_units;
     if (c->norm) a.nin = *c->norm;
     const dim3 grid((unsigned)((N + rows_pb - 1) / rows_pb));
     CK(cu_launch(kern, grid, dim3(GB_THREADS), smem, cu_of(b)->stream, a));
     __atomic_fetch_add(&gvb_launches, 1, __ATOMIC_RELAXED);
     if (tc) __atomic_fetch_add(&gvb_tc_launches, 1, __ATOMIC_RELAXED);
+    if (a.early > 1) __atomic_fetch_add(&gvb_l2pf_launches, 1, __ATOMIC_RELAXED);
     *launched = 1;
     return MS_OK;
 }

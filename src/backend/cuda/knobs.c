@@ -130,6 +130,18 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                  "cores (two mma.sync a lane's 16 bytes, gemv_tc.cuh) instead of 24 CUDA-core "
                                  "instructions; results within fp32 summation order of the CUDA-core form, not the "
                                  "same bits; 0: CUDA cores"},
+    [CU_KNOB_BF16_STREAM_L2PF] = {"MS_CU_BF16_STREAM_L2PF", KN_INT, 0, 0, 256, NULL, 0,
+                                  "n > 0: where the streaming bf16 GEMV (fixed form) copies its first weights before the PDL "
+                                  "wait and K >= MS_CU_BF16_STREAM_L2PF_MINK, each warp also asks the L2 for its next n "
+                                  "512-byte steps there (bulk prefetch), to use the idle memory of the latency-bound "
+                                  "kernels before it (attention); 0: none"},
+    [CU_KNOB_BF16_STREAM_L2PF_MINK] = {"MS_CU_BF16_STREAM_L2PF_MINK", KN_INT, 8192, 0, 1 << 20, NULL, 0,
+                                       "the smallest K at which MS_CU_BF16_STREAM_L2PF applies (8192: the output "
+                                       "projections after attention, not q|k|v or the lm_head)"},
+    [CU_KNOB_ATTN_MERGE_EARLY] = {"MS_CU_ATTN_MERGE_EARLY", KN_INT, 0, 0, 1, NULL, 0,
+                                  "1: the split-K attention merge (k_attn_combine) lets the next kernel launch before its "
+                                  "own wait, so that the projection after it starts its early weight copies beside the "
+                                  "attention; 0: after its wait"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */
