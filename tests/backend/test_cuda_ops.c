@@ -1020,7 +1020,8 @@ static void gvd_early_pop(char *saved) {
 /* The fixed form's L2 prefetch before the PDL wait (MS_CU_BF16_STREAM_L2PF, at K >= _MINK): a hint, so
  * the same bits as without it, for any step count (past a warp's last step, across its rows' ends, with K
  * shares whose last run is partial) and launch after launch (the inputs alternate between two rows of x,
- * each output fresh and NaN-filled). Each prefetching launch is counted; at K below _MINK none prefetches. */
+ * each output fresh and NaN-filled); so do the rings of 12 stages (MS_CU_BF16_STREAM_DEEPK, one row of x, mode
+ * 0). Each prefetching and each deep launch is counted; at K below _MINK there are none. */
 static void gvb_l2pf_case(int mode, int64_t T, int64_t N, int64_t K, int64_t mink, int want) {
     lpair L0 = mk_linear(MS_WFMT_PLAIN, MS_BF16, N, K, mode == 0), L1 = {0};
     if (mode == 1) L1 = mk_linear(MS_WFMT_PLAIN, MS_BF16, N, K, 0);
@@ -1031,7 +1032,7 @@ static void gvb_l2pf_case(int mode, int64_t T, int64_t N, int64_t K, int64_t min
     char mink_s[24];
     snprintf(mink_s, sizeof mink_s, "%lld", (long long)mink);
     char *smax = env_push("MS_CU_BF16_STREAM_MAX_T", "4"), *spf = env_push("MS_CU_BF16_STREAM_L2PF", "0"),
-         *smk = env_push("MS_CU_BF16_STREAM_L2PF_MINK", mink_s);
+         *smk = env_push("MS_CU_BF16_STREAM_L2PF_MINK", mink_s), *sdeep = env_push("MS_CU_BF16_STREAM_DEEPK", "0");
     float *ref[2];
     for (int i = 0; i < 2; i++) {
         ms_tensor Y0 = mk(GPU, gdt, 2, ys, NULL);
@@ -1039,18 +1040,23 @@ static void gvb_l2pf_case(int mode, int64_t T, int64_t N, int64_t K, int64_t min
         ref[i] = get(GPU, &Y0);
         fr(GPU, &Y0);
     }
-    static const char *const steps[] = {"1", "7", "64", "256", "30"};
+    static const char *const steps[] = {"1", "7", "64", "256", "30", "0", "16"};
     for (size_t p = 0; p < sizeof steps / sizeof steps[0]; p++) {
-        const int xi = (int)(p & 1);
+        const int xi = (int)(p & 1), deep = p >= 5; /* the last two through rings of 12 stages where they apply */
         setenv("MS_CU_BF16_STREAM_L2PF", steps[p], 1);
+        setenv("MS_CU_BF16_STREAM_DEEPK", deep ? "12" : "0", 1);
+        const int want_pf = strcmp(steps[p], "0") ? want : 0, want_deep = deep && want && mode == 0 && T == 1;
+        const long long q0 = ms_cuda_gvb_deep_launches();
         R(GPU->ops->sync(GPU, &E)); /* the weights are quiet: the early copies (and the prefetch) are on */
         ms_tensor Y1 = mk(GPU, gdt, 2, ys, NULL);
         const long long f0 = ms_cuda_gvb_launches(), p0 = ms_cuda_gvb_l2pf_launches();
         gvd_run(mode, &L0, &L1, &X[xi], &Y1);
-        CHECK_MSG(ms_cuda_gvb_launches() - f0 == 1 && ms_cuda_gvb_l2pf_launches() - p0 == want,
-                  "bf16 GEMV L2 prefetch mode %d T=%lld N=%lld K=%lld steps %s: %lld fixed-form launches, %lld prefetching "
-                  "(want 1, %d)", mode, (long long)T, (long long)N, (long long)K, steps[p],
-                  ms_cuda_gvb_launches() - f0, ms_cuda_gvb_l2pf_launches() - p0, want);
+        CHECK_MSG(ms_cuda_gvb_launches() - f0 == 1 && ms_cuda_gvb_l2pf_launches() - p0 == want_pf &&
+                      ms_cuda_gvb_deep_launches() - q0 == want_deep,
+                  "bf16 GEMV L2 prefetch mode %d T=%lld N=%lld K=%lld steps %s deep %d: %lld fixed-form launches, %lld "
+                  "prefetching, %lld deep (want 1, %d, %d)", mode, (long long)T, (long long)N, (long long)K, steps[p], deep,
+                  ms_cuda_gvb_launches() - f0, ms_cuda_gvb_l2pf_launches() - p0, ms_cuda_gvb_deep_launches() - q0,
+                  want_pf, want_deep);
         float *got = get(GPU, &Y1);
         int64_t diff = 0;
         for (int64_t i = 0; i < T * N; i++) diff += memcmp(&got[i], &ref[xi][i], sizeof(float)) != 0;
@@ -1059,6 +1065,7 @@ static void gvb_l2pf_case(int mode, int64_t T, int64_t N, int64_t K, int64_t min
         free(got);
         fr(GPU, &Y1);
     }
+    env_pop("MS_CU_BF16_STREAM_DEEPK", sdeep);
     env_pop("MS_CU_BF16_STREAM_L2PF_MINK", smk);
     env_pop("MS_CU_BF16_STREAM_L2PF", spf);
     env_pop("MS_CU_BF16_STREAM_MAX_T", smax);

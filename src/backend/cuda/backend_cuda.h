@@ -83,6 +83,9 @@ long long ms_cuda_gvb_tc_launches(void);
 /* Of ms_cuda_gvb_launches, those whose warps asked the L2 for more weight steps before their PDL wait
  * (MS_CU_BF16_STREAM_L2PF) so far in this process, all backends. Thread-safe. */
 long long ms_cuda_gvb_l2pf_launches(void);
+/* Of ms_cuda_gvb_launches, those through rings of 12 stages (MS_CU_BF16_STREAM_DEEPK) so far in this
+ * process, all backends. Thread-safe. */
+long long ms_cuda_gvb_deep_launches(void);
 /* Of the streaming bf16 GEMV's calls, the launches of its claiming form (gemv_bf16.cu k_gvd,
  * MS_CU_BF16_STREAM_DYN) so far in this process, all backends; not counted in ms_cuda_gvb_launches.
  * Thread-safe. */

@@ -148,9 +148,10 @@ __global__ __launch_bounds__(GB_THREADS, MODE == 1 ? 3 : 4) void k_gvb(gb_args a
     if (a.early) { /* the first D - 1 steps before the previous kernel completes: see the file comment */
 #pragma unroll
         for (int u = 0; u < D - 1; u++) put(u);
-        if (a.early > 1 && lane == 0) /* and the next early >> 1 steps asked of the L2 */
+        if constexpr (MODE != 2) /* (the folded norm's instance has no registers to spare: the host sends none) */
+            if (a.early > 1 && lane == 0) /* and the next early >> 1 steps asked of the L2 */
 #pragma unroll
-            for (int s = 0; s < S; s++) gb_l2pf(wp[s], K, kc, spr, nsteps, D - 1, a.early >> 1);
+                for (int s = 0; s < S; s++) gb_l2pf(wp[s], K, kc, spr, nsteps, D - 1, a.early >> 1);
     }
     cu_pdl_wait();
     cu_pdl_trigger();
@@ -512,6 +513,10 @@ extern "C" long long ms_cuda_gvb_launches(void) { return __atomic_load_n(&gvb_la
 
 static long long gvb_tc_launches;   /* ms_cuda_gvb_tc_launches; updated atomically */
 static long long gvb_l2pf_launches; /* ms_cuda_gvb_l2pf_launches; updated atomically */
+static long long gvb_deep_launches; /* ms_cuda_gvb_deep_launches; updated atomically */
+
+/* Contract in backend_cuda.h. */
+extern "C" long long ms_cuda_gvb_deep_launches(void) { return __atomic_load_n(&gvb_deep_launches, __ATOMIC_RELAXED); }
 
 /* Contract in backend_cuda.h. */
 extern "C" long long ms_cuda_gvb_l2pf_launches(void) { return __atomic_load_n(&gvb_l2pf_launches, __ATOMIC_RELAXED); }
@@ -615,8 +620,12 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     /* the tensor-core step (mma.sync bf16: sm_80 on) where asked for and this mode and row count have it */
     const int tc = cu_knob(CU_KNOB_BF16_STREAM_MMA) && b->gpu.cc_major >= 8 &&
                    gb_kern[1][c->norm ? 2 : c->mode][c->norm ? 0 : T - 1];
-    const gb_fn kern = gb_kern[tc][c->norm ? 2 : c->mode][c->norm ? 0 : T - 1];
-    const size_t smem = gb_smem_bytes(T, K, S, tc, red_units, GB_D);
+    /* MS_CU_BF16_STREAM_DEEPK: one row of a long K (>= _L2PF_MINK, the output projections after attention)
+     * through rings of 12 stages, so that more of its weights are copied before the wait */
+    const int deep = !tc && !c->norm && c->mode == 0 && T == 1 && c->weights_quiet &&
+                     K >= cu_knob(CU_KNOB_BF16_STREAM_L2PF_MINK) && cu_knob(CU_KNOB_BF16_STREAM_DEEPK) == 12;
+    const gb_fn kern = deep ? k_gvb<1, 0, 0, 12> : gb_kern[tc][c->norm ? 2 : c->mode][c->norm ? 0 : T - 1];
+    const size_t smem = gb_smem_bytes(T, K, S, tc, red_units, deep ? 12 : GB_D);
     int bps = 0;
     MS_TRY(cu_occupancy(b, (const void *)kern, GB_THREADS, smem, &bps, err));
     if (bps <= 0) return MS_OK;
@@ -640,7 +649,8 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     a.y_type = c->y_type, a.ldy = c->ldy, a.N = N, a.K = K, a.ks = ks, a.rpw = rpw;
     a.kc = gd_share(K8, ks);
     a.early = c->weights_quiet && cu_knob(CU_KNOB_BF16_STREAM_EARLY);
-    if (a.early && K >= cu_knob(CU_KNOB_BF16_STREAM_L2PF_MINK)) a.early |= cu_knob(CU_KNOB_BF16_STREAM_L2PF) << 1;
+    if (a.early && !c->norm && K >= cu_knob(CU_KNOB_BF16_STREAM_L2PF_MINK))
+        a.early |= cu_knob(CU_KNOB_BF16_STREAM_L2PF) << 1;
     a.red_units = red_units;
     if (c->norm) a.nin = *c->norm;
     const dim3 grid((unsigned)((N + rows_pb - 1) / rows_pb));
@@ -648,6 +658,7 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
     __atomic_fetch_add(&gvb_launches, 1, __ATOMIC_RELAXED);
     if (tc) __atomic_fetch_add(&gvb_tc_launches, 1, __ATOMIC_RELAXED);
     if (a.early > 1) __atomic_fetch_add(&gvb_l2pf_launches, 1, __ATOMIC_RELAXED);
+    if (deep) __atomic_fetch_add(&gvb_deep_launches, 1, __ATOMIC_RELAXED);
     *launched = 1;
     return MS_OK;
 }

@@ -138,6 +138,10 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
     [CU_KNOB_BF16_STREAM_L2PF_MINK] = {"MS_CU_BF16_STREAM_L2PF_MINK", KN_INT, 8192, 0, 1 << 20, NULL, 0,
                                        "the smallest K at which MS_CU_BF16_STREAM_L2PF applies (8192: the output "
                                        "projections after attention, not q|k|v or the lm_head)"},
+    [CU_KNOB_BF16_STREAM_DEEPK] = {"MS_CU_BF16_STREAM_DEEPK", KN_INT, 0, 0, 12, NULL, 0,
+                                   "12: one-row launches of the streaming bf16 GEMV at K >= MS_CU_BF16_STREAM_L2PF_MINK "
+                                   "(CUDA-core step, no folded norm) stream through rings of 12 stages, so that 11 steps "
+                                   "a warp are copied before the PDL wait; 0 (or another value): 8 stages"},
     [CU_KNOB_ATTN_MERGE_EARLY] = {"MS_CU_ATTN_MERGE_EARLY", KN_INT, 0, 0, 1, NULL, 0,
                                   "1: the split-K attention merge (k_attn_combine) lets the next kernel launch before its "
                                   "own wait, so that the projection after it starts its early weight copies beside the "
