@@ -2,13 +2,30 @@
  * (tests/backend/test_gemv_tc_emu.sh): gemv_mma_emu's emu.h (every CUDA thread a host thread, mma.sync
  * rebuilt from the PTX ISA fragment tables, cp.async landing at the wait that covers its group) plus the
  * few device helpers k_gvb uses under other names: the shared-memory copies, warp shuffles, bf16 halves,
- * and a stand-in for the folded norm (k_gvb<1, 2, *>) that writes a given x, so that the form's staging
+ * the L2 prefetch (recorded in EMU_PF for the test to check), and a stand-in for the folded norm (k_gvb<1, 2, *>) that writes a given x, so that the form's staging
  * of x after the norm runs too. */
 #ifndef MS_TESTS_GVB_EMU_H
 #define MS_TESTS_GVB_EMU_H
 #include "emu.h"
 
+#include <mutex>
+
 static dim3 gridDim; /* set by the test before each launch */
+
+#ifndef __noinline__
+#define __noinline__ __attribute__((noinline))
+#endif
+/* the L2 prefetches (MS_CU_BF16_STREAM_L2PF) are recorded, not made: the test checks their bytes */
+struct emu_pf {
+    const char *p;
+    unsigned n;
+};
+static std::mutex EMU_PF_MU;
+static std::vector<emu_pf> EMU_PF;
+static inline void cu_l2_prefetch(const void *p, unsigned n) {
+    std::lock_guard<std::mutex> g(EMU_PF_MU);
+    EMU_PF.push_back({(const char *)p, n});
+}
 
 template <class T> static inline T __ldcg(const T *p) { return *p; }
 static inline float cu_bf_lo(uint32_t v) { return __uint_as_float(v << 16); }

@@ -5,7 +5,8 @@
  * rows) and the ones that reach the form's edges: a row of K not a multiple of 256 (lanes past a K
  * share in a row's last run, which must meet zero weights and finite x), 1..3 rows of x, the fused
  * gate/up mode, the folded-norm instance, rings of 10 and 12 stages (the template's depth; the GPU runs
- * 8), and an infinite x value in one row of x that must not reach another row's results. Shared memory
+ * 8, and 12 under MS_CU_BF16_STREAM_DEEPK), the L2 prefetch before the wait (MS_CU_BF16_STREAM_L2PF: the
+ * recorded pieces must cover each warp's next steps after its ring's exactly once), and an infinite x value in one row of x that must not reach another row's results. Shared memory
  * starts as NaN (emu.h's poison), so x read past what the kernel staged shows. The GPU's own mma and
  * timing are test_cuda_ops' and the benchmarks' (GPU machine). */
 #include "gvb_emu.cpp"
@@ -19,8 +20,46 @@ struct gcase {
     int N, K, NT, mode, ks, rpw;
     int bias, y_f32; /* mode 0 */
     int inf_row;     /* >= 0: x[inf_row][0] = +inf (needs NT > 1; the other rows are checked) */
-    int D;           /* ring stages (0: GB_D; 10 or 12: deeper rings, NT 1, mode 0; not launched on the GPU) */
+    int D;           /* ring stages (0: GB_D; 10 or 12: deeper rings, NT 1, mode 0) */
+    int pf;          /* > 0: the early copies with this many steps a warp asked of the L2 (MS_CU_BF16_STREAM_L2PF) */
 };
+
+/* The 16-byte units of w that the L2 prefetches of a launch must cover, once each: for every warp (the
+ * kernel's work split, written out here from its file comment) the units of its steps D - 1 ..
+ * D - 2 + pf, a step being one 32-unit run of a row's K share (the last run of a share may be shorter). */
+static std::vector<int> pf_expected(const gcase &c, int D, int kc_plan, int rows_pb, int grid) {
+    const int K8 = c.K / 8;
+    std::vector<int> cov((size_t)c.N * K8, 0);
+    for (int b = 0; b < grid; b++)
+        for (int w = 0; w < GB_WARPS; w++) {
+            const int rg = w / c.ks, kq = w % c.ks, r0 = b * rows_pb + rg * c.rpw;
+            const int nrow = std::max(0, std::min(c.rpw, c.N - r0)), c0 = kq * kc_plan;
+            const int kc = std::max(0, std::min(kc_plan, K8 - c0)), spr = (kc + 31) / 32;
+            for (int s = D - 1; s < std::min(nrow * spr, D - 1 + c.pf); s++) {
+                const int row = s / spr, run = s % spr;
+                for (int u = run * 32; u < std::min(run * 32 + 32, kc); u++) cov[(size_t)(r0 + row) * K8 + c0 + u]++;
+            }
+        }
+    return cov;
+}
+
+/* The recorded prefetches of one weight matrix w (N x K bf16) as unit counts; a piece that is not 16-byte
+ * aligned, is empty, or leaves w counts as an error. Pieces of the other stream are skipped. */
+static int pf_recorded(const gcase &c, const uint16_t *w, std::vector<int> &cov) {
+    const int K8 = c.K / 8;
+    const char *lo = (const char *)w, *hi = lo + (size_t)c.N * c.K * 2;
+    cov.assign((size_t)c.N * K8, 0);
+    int bad = 0;
+    for (const emu_pf &f : EMU_PF) {
+        if (f.p < lo || f.p >= hi) continue;
+        if ((f.p - lo) % 16 || f.n % 16 || !f.n || f.p + f.n > hi) {
+            bad++;
+            continue;
+        }
+        for (unsigned i = 0; i < f.n / 16; i++) cov[(size_t)(f.p - lo) / 16 + i]++;
+    }
+    return bad;
+}
 
 static uint16_t bfr(std::mt19937 &r, float scale) {
     std::uniform_real_distribution<float> u(-scale, scale);
@@ -76,7 +115,8 @@ static void run_case(const gcase &c, unsigned seed) {
         a.y = yt == MS_F32 ? (void *)yf.data() : (void *)yb.data();
         a.y_type = yt, a.ldy = ldy, a.N = c.N, a.K = c.K, a.ks = c.ks, a.rpw = c.rpw;
         a.kc = gd_share(K8, c.ks);
-        a.early = (seed & 1) != 0;
+        a.early = c.pf ? 1 | c.pf << 1 : (seed & 1) != 0;
+        EMU_PF.clear();
         a.red_units = red_units;
         a.nin.src = (const uint4 *)x.data();
         if (c.NT == 1) run_nt<1>(c, tc, a, rows_pb, smem);
@@ -116,6 +156,23 @@ static void run_case(const gcase &c, unsigned seed) {
                 }
             }
         }
+        /* the L2 prefetches: exactly each warp's next pf steps after its ring's, in each weight stream */
+        {
+            const int D = c.D ? c.D : GB_D, grid = (c.N + rows_pb - 1) / rows_pb;
+            const std::vector<int> want = c.pf ? pf_expected(c, D, a.kc, rows_pb, grid) : std::vector<int>((size_t)c.N * K8, 0);
+            for (int s = 0; s < S; s++) {
+                std::vector<int> got;
+                const int badp = pf_recorded(c, s ? w1.data() : w0.data(), got);
+                size_t diff = 0, nwant = 0;
+                for (size_t i = 0; i < want.size(); i++) diff += got[i] != want[i], nwant += want[i];
+                if (badp || diff || (c.pf && !nwant)) {
+                    bad++;
+                    fprintf(stderr, "  %s TC %d stream %d: %d malformed prefetches, %zu of %zu units covered wrongly (%zu wanted)\n",
+                            c.what, tc, s, badp, diff, want.size(), nwant);
+                }
+            }
+            if (c.pf == 0 && !EMU_PF.empty()) bad++, fprintf(stderr, "  %s TC %d: prefetches without the knob\n", c.what, tc);
+        }
         /* nothing written past the N outputs of a row */
         for (int t = 0; t < c.NT; t++)
             for (int n = c.N; n < ldy; n++)
@@ -146,6 +203,13 @@ int main() {
         {"ring of 10 stages, K 808, 3 rows a warp, bias", 41, 808, 1, 0, 1, 3, 1, 1, -1, 10},
         {"ring of 12 stages, K 1344 in 2 shares, 2 rows a warp", 45, 1344, 1, 0, 2, 2, 0, 1, -1, 12},
         {"ring of 12 stages, K 4096 in 4 shares, a row shorter than the ring", 30, 4096, 1, 0, 4, 1, 1, 0, -1, 12},
+        /* the L2 prefetch before the wait: within a row, across rows, past a warp's last step, partial runs */
+        {"L2 prefetch of 5 steps, K 4096 (16 runs a row), 2 rows a warp", 37, 4096, 1, 0, 1, 2, 1, 1, -1, 0, 5},
+        {"L2 prefetch of 40 steps (past every warp's end), K 808, 3 rows a warp", 50, 808, 1, 0, 1, 3, 0, 0, -1, 0, 40},
+        {"L2 prefetch of 3 steps, K 1344 in 2 shares (partial last runs), 4 rows a warp", 61, 1344, 1, 0, 2, 4, 0, 1, -1, 0, 3},
+        {"L2 prefetch of 7 steps, fused gate/up (both streams), K 808, 2 rows a warp", 19, 808, 1, 1, 1, 2, 0, 0, -1, 0, 7},
+        {"L2 prefetch of 9 steps, two rows of x, K 4104 in 4 shares", 26, 4104, 2, 0, 4, 3, 0, 1, -1, 0, 9},
+        {"L2 prefetch of 20 steps, ring of 12 stages, K 4096 in 2 shares, 3 rows a warp", 45, 4096, 1, 0, 2, 3, 1, 1, -1, 12, 20},
     };
     unsigned seed = 1;
     for (const gcase &c : cases) run_case(c, seed++);
