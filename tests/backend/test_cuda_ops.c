@@ -225,6 +225,7 @@ static void test_norms(void) {
     free(x); free(d); free(w); free(bias);
 }
 
+
 static void test_elementwise(void) {
     int64_t T = 5, C = 203;
     int64_t s[2] = {T, C};
@@ -595,6 +596,54 @@ static void free_linear(lpair *L) {
     free(L->s);
     free(L->bias);
 }
+
+#ifdef MS_HAVE_CUDA
+/* MS_CU_NORM_EARLY: the one-pass residual RMSNorm (f32 rows, bf16 weights and output) triggers the next kernel
+ * before its wait. The chain the forward runs, add + RMSNorm then the bf16 projection that reads its output
+ * (streaming GEMV, early copies on: the weights are quiet), gives the same bits with the knob as without it,
+ * in the residual written back, the normed row and the projection, at one row and at three; and matches
+ * the CPU. */
+static void test_norm_early(void) {
+    for (int64_t R_ = 1; R_ <= 3; R_ += 2) {
+        const int64_t D = 4096, N = 2048;
+        int64_t s[2] = {R_, D}, ws[1] = {D}, ys[2] = {R_, N};
+        float *x = rand_vec((size_t)(R_ * D), 3.f), *d = rand_vec((size_t)(R_ * D), 1.f), *w = rand_vec((size_t)D, 1.f);
+        wpair W = wten(MS_BF16, 1, ws, w);
+        lpair L = mk_linear(MS_WFMT_PLAIN, MS_BF16, N, D, 0);
+        float *got[2][3];
+        for (int k = 0; k < 2; k++) {
+            char *saved = env_push("MS_CU_NORM_EARLY", k ? "1" : "0");
+            ms_tensor X = mk(GPU, MS_F32, 2, s, x), Dl = mk(GPU, MS_F32, 2, s, d), O = mk(GPU, MS_BF16, 2, s, NULL);
+            ms_tensor Y = mk(GPU, MS_F32, 2, ys, NULL);
+            R(GPU->ops->sync(GPU, &E));
+            R(GPU->ops->add_rmsnorm(GPU, &X, &Dl, &W.g, 1e-5f, &O, &E));
+            R(GPU->ops->linear(GPU, &L.g, &O, &Y, &E));
+            got[k][0] = get(GPU, &X), got[k][1] = get(GPU, &O), got[k][2] = get(GPU, &Y);
+            fr(GPU, &X); fr(GPU, &Dl); fr(GPU, &O); fr(GPU, &Y);
+            env_pop("MS_CU_NORM_EARLY", saved);
+        }
+        const int64_t n[3] = {R_ * D, R_ * D, R_ * N};
+        static const char *const what[3] = {"residual", "normed row", "projection"};
+        for (int i = 0; i < 3; i++)
+            CHECK_MSG(!memcmp(got[0][i], got[1][i], sizeof(float) * (size_t)n[i]),
+                      "norm early, %lld rows: the %s differs from the knob-off chain's bits", (long long)R_, what[i]);
+        /* and the CPU's chain */
+        pair Xc = act(2, s, x), Dc = act(2, s, d), Oc = out_act(2, s), Yc = out_act(2, ys);
+        R(CPU->ops->add_rmsnorm(CPU, &Xc.c, &Dc.c, &W.c, 1e-5f, &Oc.c, &E));
+        R(CPU->ops->linear(CPU, &L.c, &Oc.c, &Yc.c, &E));
+        float *ref = get(CPU, &Yc.c);
+        const double e = rel_err(got[1][2], ref, (size_t)(R_ * N));
+        CHECK_MSG(e <= 2e-2, "norm early, %lld rows: projection rel err %.3g against the CPU", (long long)R_, e);
+        free(ref);
+        pfree(&Xc); pfree(&Dc); pfree(&Oc); pfree(&Yc);
+        for (int k = 0; k < 2; k++)
+            for (int i = 0; i < 3; i++) free(got[k][i]);
+        free_linear(&L);
+        wfree(&W);
+        free(x); free(d); free(w);
+    }
+}
+#endif
 
 static void linear_case(ms_wfmt fmt, ms_dtype pdt, int64_t T, int64_t N, int64_t K, int bias, ms_dtype ydt) {
     lpair L = mk_linear(fmt, pdt, N, K, bias);
@@ -2630,6 +2679,7 @@ int main(void) {
 #ifdef MS_HAVE_CUDA
     RUN(test_attn_gqa_prep);
     RUN(test_attn_merge_early);
+    RUN(test_norm_early);
 #endif
     RUN(test_mla_attn);
     RUN(test_attn_impls);

@@ -79,6 +79,15 @@ typedef __nv_bfloat16 bf16;
  * mixed steps and graphs read stale rows on the H200). Asking the L2 for more weights there (bulk
  * prefetch) measured slower (bench/NOTES.md, session 19).
  *
+ * Two kernels may trigger before their wait, each behind a knob that is off by default: the split-K
+ * attention merge (MS_CU_ATTN_MERGE_EARLY) and the one-pass residual RMSNorm (MS_CU_NORM_EARLY), so that the
+ * projection after them launches while the kernel before them still runs and streams its first weights
+ * there. The kernel after such a kernel may start while the one two back still runs; that is safe only
+ * because what follows them reads nothing but weights before its wait (the GEMVs, the absorbed MLA
+ * products, the split router), and it still triggers after its wait, so the kernel after it again
+ * finds everything older completed. A kernel that reads anything else before its wait (the decode
+ * attention) must never follow one of the two directly.
+ *
  * Why trigger right after the wait: the next kernel can launch only once all our blocks passed the
  * trigger, i.e. after our own wait returned, i.e. after the previous grid completed. So at most two
  * grids are resident (the running one and the next one parked at its wait), and the parked blocks only

@@ -208,7 +208,10 @@ __global__ void k_norm(int mode, void *x, int xt, const void *delta, int dt, con
  * back) normalised into bf16 with bf16 weights. Each thread keeps up to RN_V float4 of the row in
  * registers, so the row is read once; the result equals k_norm's up to the order of the fp32 sum. */
 #define RN_V 4
-template <int ADD>
+/* TRIG (MS_CU_NORM_EARLY): trigger before the wait, so that the projection after the norm launches while the
+ * kernel before the norm (the MoE) still drains and starts its early weight copies on the SMs that kernel
+ * frees. Safe as k_attn_combine<1>'s: the norm is launched only once every block before it has started. */
+template <int ADD, int TRIG>
 __global__ __launch_bounds__(1024) void k_rmsnorm_f32(float *x, const float *delta, const bf16 *w, float eps, bf16 *out,
                                                       int D, int early) {
     const int n4 = D / 4;
@@ -222,8 +225,9 @@ __global__ __launch_bounds__(1024) void k_rmsnorm_f32(float *x, const float *del
             if (c < n4) wr[i] = ((const uint2 *)w)[c];
         }
     }
+    if (TRIG) cu_pdl_trigger();
     cu_pdl_wait();
-    cu_pdl_trigger();
+    if (!TRIG) cu_pdl_trigger();
     __shared__ float sh[32];
     const size_t base = (size_t)blockIdx.x * D;
     float4 v[RN_V];
@@ -274,11 +278,12 @@ static int launch_norm(ms_backend *b, int mode, ms_tensor *x, const ms_tensor *d
         !(delta && ((uintptr_t)delta->data & 15)) && !((uintptr_t)w->data & 7) && !((uintptr_t)out->data & 7)) {
         int th = (int)((D / 4 + RN_V - 1) / RN_V);
         th = th < 64 ? 64 : (th + 31) & ~31;
+        const int trig = cu_knob(CU_KNOB_NORM_EARLY);
         if (mode == 1 && delta)
-            CK(cu_launch(k_rmsnorm_f32<1>, (unsigned)R, th, 0, stream_of(b), (float *)x->data, (const float *)delta->data,
+            CK(cu_launch(trig ? k_rmsnorm_f32<1, 1> : k_rmsnorm_f32<1, 0>, (unsigned)R, th, 0, stream_of(b), (float *)x->data, (const float *)delta->data,
                          (const bf16 *)w->data, eps, (bf16 *)out->data, (int)D, cu_of(b)->weights_quiet));
         else
-            CK(cu_launch(k_rmsnorm_f32<0>, (unsigned)R, th, 0, stream_of(b), (float *)x->data, (const float *)NULL,
+            CK(cu_launch(trig ? k_rmsnorm_f32<0, 1> : k_rmsnorm_f32<0, 0>, (unsigned)R, th, 0, stream_of(b), (float *)x->data, (const float *)NULL,
                          (const bf16 *)w->data, eps, (bf16 *)out->data, (int)D, cu_of(b)->weights_quiet));
         return MS_OK;
     }

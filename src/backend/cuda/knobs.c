@@ -146,6 +146,10 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                   "1: the split-K attention merge (k_attn_combine) lets the next kernel launch before its "
                                   "own wait, so that the projection after it starts its early weight copies beside the "
                                   "attention; 0: after its wait"},
+    [CU_KNOB_NORM_EARLY] = {"MS_CU_NORM_EARLY", KN_INT, 0, 0, 1, NULL, 0,
+                            "1: the one-pass residual RMSNorm (k_rmsnorm_f32, the layer's input norm) lets the next "
+                            "kernel launch before its own wait, so that the q|k|v projection's early weight copies start "
+                            "while the MoE kernel before the norm drains; 0: after its wait"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */

@@ -43,6 +43,7 @@ typedef enum cu_knob_id {
     CU_KNOB_BF16_STREAM_L2PF_MINK, /* MS_CU_BF16_STREAM_L2PF_MINK: 0..1048576, default 8192 (read at every call) */
     CU_KNOB_BF16_STREAM_DEEPK, /* MS_CU_BF16_STREAM_DEEPK: 0 or 12, default 0 (read at every call) */
     CU_KNOB_ATTN_MERGE_EARLY,  /* MS_CU_ATTN_MERGE_EARLY: 0 or 1, default 0 (read at every call) */
+    CU_KNOB_NORM_EARLY,        /* MS_CU_NORM_EARLY: 0 or 1, default 0 (read at every call) */
     CU_KNOB_COUNT
 } cu_knob_id;
 
