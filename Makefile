@@ -42,6 +42,10 @@ CFLAGS_BASE += -DMS_HAVE_CUDA=1
 CUDA_INC := -I$(CUDA_HOME)/include
 LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart -lstdc++
 NVFLAGS := -std=c++17 -O3 -lineinfo $(CUDA_ARCHS) -Isrc -Xcompiler -fPIC,-Wall --expt-relaxed-constexpr -Wno-deprecated-gpu-targets
+# CU_TRACE=1: the in-graph kernel trace (src/backend/cuda/trace.cu; a diagnostic build, e.g. BUILD=build-trace)
+ifeq ($(CU_TRACE),1)
+NVFLAGS += -DMS_CU_TRACE=1
+endif
 endif
 CFLAGS ?=
 CFLAGS += $(CFLAGS_BASE)

@@ -9,7 +9,7 @@
 #      keys for G5_CONFIGS / LONG_CONFIGS
 # A setting is "M P K D N": MS_CU_ATTN_MERGE_EARLY, MS_CU_BF16_STREAM_L2PF, MS_CU_BF16_STREAM_L2PF_MINK,
 # MS_CU_BF16_STREAM_DEEPK, MS_CU_NORM_EARLY. Air runs 46 layers where the GPU has more than 100 GB, else 24
-# (an H100 80GB). Logs under $OUT; the summary (ms a step) last. About 6-8 minutes on an H200.
+# (an H100 80GB). Logs under $OUT; the summary (ms a step) last. About 7-9 minutes on an H200.
 . "$(dirname "$0")/gpu-env.sh"
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ROUNDS=${ROUNDS:-2}
@@ -54,7 +54,25 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 for c in $G5_CONFIGS; do bm "glm5x12 ctx1024" "$c" --model configs/glm-5.json --override num_hidden_layers=12 --ctx 1024; done
 for c in $LONG_CONFIGS; do bm "air$AIRL ctx8192" "$c" $AIR --ctx 8192; done
+# 3. with a kernel-trace build packed (scripts/gpu-pack.sh TRACE_BUILD=...): the links of Air's and GLM-5's
+#    batch-1 chain for TRACE_CONFIGS (scripts/trace_links.py; full tables under $OUT)
+TRACE_CONFIGS=${TRACE_CONFIGS:-"0,0,8192,0,0 1,16,8192,0,0"}
+traces=()
+if [ -x "$BUILD/moeserve-trace" ]; then
+  for c in $TRACE_CONFIGS; do
+    for m in air g5; do
+      tf="/tmp/trace-$m-${c//,/_}.txt" # raw (MBs): only the tables go to $OUT
+      if [ $m = air ]; then margs="$AIR --ctx 256"; else margs="--model configs/glm-5.json --override num_hidden_layers=12 --ctx 1024"; fi
+      env $(knobs "$c") MS_CU_TRACE_OUT="$tf" timeout 150 "$BUILD/moeserve-trace" bench-model --device cuda --load-format dummy \
+        --dummy-quant nvfp4 --json --prefill 64 --batches 1 $margs >"$OUT/trace-bm.json" 2>"$OUT/trace-bm.err"
+      lf="$OUT/trace-$m-${c//,/_}.links"
+      python3 scripts/trace_links.py "$tf" >"$lf" 2>&1
+      traces+=("== trace $m $c ==" "$(sed -n '1p;/# by kernel/,$p' "$lf" | head -16)")
+    done
+  done
+fi
 echo
 echo "== gpu-idle-ab summary (setting: merge-early,l2pf-steps,l2pf-min-K,deep-ring,norm-early; ms a step) =="
 cat "$OUT/idle-gpu.txt"
 printf '%s\n' "${rows[@]}"
+[ ${#traces[@]} -gt 0 ] && printf '%s\n' "${traces[@]}"

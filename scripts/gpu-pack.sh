@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu-pack.sh - packs a prebuilt CUDA build for the GPU machine into .gpu/b.txz (under the device
-# tool's 64 MiB carry limit): the moeserve binary, the GPU test programs and the bundled libraries,
+# tool's 64 MiB carry limit): the moeserve binary (and with TRACE_BUILD a kernel-trace build of it), the GPU
+# test programs and the bundled libraries,
 # stripped and xz-compressed (decompressing takes ~256 MiB of memory). Run after `make build`. On the GPU machine:
 #   python3 -c "import tarfile; tarfile.open('.gpu/b.txz').extractall('.gpu')" && BUILD=.gpu/build scripts/gpu-check.sh
 set -eu
@@ -9,6 +10,8 @@ BUILD=${BUILD:-build}
 scripts/bundle-libs.sh "$BUILD" >/dev/null
 rm -rf .gpu/build && mkdir -p .gpu/build/tests
 cp "$BUILD/moeserve" .gpu/build/
+# TRACE_BUILD: a CU_TRACE=1 build dir whose moeserve goes along as moeserve-trace (scripts/gpu-idle-ab.sh)
+if [ -n "${TRACE_BUILD:-}" ]; then cp "$TRACE_BUILD/moeserve" .gpu/build/moeserve-trace; fi
 cp -r "$BUILD/lib" .gpu/build/
 for t in backend/test_cuda_ops moe/test_moe_cuda model/test_forward_cache model/test_mtp engine/test_spec_model dist/test_comm_nccl ${EXTRA_TESTS:-}; do
   mkdir -p ".gpu/build/tests/$(dirname "$t")"

@@ -102,9 +102,60 @@ typedef __nv_bfloat16 bf16;
  * recorded graph keeps the launch attributes it was captured with. On a kernel launched without the
  * attribute (PDL off, sm < 90, the first kernel of a stream) griddepcontrol.wait returns at once, and
  * both instructions compile to nothing below sm_90. */
+/* ---- The in-graph kernel trace (builds with CU_TRACE=1 only: MS_CU_TRACE) ----
+ * Where a batch-1 step's time goes between kernels that overlap under PDL cannot be read from ncu (one
+ * kernel at a time, no graph) or from sections bracketed by syncs. A trace build records, for every launch,
+ * the global timer when its first block starts and when that block's griddepcontrol.wait returns (the
+ * kernel before has then completed), and the launch's grid and block shape, into a device ring that
+ * trace.cu allocates when MS_CU_TRACE_OUT names a file and writes there when the backend is destroyed,
+ * with the kernels' names by shape. Consecutive wait returns bound each link of the chain
+ * (scripts/trace_links.py). Each translation unit has its own copy of the ring's pointer (no relocatable
+ * device code) and a setter of it, registered by a static initialiser so that trace.cu can set them all. */
+struct cu_trace_rec {
+    unsigned long long t_start, t_wait; /* ns, %globaltimer */
+    unsigned seq, gx, gy, gz, bx, pad;
+};
+struct cu_trace_ring {
+    unsigned n, cap; /* records written (all time), ring size */
+    unsigned pad[2];
+    cu_trace_rec r[1];
+};
+/* trace.cu: notes a translation unit's setter of its ring pointer (called by cu_trace_attach); returns 0 */
+int cu_trace_register(cudaError_t (*set)(cu_trace_ring *ring));
+/* trace.cu: notes a launch's kernel and shape for the names of the dump (trace builds call it in cu_launch) */
+void cu_trace_note(const void *fn, dim3 grid, dim3 block);
+/* trace.cu: in a trace build with MS_CU_TRACE_OUT set, the first backend to call it (on the current device)
+ * gets the ring and every registered pointer is set to it; otherwise nothing. MS_OK or an error naming the
+ * CUDA call that failed. */
+int cu_trace_attach(ms_err *err);
+/* trace.cu: writes the ring's records (in order, the last cap of them) and the kernels' names by shape to
+ * MS_CU_TRACE_OUT and frees the ring, once the work in flight on the current device is done; nothing where
+ * attach gave none. Errors go to the log (it runs when a backend is destroyed). */
+void cu_trace_dump(void);
+#if MS_CU_TRACE
+static __device__ cu_trace_ring *cu_trace_dev;
+static cudaError_t cu_trace_set(cu_trace_ring *ring) { return cudaMemcpyToSymbol(cu_trace_dev, &ring, sizeof ring); }
+static const int cu_trace_reg = cu_trace_register(cu_trace_set);
+#endif
+
 __device__ __forceinline__ void cu_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if MS_CU_TRACE
+    cu_trace_ring *tr = cu_trace_dev;
+    const bool rec = tr && (threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) == 0;
+    unsigned long long t0 = 0, t1;
+    if (rec) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+#endif
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#if MS_CU_TRACE
+    if (rec) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+        const unsigned i = atomicAdd(&tr->n, 1u);
+        cu_trace_rec *r = &tr->r[i % tr->cap];
+        r->t_start = t0, r->t_wait = t1, r->seq = i;
+        r->gx = gridDim.x, r->gy = gridDim.y, r->gz = gridDim.z, r->bx = blockDim.x * blockDim.y * blockDim.z;
+    }
+#endif
 #endif
 }
 __device__ __forceinline__ void cu_pdl_trigger() {
@@ -136,6 +187,9 @@ static inline cudaError_t cu_launch(void (*kernel)(KArgs...), dim3 grid, dim3 bl
     }
     cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
     if (e != cudaSuccess) (void)cudaGetLastError();
+#if MS_CU_TRACE
+    else cu_trace_note((const void *)kernel, grid, block);
+#endif
     return e;
 }
 

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""trace_links.py - the links of a decode step's kernel chain from a CU_TRACE=1 build's dump.
+
+A trace build (make build CU_TRACE=1 BUILD=build-trace) run with MS_CU_TRACE_OUT=FILE writes, for every
+launch, when its first block started and when that block's griddepcontrol.wait returned (the kernel before
+it had completed), and its shape; plus the kernels' names by shape (src/backend/cuda/trace.cu). Here the
+trace's last launches are cut into steps (the shortest period that repeats PERIODS times at the end,
+rotated to start at the first kernel whose name contains --first), and for each position of the step:
+  link  = the next launch's wait return - this launch's (what this kernel adds to the chain, its own work
+          after its wait plus its completion), median over the periods;
+  lead  = this launch's wait return - its first block's start (how long it sat launched early, under PDL).
+Then the same summed by kernel and grid a step. Usage: trace_links.py FILE [--first embed] [--periods 4]
+"""
+import argparse
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+
+
+def demangle(names):
+    if shutil.which("c++filt"):
+        try:
+            out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, check=True).stdout
+            dem = out.split("\n")[: len(names)]
+            if len(dem) == len(names):
+                return [re.sub(r"\(.*\)$", "", d) for d in dem]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    res = []
+    for n in names:
+        m = re.match(r"_Z(\d+)(\w+)", n)
+        res.append(m.group(2)[: int(m.group(1))] if m else n)
+    return res
+
+
+def load(path):
+    recs, kern = [], {}
+    with open(path) as f:
+        for line in f:
+            p = line.split()
+            if not p or p[0].startswith("#"):
+                continue
+            if p[0] == "R" and len(p) == 8:
+                recs.append((int(p[1]), int(p[2]), int(p[3]), tuple(int(x) for x in p[4:8])))
+            elif p[0] == "K" and len(p) == 6:
+                kern.setdefault(tuple(int(x) for x in p[2:6]), []).append(p[1])
+    recs.sort()
+    raw = sorted({n for v in kern.values() for n in v})
+    dem = dict(zip(raw, demangle(raw)))
+    names = {sig: "|".join(sorted({dem[n] for n in v})) for sig, v in kern.items()}
+    return recs, names
+
+
+def period(sigs, reps):
+    n = len(sigs)
+    for p in range(1, n // reps + 1):
+        if all(sigs[n - (k + 1) * p: n - k * p] == sigs[n - p:] for k in range(1, reps)):
+            return p
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("file")
+    ap.add_argument("--first", default="embed", help="a step starts at the first kernel whose name contains this")
+    ap.add_argument("--periods", type=int, default=4, help="steps at the trace's end to take the medians over")
+    a = ap.parse_args()
+    recs, names = load(a.file)
+    if len(recs) < 2:
+        sys.exit("trace_links: fewer than two launches recorded in %s" % a.file)
+    sigs = [r[3] for r in recs]
+    p = period(sigs, a.periods)
+    if not p:
+        sys.exit("trace_links: the last %d steps do not repeat the same launches (%d recorded)" % (a.periods, len(recs)))
+    # rotate: the step starts at the first launch named like --first in the last period
+    base = len(recs) - p
+    start = next((base + j for j in range(p) if a.first in names.get(sigs[base + j], "?")), base)
+    start -= p  # one whole period before it, so every position has a next launch
+    first_step = start - (a.periods - 1) * p
+    while first_step < 0:
+        first_step += p
+    steps = [range(s, s + p) for s in range(first_step, start + 1, p) if s + p < len(recs)]
+    if not steps:
+        sys.exit("trace_links: not enough launches after the period's start")
+    rows, by_name = [], {}
+    for j in range(p):
+        link = [(recs[s[j] + 1][2] - recs[s[j]][2]) / 1e3 for s in steps]
+        lead = [(recs[s[j]][2] - recs[s[j]][1]) / 1e3 for s in steps]
+        sig = sigs[steps[0][j]]
+        nm = names.get(sig, "?")
+        rows.append((j, nm, sig, statistics.median(link), statistics.median(lead)))
+        t = by_name.setdefault("%s %dx%dx%d" % ((nm[:32],) + sig[:3]), [0, 0.0])
+        t[0] += 1
+        t[1] += statistics.median(link)
+    total = sum(r[3] for r in rows)
+    print("# %d launches a step, medians over %d steps; step %.1f us (sum of the links)" % (p, len(steps), total))
+    print("%5s  %-44s %-22s %9s %9s" % ("pos", "kernel", "grid x threads", "link us", "lead us"))
+    for j, nm, sig, lk, ld in rows:
+        print("%5d  %-44s %-22s %9.2f %9.2f" % (j, nm[:44], "%dx%dx%d x%d" % sig, lk, ld))
+    print("\n# by kernel and grid, a step")
+    print("%-44s %6s %10s %8s" % ("kernel", "count", "link us", "share"))
+    for nm, (c, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1]):
+        print("%-44s %6d %10.1f %7.1f%%" % (nm[:44], c, t, 100 * t / total if total else 0))
+
+
+if __name__ == "__main__":
+    main()
