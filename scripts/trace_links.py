@@ -4,10 +4,12 @@
 A trace build (make build CU_TRACE=1 BUILD=build-trace) run with MS_CU_TRACE_OUT=FILE writes, for every
 launch, when its first block started and when that block's griddepcontrol.wait returned (the kernel before
 it had completed), and its shape; plus the kernels' names by shape (src/backend/cuda/trace.cu). Here the
-trace's last launches are cut into steps (the shortest period that repeats PERIODS times at the end,
-rotated to start at the first kernel whose name contains --first), and for each position of the step:
+trace is cut into segments that start at a kernel whose name contains --first (k_embed: a step's first
+launch); the most frequent segment is the decode step (warm-up, prefill and the benchmark's other work
+differ), and for each position of its last --periods occurrences:
   link  = the next launch's wait return - this launch's (what this kernel adds to the chain, its own work
-          after its wait plus its completion), median over the periods;
+          after its wait plus its completion; the step's last link also holds the host's turn between
+          steps), median over the steps;
   lead  = this launch's wait return - its first block's start (how long it sat launched early, under PDL).
 Then the same summed by kernel and grid a step. Usage: trace_links.py FILE [--first embed] [--periods 4]
 """
@@ -53,37 +55,33 @@ def load(path):
     return recs, names
 
 
-def period(sigs, reps):
-    n = len(sigs)
-    for p in range(1, n // reps + 1):
-        if all(sigs[n - (k + 1) * p: n - k * p] == sigs[n - p:] for k in range(1, reps)):
-            return p
-    return 0
+def steps_of(recs, names, first, periods):
+    """The last `periods` occurrences of the most frequent launch sequence that starts at a launch named
+    like `first` and runs to the next one (a decode step; prefills and warm-up differ), as index ranges."""
+    starts = [i for i, r in enumerate(recs) if first in names.get(r[3], "?")]
+    segs = {}
+    for a, b in zip(starts, starts[1:]):
+        segs.setdefault(tuple(r[3] for r in recs[a:b]), []).append(range(a, b))
+    if not segs:
+        return []
+    key = max(segs, key=lambda k: (len(segs[k]), segs[k][-1].start))
+    return segs[key][-periods:] if len(segs[key]) >= 2 else []
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("file")
-    ap.add_argument("--first", default="embed", help="a step starts at the first kernel whose name contains this")
-    ap.add_argument("--periods", type=int, default=4, help="steps at the trace's end to take the medians over")
+    ap.add_argument("--first", default="embed", help="a step starts at a kernel whose name contains this")
+    ap.add_argument("--periods", type=int, default=4, help="steps (the last ones) to take the medians over")
     a = ap.parse_args()
     recs, names = load(a.file)
     if len(recs) < 2:
         sys.exit("trace_links: fewer than two launches recorded in %s" % a.file)
-    sigs = [r[3] for r in recs]
-    p = period(sigs, a.periods)
-    if not p:
-        sys.exit("trace_links: the last %d steps do not repeat the same launches (%d recorded)" % (a.periods, len(recs)))
-    # rotate: the step starts at the first launch named like --first in the last period
-    base = len(recs) - p
-    start = next((base + j for j in range(p) if a.first in names.get(sigs[base + j], "?")), base)
-    start -= p  # one whole period before it, so every position has a next launch
-    first_step = start - (a.periods - 1) * p
-    while first_step < 0:
-        first_step += p
-    steps = [range(s, s + p) for s in range(first_step, start + 1, p) if s + p < len(recs)]
+    steps = steps_of(recs, names, a.first, a.periods)
     if not steps:
-        sys.exit("trace_links: not enough launches after the period's start")
+        sys.exit("trace_links: no launch sequence from a '%s' kernel to the next repeats in %s" % (a.first, a.file))
+    p = len(steps[0])
+    sigs = [r[3] for r in recs]
     rows, by_name = [], {}
     for j in range(p):
         link = [(recs[s[j] + 1][2] - recs[s[j]][2]) / 1e3 for s in steps]
