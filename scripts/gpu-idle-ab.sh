@@ -75,4 +75,4 @@ echo
 echo "== gpu-idle-ab summary (setting: merge-early,l2pf-steps,l2pf-min-K,deep-ring,norm-early; ms a step) =="
 cat "$OUT/idle-gpu.txt"
 printf '%s\n' "${rows[@]}"
-[ ${#traces[@]} -gt 0 ] && printf '%s\n' "${traces[@]}"
+if [ ${#traces[@]} -gt 0 ]; then printf '%s\n' "${traces[@]}"; fi

@@ -4,9 +4,9 @@
 A trace build (make build CU_TRACE=1 BUILD=build-trace) run with MS_CU_TRACE_OUT=FILE writes, for every
 launch, when its first block started and when that block's griddepcontrol.wait returned (the kernel before
 it had completed), and its shape; plus the kernels' names by shape (src/backend/cuda/trace.cu). Here the
-trace is cut into segments that start at a kernel whose name contains --first (k_embed: a step's first
-launch); the most frequent segment is the decode step (warm-up, prefill and the benchmark's other work
-differ), and for each position of its last --periods occurrences:
+trace's launch shapes are searched for the sequence that repeats longest (the decode step: warm-up, prefill
+and the benchmark's other work differ), each step starting at a kernel whose name contains --first (k_embed),
+and for each position of its last --periods steps:
   link  = the next launch's wait return - this launch's (what this kernel adds to the chain, its own work
           after its wait plus its completion; the step's last link also holds the host's turn between
           steps), median over the steps;
@@ -14,6 +14,7 @@ differ), and for each position of its last --periods occurrences:
 Then the same summed by kernel and grid a step. Usage: trace_links.py FILE [--first embed] [--periods 4]
 """
 import argparse
+import collections
 import re
 import shutil
 import statistics
@@ -48,7 +49,7 @@ def load(path):
                 recs.append((int(p[1]), int(p[2]), int(p[3]), tuple(int(x) for x in p[4:8])))
             elif p[0] == "K" and len(p) == 6:
                 kern.setdefault(tuple(int(x) for x in p[2:6]), []).append(p[1])
-    recs.sort()
+    recs.sort(key=lambda r: r[2])  # chain order: each wait returns after the kernel before completed
     raw = sorted({n for v in kern.values() for n in v})
     dem = dict(zip(raw, demangle(raw)))
     names = {sig: "|".join(sorted({dem[n] for n in v})) for sig, v in kern.items()}
@@ -56,16 +57,33 @@ def load(path):
 
 
 def steps_of(recs, names, first, periods):
-    """The last `periods` occurrences of the most frequent launch sequence that starts at a launch named
-    like `first` and runs to the next one (a decode step; prefills and warm-up differ), as index ranges."""
-    starts = [i for i, r in enumerate(recs) if first in names.get(r[3], "?")]
-    segs = {}
-    for a, b in zip(starts, starts[1:]):
-        segs.setdefault(tuple(r[3] for r in recs[a:b]), []).append(range(a, b))
-    if not segs:
+    """The decode step as the launch-shape sequence that repeats longest: for each candidate period p, the
+    longest run of launches i with shape(i) == shape(i + p); the p with the longest run (the smallest on
+    ties; a layer's period repeats only within a step, a step's across the whole timed loop). Names cannot cut steps: kernels
+    of one shape may have several names (k_embed and k_copy_rows at one token). Returns the last `periods`
+    whole steps of that run, each starting at its first launch named like `first` where there is one."""
+    ids = {}
+    a = [ids.setdefault(r[3], len(ids)) for r in recs]
+    n, best = len(a), (0, 0, 0)  # (run length, -p, end of run)
+    # candidate periods: distances between launches of the --first kernel's shape, 1 to 4 apart (a step
+    # holds that shape at most a few times), the most common ones
+    at = [i for i, r in enumerate(recs) if first in names.get(r[3], "?")]
+    cand = collections.Counter(at[j + k] - at[j] for k in range(1, 5) for j in range(len(at) - k))
+    for p, _ in cand.most_common(24):
+        run = 0
+        for i in range(n - p):
+            run = run + 1 if a[i] == a[i + p] else 0
+            if run > best[0] or (run == best[0] and -p > best[1]):
+                best = (run, -p, i + 1)
+    run, p, end = best[0], -best[1], best[2]
+    if run < p:
         return []
-    key = max(segs, key=lambda k: (len(segs[k]), segs[k][-1].start))
-    return segs[key][-periods:] if len(segs[key]) >= 2 else []
+    lo, hi = end - run, end + p  # launches lo .. hi - 1 repeat with period p
+    last = hi - 1 - p  # the last step must have a next launch
+    cand = [j for j in range(last - p + 1, last + 1) if first in names.get(recs[j][3], "?") and j >= lo]
+    s0 = cand[0] if cand else last - p + 1
+    starts = [s for s in range(s0, lo - 1, -p)][:periods]
+    return [range(s, s + p) for s in reversed(starts) if s >= lo and s + p < len(recs)]
 
 
 def main():

@@ -599,27 +599,32 @@ static void free_linear(lpair *L) {
 
 #ifdef MS_HAVE_CUDA
 /* MS_CU_NORM_EARLY: the one-pass residual RMSNorm (f32 rows, bf16 weights and output) triggers the next kernel
- * before its wait. The chain the forward runs, add + RMSNorm then the bf16 projection that reads its output
- * (streaming GEMV, early copies on: the weights are quiet), gives the same bits with the knob as without it,
- * in the residual written back, the normed row and the projection, at one row and at three; and matches
- * the CPU. */
+ * before its wait. The chain the forward runs between two layers: a projection writes the delta (the MoE's
+ * place), add + RMSNorm, then the bf16 projection that reads the normed row (streaming GEMV, early copies on:
+ * the weights are quiet), all three in flight together with no sync between them. The same bits with the
+ * knob as without it, in the residual written back, the normed row and the projection, at one row and at
+ * three (where the norm's row count is not the GEMV's one-row form); and the CPU's result. */
 static void test_norm_early(void) {
     for (int64_t R_ = 1; R_ <= 3; R_ += 2) {
-        const int64_t D = 4096, N = 2048;
-        int64_t s[2] = {R_, D}, ws[1] = {D}, ys[2] = {R_, N};
-        float *x = rand_vec((size_t)(R_ * D), 3.f), *d = rand_vec((size_t)(R_ * D), 1.f), *w = rand_vec((size_t)D, 1.f);
+        const int64_t D = 4096, N = 2048, Kd = 1024;
+        int64_t s[2] = {R_, D}, ws[1] = {D}, ys[2] = {R_, N}, hs[2] = {R_, Kd};
+        float *x = rand_vec((size_t)(R_ * D), 3.f), *h = rand_vec((size_t)(R_ * Kd), 1.f), *w = rand_vec((size_t)D, 1.f);
         wpair W = wten(MS_BF16, 1, ws, w);
-        lpair L = mk_linear(MS_WFMT_PLAIN, MS_BF16, N, D, 0);
+        lpair L = mk_linear(MS_WFMT_PLAIN, MS_BF16, N, D, 0), Ld = mk_linear(MS_WFMT_PLAIN, MS_BF16, D, Kd, 0);
         float *got[2][3];
         for (int k = 0; k < 2; k++) {
             char *saved = env_push("MS_CU_NORM_EARLY", k ? "1" : "0");
-            ms_tensor X = mk(GPU, MS_F32, 2, s, x), Dl = mk(GPU, MS_F32, 2, s, d), O = mk(GPU, MS_BF16, 2, s, NULL);
-            ms_tensor Y = mk(GPU, MS_F32, 2, ys, NULL);
+            ms_tensor X = mk(GPU, MS_F32, 2, s, x), H = mk(GPU, 0, 2, hs, h), Dl = mk(GPU, MS_F32, 2, s, NULL);
+            ms_tensor O = mk(GPU, MS_BF16, 2, s, NULL), Y = mk(GPU, MS_F32, 2, ys, NULL);
             R(GPU->ops->sync(GPU, &E));
+            const long long g0 = ms_cuda_gvb_launches();
+            R(GPU->ops->linear(GPU, &Ld.g, &H, &Dl, &E)); /* the delta, written by the kernel before the norm */
             R(GPU->ops->add_rmsnorm(GPU, &X, &Dl, &W.g, 1e-5f, &O, &E));
             R(GPU->ops->linear(GPU, &L.g, &O, &Y, &E));
+            CHECK_MSG(ms_cuda_gvb_launches() - g0 == 2, "norm early, %lld rows: %lld of 2 projections streamed",
+                      (long long)R_, ms_cuda_gvb_launches() - g0);
             got[k][0] = get(GPU, &X), got[k][1] = get(GPU, &O), got[k][2] = get(GPU, &Y);
-            fr(GPU, &X); fr(GPU, &Dl); fr(GPU, &O); fr(GPU, &Y);
+            fr(GPU, &X); fr(GPU, &H); fr(GPU, &Dl); fr(GPU, &O); fr(GPU, &Y);
             env_pop("MS_CU_NORM_EARLY", saved);
         }
         const int64_t n[3] = {R_ * D, R_ * D, R_ * N};
@@ -628,19 +633,21 @@ static void test_norm_early(void) {
             CHECK_MSG(!memcmp(got[0][i], got[1][i], sizeof(float) * (size_t)n[i]),
                       "norm early, %lld rows: the %s differs from the knob-off chain's bits", (long long)R_, what[i]);
         /* and the CPU's chain */
-        pair Xc = act(2, s, x), Dc = act(2, s, d), Oc = out_act(2, s), Yc = out_act(2, ys);
+        pair Xc = act(2, s, x), Hc = act(2, hs, h), Dc = out_act(2, s), Oc = out_act(2, s), Yc = out_act(2, ys);
+        R(CPU->ops->linear(CPU, &Ld.c, &Hc.c, &Dc.c, &E));
         R(CPU->ops->add_rmsnorm(CPU, &Xc.c, &Dc.c, &W.c, 1e-5f, &Oc.c, &E));
         R(CPU->ops->linear(CPU, &L.c, &Oc.c, &Yc.c, &E));
         float *ref = get(CPU, &Yc.c);
         const double e = rel_err(got[1][2], ref, (size_t)(R_ * N));
         CHECK_MSG(e <= 2e-2, "norm early, %lld rows: projection rel err %.3g against the CPU", (long long)R_, e);
         free(ref);
-        pfree(&Xc); pfree(&Dc); pfree(&Oc); pfree(&Yc);
+        pfree(&Xc); pfree(&Hc); pfree(&Dc); pfree(&Oc); pfree(&Yc);
         for (int k = 0; k < 2; k++)
             for (int i = 0; i < 3; i++) free(got[k][i]);
         free_linear(&L);
+        free_linear(&Ld);
         wfree(&W);
-        free(x); free(d); free(w);
+        free(x); free(h); free(w);
     }
 }
 #endif
@@ -1668,6 +1675,8 @@ static int same_finite(const float *a, const float *b, size_t n) {
  * first two modes (the test's weights are quiet: uploads synchronise) and none in the third; want_split
  * (1, or -1 for either) says whether the default mode's launches split the keys (then a merge follows),
  * and the no-split mode never does. */
+static int g_merge_early; /* test_attn_merge_early: MS_CU_ATTN_MERGE_EARLY is on for gqa_prep_attn_case */
+
 /* with_bias: a mask of the q (1), k (2) and v (4) biases present */
 static void gqa_prep_attn_case(const char *name, int nh, int nkv, int d, const ms_rope_cfg *rc, int with_bias, int page,
                                int n_seqs, const int *nnew, const int *ctx, const int32_t *slots, int want_fused,
@@ -1722,8 +1731,11 @@ static void gqa_prep_attn_case(const char *name, int nh, int nkv, int d, const m
         else snprintf(mname, sizeof mname, "default");
         CHECK_MSG(fused == (mo == 3 ? 0 : want_fused), "%s (%s): %lld fused launches, %d expected", name, mname, fused,
                   mo == 3 ? 0 : want_fused);
-        CHECK_MSG(early == (mo < 2 ? fused : 0), "%s (%s): %lld of %lld fused launches read before the wait", name, mname,
-                  early, fused);
+        /* right after an early-triggering merge (the two-kernel form's, when it splits) the fused form must read
+         * nothing before its wait (cuda_internal.cuh, cu_prev_early) */
+        const long long want_early = mo >= 2 ? 0 : (g_merge_early && split) ? 0 : fused;
+        CHECK_MSG(early == want_early, "%s (%s): %lld of %lld fused launches read before the wait (%lld expected)", name,
+                  mname, early, fused, want_early);
         if (mo == 1 || (mo == 0 && want_split >= 0))
             CHECK_MSG(split == (mo == 1 ? 0 : want_split * fused), "%s (%s): %lld of %lld fused launches split the keys",
                       name, mname, split, fused);
@@ -1804,19 +1816,80 @@ static void test_attn_gqa_prep(void) {
 #endif
 
 #ifdef MS_HAVE_CUDA
-/* MS_CU_ATTN_MERGE_EARLY: the split-K merge triggers the next kernel before its own wait. Its arithmetic is
- * unchanged, so the split cases above hold with it: Air's heads at contexts whose keys are split (the
- * fused decode form against gqa_prep + attention, bit for bit, and against the CPU), and a batch with a
- * long context against the CPU. */
+/* MS_CU_ATTN_MERGE_EARLY: the split-K merge triggers the next kernel before its own wait.
+ * 1. The chain the forward runs at one token: attention over Air's heads (split, so a merge), then the output
+ *    projection reading the merged rows (streaming GEMV with its early copies, which now start beside the
+ *    attention), with the L2 prefetch and the deep rings on or off: the same bits as with the knob off, in the
+ *    attention's output and the projection's; each early merge counted.
+ * 2. The fused decode form right after an early merge reads nothing before its wait (gqa_prep_attn_case counts
+ *    it), and its results are still gqa_prep + attention's bit for bit. */
+static void merge_chain_case(int ctx) {
+    const int one[1] = {1};
+    gbatch B;
+    make_gbatch(&B, 1, one, &ctx, 16);
+    const int T = B.bt.n_tokens, S = B.n_slots, nh = 96, nkv = 8, d = 128;
+    const ms_attn_impl *impl = NULL;
+    for (const ms_attn_impl *const *ip = ms_attn_impls(); *ip; ip++)
+        if (!strcmp((*ip)->backend, "cuda") && ((*ip)->caps & MS_ATTN_CAP_GQA_PREP)) impl = *ip;
+    CHECK_MSG(impl != NULL, "merge chain: no CUDA tensor-core attention");
+    int64_t cs[3] = {S, nkv, d}, qs[3] = {T, nh, d}, os2[2] = {T, (int64_t)nh * d}, ys[2] = {T, 4096};
+    float *kc = rand_vec((size_t)S * nkv * d, 1.f), *vc = rand_vec((size_t)S * nkv * d, 1.f),
+          *q = rand_vec((size_t)T * nh * d, 4.f);
+    ms_tensor Q = mk(GPU, 0, 3, qs, q), K = mk(GPU, 0, 3, cs, kc), V = mk(GPU, 0, 3, cs, vc);
+    lpair L = mk_linear(MS_WFMT_PLAIN, MS_BF16, 4096, (int64_t)nh * d, 0);
+    static const char *const cfg[3][4] = {{"0", "0", "0", "knob off"}, {"1", "0", "0", "merge early"},
+                                          {"1", "16", "12", "merge early, L2 prefetch, deep rings"}};
+    float *ref[2] = {NULL, NULL};
+    for (int k = 0; impl && k < 3; k++) {
+        char *s1 = env_push("MS_CU_ATTN_MERGE_EARLY", cfg[k][0]), *s2 = env_push("MS_CU_BF16_STREAM_L2PF", cfg[k][1]),
+             *s3 = env_push("MS_CU_BF16_STREAM_DEEPK", cfg[k][2]);
+        ms_tensor O = mk(GPU, 0, 3, qs, NULL), Y = mk(GPU, MS_F32, 2, ys, NULL);
+        ms_tensor O2 = ms_tensor_reshape(&O, 2, os2);
+        const ms_attn_call c = {MS_ATTN_GQA, &Q, &K, &V, &B.mg, NULL, 0, 0, 1.f / sqrtf((float)d), &O, NULL};
+        R(GPU->ops->sync(GPU, &E)); /* the weights are quiet: the projection copies before its wait */
+        const long long m0 = ms_cuda_attn_merge_launches(1), m1 = ms_cuda_attn_merge_launches(0),
+                        g0 = ms_cuda_gvb_launches();
+        R(ms_attn_run(impl, GPU, &c, &E));
+        R(GPU->ops->linear(GPU, &L.g, &O2, &Y, &E));
+        const long long em = ms_cuda_attn_merge_launches(1) - m0, pm = ms_cuda_attn_merge_launches(0) - m1;
+        CHECK_MSG(em == (k ? 1 : 0) && pm == (k ? 0 : 1) && ms_cuda_gvb_launches() - g0 == 1,
+                  "merge chain ctx %d (%s): %lld early and %lld plain merges, %lld streaming GEMVs (want %d, %d, 1)", ctx,
+                  cfg[k][3], em, pm, ms_cuda_gvb_launches() - g0, k ? 1 : 0, k ? 0 : 1);
+        float *o = get(GPU, &O), *y = get(GPU, &Y);
+        if (!k) {
+            ref[0] = o, ref[1] = y;
+        } else {
+            CHECK_MSG(!memcmp(o, ref[0], sizeof(float) * (size_t)(T * nh * d)) &&
+                          !memcmp(y, ref[1], sizeof(float) * (size_t)(T * 4096)),
+                      "merge chain ctx %d (%s): the attention or the projection differs from the knob-off bits", ctx,
+                      cfg[k][3]);
+            free(o), free(y);
+        }
+        fr(GPU, &O); fr(GPU, &Y);
+        env_pop("MS_CU_BF16_STREAM_DEEPK", s3);
+        env_pop("MS_CU_BF16_STREAM_L2PF", s2);
+        env_pop("MS_CU_ATTN_MERGE_EARLY", s1);
+    }
+    free(ref[0]); free(ref[1]);
+    free_linear(&L);
+    fr(GPU, &Q); fr(GPU, &K); fr(GPU, &V);
+    free(kc); free(vc); free(q);
+    free_gbatch(&B);
+}
+
 static void test_attn_merge_early(void) {
+    merge_chain_case(256); /* the benchmark's context: 4-5 key ranges */
+    merge_chain_case(4097);
     char *saved = env_push("MS_CU_ATTN_MERGE_EARLY", "1");
+    g_merge_early = 1;
     const ms_rope_cfg neox = {0, 64, 0, 1e6};
-    const int one[1] = {1}, ctx[3] = {256, 1000, 4097};
-    for (int i = 0; i < 3; i++) {
+    const int one[1] = {1}, ctx[2] = {1000, 4097};
+    for (int i = 0; i < 2; i++) {
         char nm[64];
         snprintf(nm, sizeof nm, "air b1 ctx %d, early merge", ctx[i]);
-        gqa_prep_attn_case(nm, 96, 8, 128, &neox, 7, 16, 1, one, &ctx[i], NULL, 1, ctx[i] >= 1000 ? 1 : -1);
+        gqa_prep_attn_case(nm, 96, 8, 128, &neox, 7, 16, 1, one, &ctx[i], NULL, 1, 1);
     }
+    g_merge_early = 0;
     int nn[3] = {1, 1, 1}, cx[3] = {2000, 1, 333};
     gqa_batch_case("decode3, early merge", 96, 8, 128, 16, 3, nn, cx);
     env_pop("MS_CU_ATTN_MERGE_EARLY", saved);

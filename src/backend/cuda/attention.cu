@@ -266,13 +266,22 @@ int cu_attn_split(ms_backend *b, int64_t blocks, int tiles, int per_sm, int T, i
     return MS_OK;
 }
 
+static long long merge_launches[2]; /* ms_cuda_attn_merge_launches; updated atomically */
+
+/* Contract in backend_cuda.h. */
+extern "C" long long ms_cuda_attn_merge_launches(int early) {
+    return __atomic_load_n(&merge_launches[early ? 1 : 0], __ATOMIC_RELAXED);
+}
+
 /* Launches k_attn_combine over the partials; contract in cuda_internal.cuh. */
 int cu_attn_combine(ms_backend *b, const float *part, int n_split, int T, int nh, int Dv, bf16 *out, ms_err *err) {
     if (n_split <= 1) return MS_OK;
     MS_ASSERT(n_split <= AC_MAX_SPLIT); /* cu_attn_split caps the ranges */
     dim3 cg(T, nh, (Dv + 127) / 128);
-    CK(cu_launch(cu_knob(CU_KNOB_ATTN_MERGE_EARLY) ? k_attn_combine<1> : k_attn_combine<0>, cg, 128, 0,
-                 cu_of(b)->stream, part, n_split, Dv, nh, out));
+    const int early = cu_knob(CU_KNOB_ATTN_MERGE_EARLY);
+    CK(cu_launch(early ? k_attn_combine<1> : k_attn_combine<0>, cg, 128, 0, cu_of(b)->stream, part, n_split, Dv, nh, out));
+    cu_prev_early = early;
+    __atomic_fetch_add(&merge_launches[early ? 1 : 0], 1, __ATOMIC_RELAXED);
     return MS_OK;
 }
 

@@ -526,7 +526,7 @@ int cu_attn_gqa_mma_prep(ms_backend *b, const ms_attn_call *c, int *launched, ms
     pp.vi = pp.ki + (size_t)nkv * d;
     /* before the wait (file comment): the biases and the RoPE table are weights (quiet); the meta and the
      * old cache rows are not written by the projection that precedes this call (ms_attn_gqa_prep) */
-    pp.early = cu_of(b)->weights_quiet && cu_knob(CU_KNOB_ATTN_PREP) == 2;
+    pp.early = cu_of(b)->weights_quiet && cu_knob(CU_KNOB_ATTN_PREP) == 2 && !cu_prev_early;
     pp.rot_off = rot_off;
     pp.rot_dim = rot_dim;
     pp.interleaved = rc ? rc->interleaved : 0;

@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Contract in cuda_internal.cuh. */
+thread_local int cu_prev_early;
+
 /* ---- device helpers exported to the C side ---- */
 
 extern "C" void *ms_cuda_stream(ms_backend *b) { return (void *)cu_of(b)->stream; }
@@ -148,7 +151,7 @@ static void cu_destroy(ms_backend *b) {
     if (c) {
         cudaSetDevice(c->device);
         if (c->stream) cudaStreamSynchronize(c->stream);
-        cu_trace_dump(); /* a trace build's ring (trace.cu), if this device has it */
+        cu_trace_dump(b); /* a trace build's ring (trace.cu), if this backend owns it */
         for (int i = 0; i < MS_CU_N_SCRATCH; i++)
             if (c->scratch[i]) cudaFree(c->scratch[i]);
         for (int i = 0; i < c->n_rope; i++) cudaFree(c->rope[i].inv_freq_d);
@@ -1069,7 +1072,7 @@ extern "C" int ms_backend_cuda_create(int device, ms_backend **out, ms_err *err)
         c->norm_sync = (unsigned *)sync + 8; /* its own 32 bytes of the 64 */
         c->moe_part = (float *)((char *)sync + 256);
     }
-    if ((rc = cu_trace_attach(err)) != MS_OK) goto fail;
+    if ((rc = cu_trace_attach(b, err)) != MS_OK) goto fail;
     *out = b;
     return MS_OK;
 fail:

@@ -80,6 +80,10 @@ long long ms_cuda_gvb_launches(void);
 /* Of ms_cuda_gvb_launches, those with the tensor-core step (k_gvb's TC form, MS_CU_BF16_STREAM_MMA) so far
  * in this process, all backends. Thread-safe. */
 long long ms_cuda_gvb_tc_launches(void);
+/* Launches of the split-K attention merge (k_attn_combine) so far in this process, all backends: early 1
+ * counts those that trigger the next kernel before their wait (MS_CU_ATTN_MERGE_EARLY), 0 the others.
+ * Thread-safe. */
+long long ms_cuda_attn_merge_launches(int early);
 /* Of ms_cuda_gvb_launches, those whose warps asked the L2 for more weight steps before their PDL wait
  * (MS_CU_BF16_STREAM_L2PF) so far in this process, all backends. Thread-safe. */
 long long ms_cuda_gvb_l2pf_launches(void);

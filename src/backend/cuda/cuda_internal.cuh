@@ -86,7 +86,8 @@ typedef __nv_bfloat16 bf16;
  * because what follows them reads nothing but weights before its wait (the GEMVs, the absorbed MLA
  * products, the split router), and it still triggers after its wait, so the kernel after it again
  * finds everything older completed. A kernel that reads anything else before its wait (the decode
- * attention) must never follow one of the two directly.
+ * attention) must never follow one of the two directly: it checks cu_prev_early and then reads after its
+ * wait.
  *
  * Why trigger right after the wait: the next kernel can launch only once all our blocks passed the
  * trigger, i.e. after our own wait returned, i.e. after the previous grid completed. So at most two
@@ -105,8 +106,8 @@ typedef __nv_bfloat16 bf16;
 /* ---- The in-graph kernel trace (builds with CU_TRACE=1 only: MS_CU_TRACE) ----
  * Where a batch-1 step's time goes between kernels that overlap under PDL cannot be read from ncu (one
  * kernel at a time, no graph) or from sections bracketed by syncs. A trace build records, for every launch,
- * the global timer when its first block starts and when that block's griddepcontrol.wait returns (the
- * kernel before has then completed), and the launch's grid and block shape, into a device ring that
+ * the global timer when its first block reaches cu_pdl_wait (after its work before the wait) and when that
+ * block's griddepcontrol.wait returns (the kernel before has then completed), and the launch's grid and block shape, into a device ring that
  * trace.cu allocates when MS_CU_TRACE_OUT names a file and writes there when the backend is destroyed,
  * with the kernels' names by shape. Consecutive wait returns bound each link of the chain
  * (scripts/trace_links.py). Each translation unit has its own copy of the ring's pointer (no relocatable
@@ -124,14 +125,14 @@ struct cu_trace_ring {
 int cu_trace_register(cudaError_t (*set)(cu_trace_ring *ring));
 /* trace.cu: notes a launch's kernel and shape for the names of the dump (trace builds call it in cu_launch) */
 void cu_trace_note(const void *fn, dim3 grid, dim3 block);
-/* trace.cu: in a trace build with MS_CU_TRACE_OUT set, the first backend to call it (on the current device)
- * gets the ring and every registered pointer is set to it; otherwise nothing. MS_OK or an error naming the
- * CUDA call that failed. */
-int cu_trace_attach(ms_err *err);
-/* trace.cu: writes the ring's records (in order, the last cap of them) and the kernels' names by shape to
- * MS_CU_TRACE_OUT and frees the ring, once the work in flight on the current device is done; nothing where
- * attach gave none. Errors go to the log (it runs when a backend is destroyed). */
-void cu_trace_dump(void);
+/* trace.cu: in a trace build with MS_CU_TRACE_OUT set, the first backend b to call it (on the current device)
+ * owns the ring and every registered pointer is set to it; otherwise nothing. MS_OK, or an error naming the
+ * variable and the CUDA error, with no ring left attached. */
+int cu_trace_attach(const ms_backend *b, ms_err *err);
+/* trace.cu: when b owns the ring, writes its records (in order, the last cap of them) and the kernels' names
+ * by shape to MS_CU_TRACE_OUT once the device's work is done, points every registered pointer back to none
+ * and frees the ring; else nothing. Errors go to the log (it runs when a backend is destroyed). */
+void cu_trace_dump(const ms_backend *b);
 #if MS_CU_TRACE
 static __device__ cu_trace_ring *cu_trace_dev;
 static cudaError_t cu_trace_set(cu_trace_ring *ring) { return cudaMemcpyToSymbol(cu_trace_dev, &ring, sizeof ring); }
@@ -141,18 +142,24 @@ static const int cu_trace_reg = cu_trace_register(cu_trace_set);
 __device__ __forceinline__ void cu_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #if MS_CU_TRACE
+    /* the slot is claimed before the wait (the atomic's round trip overlaps the parked time), so that
+     * after it only posted stores stand between the wait and the kernel's trigger */
     cu_trace_ring *tr = cu_trace_dev;
     const bool rec = tr && (threadIdx.x | threadIdx.y | threadIdx.z | blockIdx.x | blockIdx.y | blockIdx.z) == 0;
     unsigned long long t0 = 0, t1;
-    if (rec) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    cu_trace_rec *r = NULL;
+    if (rec) {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        const unsigned i = atomicAdd(&tr->n, 1u);
+        r = &tr->r[i % tr->cap];
+        r->seq = i;
+    }
 #endif
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #if MS_CU_TRACE
     if (rec) {
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-        const unsigned i = atomicAdd(&tr->n, 1u);
-        cu_trace_rec *r = &tr->r[i % tr->cap];
-        r->t_start = t0, r->t_wait = t1, r->seq = i;
+        r->t_start = t0, r->t_wait = t1;
         r->gx = gridDim.x, r->gy = gridDim.y, r->gz = gridDim.z, r->bx = blockDim.x * blockDim.y * blockDim.z;
     }
 #endif
@@ -163,6 +170,11 @@ __device__ __forceinline__ void cu_pdl_trigger() {
     asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
 }
+/* 1 when the last kernel this host thread launched through cu_launch triggers its dependents before its own
+ * wait (k_attn_combine<1>, k_rmsnorm_f32<1, 1>: their launch sites set it after cu_launch cleared it), else 0.
+ * A kernel that reads anything but weights before its wait (the decode attention's PREP form) must not do
+ * so right after such a kernel (the PDL comment above), so it asks this first. backend.cu. */
+extern thread_local int cu_prev_early;
 /* 1 when our launches on the current device carry the PDL attribute: MS_CU_PDL (read once) is not 0
  * and the current device has compute capability 9.x (cached per device). backend.cu. */
 int cu_pdl_enabled(void);
@@ -186,6 +198,7 @@ static inline cudaError_t cu_launch(void (*kernel)(KArgs...), dim3 grid, dim3 bl
         cfg.numAttrs = 1;
     }
     cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
+    cu_prev_early = 0; /* the two early-trigger sites set it again after their launch */
     if (e != cudaSuccess) (void)cudaGetLastError();
 #if MS_CU_TRACE
     else cu_trace_note((const void *)kernel, grid, block);

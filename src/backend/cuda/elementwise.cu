@@ -278,12 +278,13 @@ static int launch_norm(ms_backend *b, int mode, ms_tensor *x, const ms_tensor *d
         !(delta && ((uintptr_t)delta->data & 15)) && !((uintptr_t)w->data & 7) && !((uintptr_t)out->data & 7)) {
         int th = (int)((D / 4 + RN_V - 1) / RN_V);
         th = th < 64 ? 64 : (th + 31) & ~31;
-        const int trig = cu_knob(CU_KNOB_NORM_EARLY);
-        if (mode == 1 && delta)
+        const int trig = mode == 1 && delta && cu_knob(CU_KNOB_NORM_EARLY);
+        if (mode == 1 && delta) {
             CK(cu_launch(trig ? k_rmsnorm_f32<1, 1> : k_rmsnorm_f32<1, 0>, (unsigned)R, th, 0, stream_of(b), (float *)x->data, (const float *)delta->data,
                          (const bf16 *)w->data, eps, (bf16 *)out->data, (int)D, cu_of(b)->weights_quiet));
-        else
-            CK(cu_launch(trig ? k_rmsnorm_f32<0, 1> : k_rmsnorm_f32<0, 0>, (unsigned)R, th, 0, stream_of(b), (float *)x->data, (const float *)NULL,
+            cu_prev_early = trig;
+        } else
+            CK(cu_launch(k_rmsnorm_f32<0, 0>, (unsigned)R, th, 0, stream_of(b), (float *)x->data, (const float *)NULL,
                          (const bf16 *)w->data, eps, (bf16 *)out->data, (int)D, cu_of(b)->weights_quiet));
         return MS_OK;
     }

@@ -136,20 +136,22 @@ static const kn_def knobs[CU_KNOB_COUNT] = {
                                   "512-byte steps there (bulk prefetch), to use the idle memory of the latency-bound "
                                   "kernels before it (attention); 0: none"},
     [CU_KNOB_BF16_STREAM_L2PF_MINK] = {"MS_CU_BF16_STREAM_L2PF_MINK", KN_INT, 8192, 0, 1 << 20, NULL, 0,
-                                       "the smallest K at which MS_CU_BF16_STREAM_L2PF applies (8192: the output "
-                                       "projections after attention, not q|k|v or the lm_head)"},
+                                       "the smallest K at which MS_CU_BF16_STREAM_L2PF and _DEEPK apply (8192: at decode "
+                                       "the output projections after attention and dense down projections, not q|k|v, "
+                                       "gate/up or the lm_head)"},
     [CU_KNOB_BF16_STREAM_DEEPK] = {"MS_CU_BF16_STREAM_DEEPK", KN_INT, 0, 0, 12, NULL, 0,
                                    "12: one-row launches of the streaming bf16 GEMV at K >= MS_CU_BF16_STREAM_L2PF_MINK "
-                                   "(CUDA-core step, no folded norm) stream through rings of 12 stages, so that 11 steps "
-                                   "a warp are copied before the PDL wait; 0 (or another value): 8 stages"},
+                                   "(CUDA-core step, no folded norm, early copies on) stream through rings of 12 stages, "
+                                   "so that 11 steps a warp are copied before the PDL wait; 0 (or another value): 8 stages"},
     [CU_KNOB_ATTN_MERGE_EARLY] = {"MS_CU_ATTN_MERGE_EARLY", KN_INT, 0, 0, 1, NULL, 0,
                                   "1: the split-K attention merge (k_attn_combine) lets the next kernel launch before its "
                                   "own wait, so that the projection after it starts its early weight copies beside the "
                                   "attention; 0: after its wait"},
     [CU_KNOB_NORM_EARLY] = {"MS_CU_NORM_EARLY", KN_INT, 0, 0, 1, NULL, 0,
-                            "1: the one-pass residual RMSNorm (k_rmsnorm_f32, the layer's input norm) lets the next "
-                            "kernel launch before its own wait, so that the q|k|v projection's early weight copies start "
-                            "while the MoE kernel before the norm drains; 0: after its wait"},
+                            "1: the one-pass residual add + RMSNorm (k_rmsnorm_f32<1>: a layer's input norm, the final "
+                            "norm, a norm the router or MoE kernel does not fold) lets the next kernel launch before its "
+                            "own wait, so that the projection's early weight copies start while the kernel before the "
+                            "norm (the MoE) drains; 0: after its wait"},
 };
 
 static atomic_int kn_cache[CU_KNOB_COUNT];  /* read-once knobs: value + 1; 0 = not read yet */

@@ -30,7 +30,17 @@ static int tr_nsyms;
 static tr_sig tr_sigs[TR_MAX_SIGS];
 static int tr_nsigs;
 static cu_trace_ring *tr_ring; /* device */
-static int tr_device = -1;
+static const ms_backend *tr_owner; /* the backend whose creation attached it: its destruction dumps it */
+
+/* Points every translation unit's ring pointer at ring (NULL: none); the first CUDA error, else success. */
+static cudaError_t tr_set_all(cu_trace_ring *ring) {
+    cudaError_t first = cudaSuccess;
+    for (int i = 0; i < tr_nsyms; i++) {
+        const cudaError_t e = tr_syms[i](ring);
+        if (e != cudaSuccess && first == cudaSuccess) first = e;
+    }
+    return first;
+}
 
 /* Contract in cuda_internal.cuh. Runs during static initialisation: no CUDA call here. */
 int cu_trace_register(cudaError_t (*set)(cu_trace_ring *ring)) {
@@ -53,7 +63,7 @@ void cu_trace_note(const void *fn, dim3 grid, dim3 block) {
 #endif
 
 /* Contract in cuda_internal.cuh. */
-int cu_trace_attach(ms_err *err) {
+int cu_trace_attach(const ms_backend *b, ms_err *err) {
 #if MS_CU_TRACE
     const char *path = getenv("MS_CU_TRACE_OUT");
     std::lock_guard<std::mutex> g(tr_mu);
@@ -62,25 +72,31 @@ int cu_trace_attach(ms_err *err) {
     cu_trace_ring head = {};
     head.cap = TR_CAP;
     void *p = NULL;
-    CK(cudaMalloc(&p, bytes));
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaSuccess) e = cudaMemset(p, 0, bytes);
+    if (e == cudaSuccess) e = cudaMemcpy(p, &head, sizeof head, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = tr_set_all((cu_trace_ring *)p);
+    if (e != cudaSuccess) { /* no half-attached ring: every pointer back to none */
+        (void)cudaGetLastError();
+        (void)tr_set_all(NULL);
+        if (p) cudaFree(p);
+        return ms_errf(err, MS_ERR_RUNTIME, "cuda trace (MS_CU_TRACE_OUT=%s): setting up the ring failed: %s", path,
+                       cudaGetErrorString(e));
+    }
     tr_ring = (cu_trace_ring *)p;
-    CK(cudaMemset(p, 0, bytes));
-    CK(cudaMemcpy(p, &head, sizeof head, cudaMemcpyHostToDevice));
-    for (int i = 0; i < tr_nsyms; i++) CK(tr_syms[i](tr_ring));
-    CK(cudaGetDevice(&tr_device));
+    tr_owner = b;
     MS_LOGI("cuda trace: %d translation units record into a ring of %u launches for %s", tr_nsyms, TR_CAP, path);
 #else
-    (void)err;
+    (void)b, (void)err;
 #endif
     return MS_OK;
 }
 
 /* Contract in cuda_internal.cuh. */
-void cu_trace_dump(void) {
+void cu_trace_dump(const ms_backend *b) {
 #if MS_CU_TRACE
     std::lock_guard<std::mutex> g(tr_mu);
-    int dev = -1;
-    if (!tr_ring || cudaGetDevice(&dev) != cudaSuccess || dev != tr_device) return;
+    if (!tr_ring || b != tr_owner) return;
     const char *path = getenv("MS_CU_TRACE_OUT");
     cu_trace_ring head;
     cu_trace_rec *recs = NULL;
@@ -113,7 +129,11 @@ void cu_trace_dump(void) {
         else MS_LOGI("cuda trace: %u launches written to %s", n, path);
     }
     free(recs);
+    if (tr_set_all(NULL) != cudaSuccess) (void)cudaGetLastError(); /* no kernel may write into the freed ring */
     cudaFree(tr_ring);
     tr_ring = NULL;
+    tr_owner = NULL;
+#else
+    (void)b;
 #endif
 }
