@@ -9,11 +9,13 @@
 #      keys for G5_CONFIGS / LONG_CONFIGS
 # A setting is "M P K D N": MS_CU_ATTN_MERGE_EARLY, MS_CU_BF16_STREAM_L2PF, MS_CU_BF16_STREAM_L2PF_MINK,
 # MS_CU_BF16_STREAM_DEEPK, MS_CU_NORM_EARLY. Air runs 46 layers where the GPU has more than 100 GB, else 24
-# (an H100 80GB). Logs under $OUT; the summary (ms a step) last. About 7-9 minutes on an H200.
+# (an H100 80GB). With a baseline binary packed (gpu-pack.sh BASE_BUILD=...: the default path before these
+# knobs) each round and GLM-5 time it too, so a change of the default path's code shows in the same run.
+# Logs under $OUT; the summary (ms a step) last. About 8-9 minutes on an H200.
 . "$(dirname "$0")/gpu-env.sh"
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ROUNDS=${ROUNDS:-2}
-CONFIGS=${CONFIGS:-"0,0,8192,0,0 1,0,8192,0,0 1,16,8192,0,0 1,32,8192,0,0 1,64,8192,0,0 0,32,8192,0,0 1,0,8192,12,0 1,16,8192,12,0 0,0,8192,0,1 1,16,8192,0,1 1,16,0,0,1 0,0,8192,12,0"}
+CONFIGS=${CONFIGS:-"0,0,8192,0,0 1,0,8192,0,0 1,16,8192,0,0 1,32,8192,0,0 1,64,8192,0,0 1,0,8192,12,0 1,16,8192,12,0 0,0,8192,0,1 1,16,8192,0,1 1,16,0,0,1"}
 G5_CONFIGS=${G5_CONFIGS:-"0,0,8192,0,0 1,16,8192,0,0 1,32,8192,0,0 0,0,8192,0,1"}
 LONG_CONFIGS=${LONG_CONFIGS:-"0,0,8192,0,0 1,16,8192,0,0 1,32,8192,0,0"}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/idle-gpu.txt"
@@ -49,9 +51,22 @@ bm() { # tag config bench-model-args...
   row "$tag $cfg" "$ms"
 }
 AIR="--model configs/glm-4.5-air.json --override num_hidden_layers=$AIRL"
+base() { # tag bench-model-args...: the packed baseline binary (moeserve-base), its own defaults
+  local tag=$1; shift
+  [ -x "$BUILD/moeserve-base" ] || return 0
+  timeout 150 "$BUILD/moeserve-base" bench-model --device cuda --load-format dummy --dummy-quant nvfp4 --json --prefill 64 \
+    --batches 1 "$@" >"$OUT/idle-bm.json" 2>"$OUT/idle-bm.err"
+  local ms
+  ms=$(python3 -c "import json; print('%.3f' % json.load(open('$OUT/idle-bm.json'))['decode'][0]['ms_per_step'])" 2>/dev/null) ||
+    ms="ERR $(tail -1 "$OUT/idle-bm.err" | cut -c1-60)"
+  echo "$tag base $ms" >>"$OUT/idle-bench.txt"
+  row "$tag baseline binary" "$ms"
+}
 for r in $(seq 1 "$ROUNDS"); do
+  base "air$AIRL ctx256 r$r" $AIR --ctx 256
   for c in $CONFIGS; do bm "air$AIRL ctx256 r$r" "$c" $AIR --ctx 256; done
 done
+base "glm5x12 ctx1024" --model configs/glm-5.json --override num_hidden_layers=12 --ctx 1024
 for c in $G5_CONFIGS; do bm "glm5x12 ctx1024" "$c" --model configs/glm-5.json --override num_hidden_layers=12 --ctx 1024; done
 for c in $LONG_CONFIGS; do bm "air$AIRL ctx8192" "$c" $AIR --ctx 8192; done
 # 3. with a kernel-trace build packed (scripts/gpu-pack.sh TRACE_BUILD=...): the links of Air's and GLM-5's

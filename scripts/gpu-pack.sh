@@ -10,10 +10,13 @@ BUILD=${BUILD:-build}
 scripts/bundle-libs.sh "$BUILD" >/dev/null
 rm -rf .gpu/build && mkdir -p .gpu/build/tests
 cp "$BUILD/moeserve" .gpu/build/
-# TRACE_BUILD: a CU_TRACE=1 build dir whose moeserve goes along as moeserve-trace (scripts/gpu-idle-ab.sh)
+# TRACE_BUILD: a CU_TRACE=1 build dir whose moeserve goes along as moeserve-trace; BASE_BUILD: an older
+# build's moeserve as moeserve-base, the same run's baseline (scripts/gpu-idle-ab.sh)
 if [ -n "${TRACE_BUILD:-}" ]; then cp "$TRACE_BUILD/moeserve" .gpu/build/moeserve-trace; fi
+if [ -n "${BASE_BUILD:-}" ]; then cp "$BASE_BUILD/moeserve" .gpu/build/moeserve-base; fi
 cp -r "$BUILD/lib" .gpu/build/
-for t in backend/test_cuda_ops moe/test_moe_cuda model/test_forward_cache model/test_mtp engine/test_spec_model dist/test_comm_nccl ${EXTRA_TESTS:-}; do
+# TESTS: the test programs to pack (default: gpu-check's), EXTRA_TESTS more
+for t in ${TESTS:-backend/test_cuda_ops moe/test_moe_cuda model/test_forward_cache model/test_mtp engine/test_spec_model dist/test_comm_nccl} ${EXTRA_TESTS:-}; do
   mkdir -p ".gpu/build/tests/$(dirname "$t")"
   cp "$BUILD/tests/$t" ".gpu/build/tests/$t"
 done
