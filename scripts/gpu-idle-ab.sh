@@ -29,39 +29,26 @@ knobs() { # "M,P,K,D,N" -> env assignments
   set -- $1
   echo "MS_CU_ATTN_MERGE_EARLY=$1 MS_CU_BF16_STREAM_L2PF=$2 MS_CU_BF16_STREAM_L2PF_MINK=$3 MS_CU_BF16_STREAM_DEEPK=$4 MS_CU_NORM_EARLY=$5"
 }
-test_run() { # name log env... -- binary args...
-  local name=$1 log=$2; shift 2
-  env "$@" >"$log" 2>&1
-  local rc=$? sum
-  sum=$(grep -a '^## ' "$log" | tail -1 | sed 's/^## [^:]*: //')
-  if [ $rc = 0 ] && [[ $sum =~ ^[1-9][0-9]*\ passed,\ 0\ failed ]]; then row "$name" "ok $sum"; else row "$name" "FAIL rc=$rc ${sum:-no summary} ($log)"; fi
-}
 ALL_ON=$(knobs 1,32,8192,12,1)
 test_run "test_cuda_ops" "$OUT/idle-cuda-ops.log" timeout 400 "$BUILD/tests/backend/test_cuda_ops"
 test_run "forward_cache cuda, all knobs on" "$OUT/idle-fwd.log" $ALL_ON timeout 300 "$BUILD/tests/model/test_forward_cache" cuda
 test_run "mtp cuda, all knobs on" "$OUT/idle-mtp.log" $ALL_ON timeout 300 "$BUILD/tests/model/test_mtp" cuda
-bm() { # tag config bench-model-args...
-  local tag=$1 cfg=$2; shift 2
-  env $(knobs "$cfg") timeout 150 "$BIN" bench-model --device cuda --load-format dummy --dummy-quant nvfp4 --json --prefill 64 \
-    --batches 1 "$@" >"$OUT/idle-bm.json" 2>"$OUT/idle-bm.err"
-  local ms
-  ms=$(python3 -c "import json; print('%.3f' % json.load(open('$OUT/idle-bm.json'))['decode'][0]['ms_per_step'])" 2>/dev/null) ||
-    ms="ERR $(tail -1 "$OUT/idle-bm.err" | cut -c1-60)"
-  echo "$tag $cfg $ms" >>"$OUT/idle-bench.txt"
-  row "$tag $cfg" "$ms"
-}
 AIR="--model configs/glm-4.5-air.json --override num_hidden_layers=$AIRL"
-base() { # tag bench-model-args...: the packed baseline binary (moeserve-base), its own defaults
-  local tag=$1; shift
-  [ -x "$BUILD/moeserve-base" ] || return 0
-  timeout 150 "$BUILD/moeserve-base" bench-model --device cuda --load-format dummy --dummy-quant nvfp4 --json --prefill 64 \
-    --batches 1 "$@" >"$OUT/idle-bm.json" 2>"$OUT/idle-bm.err"
-  local ms
+run_bm() { # tag label binary [VAR=value...] -- bench-model args...: one batch-1 run, its ms a step as a row
+  local tag=$1 label=$2 bin=$3 envs=() ms
+  shift 3
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+  shift
+  env "${envs[@]}" timeout 150 "$bin" bench-model --device cuda --load-format dummy --dummy-quant nvfp4 --json \
+    --prefill 64 --batches 1 "$@" >"$OUT/idle-bm.json" 2>"$OUT/idle-bm.err"
   ms=$(python3 -c "import json; print('%.3f' % json.load(open('$OUT/idle-bm.json'))['decode'][0]['ms_per_step'])" 2>/dev/null) ||
     ms="ERR $(tail -1 "$OUT/idle-bm.err" | cut -c1-60)"
-  echo "$tag base $ms" >>"$OUT/idle-bench.txt"
-  row "$tag baseline binary" "$ms"
+  echo "$tag $label $ms" >>"$OUT/idle-bench.txt"
+  row "$tag $label" "$ms"
 }
+bm() { local tag=$1 cfg=$2; shift 2; run_bm "$tag" "$cfg" "$BIN" $(knobs "$cfg") -- "$@"; }
+# the packed baseline binary (moeserve-base) with its own defaults
+base() { local tag=$1; shift; [ ! -x "$BUILD/moeserve-base" ] || run_bm "$tag" "baseline binary" "$BUILD/moeserve-base" -- "$@"; }
 for r in $(seq 1 "$ROUNDS"); do
   base "air$AIRL ctx256 r$r" $AIR --ctx 256
   for c in $CONFIGS; do bm "air$AIRL ctx256 r$r" "$c" $AIR --ctx 256; done

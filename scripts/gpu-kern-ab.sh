@@ -18,13 +18,6 @@ WPS=${WPS-16}
 rows=()
 row() { rows+=("$(printf '%-44s %s' "$1" "$2")"); }
 
-test_run() { # name log env... -- binary args...
-  local name=$1 log=$2; shift 2
-  env "$@" >"$log" 2>&1
-  local rc=$? sum
-  sum=$(grep -a '^## ' "$log" | tail -1 | sed 's/^## [^:]*: //')
-  if [ $rc = 0 ] && [[ $sum =~ ^[1-9][0-9]*\ passed,\ 0\ failed ]]; then row "$name" "ok $sum"; else row "$name" "FAIL rc=$rc ${sum:-no summary} ($log)"; fi
-}
 
 test_run "router (split + warp)" "$OUT/kern-router.log" MS_TEST_ONLY=router timeout 300 "$BUILD/tests/backend/test_cuda_ops"
 for v in $FORMS; do

@@ -19,13 +19,6 @@ NCU_LAYERS=${NCU_LAYERS:-4}
 rows=()
 row() { rows+=("$(printf '%-40s %s' "$1" "$2")"); }
 
-test_run() { # name log env... -- command...
-  local name=$1 log=$2; shift 2
-  env "$@" >"$log" 2>&1
-  local rc=$? sum
-  sum=$(grep -a '^## ' "$log" | tail -1 | sed 's/^## [^:]*: //')
-  if [ $rc = 0 ] && [[ $sum =~ ^[1-9][0-9]*\ passed,\ 0\ failed ]]; then row "$name" "ok $sum"; else row "$name" "FAIL rc=$rc ${sum:-no summary} ($log)"; fi
-}
 test_run "cuda_ops knobs/attn_impls/mla" "$OUT/mlah-ops.log" MS_TEST_ONLY=knobs,attn_impls,mla timeout 300 \
   "$BUILD/tests/backend/test_cuda_ops"
 test_run "forward_cache cuda" "$OUT/mlah-forward.log" timeout 200 "$BUILD/tests/model/test_forward_cache" cuda
