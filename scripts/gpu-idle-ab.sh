@@ -7,6 +7,7 @@
 #   2. bench-model batch-1 decode, GLM-4.5-Air shapes with NVFP4 dummy weights at 256 keys, every setting of
 #      CONFIGS in ROUNDS interleaved rounds (one process each), then GLM-5 cut to 12 layers and Air at 8192
 #      keys for G5_CONFIGS / LONG_CONFIGS
+# SKIP_TESTS=1 leaves step 1 out; an empty CONFIGS / G5_CONFIGS / LONG_CONFIGS / TRACE_CONFIGS leaves that part out.
 # A setting is "M P K D N": MS_CU_ATTN_MERGE_EARLY, MS_CU_BF16_STREAM_L2PF, MS_CU_BF16_STREAM_L2PF_MINK,
 # MS_CU_BF16_STREAM_DEEPK, MS_CU_NORM_EARLY. Air runs 46 layers where the GPU has more than 100 GB, else 24
 # (an H100 80GB). With a baseline binary packed (gpu-pack.sh BASE_BUILD=...: the default path before these
@@ -15,9 +16,9 @@
 . "$(dirname "$0")/gpu-env.sh"
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ROUNDS=${ROUNDS:-2}
-CONFIGS=${CONFIGS:-"0,0,8192,0,0 1,0,8192,0,0 1,16,8192,0,0 1,32,8192,0,0 1,64,8192,0,0 1,0,8192,12,0 1,16,8192,12,0 0,0,8192,0,1 1,16,8192,0,1 1,16,0,0,1"}
-G5_CONFIGS=${G5_CONFIGS:-"0,0,8192,0,0 1,16,8192,0,0 1,32,8192,0,0 0,0,8192,0,1"}
-LONG_CONFIGS=${LONG_CONFIGS:-"0,0,8192,0,0 1,16,8192,0,0 1,32,8192,0,0"}
+CONFIGS=${CONFIGS-"0,0,8192,0,0 1,0,8192,0,0 1,16,8192,0,0 1,32,8192,0,0 1,64,8192,0,0 1,0,8192,12,0 1,16,8192,12,0 0,0,8192,0,1 1,16,8192,0,1 1,16,0,0,1"}
+G5_CONFIGS=${G5_CONFIGS-"0,0,8192,0,0 1,16,8192,0,0 1,32,8192,0,0 0,0,8192,0,1"}
+LONG_CONFIGS=${LONG_CONFIGS-"0,0,8192,0,0 1,16,8192,0,0 1,32,8192,0,0"}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/idle-gpu.txt"
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 AIRL=46
@@ -30,9 +31,11 @@ knobs() { # "M,P,K,D,N" -> env assignments
   echo "MS_CU_ATTN_MERGE_EARLY=$1 MS_CU_BF16_STREAM_L2PF=$2 MS_CU_BF16_STREAM_L2PF_MINK=$3 MS_CU_BF16_STREAM_DEEPK=$4 MS_CU_NORM_EARLY=$5"
 }
 ALL_ON=$(knobs 1,32,8192,12,1)
-test_run "test_cuda_ops" "$OUT/idle-cuda-ops.log" timeout 400 "$BUILD/tests/backend/test_cuda_ops"
-test_run "forward_cache cuda, all knobs on" "$OUT/idle-fwd.log" $ALL_ON timeout 300 "$BUILD/tests/model/test_forward_cache" cuda
-test_run "mtp cuda, all knobs on" "$OUT/idle-mtp.log" $ALL_ON timeout 300 "$BUILD/tests/model/test_mtp" cuda
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  test_run "test_cuda_ops" "$OUT/idle-cuda-ops.log" timeout 400 "$BUILD/tests/backend/test_cuda_ops"
+  test_run "forward_cache cuda, all knobs on" "$OUT/idle-fwd.log" $ALL_ON timeout 300 "$BUILD/tests/model/test_forward_cache" cuda
+  test_run "mtp cuda, all knobs on" "$OUT/idle-mtp.log" $ALL_ON timeout 300 "$BUILD/tests/model/test_mtp" cuda
+fi
 AIR="--model configs/glm-4.5-air.json --override num_hidden_layers=$AIRL"
 run_bm() { # tag label binary [VAR=value...] -- bench-model args...: one batch-1 run, its ms a step as a row
   local tag=$1 label=$2 bin=$3 envs=() ms
@@ -58,7 +61,7 @@ for c in $G5_CONFIGS; do bm "glm5x12 ctx1024" "$c" --model configs/glm-5.json --
 for c in $LONG_CONFIGS; do bm "air$AIRL ctx8192" "$c" $AIR --ctx 8192; done
 # 3. with a kernel-trace build packed (scripts/gpu-pack.sh TRACE_BUILD=...): the links of Air's and GLM-5's
 #    batch-1 chain for TRACE_CONFIGS (scripts/trace_links.py; full tables under $OUT)
-TRACE_CONFIGS=${TRACE_CONFIGS:-"0,0,8192,0,0 1,16,8192,0,0"}
+TRACE_CONFIGS=${TRACE_CONFIGS-"0,0,8192,0,0 1,16,8192,0,0"}
 traces=()
 if [ -x "$BUILD/moeserve-trace" ]; then
   for c in $TRACE_CONFIGS; do
