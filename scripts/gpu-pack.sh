@@ -16,7 +16,7 @@ if [ -n "${TRACE_BUILD:-}" ]; then cp "$TRACE_BUILD/moeserve" .gpu/build/moeserv
 if [ -n "${BASE_BUILD:-}" ]; then cp "$BASE_BUILD/moeserve" .gpu/build/moeserve-base; fi
 cp -r "$BUILD/lib" .gpu/build/
 # TESTS: the test programs to pack (default: gpu-check's), EXTRA_TESTS more
-for t in ${TESTS:-backend/test_cuda_ops moe/test_moe_cuda model/test_forward_cache model/test_mtp engine/test_spec_model dist/test_comm_nccl} ${EXTRA_TESTS:-}; do
+for t in ${TESTS-backend/test_cuda_ops moe/test_moe_cuda model/test_forward_cache model/test_mtp engine/test_spec_model dist/test_comm_nccl} ${EXTRA_TESTS:-}; do
   mkdir -p ".gpu/build/tests/$(dirname "$t")"
   cp "$BUILD/tests/$t" ".gpu/build/tests/$t"
 done
