@@ -279,7 +279,8 @@ int cu_attn_combine(ms_backend *b, const float *part, int n_split, int T, int nh
     MS_ASSERT(n_split <= AC_MAX_SPLIT); /* cu_attn_split caps the ranges */
     dim3 cg(T, nh, (Dv + 127) / 128);
     const int early = cu_knob(CU_KNOB_ATTN_MERGE_EARLY);
-    CK(cu_launch(early ? k_attn_combine<1> : k_attn_combine<0>, cg, 128, 0, cu_of(b)->stream, part, n_split, Dv, nh, out));
+    CK(cu_launch(early ? k_attn_combine<1> : k_attn_combine<0>, cg, 128, 0, cu_of(b)->stream, part, n_split, Dv, nh,
+                 out));
     cu_prev_early = early;
     __atomic_fetch_add(&merge_launches[early ? 1 : 0], 1, __ATOMIC_RELAXED);
     return MS_OK;

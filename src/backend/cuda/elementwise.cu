@@ -280,8 +280,9 @@ static int launch_norm(ms_backend *b, int mode, ms_tensor *x, const ms_tensor *d
         th = th < 64 ? 64 : (th + 31) & ~31;
         const int trig = mode == 1 && delta && cu_knob(CU_KNOB_NORM_EARLY);
         if (mode == 1 && delta) {
-            CK(cu_launch(trig ? k_rmsnorm_f32<1, 1> : k_rmsnorm_f32<1, 0>, (unsigned)R, th, 0, stream_of(b), (float *)x->data, (const float *)delta->data,
-                         (const bf16 *)w->data, eps, (bf16 *)out->data, (int)D, cu_of(b)->weights_quiet));
+            CK(cu_launch(trig ? k_rmsnorm_f32<1, 1> : k_rmsnorm_f32<1, 0>, (unsigned)R, th, 0, stream_of(b),
+                         (float *)x->data, (const float *)delta->data, (const bf16 *)w->data, eps, (bf16 *)out->data,
+                         (int)D, cu_of(b)->weights_quiet));
             cu_prev_early = trig;
         } else
             CK(cu_launch(k_rmsnorm_f32<0, 0>, (unsigned)R, th, 0, stream_of(b), (float *)x->data, (const float *)NULL,

@@ -93,7 +93,8 @@ __device__ __noinline__ void gb_l2pf(const bf16 *w, int K, int kc, int spr, int 
  * instance, so that the other forms carry none of its code). TC 1: each step's products on tensor cores
  * (gemv_tc.cuh), else on CUDA cores. D: ring stages a warp and stream, D - 1 steps in flight; the GPU runs
  * GB_D, and 12 for one-row launches of a long K under MS_CU_BF16_STREAM_DEEPK (rings of 10 and 12 stages for
- * every launch measured slower, bench/NOTES.md session 26; session 29's use is to copy more before the wait), the host emulation (tests/backend/gemv_tc_emu) checks the walk at other depths too.
+ * every launch measured slower, bench/NOTES.md session 26; session 29's use is to copy more before the
+ * wait); the host emulation (tests/backend/gemv_tc_emu) checks the walk at other depths too.
  * Shared memory: x as NT rows of K/8 16-byte units (TC: K/8 + 32, the last 32 zero), the partials
  * red[row of block][kq][stream][t] (red_units), then each warp's weight ring [stream][stage][lane] of
  * 16-byte units. */
@@ -622,8 +623,9 @@ int cu_gemv_bf16(ms_backend *b, const cu_gvb_call *c, int *launched, ms_err *err
                    gb_kern[1][c->norm ? 2 : c->mode][c->norm ? 0 : T - 1];
     /* MS_CU_BF16_STREAM_DEEPK: one row of a long K (>= _L2PF_MINK, the output projections after attention)
      * through rings of 12 stages, so that more of its weights are copied before the wait */
-    const int deep = !tc && !c->norm && c->mode == 0 && T == 1 && c->weights_quiet && cu_knob(CU_KNOB_BF16_STREAM_EARLY) &&
-                     K >= cu_knob(CU_KNOB_BF16_STREAM_L2PF_MINK) && cu_knob(CU_KNOB_BF16_STREAM_DEEPK) == 12;
+    const int deep = !tc && !c->norm && c->mode == 0 && T == 1 && c->weights_quiet &&
+                     cu_knob(CU_KNOB_BF16_STREAM_EARLY) && K >= cu_knob(CU_KNOB_BF16_STREAM_L2PF_MINK) &&
+                     cu_knob(CU_KNOB_BF16_STREAM_DEEPK) == 12;
     const gb_fn kern = deep ? k_gvb<1, 0, 0, 12> : gb_kern[tc][c->norm ? 2 : c->mode][c->norm ? 0 : T - 1];
     const size_t smem = gb_smem_bytes(T, K, S, tc, red_units, deep ? 12 : GB_D);
     int bps = 0;

@@ -1,8 +1,9 @@
 /* trace.cu - the host side of the in-graph kernel trace (cuda_internal.cuh, "The in-graph kernel trace"):
- * the registry of each translation unit's setter of its ring pointer, the table of launched kernels by shape, and the
- * ring's allocation and dump. Only a build with CU_TRACE=1 (MS_CU_TRACE) records anything; elsewhere attach
- * and dump do nothing, so the backend calls them unconditionally (and nothing calls register or note). The dump's format, one record a line:
- *   R seq t_start_ns t_wait_ns gx gy gz threads   (a launch's first block: start, wait returned)
+ * the registry of each translation unit's setter of its ring pointer, the table of launched kernels by
+ * shape, and the ring's allocation and dump. Only a build with CU_TRACE=1 (MS_CU_TRACE) records anything;
+ * elsewhere attach and dump do nothing, so the backend calls them unconditionally (and nothing calls
+ * register or note). The dump's format, one record a line:
+ *   R seq t_start_ns t_wait_ns gx gy gz threads   (a launch's first block: at its wait, wait returned)
  *   K name gx gy gz threads                       (a kernel launched with that shape)
  * scripts/trace_links.py turns it into the chain's links. */
 #include "backend/cuda/cuda_internal.cuh"
