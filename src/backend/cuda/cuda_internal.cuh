@@ -110,8 +110,9 @@ typedef __nv_bfloat16 bf16;
  * block's griddepcontrol.wait returns (the kernel before has then completed), and the launch's grid and
  * block shape, into a device ring that trace.cu allocates when MS_CU_TRACE_OUT names a file and writes there
  * when the backend that attached it is destroyed, with the kernels' names by shape. Consecutive wait
- * returns bound each link of the chain (scripts/trace_links.py). Each translation unit has its own copy of the ring's pointer (no relocatable
- * device code) and a setter of it, registered by a static initialiser so that trace.cu can set them all. */
+ * returns bound each link of the chain (scripts/trace_links.py). Each translation unit has its own copy of
+ * the ring's pointer (no relocatable device code) and a setter of it, registered by a static initialiser so
+ * that trace.cu can set them all. */
 struct cu_trace_rec {
     unsigned long long t_start, t_wait; /* ns, %globaltimer */
     unsigned seq, gx, gy, gz, bx, pad;
