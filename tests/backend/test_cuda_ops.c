@@ -1851,10 +1851,12 @@ static void merge_chain_case(int ctx) {
                         g0 = ms_cuda_gvb_launches();
         R(ms_attn_run(impl, GPU, &c, &E));
         R(GPU->ops->linear(GPU, &L.g, &O2, &Y, &E));
+        /* one merge, early where the knob says (at 256 keys the split is the grid's choice: none is allowed) */
         const long long em = ms_cuda_attn_merge_launches(1) - m0, pm = ms_cuda_attn_merge_launches(0) - m1;
-        CHECK_MSG(em == (k ? 1 : 0) && pm == (k ? 0 : 1) && ms_cuda_gvb_launches() - g0 == 1,
-                  "merge chain ctx %d (%s): %lld early and %lld plain merges, %lld streaming GEMVs (want %d, %d, 1)", ctx,
-                  cfg[k][3], em, pm, ms_cuda_gvb_launches() - g0, k ? 1 : 0, k ? 0 : 1);
+        const int merged = (int)(em + pm) == 1, want_em = k && merged;
+        CHECK_MSG((merged || (ctx < 1000 && em + pm == 0)) && em == want_em && ms_cuda_gvb_launches() - g0 == 1,
+                  "merge chain ctx %d (%s): %lld early and %lld plain merges, %lld streaming GEMVs (want %d early of one, "
+                  "1 GEMV)", ctx, cfg[k][3], em, pm, ms_cuda_gvb_launches() - g0, want_em);
         float *o = get(GPU, &O), *y = get(GPU, &Y);
         if (!k) {
             ref[0] = o, ref[1] = y;
